@@ -1,0 +1,3 @@
+from multispec.cli import main
+
+main()
