@@ -1,1 +1,20 @@
+"""multispec: lossless speculative decoding with multi-candidate token trees, adaptive draft lengths and optimal
+multi-draft verifiers."""
 __version__ = "0.1.0"
+
+
+def load_pair(*args, **kwargs):
+    """See multispec.api.load_pair."""
+    from multispec.api import load_pair as _load_pair
+
+    return _load_pair(*args, **kwargs)
+
+
+def generate(*args, **kwargs):
+    """See multispec.api.generate."""
+    from multispec.api import generate as _generate
+
+    return _generate(*args, **kwargs)
+
+
+__all__ = ["__version__", "load_pair", "generate"]

@@ -19,7 +19,9 @@ def cli() -> None:
 def _register() -> None:
     # Each module defines click commands and adds them to `cli`; imported here, not at package import,
     # so that `import multispec` stays light.
-    from multispec.cli import verifiers_cmd  # noqa: F401
+    from multispec.cli import generate_cmd, verifiers_cmd  # noqa: F401
+    from multispec.cli import optimal_cmd  # noqa: F401
+    from multispec.cli import zoo_cmd  # noqa: F401
 
 
 def main(argv: list[str] | None = None) -> None:

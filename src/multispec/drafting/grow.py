@@ -1,0 +1,127 @@
+"""Grow a token tree with the draft model, level by level (SPEC §3.3), one draft forward per level.
+
+The draft cache holds every committed token except `pending` (tokens committed but not yet consumed by the
+draft: the root, and the last accepted node when it sat on the deepest drafted level). The first forward feeds
+`pending` as a chain together with any tree levels whose tokens are already known (level 1 of a
+target-initialized tree); each further forward feeds the newest level. The deepest level is sampled but never
+fed, so the draft cache covers depths 0..d-1 of a tree drafted to depth d.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Callable, Protocol
+
+import torch
+
+from multispec.models.base import Backend
+from multispec.sampling import SamplingConfig, process_logits
+from multispec.tree import Tree
+
+# draw(q [B, V], n, generator) -> long [B, n]: the draft law of the verifier in use
+DrawFn = Callable[[torch.Tensor, int, torch.Generator], torch.Tensor]
+
+
+class StopPolicy(Protocol):
+    """Decides, after each drafted level, whether to draft another one. Reads draft-side state only."""
+
+    def start_round(self) -> None: ...
+
+    def keep_drafting(self, depth: int, parent_hidden: torch.Tensor, parent_q: torch.Tensor) -> bool:
+        """depth: levels drafted so far (>= 1). parent_hidden: float [n, H] draft hidden states at the nodes that
+        produced the newest level (hidden of the consumed token); parent_q: float [n, V] their distributions."""
+        ...
+
+
+@dataclass
+class Draft:
+    """One round's drafted tree. tree: the topology actually drafted (a truncation of the max tree).
+    tokens: long [N] (tokens[0] = root). q: float32 [N, V]: the draft law each node's children were drawn
+    from (zeros at nodes that have no children). fed: number of nodes whose tokens the draft consumed, counted
+    from node 0 (a prefix of the BFS order). root_index: draft-cache row of node 0."""
+
+    tree: Tree
+    tokens: torch.Tensor
+    q: torch.Tensor
+    fed: int
+    root_index: int
+    draft_calls: int
+
+
+def grow_tree(
+    draft: Backend,
+    pending: list[int],
+    max_tree: Tree,
+    known_tokens: list[int],
+    known_depth: int,
+    sampling: SamplingConfig,
+    draw: DrawFn,
+    generator: torch.Generator,
+    policy: StopPolicy | None = None,
+    want_hidden: bool = False,
+) -> Draft:
+    """Draft `max_tree` (or a depth-truncation of it chosen by `policy`).
+
+    pending: committed tokens the draft has not consumed; pending[-1] is the root (node 0).
+    known_tokens: tokens of nodes 1..level_end(known_depth)-1, already chosen (e.g. by the target); [] if none.
+    draw: the verifier's draft law. The drafted depth is at least known_depth + 1 when the max tree is deeper.
+    """
+    n_nodes = len(max_tree)
+    tokens = torch.zeros(n_nodes, dtype=torch.long)
+    tokens[0] = pending[-1]
+    n_known = max_tree.level_end(known_depth)
+    if n_known > 1:
+        tokens[1:n_known] = torch.tensor(known_tokens, dtype=torch.long)
+    q = torch.zeros(n_nodes, draft.vocab_size)
+    base = draft.cache_len
+    root_index = base + len(pending) - 1
+    ancestor = max_tree.ancestor_mask
+    if policy is not None:
+        policy.start_round()
+
+    # First forward: pending chain (causal) + known levels (tree mask under the root).
+    m = len(pending) - 1  # pending tokens before the root
+    n_first = m + n_known
+    mask = torch.zeros(n_first, base + n_first, dtype=torch.bool)
+    mask[:, :base] = True
+    mask[:m + 1, base:base + m + 1] = torch.ones(m + 1, m + 1, dtype=torch.bool).tril()
+    mask[m:, base:base + m] = True  # the root and known nodes see the pending chain
+    mask[m:, base + m:] = ancestor[:n_known, :n_known]
+    positions = torch.cat([torch.arange(base, base + m), root_index + max_tree.depth_tensor[:n_known]])
+    feed = torch.cat([torch.tensor(pending[:-1], dtype=torch.long), tokens[:n_known]])
+    want = want_hidden or (policy is not None and policy.needs_hidden)
+    out = draft.forward(feed, positions, mask, want_hidden=want)
+    calls = 1
+    rows = range(known_depth and max_tree.level(known_depth).start, n_known)  # nodes whose children come next
+    logits, hidden = out.logits[m:][rows.start:], (out.hidden[m:][rows.start:] if want else None)
+    depth = known_depth
+    fed = n_known
+    while True:
+        parent_q = _draft_dists(logits, sampling)
+        q[rows.start:rows.stop] = parent_q
+        child_level = max_tree.level(depth + 1)
+        for parent in rows:
+            kids = max_tree.children[parent]
+            if kids:
+                tokens[kids[0]:kids[-1] + 1] = draw(q[parent][None], len(kids), generator)[0]
+        depth += 1
+        last = depth >= max_tree.max_depth
+        if last or (policy is not None and not policy.keep_drafting(depth, hidden, parent_q)):
+            break
+        rows = child_level
+        mask = max_tree.attention_mask(root_index, rows=rows, cols=rows.stop)
+        out = draft.forward(tokens[rows.start:rows.stop], root_index + max_tree.depth_tensor[rows.start:rows.stop],
+                            mask, want_hidden=want)
+        calls += 1
+        logits, hidden = out.logits, out.hidden
+        fed = rows.stop
+    tree = max_tree.truncate(depth) if depth < max_tree.max_depth else max_tree
+    return Draft(tree=tree, tokens=tokens[:len(tree)], q=q[:len(tree)], fed=fed, root_index=root_index,
+                 draft_calls=calls)
+
+
+def _draft_dists(logits: torch.Tensor, sampling: SamplingConfig) -> torch.Tensor:
+    """The draft law at each parent. Greedy: softmax of the raw logits, so that top-n drafting has a ranking
+    (the greedy verifier never reads q's values)."""
+    if sampling.greedy:
+        return torch.softmax(logits.float(), dim=-1)
+    return process_logits(logits, sampling)

@@ -1,0 +1,227 @@
+"""The generation loop: propose -> forward tree -> verify -> keep path -> update policy -> record metrics.
+
+Two round shapes share the loop:
+- draft-initialized (ar, sd, mcsd, dynamic, specdecpp): the root is the last committed token, which the target has
+  not consumed; the target verifies [root, tree] in one call and the walk commits the accepted path plus one
+  bonus/residual token.
+- target-initialized (ti-mcsd, dynamic with target_init): the target already knows its next-token distribution
+  p_next; level 1 is drawn from it, the draft grows the rest, the target verifies the non-root nodes in one call
+  and the longest accepted chain is committed (SPEC §6.6).
+Only `models/` touches caches; this module passes tokens, positions and masks (STYLE §2.4).
+"""
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+
+import torch
+
+from multispec.drafting.grow import grow_tree
+from multispec.drafting.policies import FixedTree, HeuristicK
+from multispec.methods import MethodConfig
+from multispec.models.base import Backend, forward_chain
+from multispec.sampling import SamplingConfig, process_logits
+from multispec.tree import Tree
+from multispec.verify import get_verifier
+from multispec.verify.ti_chains import verify_chains
+from multispec.verify.tree_walk import walk_tree
+
+
+@dataclass
+class Counters:
+    """Raw counts and times of one generation; `stats()` turns them into the reported metrics."""
+
+    new_tokens: int = 0
+    target_calls: int = 0  # verification (or decode) forwards, prefill excluded
+    draft_calls: int = 0
+    rounds: int = 0
+    accepted: int = 0  # draft tokens accepted (target-drawn level-1 tokens excluded)
+    drafted_depth: int = 0  # sum over rounds of the depth of draft tokens in the tree
+    drafted_tokens: int = 0  # draft tokens sent to the target
+    t_draft: float = 0.0
+    t_verify: float = 0.0
+    t_cache: float = 0.0
+    t_prefill: float = 0.0
+    accept_hist: list[int] = field(default_factory=list)
+
+
+@dataclass
+class RoundOutcome:
+    committed: list[int]
+    accepted: int
+    depth: int
+
+
+def generate_ids(
+    target: Backend, draft: Backend | None, prompt: list[int], method: MethodConfig, sampling: SamplingConfig,
+    max_new_tokens: int, seed: int | None, eos_ids: set[int], stop=None, on_tokens=None, policy=None,
+) -> tuple[list[int], Counters, float]:
+    """Run one generation. prompt: token ids (>= 1). stop(new_ids) -> int | None returns a cut length when a stop
+    string completed. on_tokens(new_ids_so_far) is called after each round (streaming). Returns the new token ids,
+    the counters and the wall seconds."""
+    seed = 0 if seed is None else seed
+    gen_draft = torch.Generator().manual_seed(seed)
+    gen_verify = torch.Generator().manual_seed(seed + 1_000_003)
+    policy = policy or default_policy(method)
+    policy.reset()
+    spec = get_verifier("greedy" if sampling.greedy else method.verifier)
+    c = Counters()
+    start = time.perf_counter()
+    target.reset()
+    if draft is not None:
+        draft.reset()
+        if len(prompt) > 1:
+            forward_chain(draft, torch.tensor(prompt[:-1], dtype=torch.long))
+    state = _prefill(target, prompt, method)
+    c.t_prefill = time.perf_counter() - start
+    new: list[int] = []
+    while len(new) < max_new_tokens:
+        round_fn = _ti_round if method.target_init else _di_round
+        outcome = round_fn(target, draft, state, policy, sampling, spec, gen_draft, gen_verify, c)
+        policy.end_round(outcome.accepted, outcome.depth)
+        c.rounds += 1
+        c.accepted += outcome.accepted
+        c.drafted_depth += outcome.depth
+        c.accept_hist.append(outcome.accepted)
+        new.extend(outcome.committed)
+        cut = _cut(new, max_new_tokens, eos_ids, stop)
+        if cut is not None:
+            new = new[:cut]
+            break
+        if on_tokens is not None:
+            on_tokens(new)
+    if on_tokens is not None:
+        on_tokens(new)
+    c.new_tokens = len(new)
+    return new, c, time.perf_counter() - start
+
+
+def default_policy(method: MethodConfig):
+    """The policy of methods that need no trained model: fixed tree, or transformers' heuristic k for sd."""
+    if method.heuristic:
+        return HeuristicK(len(method.tree))
+    return FixedTree(Tree.from_shape(method.tree) if method.tree else Tree.chain(0))
+
+
+@dataclass
+class _State:
+    pending: list[int]  # committed tokens the draft has not consumed (last one: the root)
+    p_next: torch.Tensor | None = None  # target-initialized only: processed next-token distribution, float [V]
+    rank_next: torch.Tensor | None = None  # target-initialized greedy only: raw logits for top-W
+
+
+def _prefill(target: Backend, prompt: list[int], method: MethodConfig) -> _State:
+    ids = torch.tensor(prompt, dtype=torch.long)
+    if method.target_init:
+        out = forward_chain(target, ids)
+        return _State(pending=[prompt[-1]], p_next=None, rank_next=out.logits[-1])
+    if len(prompt) > 1:
+        forward_chain(target, ids[:-1])
+    return _State(pending=[prompt[-1]])
+
+
+def _di_round(target, draft, state, policy, sampling, spec, gen_draft, gen_verify, c) -> RoundOutcome:
+    t0 = time.perf_counter()
+    max_tree = policy.round_tree()
+    if max_tree.max_depth == 0:  # ar: the root alone
+        d_tree, tokens, q, fed, root_index = max_tree, torch.tensor(state.pending[-1:]), None, 1, None
+    else:
+        d = grow_tree(draft, state.pending, max_tree, [], 0, sampling, spec.draw, gen_draft, policy)
+        d_tree, tokens, q, fed, root_index = d.tree, d.tokens, d.q, d.fed, d.root_index
+        c.draft_calls += d.draft_calls
+        c.drafted_tokens += len(d_tree) - 1
+    t1 = time.perf_counter()
+    lt = target.cache_len
+    out = target.forward(tokens, d_tree.position_ids(lt), d_tree.attention_mask(lt))
+    p = process_logits(out.logits, sampling)
+    if q is None:
+        q = torch.zeros_like(p)
+    path, nxt = walk_tree(d_tree, tokens, p, q, spec, gen_verify)
+    c.target_calls += 1
+    t2 = time.perf_counter()
+    target.keep(d_tree.keep_indices(path, lt))
+    if draft is not None:
+        fed_path = [u for u in path if u < fed]
+        draft.keep(d_tree.keep_indices(fed_path, root_index))
+        state.pending = [int(tokens[u]) for u in path if u >= fed] + [nxt]
+    else:
+        state.pending = [nxt]
+    c.t_draft += t1 - t0
+    c.t_verify += t2 - t1
+    c.t_cache += time.perf_counter() - t2
+    return RoundOutcome(committed=[int(tokens[u]) for u in path[1:]] + [nxt], accepted=len(path) - 1,
+                        depth=d_tree.max_depth)
+
+
+def _ti_round(target, draft, state, policy, sampling, spec, gen_draft, gen_verify, c) -> RoundOutcome:
+    t0 = time.perf_counter()
+    max_tree = policy.round_tree()
+    level1 = _draw_level1(state, len(max_tree.level(1)), sampling, gen_draft)
+    if len(level1) < len(max_tree.level(1)):  # the target has fewer candidates than W (e.g. top-k): narrower tree
+        max_tree = _narrow(max_tree, len(level1))
+    d = grow_tree(draft, state.pending, max_tree, level1, 1, sampling, _draft_law(spec), gen_draft, policy)
+    c.draft_calls += d.draft_calls
+    c.drafted_tokens += len(d.tree) - 1 - len(level1)
+    t1 = time.perf_counter()
+    lt = target.cache_len  # includes the root
+    n = len(d.tree)
+    # The root already sits in the target cache at row lt - 1, so the tree's mask over a prefix of lt - 1 rows,
+    # without its root row, is exactly the mask of nodes 1..N-1.
+    out = target.forward(d.tokens[1:], d.tree.position_ids(lt - 1)[1:], d.tree.attention_mask(lt - 1)[1:])
+    p = torch.zeros(n, out.logits.shape[-1])
+    p[1:] = process_logits(out.logits, sampling)
+    verdict = verify_chains(d.tree, d.tokens, p, d.q, sampling.greedy, gen_verify)
+    c.target_calls += 1
+    t2 = time.perf_counter()
+    path = verdict.path
+    target.keep(torch.cat([torch.arange(lt), torch.tensor(path[1:]) + lt - 1]))
+    fed_path = [u for u in path if u < d.fed]
+    if fed_path[-1] == path[-1]:  # keep the newest committed token pending: it is the next root
+        fed_path = fed_path[:-1]
+    draft.keep(d.tree.keep_indices(fed_path, d.root_index))
+    state.pending = [int(d.tokens[u]) for u in path if u not in fed_path]
+    state.rank_next = out.logits[verdict.next_node - 1]
+    state.p_next = verdict.residual if verdict.residual is not None else p[verdict.next_node]
+    c.t_draft += t1 - t0
+    c.t_verify += t2 - t1
+    c.t_cache += time.perf_counter() - t2
+    return RoundOutcome(committed=[int(d.tokens[u]) for u in path[1:]], accepted=verdict.accepted,
+                        depth=d.tree.max_depth - 1)
+
+
+def _draw_level1(state: _State, width: int, sampling: SamplingConfig, gen: torch.Generator) -> list[int]:
+    """W distinct tokens from the target's next-token law: top-W when greedy, else sampled without replacement."""
+    if sampling.greedy:
+        return state.rank_next.topk(width).indices.tolist()
+    p = state.p_next if state.p_next is not None else process_logits(state.rank_next, sampling)
+    width = min(width, int((p > 0).sum()))
+    return torch.multinomial(p, width, replacement=False, generator=gen).tolist()
+
+
+def _narrow(tree: Tree, width: int) -> Tree:
+    shape = [len(tree.level(1))] + [len(tree.level(d)) // max(1, len(tree.level(d - 1)))
+                                    for d in range(2, tree.max_depth + 1)]
+    return Tree.from_shape((width,) + tuple(shape[1:]))
+
+
+def _draft_law(spec):
+    """Below level 1 of a target-initialized tree, each chain is verified by the single-draft rule, so siblings
+    are drafted without replacement (distinct candidates); each path is still tested on its own."""
+    from multispec.verify import get_verifier
+
+    return get_verifier("rrs-wor").draw if spec.name != "greedy" else spec.draw
+
+
+def _cut(new: list[int], max_new: int, eos_ids: set[int], stop) -> int | None:
+    """Where to end the output, or None to go on: after the first EOS, at max_new, or where a stop string ends."""
+    for i, t in enumerate(new):
+        if t in eos_ids:
+            return i + 1
+    if stop is not None:
+        k = stop(new)
+        if k is not None:
+            return k
+    if len(new) >= max_new:
+        return max_new
+    return None
+

@@ -1,0 +1,133 @@
+"""Method configurations: a validated, frozen description of how to draft and verify, built from a method name
+and its options before any model runs (STYLE §2.9).
+
+| method    | drafting                                          | verification                     | lossless |
+|-----------|---------------------------------------------------|----------------------------------|----------|
+| ar        | none (target only)                                | sample from the target           | yes      |
+| sd        | chain of k draft tokens (optionally heuristic k)  | single-draft `sd`                | yes      |
+| mcsd      | draft-initialized static tree (default 4,2,2,1)   | any multi-draft verifier         | per verifier |
+| ti-mcsd   | level 1 from the target, draft below (2,4,3,1,1)  | longest accepted chain (P1)      | only W=1 |
+| dynamic   | fork tree (W,1,..,1) grown level by level, decision model may stop it | multi-draft verifier | per verifier |
+| specdecpp | chain up to k_max, acceptance head stops it       | single-draft `sd`                | yes      |
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from multispec.errors import MultispecError, check
+from multispec.tree import Tree, parse_shape
+
+METHODS = ("ar", "sd", "mcsd", "ti-mcsd", "dynamic", "specdecpp")
+
+_OPTIONS = {
+    "ar": set(),
+    "sd": {"k", "heuristic"},
+    "mcsd": {"tree", "verifier"},
+    "ti-mcsd": {"tree", "width"},
+    "dynamic": {"width", "depth", "verifier", "decision_model", "beta", "target_init"},
+    "specdecpp": {"head", "threshold", "k_min", "k_max"},
+}
+
+
+@dataclass(frozen=True)
+class MethodConfig:
+    name: str
+    tree: tuple[int, ...] = ()  # max tree shape below the root; () for ar
+    verifier: str = "sd"
+    heuristic: bool = False
+    target_init: bool = False  # level 1 drawn from the target (ti-mcsd; dynamic with target_init)
+    decision_model: str | None = None
+    beta: float = 0.4
+    head: str | None = None
+    threshold: float = 0.7
+    k_min: int = 2
+    k_max: int = 20
+    options: dict = field(default_factory=dict, compare=False)
+
+    @property
+    def width(self) -> int:
+        return self.tree[0] if self.tree else 0
+
+    @property
+    def lossless(self) -> bool:
+        from multispec.verify import get_verifier
+
+        if self.target_init:
+            return self.width == 1
+        return get_verifier(self.verifier).lossless
+
+
+def build_method(name: str, **options) -> MethodConfig:
+    """Validate `name` and its options; raise MultispecError naming the first problem."""
+    check(name in METHODS, f"unknown method {name!r}; choose one of {', '.join(METHODS)}")
+    options = {k: v for k, v in options.items() if v is not None}
+    unknown = set(options) - _OPTIONS[name]
+    check(not unknown, f"method {name!r} does not take option(s) {', '.join(sorted(unknown))}; "
+                       f"it takes {', '.join(sorted(_OPTIONS[name])) or 'none'}")
+    o = options
+    if name == "ar":
+        return MethodConfig(name="ar", options=o)
+    if name == "sd":
+        k = _int(o.get("k", 4), "k", 1)
+        return MethodConfig(name="sd", tree=(1,) * k, verifier="sd", heuristic=bool(o.get("heuristic", False)),
+                            options=o)
+    if name == "mcsd":
+        tree = _shape(o.get("tree", (4, 2, 2, 1)))
+        verifier = _verifier(o.get("verifier", "rrs-wor"), tree)
+        return MethodConfig(name="mcsd", tree=tree, verifier=verifier, options=o)
+    if name == "ti-mcsd":
+        tree = _shape(o.get("tree", (2, 4, 3, 1, 1)))
+        if "width" in o:
+            tree = (_int(o["width"], "width", 1),) + tree[1:]
+        check(len(tree) >= 2, "ti-mcsd needs a tree of depth >= 2 (level 1 comes from the target)")
+        return MethodConfig(name="ti-mcsd", tree=tree, verifier="sd", target_init=True, options=o)
+    if name == "dynamic":
+        width = _int(o.get("width", 4), "width", 1)
+        depth = _int(o.get("depth", 5), "depth", 1)
+        beta = _prob(o.get("beta", 0.4), "beta")
+        target_init = bool(o.get("target_init", False))
+        tree = (width,) + (1,) * (depth - 1 + (1 if target_init else 0))
+        verifier = "sd" if target_init else _verifier(o.get("verifier", "rrs-wor"), tree)
+        dm = o.get("decision_model")
+        if dm is not None:
+            check(Path(dm).exists(), f"decision model not found: {dm}")
+        return MethodConfig(name="dynamic", tree=tree, verifier=verifier, target_init=target_init,
+                            decision_model=None if dm is None else str(dm), beta=beta, options=o)
+    # specdecpp
+    k_min = _int(o.get("k_min", 2), "k_min", 1)
+    k_max = _int(o.get("k_max", 20), "k_max", k_min)
+    h = _prob(o.get("threshold", 0.7), "threshold")
+    head = o.get("head")
+    if head is not None:
+        check(Path(head).exists(), f"acceptance head not found: {head}")
+    return MethodConfig(name="specdecpp", tree=(1,) * k_max, verifier="sd", head=None if head is None else str(head),
+                        threshold=h, k_min=k_min, k_max=k_max, options=o)
+
+
+def _int(v, name: str, lo: int) -> int:
+    check(isinstance(v, int) and not isinstance(v, bool) and v >= lo, f"{name} must be an integer >= {lo}, got {v!r}")
+    return v
+
+
+def _prob(v, name: str) -> float:
+    check(isinstance(v, (int, float)) and 0 <= v <= 1, f"{name} must be in [0, 1], got {v!r}")
+    return float(v)
+
+
+def _shape(v) -> tuple[int, ...]:
+    shape = parse_shape(v) if isinstance(v, str) else tuple(v)
+    Tree.from_shape(shape)
+    return shape
+
+
+def _verifier(name: str, tree: tuple[int, ...]) -> str:
+    from multispec.verify import get_verifier
+
+    spec = get_verifier(name)
+    for width in set(tree):
+        try:
+            spec.check_drafts(width)
+        except MultispecError as e:
+            raise MultispecError(f"tree {','.join(map(str, tree))} does not suit verifier {name!r}: {e}") from None
+    return name

@@ -1,0 +1,57 @@
+"""The backend protocol: the only code that owns a KV cache.
+
+The engine and proposers talk to a model through four calls:
+- `forward(tokens, positions, mask, want_hidden)`: append `tokens` after the cached rows and return their logits
+  (and last hidden states). `mask` is bool [N, cache_len + N]: row i says which cached rows and which of the new
+  tokens token i attends to. Prefill, one-token decode, a chain and a whole token tree are all this one call.
+- `keep(indices)`: keep only these cache rows, in this order (a gather, then a crop): how a round keeps the prefix
+  plus the accepted path and drops the rest.
+- `cache_len`, `reset()`.
+Validity comes from the mask and the positions, never from zeroed memory.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Protocol
+
+import torch
+
+
+@dataclass
+class ForwardOut:
+    """logits: float32 [N, V]. hidden: float32 [N, H] last hidden state (after the final norm), or None."""
+
+    logits: torch.Tensor
+    hidden: torch.Tensor | None
+
+
+class Backend(Protocol):
+    name: str
+    vocab_size: int
+    hidden_size: int
+    device: torch.device
+
+    @property
+    def cache_len(self) -> int: ...
+
+    def reset(self) -> None: ...
+
+    def forward(
+        self, tokens: torch.Tensor, positions: torch.Tensor, mask: torch.Tensor, want_hidden: bool = False
+    ) -> ForwardOut: ...
+
+    def keep(self, indices: torch.Tensor) -> None: ...
+
+
+def causal_mask(cache_len: int, n: int) -> torch.Tensor:
+    """bool [n, cache_len + n]: every cached row, plus the new tokens causally (a chain)."""
+    tail = torch.ones(n, n, dtype=torch.bool).tril()
+    return torch.cat([torch.ones(n, cache_len, dtype=torch.bool), tail], dim=1)
+
+
+def forward_chain(backend: Backend, tokens: torch.Tensor, want_hidden: bool = False) -> ForwardOut:
+    """Append a plain chain of tokens (prefill or decode). tokens: long [N]."""
+    start = backend.cache_len
+    n = tokens.shape[0]
+    positions = torch.arange(start, start + n)
+    return backend.forward(tokens, positions, causal_mask(start, n), want_hidden)

@@ -1,0 +1,33 @@
+"""Build a method's draft policy, loading the trained models it needs (acceptance head, decision model)."""
+from __future__ import annotations
+
+from pathlib import Path
+
+from multispec.drafting.policies import AnyChainAbove, ThresholdStop
+from multispec.engine import default_policy
+from multispec.errors import MultispecError
+from multispec.methods import MethodConfig
+from multispec.tree import Tree
+
+HEAD_DIRNAME = "acceptance_head"
+
+
+def make_policy(config: MethodConfig, pair):
+    if config.name == "specdecpp":
+        from multispec.heads.acceptance import load_head
+
+        path = config.head
+        if path is None:
+            guess = Path(pair.draft_path or "") / HEAD_DIRNAME
+            if not guess.is_dir():
+                raise MultispecError("specdecpp needs an acceptance head: pass head=PATH (--head PATH), or put one in "
+                                     f"the draft's directory as {HEAD_DIRNAME}/")
+            path = str(guess)
+        head = load_head(path, device=next(pair.draft.parameters()).device)
+        return ThresholdStop(head.predict, config.threshold, config.k_min, config.k_max)
+    if config.name == "dynamic" and config.decision_model is not None:
+        from multispec.heads.decision import load_decision_model
+
+        model = load_decision_model(config.decision_model, device=next(pair.draft.parameters()).device)
+        return AnyChainAbove(Tree.from_shape(config.tree), model.predict, config.beta)
+    return default_policy(config)

@@ -1,0 +1,24 @@
+"""Node verifiers (SPEC §4) and the tree walk (SPEC §4.7).
+
+Every verifier is a pure function of the processed target p, the processed draft q, the drafted tokens and an
+explicit torch.Generator (see `base`). REGISTRY maps a name to its VerifierSpec, in a fixed order.
+"""
+from __future__ import annotations
+
+from multispec.errors import check
+from multispec.verify import greedy, greedy_md, kseq, mcns, rrs, rrs_wor, sd, spechub
+from multispec.verify.base import NodeLaw, NodeResult, Plan, VerifierSpec
+
+REGISTRY: dict[str, VerifierSpec] = {
+    spec.name: spec
+    for spec in (greedy.SPEC, sd.SPEC, mcns.SPEC, rrs.SPEC, rrs_wor.SPEC, kseq.SPEC, spechub.SPEC, greedy_md.SPEC)
+}
+
+
+def get_verifier(name: str) -> VerifierSpec:
+    """The VerifierSpec called `name`; MultispecError listing the valid names otherwise."""
+    check(name in REGISTRY, f"unknown verifier {name!r}; valid names: {', '.join(REGISTRY)}")
+    return REGISTRY[name]
+
+
+__all__ = ["REGISTRY", "NodeLaw", "NodeResult", "Plan", "VerifierSpec", "get_verifier"]

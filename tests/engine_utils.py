@@ -1,0 +1,63 @@
+"""Shared pieces of the engine tests: a correlated tiny pair and the exact joint law of the first tokens."""
+from __future__ import annotations
+
+import itertools
+
+import numpy as np
+import torch
+from scipy import stats
+
+from helpers import tiny_llama
+from multispec.engine import generate_ids
+from multispec.methods import build_method
+from multispec.models import make_backend
+from multispec.sampling import SamplingConfig, process_logits
+
+
+def tiny_pair(vocab: int = 8, seed: int = 0, noise: float = 0.5):
+    """A random target and a draft made from it by perturbing every weight: related but different."""
+    target = tiny_llama(vocab=vocab, hidden=16, layers=1, heads=2, kv_heads=1, seed=seed, scale=3.0)
+    draft = tiny_llama(vocab=vocab, hidden=16, layers=1, heads=2, kv_heads=1, seed=seed, scale=3.0)
+    g = torch.Generator().manual_seed(seed + 99)
+    with torch.no_grad():
+        for prm in draft.parameters():
+            prm.add_(noise * prm.std() * torch.randn(prm.shape, generator=g))
+    return target, draft
+
+
+def run(target, draft, prompt, method, sampling, n_new, seed=0, **options):
+    config = build_method(method, **options)
+    t = make_backend(target)
+    d = make_backend(draft) if config.name != "ar" else None
+    from multispec.engine import default_policy
+
+    policy = options.pop("_policy", None) or default_policy(config)
+    ids, counters, _ = generate_ids(t, d, prompt, config, sampling, n_new, seed, set(), policy=policy)
+    return ids, counters
+
+
+def exact_joint(model, prompt, sampling: SamplingConfig, length: int, vocab: int) -> np.ndarray:
+    """float64 [V**length]: the processed target's exact law of the first `length` new tokens."""
+    law = np.zeros([vocab] * length)
+    with torch.no_grad():
+        for seq in itertools.product(range(vocab), repeat=length - 1):
+            ids = torch.tensor([prompt + list(seq)])
+            probs = process_logits(model(input_ids=ids).logits[0, len(prompt) - 1:].double(), sampling).double()
+            pr = 1.0
+            for i, tok in enumerate(seq):
+                pr *= float(probs[i, tok])
+            law[seq] = pr * probs[length - 1].numpy()
+    return law.reshape(-1)
+
+
+def chi_square_pvalue(counts: np.ndarray, probs: np.ndarray) -> float:
+    """Pearson chi-square of counts against probs, merging cells with expected count < 5 into one."""
+    n = counts.sum()
+    exp = probs * n
+    small = exp < 5
+    obs_m = np.append(counts[~small], counts[small].sum())
+    exp_m = np.append(exp[~small], exp[small].sum())
+    keep = exp_m > 0
+    assert obs_m[~keep].sum() == 0, "samples fell on zero-probability outcomes"
+    obs_m, exp_m = obs_m[keep], exp_m[keep]
+    return float(stats.chisquare(obs_m, exp_m * obs_m.sum() / exp_m.sum()).pvalue)

@@ -1,0 +1,74 @@
+"""Sampling is lossless end to end: the joint law of the first 3 generated tokens equals the target's exact law.
+
+Tiny random-init Llama pair (V = 8), 2e4 seeded generations per configuration, Pearson chi-square (cells with
+expected count < 5 merged), failing below p = 1e-3. The engine runs on MemoBackend (records token/position per
+cache row and looks logits up by the visible context), so mask, position and keep-path bugs are caught;
+HF-backend cache correctness is tested in test_engine_cache.py. The lossy `mcns` and W = 2 target-initialized
+trees must fail the same test.
+"""
+import numpy as np
+import pytest
+
+from engine_utils import chi_square_pvalue, exact_joint, tiny_pair
+from memo_backend import MemoBackend
+from multispec.engine import default_policy, generate_ids
+from multispec.methods import build_method
+from multispec.sampling import SamplingConfig
+
+V, L, N = 8, 3, 20_000
+PROMPT = [1, 4, 2]
+SAMPLINGS = {"T1": SamplingConfig(temperature=1.0), "T0.8-k5-p0.9": SamplingConfig(0.8, top_k=5, top_p=0.9)}
+LOSSLESS = [
+    ("sd", {"k": 2}),
+    ("mcsd", {"tree": (3, 2), "verifier": "rrs"}),
+    ("mcsd", {"tree": (3, 2), "verifier": "rrs-wor"}),
+    ("mcsd", {"tree": (3, 2), "verifier": "kseq"}),
+    ("mcsd", {"tree": (2, 2), "verifier": "spechub"}),
+    ("mcsd", {"tree": (3, 2), "verifier": "greedy-md"}),
+    ("ti-mcsd", {"tree": (1, 2, 1)}),
+    ("dynamic", {"width": 2, "depth": 2}),
+]
+
+_PAIR = {}
+_MEMO = {}
+
+
+def _pair():
+    if not _PAIR:
+        _PAIR["pair"] = tiny_pair(vocab=V, seed=3, noise=0.6)
+    return _PAIR["pair"]
+
+
+def sample_counts(method, options, sampling, n=N, policy_factory=None):
+    target, draft = _pair()
+    t = MemoBackend(target, _MEMO.setdefault("t", {}))
+    d = MemoBackend(draft, _MEMO.setdefault("d", {}))
+    config = build_method(method, **options)
+    counts = np.zeros(V ** L, dtype=np.int64)
+    policy = policy_factory() if policy_factory else default_policy(config)
+    for seed in range(n):
+        ids, _, _ = generate_ids(t, d, PROMPT, config, sampling, L, seed, set(), policy=policy)
+        counts[np.ravel_multi_index(ids[:L], (V,) * L)] += 1
+    return counts
+
+
+def exact(sampling_name):
+    key = ("exact", sampling_name)
+    if key not in _MEMO:
+        _MEMO[key] = exact_joint(_pair()[0], PROMPT, SAMPLINGS[sampling_name], L, V)
+    return _MEMO[key]
+
+
+@pytest.mark.parametrize("sampling_name", list(SAMPLINGS))
+@pytest.mark.parametrize("method,options", LOSSLESS, ids=lambda v: v if isinstance(v, str) else
+                         "-".join(f"{k}{v}" for k, v in v.items()).replace(" ", ""))
+def test_lossless_methods_match_target_law(method, options, sampling_name):
+    counts = sample_counts(method, options, SAMPLINGS[sampling_name])
+    assert chi_square_pvalue(counts, exact(sampling_name)) > 1e-3
+
+
+@pytest.mark.parametrize("method,options", [("mcsd", {"tree": (3, 2), "verifier": "mcns"}),
+                                            ("ti-mcsd", {"tree": (2, 2, 1)})])
+def test_lossy_methods_fail_the_same_test(method, options):
+    counts = sample_counts(method, options, SAMPLINGS["T1"])
+    assert chi_square_pvalue(counts, exact("T1")) < 1e-3
