@@ -132,7 +132,9 @@ def test_invalid_shape_text_raises(text):
 def test_parse_shape():
     assert parse_shape("4,2,2,1") == (4, 2, 2, 1)
     assert parse_shape(" 3 , 1 ") == (3, 1)
-    assert parse_shape("2x3") == (2, 3)
+    for bad in ("2x3", "4x", ",4,", "4,,1", "a", "", "0,1"):
+        with pytest.raises(MultispecError):
+            parse_shape(bad)
 
 
 @pytest.mark.parametrize("parents", [(), (0,), (-1, 1), (-1, 0, 2), (-1, 0, 1, 0), (-1, -1)])

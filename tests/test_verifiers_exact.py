@@ -120,6 +120,21 @@ def test_kseq_acceptance_formula():
             assert abs(acc - (1 - (1 - beta) ** n)) < TOL, label
 
 
+def test_kseq_rho_is_the_first_valid_rho():
+    """Against a dense grid on [1, n]: rho is valid (rho >= kappa(rho)) and no grid point below it is valid."""
+    rng = np.random.default_rng(3)
+    for v, alpha, n in [(8, 0.3, 2), (40, 0.1, 3), (40, 1.0, 5), (200, 0.05, 8)]:
+        p, q = _t(rng.dirichlet([alpha] * v, size=40)), _t(rng.dirichlet([alpha] * v, size=40))
+        p[::5] = q[::5]  # p = q rows: rho = 1 despite rounding
+        rho = kseq_rho(p, q, n)
+        kappa = lambda r: sum((1 - kseq_beta(p, q, r)) ** j for j in range(n))  # noqa: E731
+        assert bool((rho >= kappa(rho) - 1e-12).all()) and bool((rho[::5] == 1).all())
+        grid = torch.linspace(1, n, 801, dtype=F64)
+        valid = torch.stack([g >= kappa(torch.full((40,), float(g), dtype=F64)) for g in grid], 1)  # [40, G]
+        first = grid[valid.to(torch.int8).argmax(1)]
+        assert bool((rho <= first + 1e-12).all())
+
+
 def test_greedy_md_and_spechub_reach_the_greedy_rate():
     for label, p, q in INSTANCES:
         v = p.shape[0]

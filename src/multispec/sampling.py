@@ -25,14 +25,14 @@ class SamplingConfig:
 
     def __post_init__(self) -> None:
         t = self.temperature
-        check(isinstance(t, (int, float)) and t == t, f"temperature must be a number, got {t!r}")
+        check(isinstance(t, (int, float)) and not isinstance(t, bool) and t == t, f"temperature must be a number, got {t!r}")
         check(t >= 0, f"temperature must be >= 0 (0 means greedy), got {t}")
         check(t != float("inf"), "temperature must be finite")
         if self.top_k is not None:
-            check(isinstance(self.top_k, int) and self.top_k >= 1, f"top_k must be an integer >= 1, got {self.top_k!r}")
+            check(isinstance(self.top_k, int) and not isinstance(self.top_k, bool) and self.top_k >= 1, f"top_k must be an integer >= 1, got {self.top_k!r}")
         if self.top_p is not None:
             check(
-                isinstance(self.top_p, (int, float)) and 0 < self.top_p <= 1,
+                isinstance(self.top_p, (int, float)) and not isinstance(self.top_p, bool) and 0 < self.top_p <= 1,
                 f"top_p must be in (0, 1], got {self.top_p!r}",
             )
 

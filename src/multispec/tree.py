@@ -176,12 +176,9 @@ def additive_mask(mask: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
 
 def parse_shape(text: str) -> tuple[int, ...]:
     """'4,2,2,1' -> (4, 2, 2, 1), with a clear error for anything else."""
-    try:
-        shape = tuple(int(part) for part in str(text).replace("x", ",").split(",") if part.strip())
-    except ValueError:
-        raise_bad = True
-    else:
-        raise_bad = False
-    check(not raise_bad, f"invalid tree shape {text!r}: expected comma-separated integers such as 4,2,2,1")
+    parts = str(text).split(",")
+    check(all(part.strip().isdigit() for part in parts),
+          f"invalid tree shape {text!r}: expected comma-separated positive integers such as 4,2,2,1")
+    shape = tuple(int(part) for part in parts)
     Tree.from_shape(shape)  # validates
     return shape

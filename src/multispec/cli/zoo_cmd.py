@@ -26,7 +26,8 @@ def presets_command(as_json: bool) -> None:
         for role in ("target", "draft"):
             r = p.role(role)
             budget = f"{r.steps} steps" if r.steps else f"{r.minutes} min"
-            click.echo(f"{p.name:<10} {role:<7} shape={r.shape!s:<18} params={r.shape.n_params(p.vocab_size) / 1e6:7.2f}M "
+            params = r.shape.n_params(p.vocab_size) / 1e6
+            click.echo(f"{p.name:<10} {role:<7} shape={r.shape!s:<18} params={params:7.2f}M "
                        f"(vocab {p.vocab_size})  batch={r.batch_size}x{r.block_size}  {budget}")
 
 
@@ -43,7 +44,8 @@ def corpus_command(sources, out, max_mb, heldout_frac, max_file_kb, seed) -> Non
     from multispec.zoo.corpus import CorpusConfig, build_corpus, default_sources
 
     srcs = tuple(sources) or tuple(str(p) for p in default_sources())
-    cfg = CorpusConfig(sources=srcs, out=out, max_mb=max_mb, heldout_frac=heldout_frac, seed=seed, max_file_kb=max_file_kb)
+    cfg = CorpusConfig(sources=srcs, out=out, max_mb=max_mb, heldout_frac=heldout_frac, seed=seed,
+                       max_file_kb=max_file_kb)
     m = build_corpus(cfg)
     click.echo(f"train: {m.files_train} files, {m.mb_train} MB; held-out: {m.files_heldout} files, {m.mb_heldout} MB "
                f"-> {Path(out) / 'corpus.json'}")
@@ -70,7 +72,8 @@ def tokenizer_command(corpus, vocab_size, out) -> None:
 @click.option("--out", required=True, type=click.Path(), help="Output directory: HF model + training.json + ckpt.pt.")
 @click.option("--teacher", type=click.Path(), default=None, help="Target directory to distil a draft from (KL + CE).")
 @click.option("--resume", is_flag=True, help="Continue from OUT/ckpt.pt with the checkpoint's own configuration.")
-@click.option("--max-minutes", type=float, default=None, help="Wall-clock budget (steps planned from measured throughput).")
+@click.option("--max-minutes", type=float, default=None,
+              help="Wall-clock budget (steps planned from measured throughput).")
 @click.option("--steps", type=int, default=None, help="Fixed number of steps (overrides the preset budget).")
 @click.option("--seed", default=1337, show_default=True)
 @click.option("--eval-interval", default=250, show_default=True, help="Steps between held-out evals.")
@@ -103,7 +106,7 @@ def train_command(role, preset, corpus, tokenizer, out, teacher, resume, max_min
 
 @zoo.command("export")
 @click.option("--model", required=True, type=click.Path(), help="A trained model directory (from `zoo train`).")
-@click.option("--out", required=True, type=click.Path(), help="Destination: the Hugging Face files and training.json only.")
+@click.option("--out", required=True, type=click.Path(), help="Destination: the HF files and training.json only.")
 def export_command(model, out) -> None:
     """Copy a trained model without its checkpoint (e.g. into src/multispec/default_pair/target)."""
     import shutil
@@ -125,8 +128,10 @@ def export_command(model, out) -> None:
 @click.option("--model", required=True, type=click.Path(), help="Model directory (the target when --draft is given).")
 @click.option("--draft", type=click.Path(), default=None, help="Draft directory: also measure agreement with --model.")
 @click.option("--heldout", type=click.Path(), default=None, help="Held-out text (heldout.txt of a corpus).")
-@click.option("--dataset", type=click.Choice(["humaneval"]), default=None, help="Prompts for the agreement measurement.")
-@click.option("--data-dir", type=click.Path(), default=None, help="Folder with humaneval.jsonl.gz (or env MULTISPEC_DATA).")
+@click.option("--dataset", type=click.Choice(["humaneval"]), default=None,
+              help="Prompts for the agreement measurement.")
+@click.option("--data-dir", type=click.Path(), default=None,
+              help="Folder with humaneval.jsonl.gz (or env MULTISPEC_DATA).")
 @click.option("--new-tokens", default=64, show_default=True, help="Greedy target tokens scored per prompt.")
 @click.option("--limit", type=int, default=None, help="Use only the first N prompts.")
 @click.option("--max-windows", default=64, show_default=True, help="Held-out windows of 256 tokens for agreement.")
@@ -148,7 +153,8 @@ def eval_command(model, draft, heldout, dataset, data_dir, new_tokens, limit, ma
     if draft is not None:
         dmodel, _ = ev.load_model(draft)
         if dmodel.config.vocab_size != target.config.vocab_size:
-            raise MultispecError(f"eval: draft vocabulary {dmodel.config.vocab_size} != target {target.config.vocab_size}")
+            raise MultispecError(f"eval: draft vocabulary {dmodel.config.vocab_size} "
+                                 f"!= target {target.config.vocab_size}")
         result["draft"] = {"model": str(draft), "params": dmodel.num_parameters()}
         if heldout is not None:
             result["draft"]["heldout_loss"] = ev.heldout_loss(dmodel, ids)["loss"]

@@ -92,7 +92,10 @@ def normalize_or(v: torch.Tensor, fallback: torch.Tensor) -> torch.Tensor:
 
 
 def accept_probability(num: torch.Tensor, den: torch.Tensor) -> torch.Tensor:
-    """P(u * den < num) for u ~ U[0, 1): min(1, num/den) when den > 0, else 1 if num > 0 else 0."""
+    """P(u * den < num) for u ~ U[0, 1): min(1, num/den) when den > 0, else 1 if num > 0 else 0.
+
+    num, den: float, same shape (e.g. [B, S]). Returns float of that shape.
+    """
     pos = den > 0
     ratio = (num / torch.where(pos, den, torch.ones_like(den))).clamp(0, 1)
     return torch.where(pos, ratio, (num > 0).to(num.dtype))
@@ -109,6 +112,8 @@ def _first_true(mask: torch.Tensor) -> torch.Tensor:
 def top_tokens(q: torch.Tensor, k: int) -> torch.Tensor:
     """long [B, k]: the k most probable tokens of q [B, V], ties broken towards the lowest index."""
     check(k <= q.shape[-1], f"cannot take {k} distinct drafts from a vocabulary of {q.shape[-1]} tokens")
+    if k == 1:  # argmax returns the first maximum: the same tie-break, without sorting the whole vocabulary
+        return q.argmax(-1, keepdim=True)
     return torch.sort(q, dim=-1, descending=True, stable=True).indices[:, :k]
 
 

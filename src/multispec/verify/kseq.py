@@ -1,7 +1,7 @@
 """K-SEQ (SpecTr; SPEC §4.4). Drafts i.i.d. from q; not valid for drafts without replacement.
 
 With beta(rho) = sum_x min(q(x), p(x)/rho) and kappa(rho) = sum_{j<n} (1 - beta)^j, rho is the smallest
-value in [1, n] with rho >= kappa(rho), found by bisection per row. Draft i is accepted with probability
+value in [1, n] with rho >= kappa(rho), found per row (breakpoints p/q, then bisection). Draft i is accepted w.p.
 min(1, p(x_i)/(rho q(x_i))); if all are rejected, the new token is drawn from norm(p - kappa min(q, p/rho)).
 Acceptance = 1 - (1 - beta(rho))^n. p is the target, q the draft.
 """
@@ -13,7 +13,7 @@ import torch
 from multispec.verify.base import Plan, VerifierSpec, draw_iid, gather, law_iid, normalize_or
 
 BISECTION_STEPS = 64
-VALID_TOL = 1e-12  # rho >= kappa(rho) - tol: beta = 1 (p = q) must give rho = 1 despite rounding
+ONE_TOL = 1e-12  # rho = 1 is taken when kappa(1) <= 1 + tol: p = q must give rho = 1 despite rounding
 
 
 def kseq_beta(p: torch.Tensor, q: torch.Tensor, rho: torch.Tensor) -> torch.Tensor:
@@ -47,7 +47,8 @@ def kseq_rho(p: torch.Tensor, q: torch.Tensor, n: int) -> torch.Tensor:
     points = torch.cat([ends, ratio.clamp(1, n)], 1)  # [B, V+2] candidate values of rho
     count = torch.searchsorted(ratio, points.contiguous(), right=True)  # [B, V+2]: breakpoints <= point
     beta = above_q.gather(1, count) + below_p.gather(1, count) / points
-    valid = points >= kseq_kappa(beta, n) - VALID_TOL
+    kappa = kseq_kappa(beta, n)
+    valid = (points >= kappa) | ((points == 1) & (kappa <= 1 + ONE_TOL))
     hi = torch.where(valid, points, inf).amin(-1)  # [B], <= n
     lo = torch.where(points < hi[:, None], points, -inf).amax(-1)  # [B], -inf when hi == 1
     seg = torch.searchsorted(ratio, lo.clamp_min(1)[:, None].contiguous(), right=True)  # [B, 1]
@@ -69,7 +70,7 @@ def _refine(lo: np.ndarray, hi: np.ndarray, a: np.ndarray, b: np.ndarray, n: int
     for _ in range(BISECTION_STEPS):
         mid = (lo + hi_a) / 2
         left = 1 - (a + b / mid)
-        ok = mid >= sum(left**j for j in range(n)) - VALID_TOL
+        ok = mid >= sum(left**j for j in range(n))
         hi_a = np.where(ok, mid, hi_a)
         lo = np.where(ok, lo, mid)
     hi[active] = hi_a
@@ -85,7 +86,7 @@ def _refine_one(lo: float, hi: float, a: float, b: float, n: int) -> float:
         if not lo < mid < hi:
             break
         left = 1 - (a + b / mid)
-        if mid >= sum(left**j for j in range(n)) - VALID_TOL:
+        if mid >= sum(left**j for j in range(n)):
             hi = mid
         else:
             lo = mid

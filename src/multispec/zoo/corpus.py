@@ -56,6 +56,7 @@ class CorpusManifest:
     mb_train: float = 0.0
     mb_heldout: float = 0.0
     skipped: dict = field(default_factory=dict)
+    sha256: dict = field(default_factory=dict)  # of train.txt and heldout.txt, to check a reproduction
 
 
 def list_py_files(sources: tuple[str, ...]) -> list[Path]:
@@ -114,8 +115,11 @@ def build_corpus(cfg: CorpusConfig) -> CorpusManifest:
         raise MultispecError(f"corpus: found {len(kept)} usable .py files in {', '.join(cfg.sources)}; need at least 2")
     n_held = max(1, round(len(kept) * cfg.heldout_frac))
     train, held = kept[:-n_held], kept[-n_held:]
+    sha = {}
     for name, docs in (("train.txt", train), ("heldout.txt", held)):
-        (out / name).write_text(EOT.join(docs), encoding="utf-8")
+        data = EOT.join(docs).encode("utf-8")
+        (out / name).write_bytes(data)
+        sha[name] = hashlib.sha256(data).hexdigest()
     manifest = CorpusManifest(
         config=asdict(cfg),
         files_seen=len(files),
@@ -124,6 +128,7 @@ def build_corpus(cfg: CorpusConfig) -> CorpusManifest:
         mb_train=round(sum(len(t.encode()) for t in train) / 1e6, 3),
         mb_heldout=round(sum(len(t.encode()) for t in held) / 1e6, 3),
         skipped=skipped,
+        sha256=sha,
     )
     (out / "corpus.json").write_text(json.dumps(asdict(manifest), indent=1) + "\n")
     return manifest

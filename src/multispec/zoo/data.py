@@ -40,7 +40,8 @@ def token_file(corpus: str | Path, split: str, tokenizer_dir: str | Path) -> np.
     return np.memmap(cache, dtype=np.uint16, mode="r")
 
 
-def get_batch(data: np.ndarray, batch_size: int, block_size: int, gen: torch.Generator) -> tuple[torch.Tensor, torch.Tensor]:
+def get_batch(data: np.ndarray, batch_size: int, block_size: int,
+              gen: torch.Generator) -> tuple[torch.Tensor, torch.Tensor]:
     """Random windows of the token stream: x, y int64 [B, T] with y shifted by one (CPU tensors)."""
     if len(data) <= block_size + 1:
         raise MultispecError(f"token data has {len(data)} tokens, fewer than block_size + 2 = {block_size + 2}")

@@ -83,7 +83,8 @@ def humaneval_prompts(data_dir: str | Path | None) -> list[str]:
     """The `prompt` fields of humaneval.jsonl.gz in data_dir (or $MULTISPEC_DATA)."""
     data_dir = data_dir or os.environ.get("MULTISPEC_DATA")
     if not data_dir:
-        raise MultispecError("humaneval: give --data-dir or set MULTISPEC_DATA to the folder holding humaneval.jsonl.gz")
+        raise MultispecError("humaneval: give --data-dir or set MULTISPEC_DATA "
+                             "to the folder holding humaneval.jsonl.gz")
     f = Path(data_dir) / HUMANEVAL_FILE
     if not f.is_file():
         raise MultispecError(f"humaneval: {f} not found")
@@ -93,10 +94,18 @@ def humaneval_prompts(data_dir: str | Path | None) -> list[str]:
 
 @torch.no_grad()
 def greedy_continuations(target, tok, prompts: list[str], new_tokens: int) -> list[tuple[torch.Tensor, int]]:
-    """(ids int64 [L], start) per prompt: EOT + prompt + the target's greedy continuation (scored from start)."""
+    """(ids int64 [L], start) per prompt: EOT + prompt + the target's greedy continuation (scored from start).
+
+    Prompts are left-truncated so that prompt + continuation fits the context the model was trained on
+    (config.max_position_embeddings); RoPE positions beyond it are out of distribution.
+    """
+    ctx = target.config.max_position_embeddings - new_tokens
+    if ctx < 1:
+        raise MultispecError(f"--new-tokens {new_tokens} does not fit the model context "
+                             f"{target.config.max_position_embeddings}")
     out = []
     for prompt in prompts:
-        ids = torch.tensor([[EOT_ID] + tok(prompt, add_special_tokens=False)["input_ids"]])  # [1, P]
+        ids = torch.tensor([([EOT_ID] + tok(prompt, add_special_tokens=False)["input_ids"])[-ctx:]])  # [1, P]
         gen = target.generate(input_ids=ids, attention_mask=torch.ones_like(ids), do_sample=False,
                               max_new_tokens=new_tokens, min_new_tokens=new_tokens, pad_token_id=EOT_ID)
         out.append((gen[0], ids.shape[1]))

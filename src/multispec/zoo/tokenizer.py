@@ -18,7 +18,8 @@ def train_tokenizer(corpus: str | Path, vocab_size: int, out: str | Path) -> Pat
     from transformers import PreTrainedTokenizerFast
 
     if vocab_size < 257 or vocab_size > 65535:
-        raise MultispecError(f"tokenizer: --vocab-size must be in [257, 65535] (byte alphabet + 1, uint16 ids), got {vocab_size}")
+        raise MultispecError(f"tokenizer: --vocab-size must be in [257, 65535] (byte alphabet + 1, uint16 ids), "
+                             f"got {vocab_size}")
     docs = read_documents(Path(corpus) / "train.txt")
     tok = Tokenizer(models.BPE())
     tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)

@@ -52,7 +52,7 @@ class TrainConfig:
     eval_iters: int = 8
     checkpoint_minutes: float = 5.0
     device: str = "auto"             # auto, cpu or cuda
-    threads: int | None = None       # CPU threads for torch; None keeps torch's default (1 is faster on a loaded machine)
+    threads: int | None = None       # torch CPU threads; None keeps torch's default (1 is faster on a loaded CPU)
 
     def __post_init__(self) -> None:
         recipe = get_preset(self.preset).role(self.role)  # raises on a bad preset or role
@@ -74,6 +74,8 @@ class TrainConfig:
             raise MultispecError("train: give --steps or --max-minutes")
         if self.device not in ("auto", "cpu", "cuda"):
             raise MultispecError(f"train: --device must be auto, cpu or cuda, got {self.device}")
+        if self.eval_interval <= 0 or self.eval_iters <= 0 or self.checkpoint_minutes < 0:
+            raise MultispecError("train: eval interval and eval iterations must be positive, checkpoint minutes >= 0")
         if self.threads is not None and self.threads <= 0:
             raise MultispecError(f"train: --threads must be positive, got {self.threads}")
         if self.device == "cuda" and not torch.cuda.is_available():
@@ -95,7 +97,7 @@ def get_lr(step: int, max_steps: int, lr: float, min_lr: float, warmup: int) -> 
 
 
 def plan_steps(done: int, seconds_per_step: float, seconds_left: float, eval_seconds: float, eval_interval: int) -> int:
-    """Total steps that fit a wall-clock budget: done + the steps (with their periodic evals) that fit in seconds_left."""
+    """Total steps for a wall-clock budget: done + the steps (with their periodic evals) that fit in seconds_left."""
     per_step = seconds_per_step + eval_seconds / eval_interval
     return done + max(1, int(seconds_left / per_step))
 
@@ -111,7 +113,8 @@ def llama_config(shape: ModelShape, vocab_size: int, block_size: int):
     )
 
 
-def model_loss(model, x: torch.Tensor, y: torch.Tensor, teacher=None, alpha: float = 0.0) -> tuple[torch.Tensor, torch.Tensor]:
+def model_loss(model, x: torch.Tensor, y: torch.Tensor, teacher=None,
+               alpha: float = 0.0) -> tuple[torch.Tensor, torch.Tensor]:
     """(training loss, cross-entropy) for x, y int64 [B, T]; with a teacher: (1-alpha)*CE + alpha*KL(teacher||model)."""
     logits = model(input_ids=x, use_cache=False).logits.float()  # [B, T, V]
     ce = F.cross_entropy(logits.view(-1, logits.size(-1)), y.view(-1))
@@ -125,7 +128,8 @@ def model_loss(model, x: torch.Tensor, y: torch.Tensor, teacher=None, alpha: flo
 
 
 @torch.no_grad()
-def estimate_loss(model, data: np.ndarray, batch_size: int, block_size: int, iters: int, seed: int, device, autocast) -> float:
+def estimate_loss(model, data: np.ndarray, batch_size: int, block_size: int, iters: int, seed: int,
+                  device, autocast) -> float:
     """Mean CE (nats/token) over `iters` fixed random batches (same windows every call)."""
     model.eval()
     gen = torch.Generator().manual_seed(seed)
@@ -148,8 +152,8 @@ def full_loss(model, data: np.ndarray, batch_size: int, block_size: int, device,
     total, count = 0.0, 0
     for i in range(0, n, batch_size):
         starts = range(i * block_size, min(n, i + batch_size) * block_size, block_size)
-        x = torch.stack([torch.from_numpy(data[s:s + block_size].astype(np.int64)) for s in starts]).to(device)  # [b, T]
-        y = torch.stack([torch.from_numpy(data[s + 1:s + 1 + block_size].astype(np.int64)) for s in starts]).to(device)
+        xy = torch.stack([torch.from_numpy(data[s:s + block_size + 1].astype(np.int64)) for s in starts])  # [b, T+1]
+        x, y = xy[:, :-1].to(device), xy[:, 1:].to(device)  # [b, T] each
         with autocast:
             ce = model_loss(model, x, y)[1].item()
         total += ce * y.numel()
@@ -163,7 +167,8 @@ def load_teacher(path: str, vocab_size: int, device):
 
     teacher = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).to(device).eval()
     if teacher.config.vocab_size != vocab_size:
-        raise MultispecError(f"train: teacher vocabulary {teacher.config.vocab_size} != tokenizer vocabulary {vocab_size}")
+        raise MultispecError(f"train: teacher vocabulary {teacher.config.vocab_size} "
+                             f"!= tokenizer vocabulary {vocab_size}")
     for p in teacher.parameters():
         p.requires_grad_(False)
     return teacher
@@ -172,7 +177,8 @@ def load_teacher(path: str, vocab_size: int, device):
 def hardware(device) -> str:
     if device.type == "cuda":
         return torch.cuda.get_device_name(device)
-    return f"{platform.processor() or platform.machine()} CPU, {os.cpu_count()} cores, {torch.get_num_threads()} torch threads"
+    cpu = platform.processor() or platform.machine()
+    return f"{cpu} CPU, {os.cpu_count()} cores, {torch.get_num_threads()} torch threads"
 
 
 def train(cfg: TrainConfig, resume: bool = False) -> dict:
@@ -189,7 +195,8 @@ def train(cfg: TrainConfig, resume: bool = False) -> dict:
     recipe = get_preset(cfg.preset).role(cfg.role)
     if cfg.threads is not None:
         torch.set_num_threads(cfg.threads)
-    device = torch.device("cuda" if cfg.device == "cuda" or (cfg.device == "auto" and torch.cuda.is_available()) else "cpu")
+    use_cuda = cfg.device == "cuda" or (cfg.device == "auto" and torch.cuda.is_available())
+    device = torch.device("cuda" if use_cuda else "cpu")
     # bf16 autocast on GPU; fp32 on CPU (CPU bf16 matmuls are slower than fp32 here)
     autocast = torch.autocast("cuda", dtype=torch.bfloat16) if device.type == "cuda" else contextlib.nullcontext()
     B, T = recipe.batch_size, recipe.block_size
@@ -210,7 +217,7 @@ def train(cfg: TrainConfig, resume: bool = False) -> dict:
     if ckpt is not None:
         state = ckpt["model"]
         for name, p in model.state_dict().items():
-            assert state[name].shape == p.shape, f"checkpoint tensor {name}: {tuple(state[name].shape)} != {tuple(p.shape)}"
+            assert state[name].shape == p.shape, f"checkpoint {name}: {tuple(state[name].shape)} != {tuple(p.shape)}"
         model.load_state_dict(state)
     model.to(device).train()
     n_params = model.num_parameters()
@@ -251,40 +258,41 @@ def train(cfg: TrainConfig, resume: bool = False) -> dict:
     t0 = time.perf_counter() - elapsed
     last_ckpt = time.perf_counter()
     eval_seconds = 0.0
-    # step-time measurement window; on resume in wall-clock mode it restarts here
+    # step-time measurement window (starts after the slow first steps; on a wall-clock resume, here)
     warm_t, warm_step = (time.perf_counter(), step) if max_steps is not None else (None, None)
+
+    def replan() -> int:
+        """Total steps that fit the rest of the wall-clock budget at the throughput measured since warm_step."""
+        sps = (time.perf_counter() - warm_t) / (step - warm_step)
+        final_eval_s = eval_seconds / (cfg.eval_iters * B * T) * len(val_data) + 10.0  # full held-out pass
+        left = budget_s - (time.perf_counter() - t0) - final_eval_s
+        bar.write(f"step {step}: {B * T / sps:.0f} tokens/s ({sps * 1e3:.0f} ms/step)")
+        return max(step + 1, plan_steps(step, sps, left, eval_seconds, cfg.eval_interval))
+
     bar = tqdm(total=max_steps, initial=step, desc=f"{cfg.role} {cfg.preset}", unit="step", dynamic_ncols=True)
     train_losses: list[float] = []
     while max_steps is None or step < max_steps:
-        # plan the step count from throughput measured during warm-up (lr warm-up does not depend on max_steps)
-        if max_steps is None:
-            if step == 2:
-                warm_t, warm_step = time.perf_counter(), step
-            if step >= max(recipe.warmup_steps, 5):
-                sps = (time.perf_counter() - warm_t) / (step - warm_step)
-                final_eval_s = eval_seconds / (cfg.eval_iters * B * T) * len(val_data) + 10.0
-                max_steps = plan_steps(step, sps, budget_s - (time.perf_counter() - t0) - final_eval_s,
-                                       eval_seconds, cfg.eval_interval)
-                warm_t, warm_step = time.perf_counter(), step
-                bar.total = max_steps
-                bar.write(f"measured {B * T / sps:.0f} tokens/s ({sps * 1e3:.0f} ms/step): planning {max_steps} steps")
+        if max_steps is None and step == 2:
+            warm_t, warm_step = time.perf_counter(), step
+        # plan once warm-up is timed (warm-up lr does not depend on max_steps), re-plan at each eval: on a shared
+        # machine the throughput moves with the load, the budget does not
+        first_plan = max_steps is None and step >= max(recipe.warmup_steps, 5)
+        replan_now = first_plan or (max_steps is not None and step % cfg.eval_interval == 0)
+        if budget_s is not None and warm_step is not None and step > warm_step and replan_now:
+            max_steps = replan()
+            bar.total = max_steps
+            bar.write(f"step {step}: planning {max_steps} steps")
+            warm_t, warm_step = time.perf_counter(), step
         lr = get_lr(step, max_steps or 10**9, recipe.lr, recipe.min_lr, recipe.warmup_steps)
         for group in optimizer.param_groups:
             group["lr"] = lr
         if step % cfg.eval_interval == 0:
-            if budget_s is not None and max_steps is not None and warm_step is not None and step > warm_step:
-                # re-estimate on a shared machine: throughput changes with load, the budget does not
-                sps = (time.perf_counter() - warm_t) / (step - warm_step)
-                final_eval_s = eval_seconds / (cfg.eval_iters * B * T) * len(val_data) + 10.0
-                max_steps = max(step + 1, plan_steps(step, sps, budget_s - (time.perf_counter() - t0) - final_eval_s,
-                                                     eval_seconds, cfg.eval_interval))
-                bar.total = max_steps
-                warm_t, warm_step = time.perf_counter(), step
             te = time.perf_counter()
             val = evaluate()
             eval_seconds = time.perf_counter() - te
-            history.append({"step": step, "val_loss": val, "train_loss": float(np.mean(train_losses[-50:])) if train_losses else None,
-                            "planned_steps": max_steps, "elapsed": round(time.perf_counter() - t0, 1)})
+            train_loss = float(np.mean(train_losses[-50:])) if train_losses else None
+            history.append({"step": step, "val_loss": val, "train_loss": train_loss, "planned_steps": max_steps,
+                            "elapsed": round(time.perf_counter() - t0, 1)})
             bar.write(f"step {step}: held-out loss {val:.4f} (planned steps {max_steps})")
             if warm_t is not None:
                 warm_t += eval_seconds  # keep eval time out of the step-time measurement
@@ -305,7 +313,8 @@ def train(cfg: TrainConfig, resume: bool = False) -> dict:
         train_losses.append(ce.item())
         elapsed = time.perf_counter() - t0
         bar.update(1)
-        bar.set_postfix(loss=f"{train_losses[-1]:.3f}", lr=f"{lr:.2e}", tok_s=f"{B * T * bar.n / max(elapsed, 1e-9):.0f}")
+        tok_s = B * T * bar.n / max(elapsed, 1e-9)
+        bar.set_postfix(loss=f"{train_losses[-1]:.3f}", lr=f"{lr:.2e}", tok_s=f"{tok_s:.0f}")
         if budget_s is not None and max_steps is not None and elapsed > 1.15 * budget_s:
             bar.write(f"wall-clock budget exceeded by 15% at step {step}/{max_steps}; stopping early")
             break
