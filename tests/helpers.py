@@ -34,3 +34,34 @@ def tiny_llama(vocab: int = 16, hidden: int = 32, layers: int = 2, heads: int = 
 
 def threads_for_tests() -> None:
     torch.set_num_threads(int(os.environ.get("MULTISPEC_TEST_THREADS", "1")))
+
+
+def save_tiny_pair(root: Path, vocab_text: str = "def return if else for in range print ( ) : = + - 0 1 2 n x\n") -> dict:
+    """Write a tiny target/draft pair with a real byte-level BPE tokenizer to `root`; returns their paths.
+    Also writes `draft_other_vocab` (a different vocabulary size) and `not_causal` (a vision config)."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+    from transformers import PreTrainedTokenizerFast, ViTConfig
+
+    tok = Tokenizer(models.BPE())
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(vocab_size=300, special_tokens=["<|endoftext|>"],
+                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet())
+    tok.train_from_iterator([vocab_text * 20], trainer)
+    fast = PreTrainedTokenizerFast(tokenizer_object=tok, bos_token="<|endoftext|>", eos_token="<|endoftext|>",
+                                   pad_token="<|endoftext|>")
+    vocab = tok.get_vocab_size()
+    paths = {}
+    for name, seed, v in (("target", 0, vocab), ("draft", 1, vocab), ("draft_other_vocab", 2, vocab + 7)):
+        model = tiny_llama(vocab=v, hidden=32, layers=1, heads=2, kv_heads=1, seed=seed)
+        model.generation_config.eos_token_id = 0
+        path = root / name
+        model.save_pretrained(path)
+        if name == "target":
+            fast.save_pretrained(path)
+        paths[name] = path
+    not_causal = root / "not_causal"
+    ViTConfig(hidden_size=32, num_hidden_layers=1, num_attention_heads=2, intermediate_size=64).save_pretrained(
+        not_causal)
+    paths["not_causal"] = not_causal
+    return paths

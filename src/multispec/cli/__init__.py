@@ -22,6 +22,8 @@ def _register() -> None:
     from multispec.cli import generate_cmd, verifiers_cmd  # noqa: F401
     from multispec.cli import optimal_cmd  # noqa: F401
     from multispec.cli import zoo_cmd  # noqa: F401
+    from multispec.cli import bench_cmd  # noqa: F401
+    from multispec.cli import heads_cmd  # noqa: F401
 
 
 def main(argv: list[str] | None = None) -> None:

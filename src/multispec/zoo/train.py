@@ -117,7 +117,7 @@ def model_loss(model, x: torch.Tensor, y: torch.Tensor, teacher=None,
                alpha: float = 0.0) -> tuple[torch.Tensor, torch.Tensor]:
     """(training loss, cross-entropy) for x, y int64 [B, T]; with a teacher: (1-alpha)*CE + alpha*KL(teacher||model)."""
     logits = model(input_ids=x, use_cache=False).logits.float()  # [B, T, V]
-    ce = F.cross_entropy(logits.view(-1, logits.size(-1)), y.view(-1))
+    ce = F.cross_entropy(logits.flatten(0, 1), y.reshape(-1))
     if teacher is None or alpha == 0.0:
         return ce, ce
     with torch.no_grad():
@@ -178,6 +178,10 @@ def hardware(device) -> str:
     if device.type == "cuda":
         return torch.cuda.get_device_name(device)
     cpu = platform.processor() or platform.machine()
+    cpuinfo = Path("/proc/cpuinfo")
+    if cpuinfo.is_file():
+        names = [line.split(":", 1)[1].strip() for line in cpuinfo.read_text().splitlines() if line.startswith("model name")]
+        cpu = names[0] if names else cpu
     return f"{cpu} CPU, {os.cpu_count()} cores, {torch.get_num_threads()} torch threads"
 
 

@@ -1,0 +1,270 @@
+"""Benchmark outputs, reusable by any script that produces records in the `run_bench` schema.
+
+A results dict has `meta` (device, versions, commit, command), `settings`, optional `cost` (step-cost ratio),
+`hf_best`, `memory_metric`, and `records`: one dict per timed generation with at least method, method_name,
+options, dataset, category, temperature, new_tokens, seconds; optionally target_calls, draft_calls, rounds,
+accepted, drafted_depth, prefill_s, draft_s, verify_s, cache_s, peak_mem_mb, same_as_ar, lossless.
+
+`write_outputs(out, results)` writes results.json, results.md, speedup.png and, when some method was run at several
+values of one numeric option (threshold, k, num_assistant_tokens, ...), pareto.png. `render(results, out)` writes all
+but the JSON (for benchmarks/make_figures.py).
+"""
+from __future__ import annotations
+
+import json
+from collections import defaultdict
+from pathlib import Path
+
+SUMMARY_KEYS = ("method", "dataset", "temperature", "category", "prompts", "generations", "new_tokens", "seconds",
+                "tokens_per_s", "speedup", "tau", "acceptance_rate", "accepted_per_call", "prefill_frac",
+                "draft_frac", "verify_frac", "cache_frac", "peak_mem_mb", "greedy_identical", "lossless")
+
+
+def write_outputs(out: str | Path, results: dict) -> dict:
+    """Add `summary` to results and write results.json, results.md and the plots into `out`. Returns results."""
+    out = Path(out)
+    out.mkdir(parents=True, exist_ok=True)
+    results["summary"] = summarize(results["records"])
+    (out / "results.json").write_text(json.dumps(results, indent=1) + "\n")
+    render(results, out)
+    return results
+
+
+def render(results: dict, out: str | Path) -> list[Path]:
+    """Write results.md, speedup.png and (if a knob was swept) pareto.png from a results dict; returns the paths."""
+    out = Path(out)
+    out.mkdir(parents=True, exist_ok=True)
+    summary = results.get("summary") or summarize(results["records"])
+    written = [out / "results.md"]
+    written[0].write_text(markdown(results, summary))
+    written.append(plot_speedup(summary, out / "speedup.png"))
+    pareto = plot_pareto(results["records"], summary, out / "pareto.png")
+    if pareto is not None:
+        written.append(pareto)
+    return written
+
+
+def summarize(records: list[dict]) -> list[dict]:
+    """One row per (method, dataset, temperature) with category None, plus one per category where a data set's
+    records have several categories. Ratios are of sums (tokens/s = Σ new tokens / Σ seconds, etc.)."""
+    groups: dict[tuple, list[dict]] = defaultdict(list)
+    cats: dict[str, set] = defaultdict(set)
+    for r in records:
+        cats[r["dataset"]].add(r.get("category"))
+    for r in records:
+        groups[(r["method"], r["dataset"], r["temperature"], None)].append(r)
+        if len(cats[r["dataset"]]) > 1:
+            groups[(r["method"], r["dataset"], r["temperature"], r.get("category"))].append(r)
+    rows = {key: _aggregate(key, rs) for key, rs in groups.items()}
+    ar_label = {r["method_name"]: r["method"] for r in records}.get("ar")
+    for (m, d, t, c), row in rows.items():
+        base = rows.get((ar_label, d, t, c)) if ar_label is not None else None
+        row["speedup"] = (row["tokens_per_s"] / base["tokens_per_s"]
+                          if base and base["tokens_per_s"] and row["tokens_per_s"] is not None else None)
+    order = _method_order(records)
+    return sorted(rows.values(), key=lambda r: (r["dataset"], r["temperature"], r["category"] is not None,
+                                                str(r["category"]), order[r["method"]]))
+
+
+def _aggregate(key: tuple, rs: list[dict]) -> dict:
+    m, d, t, c = key
+
+    def total(k):
+        vals = [r.get(k) for r in rs]
+        return None if any(v is None for v in vals) else sum(vals)
+
+    def ratio(a, b):
+        return a / b if a is not None and b else None
+
+    new, secs = total("new_tokens"), total("seconds")
+    same = [r["same_as_ar"] for r in rs if r.get("same_as_ar") is not None]
+    peaks = [r["peak_mem_mb"] for r in rs if r.get("peak_mem_mb") is not None]
+    return {
+        "method": m, "dataset": d, "temperature": t, "category": c,
+        "prompts": len({r.get("prompt_id", i) for i, r in enumerate(rs)}), "generations": len(rs),
+        "new_tokens": new, "seconds": secs, "tokens_per_s": ratio(new, secs), "speedup": None,
+        "tau": ratio(new, total("target_calls")),
+        "acceptance_rate": ratio(total("accepted"), total("drafted_depth")),
+        "accepted_per_call": ratio(total("accepted"), total("target_calls")),
+        "prefill_frac": ratio(total("prefill_s"), secs), "draft_frac": ratio(total("draft_s"), secs),
+        "verify_frac": ratio(total("verify_s"), secs), "cache_frac": ratio(total("cache_s"), secs),
+        "peak_mem_mb": max(peaks) if peaks else None,
+        "greedy_identical": sum(same) / len(same) if same else None,
+        "lossless": all(r.get("lossless", True) for r in rs),
+    }
+
+
+def _method_order(records: list[dict]) -> dict:
+    order: dict[str, int] = {}
+    for r in records:
+        order.setdefault(r["method"], len(order))
+    return order
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# markdown
+
+_COLUMNS = [("method", "method", "{}"), ("tok/s", "tokens_per_s", "{:.1f}"), ("speedup", "speedup", "{:.2f}x"),
+            ("tau", "tau", "{:.2f}"), ("accept", "acceptance_rate", "{:.2f}"),
+            ("acc/call", "accepted_per_call", "{:.2f}"), ("draft", "draft_frac", "{:.0%}"),
+            ("verify", "verify_frac", "{:.0%}"), ("cache", "cache_frac", "{:.0%}"),
+            ("peak MB", "peak_mem_mb", "{:.0f}"), ("greedy = ar", "greedy_identical", "{:.0%}")]
+
+
+def markdown(results: dict, summary: list[dict]) -> str:
+    meta, st = results.get("meta", {}), results.get("settings", {})
+    lines = ["# Benchmark results", ""]
+    cmd = meta.get("command")
+    if cmd:
+        lines += ["Command: `" + (" ".join(cmd) if isinstance(cmd, list) else str(cmd)) + "`", ""]
+    facts = [("device", meta.get("device")), ("dtype", meta.get("dtype")), ("CPU", meta.get("cpu")),
+             ("torch", meta.get("torch")), ("transformers", meta.get("transformers")),
+             ("commit", meta.get("git_commit")), ("date (UTC)", meta.get("time_utc")),
+             ("load average at end", meta.get("load_average")), ("target", st.get("target")),
+             ("draft", st.get("draft")), ("max new tokens", st.get("max_new_tokens")),
+             ("top-k / top-p", f"{st.get('top_k')} / {st.get('top_p')}" if st else None),
+             ("threads", st.get("threads")), ("repeats / warm-up", f"{st.get('repeats')} / {st.get('warmup')}"
+                                                if st else None),
+             ("prompts", st.get("prompts")), ("truncated prompts", st.get("truncated_prompts")),
+             ("max prompt tokens", st.get("max_prompt_tokens"))]
+    lines += [f"- {k}: {v}" for k, v in facts if v is not None]
+    cost = results.get("cost") or {}
+    if cost.get("cost_ratio") is not None:
+        lines.append(f"- step cost at {cost.get('context')} tokens of context: target "
+                     f"{cost['target_step_s'] * 1e3:.2f} ms, draft {cost['draft_step_s'] * 1e3:.2f} ms, "
+                     f"ratio c = {cost['cost_ratio']:.3f}")
+    for b in results.get("hf_best", []):
+        rates = ", ".join(f"{k}: {v:.1f}" for k, v in b["tokens_per_s"].items())
+        lines.append(f"- hf-assisted:best on {b['dataset']} at T={b['temperature']:g}: num_assistant_tokens="
+                     f"{b['best']} (tok/s on the first {b['probe_prompts']} prompts: {rates})")
+    mem = results.get("memory_metric")
+    if mem:
+        lines.append(f"- peak MB: {mem.replace('_', ' ')}")
+    lines.append("")
+    top = [r for r in summary if r["category"] is None]
+    for d, t in _dt_pairs(top):
+        rows = [r for r in top if r["dataset"] == d and r["temperature"] == t]
+        lines += [f"## {d}, T={t:g} ({rows[0]['prompts']} prompts)", ""] + _table(rows, _COLUMNS) + [""]
+    cat_rows = [r for r in summary if r["category"] is not None]
+    for d, t in _dt_pairs(cat_rows):
+        rows = [r for r in cat_rows if r["dataset"] == d and r["temperature"] == t]
+        cols = [("method", "method", "{}"), ("category", "category", "{}")] + _COLUMNS[1:5] + [_COLUMNS[-1]]
+        lines += [f"### {d}, T={t:g}, per category", ""] + _table(rows, cols) + [""]
+    lossy = sorted({r["method"] for r in summary if not r["lossless"]})
+    if lossy:
+        lines += [f"LOSSY (output distribution differs from the target's): {', '.join(lossy)}", ""]
+    return "\n".join(lines)
+
+
+def _dt_pairs(rows: list[dict]) -> list[tuple]:
+    seen: dict[tuple, None] = {}
+    for r in rows:
+        seen.setdefault((r["dataset"], r["temperature"]), None)
+    return list(seen)
+
+
+def _table(rows: list[dict], cols) -> list[str]:
+    out = ["| " + " | ".join(c[0] for c in cols) + " |", "|" + "|".join("---" for _ in cols) + "|"]
+    for r in rows:
+        cells = []
+        for _, key, fmt in cols:
+            v = r.get(key)
+            cells.append("–" if v is None else fmt.format(v))
+        out.append("| " + " | ".join(cells) + " |")
+    return out
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# plots
+
+def plot_speedup(summary: list[dict], path: Path) -> Path:
+    """Grouped bars: one group per (data set, temperature), one bar per method; speedup over ar (tokens/s when
+    the run had no ar)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    top = [r for r in summary if r["category"] is None]
+    groups = _dt_pairs(top)
+    methods = list(dict.fromkeys(r["method"] for r in top))
+    use_speedup = any(r["speedup"] is not None for r in top)
+    key = "speedup" if use_speedup else "tokens_per_s"
+    fig, ax = plt.subplots(figsize=(max(6.0, 1.2 + len(groups) * (0.45 * len(methods) + 0.6)), 4.2))
+    width = 0.8 / max(1, len(methods))
+    cmap = plt.get_cmap("tab20" if len(methods) > 10 else "tab10")
+    for j, m in enumerate(methods):
+        xs, ys = [], []
+        for i, (d, t) in enumerate(groups):
+            row = next((r for r in top if r["method"] == m and r["dataset"] == d and r["temperature"] == t), None)
+            if row is not None and row[key] is not None:
+                xs.append(i - 0.4 + width * (j + 0.5))
+                ys.append(row[key])
+        ax.bar(xs, ys, width, label=m, color=cmap(j % cmap.N))
+    if use_speedup:
+        ax.axhline(1.0, color="black", lw=0.8, ls="--")
+    ax.set_xticks(range(len(groups)))
+    ax.set_xticklabels([f"{d}\nT={t:g}" for d, t in groups])
+    ax.set_ylabel("speedup over ar (tokens/s ratio)" if use_speedup else "tokens/s")
+    ax.legend(fontsize=7, ncol=2, loc="upper left", bbox_to_anchor=(1.0, 1.0))
+    ax.set_title("multispec bench")
+    fig.tight_layout()
+    fig.savefig(path, dpi=130)
+    plt.close(fig)
+    return path
+
+
+def swept_knobs(records: list[dict]) -> dict[str, tuple[str, dict[str, float]]]:
+    """method_name -> (knob, {method label: knob value}) for methods run at >= 2 values of exactly one numeric
+    option, all other options equal."""
+    by_name: dict[str, dict[str, dict]] = defaultdict(dict)
+    for r in records:
+        by_name[r["method_name"]][r["method"]] = r.get("options") or {}
+    knobs = {}
+    for name, labels in by_name.items():
+        if len(labels) < 2:
+            continue
+        keys = set().union(*labels.values())
+        varying = [k for k in keys if len({json.dumps(o.get(k)) for o in labels.values()}) > 1]
+        if len(varying) != 1:
+            continue
+        k = varying[0]
+        vals = {lab: o.get(k) for lab, o in labels.items()}
+        if all(isinstance(v, (int, float)) and not isinstance(v, bool) for v in vals.values()):
+            knobs[name] = (k, vals)
+    return knobs
+
+
+def plot_pareto(records: list[dict], summary: list[dict], path: Path) -> Path | None:
+    """tokens/s against the swept knob, one panel per (data set, temperature), one line per method; None (and no
+    file) when no knob was swept."""
+    knobs = swept_knobs(records)
+    if not knobs:
+        return None
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    top = [r for r in summary if r["category"] is None]
+    groups = _dt_pairs(top)
+    fig, axes = plt.subplots(1, len(groups), figsize=(4.2 * len(groups), 3.6), squeeze=False)
+    ar_labels = {r["method"] for r in records if r["method_name"] == "ar"}
+    ar = {(r["dataset"], r["temperature"]): r["tokens_per_s"] for r in top if r["method"] in ar_labels}
+    for ax, (d, t) in zip(axes[0], groups):
+        for name, (knob, vals) in knobs.items():
+            pts = sorted((v, r["tokens_per_s"]) for lab, v in vals.items() for r in top
+                         if r["method"] == lab and r["dataset"] == d and r["temperature"] == t
+                         and r["tokens_per_s"] is not None)
+            if pts:
+                ax.plot([p[0] for p in pts], [p[1] for p in pts], marker="o", label=f"{name} ({knob})")
+        if (d, t) in ar and ar[(d, t)] is not None:
+            ax.axhline(ar[(d, t)], color="black", lw=0.8, ls="--", label="ar")
+        ax.set_title(f"{d}, T={t:g}")
+        ax.set_xlabel("knob value")
+        ax.set_ylabel("tokens/s")
+        ax.legend(fontsize=7)
+    fig.tight_layout()
+    fig.savefig(path, dpi=130)
+    plt.close(fig)
+    return path

@@ -1,0 +1,338 @@
+"""`run_bench`: every method on the same prompts, token ids and seeds; warm-up apart; JSON + markdown + plots.
+
+Order of work (each step fails before the slower ones start):
+1. parse and validate the method specs, the sampling settings and the data sets (no model yet);
+2. load the pair, tokenize every prompt once (BOS-prefixed, `api._encode`), truncate long ones;
+3. measure the draft/target step-cost ratio once;
+4. warm up each method (untimed); tune `hf-assisted:best` on the first prompts of each data set and temperature;
+5. timed loop over temperature -> data set -> prompt -> repeat -> method, so a change in machine load hits every
+   method alike; every generation is one record;
+6. `report.write_outputs` writes results.json, results.md, speedup.png (and pareto.png where a knob was swept).
+"""
+from __future__ import annotations
+
+import os
+import platform
+import resource
+import statistics
+import subprocess
+import sys
+import time
+from dataclasses import asdict
+from pathlib import Path
+
+import torch
+
+from multispec.bench.hf_assisted import hf_assisted_generate
+from multispec.bench.specs import HF_ASSISTED, HF_BEST_SWEEP, MethodSpec, parse_method_specs
+from multispec.data import load_prompts, truncate_ids
+from multispec.errors import check
+from multispec.sampling import SamplingConfig
+
+COST_CONTEXT = 200  # tokens of context for the step-cost measurement
+COST_STEPS = 15  # timed 1-token steps per model (median reported)
+
+
+def run_bench(target: str | None = None, draft: str | None = None, datasets: list[str] | str = "humaneval",
+              data_dir: str | None = None, methods: str | list = "ar;sd:k=4", temperatures=(0.0,),
+              top_k: int | None = None, top_p: float | None = None, max_new_tokens: int = 128,
+              limit: int | None = None, offset: int = 0, repeats: int = 1, warmup: int = 1, seed: int = 0,
+              out: str | Path | None = None, threads: int | None = None, device: str | None = None,
+              dtype: str | None = None, max_prompt_tokens: int | None = 512, prompt_field: str = "prompt",
+              best_probe: int = 3, pair=None, progress: bool = True, command: list[str] | None = None) -> dict:
+    """Benchmark `methods` on `datasets`; returns the results dict (see docs/bench.md) and, when `out` is given,
+    writes it there. `pair`: an already loaded `api.Pair` (then target/draft/device/dtype are not used)."""
+    from multispec.api import _encode, _eos_ids, load_pair
+    from multispec.bench.report import write_outputs
+
+    # 1. everything that can be checked without a model
+    specs = methods if isinstance(methods, list) and all(isinstance(s, MethodSpec) for s in methods) \
+        else parse_method_specs(methods if isinstance(methods, str) else ";".join(methods))
+    datasets = [d.strip() for d in datasets.split(",")] if isinstance(datasets, str) else list(datasets)
+    temperatures = [float(t) for t in temperatures]
+    check(temperatures, "no temperatures given")
+    samplings = [SamplingConfig(temperature=t, top_k=top_k, top_p=top_p) for t in temperatures]
+    for name, v, lo in (("max_new_tokens", max_new_tokens, 1), ("repeats", repeats, 1), ("warmup", warmup, 0),
+                        ("best_probe", best_probe, 1)):
+        check(isinstance(v, int) and v >= lo, f"{name} must be an integer >= {lo}, got {v!r}")
+    check(max_prompt_tokens is None or max_prompt_tokens >= 2, "max_prompt_tokens must be >= 2")
+    prompts = {d: load_prompts(d, data_dir, limit=limit, offset=offset, prompt_field=prompt_field)
+               for d in datasets}
+    for d, ps in prompts.items():
+        check(ps, f"{d}: no prompts selected (offset {offset}, limit {limit})")
+    draft_path = pair.draft_path if pair is not None else draft
+    needs_draft = any(s.name != "ar" for s in specs)
+    check(not needs_draft or draft_path is not None or (pair is not None and pair.draft is not None),
+          "every method but ar needs a draft model: pass --draft")
+    for s in specs:
+        if s.name == "specdecpp" and s.config.head is None:
+            from multispec.policy_factory import HEAD_DIRNAME
+
+            check(draft_path is not None and (Path(draft_path) / HEAD_DIRNAME).is_dir(),
+                  f"{s.label}: no acceptance head: give head=PATH in the spec, or put one in the draft's directory "
+                  f"as {HEAD_DIRNAME}/")
+    if threads is not None:
+        check(isinstance(threads, int) and threads >= 1, f"threads must be an integer >= 1, got {threads!r}")
+        torch.set_num_threads(threads)
+
+    # 2. models and token ids
+    if pair is None:
+        pair = load_pair(target=target, draft=draft if needs_draft else None, device=device, dtype=dtype)
+    bos = pair.tokenizer.bos_token_id
+    encoded = {}
+    for d, ps in prompts.items():
+        encoded[d] = [truncate_ids(_encode(pair, p.text), max_prompt_tokens, bos) for p in ps]
+    eos = _eos_ids(pair)
+    on_cuda = pair.device.type == "cuda"
+
+    # 3. cost ratio, once
+    cost = step_costs(pair) if pair.draft is not None else {"target_step_s": None, "draft_step_s": None,
+                                                            "cost_ratio": None}
+    runners = {s.label: _make_runner(s, pair, eos) for s in specs}
+    rss_base = _maxrss_mb()
+
+    # 4. warm-up (untimed) and the hf-assisted:best sweep
+    first = next(iter(encoded.values()))[0][0]
+    for s in specs:
+        for sampling in samplings:
+            for _ in range(warmup):
+                runners[s.label](first, sampling, max_new_tokens, seed, None)
+    best = {}
+    for s in specs:
+        if s.hf_best:
+            for d in datasets:
+                for sampling in samplings:
+                    probe = [ids for ids, _ in encoded[d][:best_probe]]
+                    best[(d, sampling.temperature)] = _sweep_hf(runners[s.label], probe, sampling, max_new_tokens,
+                                                               seed, on_cuda)
+
+    # 5. the timed loop
+    records = []
+    total = sum(len(v) for v in encoded.values()) * len(samplings) * repeats * len(specs)
+    bar = _progress(total, progress)
+    for sampling in samplings:
+        for d in datasets:
+            for i, (p, (ids, truncated)) in enumerate(zip(prompts[d], encoded[d])):
+                for r in range(repeats):
+                    prompt_seed = seed + 1_000 * r + i
+                    for s in specs:
+                        bar.set_postfix_str(f"{s.label} T={sampling.temperature:g} {d} {p.id}", refresh=False)
+                        knob = best[(d, sampling.temperature)]["best"] if s.hf_best else None
+                        rec = _timed(runners[s.label], ids, sampling, max_new_tokens, prompt_seed, knob, on_cuda,
+                                     rss_base)
+                        rec.update(method=s.label, method_name=s.name, options=_jsonable(s.options),
+                                   lossless=s.lossless, dataset=d, category=p.category, prompt_id=p.id,
+                                   prompt_index=offset + i, temperature=sampling.temperature, repeat=r,
+                                   seed=prompt_seed, prompt_tokens=len(ids), truncated=truncated)
+                        records.append(rec)
+                        bar.update(1)
+    bar.close()
+    _compare_with_ar(records)
+
+    results = {
+        "meta": environment(pair, command),
+        "settings": {
+            "target": pair.target_path, "draft": pair.draft_path, "datasets": datasets, "data_dir": data_dir
+            or os.environ.get("MULTISPEC_DATA"), "methods": [s.label for s in specs],
+            "temperatures": temperatures, "top_k": top_k, "top_p": top_p, "max_new_tokens": max_new_tokens,
+            "limit": limit, "offset": offset, "repeats": repeats, "warmup": warmup, "seed": seed,
+            "threads": torch.get_num_threads(), "max_prompt_tokens": max_prompt_tokens,
+            "prompt_field": prompt_field, "best_probe": best_probe, "hf_best_sweep": list(HF_BEST_SWEEP),
+            "prompts": {d: len(v) for d, v in prompts.items()},
+            "truncated_prompts": {d: sum(t for _, t in v) for d, v in encoded.items()},
+            "method_configs": {s.label: (_jsonable(asdict(s.config)) if s.config is not None else
+                                         {"name": HF_ASSISTED, **_jsonable(s.options)}) for s in specs},
+        },
+        "cost": cost,
+        "hf_best": [{"dataset": d, "temperature": t, **v} for (d, t), v in best.items()],
+        "memory_metric": "cuda_max_allocated_mb" if on_cuda else "cpu_rss_peak_growth_mb",
+        "records": records,
+    }
+    if out is not None:
+        write_outputs(out, results)
+    return results
+
+
+def _compare_with_ar(records: list[dict]) -> None:
+    """Greedy records get same_as_ar (token-identical to ar's output on the same prompt and repeat) and
+    first_diff (index of the first differing token, None when identical); output_ids become a sha1."""
+    import hashlib
+
+    ar = {(r["dataset"], r["prompt_index"], r["repeat"]): r["output_ids"] for r in records
+          if r["method_name"] == "ar" and r["temperature"] == 0}
+    for r in records:
+        ref = ar.get((r["dataset"], r["prompt_index"], r["repeat"])) if r["temperature"] == 0 else None
+        ids = r.pop("output_ids")
+        r["output_sha1"] = hashlib.sha1(repr(ids).encode()).hexdigest()[:16]
+        if ref is None:
+            r["same_as_ar"], r["first_diff"] = None, None
+            continue
+        diff = next((j for j, (a, b) in enumerate(zip(ids, ref)) if a != b), None)
+        if diff is None and len(ids) != len(ref):
+            diff = min(len(ids), len(ref))
+        r["same_as_ar"], r["first_diff"] = diff is None, diff
+
+
+def _make_runner(spec: MethodSpec, pair, eos: set[int]):
+    """A function (ids, sampling, max_new, seed, knob) -> (new ids, stats dict) for one method; backends and the
+    method's policy (trained heads included) are built once here."""
+    if spec.name == HF_ASSISTED:
+        def run_hf(ids, sampling, max_new, seed, knob):
+            n = knob if knob is not None else spec.hf_tokens
+            new, c = hf_assisted_generate(pair.target, pair.draft, ids, sampling, max_new, seed, eos, n)
+            accepted = max(0, c.new_tokens - c.target_calls)
+            return new, {"new_tokens": c.new_tokens, "target_calls": c.target_calls, "draft_calls": c.draft_calls,
+                         "rounds": c.target_calls, "accepted": accepted, "drafted_depth": c.draft_calls,
+                         "drafted_tokens": c.draft_calls, "prefill_s": None, "draft_s": None, "verify_s": None,
+                         "cache_s": None, "num_assistant_tokens": n, "hf_effective": c.effective}
+        return run_hf
+
+    from multispec.engine import generate_ids
+    from multispec.models import make_backend
+    from multispec.policy_factory import make_policy
+
+    config = spec.config
+    target = make_backend(pair.target)
+    draft = make_backend(pair.draft) if config.name != "ar" else None
+    policy = make_policy(config, pair)
+
+    def run_engine(ids, sampling, max_new, seed, knob):
+        new, c, seconds = generate_ids(target, draft, ids, config, sampling, max_new, seed, eos, policy=policy)
+        return new, {"new_tokens": c.new_tokens, "target_calls": c.target_calls, "draft_calls": c.draft_calls,
+                     "rounds": c.rounds, "accepted": c.accepted, "drafted_depth": c.drafted_depth,
+                     "drafted_tokens": c.drafted_tokens, "prefill_s": c.t_prefill, "draft_s": c.t_draft,
+                     "verify_s": c.t_verify, "cache_s": c.t_cache, "engine_s": seconds}
+    return run_engine
+
+
+def _timed(run, ids, sampling, max_new, seed, knob, on_cuda, rss_base) -> dict:
+    if on_cuda:
+        torch.cuda.synchronize()
+        torch.cuda.reset_peak_memory_stats()
+    t0 = time.perf_counter()
+    new, stats = run(ids, sampling, max_new, seed, knob)
+    if on_cuda:
+        torch.cuda.synchronize()
+    seconds = time.perf_counter() - t0
+    peak = torch.cuda.max_memory_allocated() / 2**20 if on_cuda else _maxrss_mb() - rss_base
+    return {**stats, "seconds": seconds, "peak_mem_mb": peak, "output_ids": new}
+
+
+def _sweep_hf(run, probe: list[list[int]], sampling, max_new, seed, on_cuda) -> dict:
+    """Time hf-assisted at each N of HF_BEST_SWEEP on the probe prompts (after one untimed call per N); the best N
+    has the highest tokens/s."""
+    rates = {}
+    for n in HF_BEST_SWEEP:
+        run(probe[0], sampling, max_new, seed, n)
+        toks = secs = 0.0
+        for i, ids in enumerate(probe):
+            rec = _timed(run, ids, sampling, max_new, seed + i, n, on_cuda, 0.0)
+            toks += rec["new_tokens"]
+            secs += rec["seconds"]
+        rates[n] = toks / secs if secs > 0 else 0.0
+    return {"best": max(rates, key=rates.get), "tokens_per_s": {str(k): v for k, v in rates.items()},
+            "probe_prompts": len(probe)}
+
+
+def step_costs(pair, context: int = COST_CONTEXT, steps: int = COST_STEPS) -> dict:
+    """Median seconds of one 1-token decode step of each model at `context` tokens of cached context, through the
+    hf backend (the one every multispec method uses); cost_ratio = draft / target (SPEC §1 c_ratio)."""
+    from multispec.models import causal_mask, forward_chain, make_backend
+
+    on_cuda = pair.device.type == "cuda"
+    g = torch.Generator().manual_seed(0)
+    vocab = int(pair.target.get_output_embeddings().weight.shape[0])
+    ids = torch.randint(1, vocab, (context + 1,), generator=g)
+    out = {}
+    for name, model in (("target", pair.target), ("draft", pair.draft)):
+        b = make_backend(model)
+        forward_chain(b, ids[:context])
+        keep = torch.arange(context)
+        times = []
+        for i in range(steps + 2):  # two untimed steps first
+            if on_cuda:
+                torch.cuda.synchronize()
+            t0 = time.perf_counter()
+            b.forward(ids[context:], torch.tensor([context]), causal_mask(context, 1))
+            if on_cuda:
+                torch.cuda.synchronize()
+            if i >= 2:
+                times.append(time.perf_counter() - t0)
+            b.keep(keep)
+        out[f"{name}_step_s"] = statistics.median(times)
+    out["cost_ratio"] = out["draft_step_s"] / out["target_step_s"]
+    out["context"] = context
+    out["steps"] = steps
+    return out
+
+
+def environment(pair, command: list[str] | None) -> dict:
+    """Device, CPU model, versions, git commit (with -dirty), the command line."""
+    import transformers
+
+    dev = pair.device
+    return {
+        "device": torch.cuda.get_device_name(dev) if dev.type == "cuda" else "cpu",
+        "dtype": str(next(pair.target.parameters()).dtype).removeprefix("torch."),
+        "cpu": cpu_name(),
+        "cpu_count": os.cpu_count(),
+        "torch": torch.__version__,
+        "transformers": transformers.__version__,
+        "python": platform.python_version(),
+        "git_commit": git_commit(),
+        "command": command if command is not None else sys.argv,
+        "time_utc": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+        "load_average": list(os.getloadavg()) if hasattr(os, "getloadavg") else None,
+    }
+
+
+def cpu_name() -> str:
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
+
+
+def git_commit() -> str | None:
+    """`git rev-parse HEAD` of the source tree, with '-dirty' when `git status --porcelain` lists changes."""
+    here = Path(__file__).resolve().parent
+    try:
+        head = subprocess.run(["git", "rev-parse", "HEAD"], cwd=here, capture_output=True, text=True, timeout=10)
+        if head.returncode != 0:
+            return None
+        dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=here,
+                               capture_output=True, text=True, timeout=10)
+        return head.stdout.strip() + ("-dirty" if dirty.stdout.strip() else "")
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+
+
+def _maxrss_mb() -> float:
+    kb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss  # KiB on Linux
+    return kb / 1024.0
+
+
+def _jsonable(d: dict) -> dict:
+    return {k: (list(v) if isinstance(v, tuple) else v) for k, v in d.items()}
+
+
+class _NoBar:
+    def set_postfix_str(self, *a, **k):
+        pass
+
+    def update(self, n):
+        pass
+
+    def close(self):
+        pass
+
+
+def _progress(total: int, enabled: bool):
+    if not enabled:
+        return _NoBar()
+    from tqdm import tqdm
+
+    return tqdm(total=total, desc="bench", unit="gen", file=sys.stderr, dynamic_ncols=True)

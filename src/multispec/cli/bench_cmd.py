@@ -1,0 +1,65 @@
+"""`multispec bench`: every method on one prompt set, with the same token ids and seeds (docs/bench.md)."""
+import sys
+
+import click
+
+from multispec.cli import cli
+
+
+def _floats(text: str) -> list[float]:
+    try:
+        return [float(x) for x in text.split(",") if x.strip()]
+    except ValueError:
+        raise click.BadParameter(f"expected comma-separated numbers such as 0,1, got {text!r}") from None
+
+
+@cli.command("bench")
+@click.option("--target", help="Target model directory (default: the embedded default pair).")
+@click.option("--draft", help="Draft model directory (needed by every method but ar).")
+@click.option("--dataset", "datasets", default="humaneval", show_default=True,
+              help="Data set(s), comma-separated: humaneval, gsm8k, mt-bench, spec-bench, alpaca, or a .jsonl path.")
+@click.option("--data-dir", help="Folder holding the data files (default: $MULTISPEC_DATA).")
+@click.option("--prompt-field", default="prompt", show_default=True, help="Field of a .jsonl path data set.")
+@click.option("--methods", default="ar;sd:k=4;mcsd:tree=4-2-2-1", show_default=True,
+              help="Method specs separated by ';', e.g. 'ar;sd:k=4;mcsd:tree=4-2-2-1,verifier=rrs-wor;"
+                   "hf-assisted;hf-assisted:best'.")
+@click.option("--temperatures", default="0", show_default=True, help="Comma-separated, 0 = greedy, e.g. 0,1.")
+@click.option("--top-k", type=int)
+@click.option("--top-p", type=float)
+@click.option("--max-new-tokens", type=int, default=128, show_default=True)
+@click.option("--max-prompt-tokens", type=int, default=512, show_default=True,
+              help="Longer prompts keep BOS and their last tokens (0: no truncation).")
+@click.option("--limit", type=int, help="Prompts per data set (per category for spec-bench).")
+@click.option("--offset", type=int, default=0, show_default=True)
+@click.option("--repeats", type=int, default=1, show_default=True, help="Timed runs per prompt and method.")
+@click.option("--warmup", type=int, default=1, show_default=True, help="Untimed runs per method and temperature.")
+@click.option("--best-probe", type=int, default=3, show_default=True,
+              help="hf-assisted:best: prompts used to pick num_assistant_tokens.")
+@click.option("--seed", type=int, default=0, show_default=True)
+@click.option("--out", type=click.Path(), required=True, help="Output folder (results.json, results.md, *.png).")
+@click.option("--threads", type=int, help="torch CPU threads.")
+@click.option("--device")
+@click.option("--dtype", type=click.Choice(["float32", "bfloat16", "float16"]))
+@click.option("--quiet", is_flag=True, help="No progress bar.")
+def bench_command(target, draft, datasets, data_dir, prompt_field, methods, temperatures, top_k, top_p,
+                  max_new_tokens, max_prompt_tokens, limit, offset, repeats, warmup, best_probe, seed, out, threads,
+                  device, dtype, quiet):
+    """Benchmark methods on a prompt set; writes results.json, results.md and plots to --out."""
+    from multispec.bench import run_bench
+    from multispec.bench.report import summarize
+
+    results = run_bench(target=target, draft=draft, datasets=datasets, data_dir=data_dir, methods=methods,
+                        temperatures=_floats(temperatures), top_k=top_k, top_p=top_p,
+                        max_new_tokens=max_new_tokens, limit=limit, offset=offset, repeats=repeats, warmup=warmup,
+                        seed=seed, out=out, threads=threads, device=device, dtype=dtype,
+                        max_prompt_tokens=max_prompt_tokens or None, prompt_field=prompt_field,
+                        best_probe=best_probe, progress=not quiet, command=["multispec", *sys.argv[1:]])
+    for r in results.get("summary") or summarize(results["records"]):
+        if r["category"] is not None:
+            continue
+        sp = "–" if r["speedup"] is None else f"{r['speedup']:.2f}x"
+        tau = "–" if r["tau"] is None else f"{r['tau']:.2f}"
+        same = "" if r["greedy_identical"] is None else f"  greedy=ar {r['greedy_identical']:.0%}"
+        click.echo(f"{r['dataset']:>12} T={r['temperature']:<4g} {r['method']:<36} {r['tokens_per_s']:8.1f} tok/s "
+                   f"{sp:>7}  tau {tau}{same}")
+    click.echo(f"wrote {out}/results.json, results.md, speedup.png")

@@ -1,0 +1,55 @@
+"""`multispec heads`: train the heads that adaptive methods read (see docs/specdecpp.md)."""
+import click
+
+from multispec.cli import cli
+
+
+@cli.group("heads")
+def heads() -> None:
+    """Train the trained stop models: the SpecDec++ acceptance head (and P1 decision models)."""
+
+
+@heads.command("train-acceptance")
+@click.option("--target", required=True, type=click.Path(), help="Target model directory (Hugging Face format).")
+@click.option("--draft", required=True, type=click.Path(), help="Draft model directory; the head reads its hidden states.")
+@click.option("--prompts", "prompt_files", multiple=True, type=click.Path(),
+              help="JSONL file of prompts (field `prompt`, else `text`); repeatable.")
+@click.option("--dataset", "datasets", multiple=True, type=click.Choice(["humaneval-train", "stdlib", "gsm8k"]),
+              help="Built-in prompt source (repeatable): humaneval-train = HumanEval 0-99 (100-163 are evaluation "
+                   "prompts), stdlib = standard-library snippets, gsm8k = GSM8K questions as Python comments.")
+@click.option("--data-dir", type=click.Path(), help="Folder holding humaneval.jsonl.gz / gsm8k_test.jsonl "
+              "(default: $MULTISPEC_DATA).")
+@click.option("--n-prompts", default=200, show_default=True, help="Prompts in all, split evenly over the sources.")
+@click.option("--max-new-tokens", default=128, show_default=True, help="Target response length.")
+@click.option("--temperature", default=1.0, show_default=True, help="Logit processing of responses and labels.")
+@click.option("--top-k", default=50, show_default=True, help="Logit processing of responses and labels (0: none).")
+@click.option("--mix", default=0.15, show_default=True, help="Token-mixing rate r (positions keeping X_t).")
+@click.option("--cache", type=click.Path(), help="Directory to cache the features in (reused when settings match).")
+@click.option("--out", required=True, type=click.Path(), help="Output head directory.")
+@click.option("--epochs", default=30, show_default=True)
+@click.option("--lr", default=1e-3, show_default=True)
+@click.option("--batch-size", default=256, show_default=True)
+@click.option("--w-rej", default=6.0, show_default=True, help="Loss weight of the rejection class.")
+@click.option("--depth", default=3, show_default=True, help="Residual blocks D.")
+@click.option("--share-blocks", is_flag=True, help="One block applied D times (the released SpecDec++ code).")
+@click.option("--seed", default=0, show_default=True)
+@click.option("--gen-batch", default=16, show_default=True, help="Prompts per batched target-sampling call.")
+@click.option("--threads", type=int, help="torch CPU threads (default: torch's choice).")
+def train_acceptance_command(target, draft, prompt_files, datasets, data_dir, n_prompts, max_new_tokens, temperature,
+                             top_k, mix, cache, out, epochs, lr, batch_size, w_rej, depth, share_blocks, seed,
+                             gen_batch, threads) -> None:
+    """Generate training data with the target, label it with both models, train the acceptance head."""
+    import torch
+
+    from multispec.heads.acceptance_data import DataConfig
+    from multispec.heads.train_acceptance import TrainConfig, train_acceptance
+
+    data_config = DataConfig(target=str(target), draft=str(draft), sources=tuple(datasets) + tuple(prompt_files),
+                             n_prompts=n_prompts, max_new_tokens=max_new_tokens, temperature=temperature,
+                             top_k=top_k or None, mix=mix, seed=seed)
+    train_config = TrainConfig(out=str(out), epochs=epochs, lr=lr, batch_size=batch_size, w_rej=w_rej, depth=depth,
+                               share_blocks=share_blocks, seed=seed)
+    if threads:
+        torch.set_num_threads(threads)
+    train_acceptance(data_config, train_config, data_dir=data_dir, cache=cache, gen_batch=gen_batch,
+                     log=lambda s: click.echo(s, err=True))

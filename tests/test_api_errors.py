@@ -1,0 +1,105 @@
+"""Bad input gets a one-line error naming the problem (exit code 2 in the CLI), never a traceback."""
+import json
+import subprocess
+import sys
+
+import pytest
+
+import multispec
+from helpers import save_tiny_pair
+from multispec.errors import MultispecError
+
+
+@pytest.fixture(scope="module")
+def pair_dirs(tmp_path_factory):
+    return save_tiny_pair(tmp_path_factory.mktemp("pair"))
+
+
+@pytest.fixture(scope="module")
+def pair(pair_dirs):
+    return multispec.load_pair(target=str(pair_dirs["target"]), draft=str(pair_dirs["draft"]))
+
+
+def test_generate_api_returns_tokens_text_and_stats(pair):
+    result = multispec.generate(pair, "def f(x):", method="mcsd", max_new_tokens=12, temperature=0.0)
+    assert len(result.token_ids) <= 12 and isinstance(result.text, str)
+    for key in ("new_tokens", "target_calls", "draft_calls", "tau", "acceptance_rate", "seconds", "tokens_per_s",
+                "method", "lossless"):
+        assert key in result.stats
+    assert result.stats["lossless"] is True and result.stats["method"] == "mcsd"
+
+
+def test_stream_callback_reassembles_text(pair):
+    pieces = []
+    result = multispec.generate(pair, "for x in", method="sd", max_new_tokens=10, temperature=1.0, seed=3,
+                                stream=pieces.append)
+    assert "".join(pieces) == result.text
+
+
+@pytest.mark.parametrize("kwargs,needle", [
+    ({"top_p": 0.0}, "top_p"), ({"top_p": 1.5}, "top_p"), ({"temperature": -1.0}, "temperature"),
+    ({"top_k": 0}, "top_k"), ({"method": "mcsd", "tree": (4, 0)}, "tree shape"),
+    ({"method": "mcsd", "verifier": "nope"}, "unknown verifier"), ({"method": "warp"}, "unknown method"),
+    ({"method": "sd", "tree": (2, 2)}, "does not take"), ({"method": "mcsd", "verifier": "spechub"}, "spechub"),
+    ({"max_new_tokens": 0}, "max_new_tokens"),
+])
+def test_bad_generation_arguments(pair, kwargs, needle):
+    with pytest.raises(MultispecError, match=needle):
+        multispec.generate(pair, "x = 1", **kwargs)
+
+
+def test_empty_prompt(pair):
+    with pytest.raises(MultispecError, match="empty"):
+        multispec.generate(pair, "")
+    with pytest.raises(MultispecError, match="empty"):
+        multispec.generate(pair, [])
+
+
+def test_bad_pairs(pair_dirs, tmp_path):
+    with pytest.raises(MultispecError, match="vocabularies differ"):
+        multispec.load_pair(target=str(pair_dirs["target"]), draft=str(pair_dirs["draft_other_vocab"]))
+    with pytest.raises(MultispecError, match="not a causal language model"):
+        multispec.load_pair(target=str(pair_dirs["not_causal"]), draft=str(pair_dirs["draft"]))
+    with pytest.raises(MultispecError, match="not found"):
+        multispec.load_pair(target=str(tmp_path / "missing"), draft=str(pair_dirs["draft"]))
+
+
+def _cli(*args):
+    return subprocess.run([sys.executable, "-m", "multispec", *args], capture_output=True, text=True, timeout=300)
+
+
+@pytest.mark.parametrize("extra,needle", [
+    (["--top-p", "0"], "top_p"), (["--temperature", "-0.5"], "temperature"), (["--tree", "4,x"], "tree shape"),
+    (["--method", "mcsd", "--verifier", "nope"], "unknown verifier"),
+])
+def test_cli_bad_input_is_one_line_exit_2(pair_dirs, extra, needle):
+    r = _cli("generate", "x = 1", "--target", str(pair_dirs["target"]), "--draft", str(pair_dirs["draft"]), *extra)
+    assert r.returncode == 2, r.stderr
+    lines = [ln for ln in r.stderr.splitlines() if ln.strip()]
+    assert len(lines) == 1 and needle in lines[0] and "Traceback" not in r.stderr
+
+
+def test_cli_mismatched_vocab_and_missing_path(pair_dirs, tmp_path):
+    r = _cli("generate", "x", "--target", str(pair_dirs["target"]), "--draft", str(pair_dirs["draft_other_vocab"]))
+    assert r.returncode == 2 and "vocabularies differ" in r.stderr and "Traceback" not in r.stderr
+    r = _cli("generate", "x", "--target", str(tmp_path / "nope"), "--draft", str(pair_dirs["draft"]))
+    assert r.returncode == 2 and "not found" in r.stderr and "Traceback" not in r.stderr
+
+
+def test_cli_json_and_lossy_warning(pair_dirs):
+    r = _cli("generate", "def f(", "--target", str(pair_dirs["target"]), "--draft", str(pair_dirs["draft"]),
+             "--method", "ti-mcsd", "--tree", "2,2,1", "--max-new-tokens", "8", "--json")
+    assert r.returncode == 0, r.stderr
+    out = json.loads(r.stdout)
+    assert out["lossless"] is False and "text" in out and out["method"] == "ti-mcsd"
+    assert "LOSSY" in r.stderr
+
+
+def test_cli_version_and_verifiers():
+    r = _cli("--version")
+    assert r.returncode == 0 and multispec.__version__ in r.stdout
+    r = _cli("verifiers", "--json")
+    rows = json.loads(r.stdout)
+    assert [row["name"] for row in rows] == ["greedy", "sd", "mcns", "rrs", "rrs-wor", "kseq", "spechub", "greedy-md"]
+    assert {row["name"] for row in rows if not row["lossless"]} == {"mcns"}
+    assert all(set(row) == {"name", "lossless", "drafts", "description"} for row in rows)
