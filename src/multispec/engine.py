@@ -132,7 +132,8 @@ def _di_round(target, draft, state, policy, sampling, spec, gen_draft, gen_verif
         c.drafted_tokens += len(d_tree) - 1
     t1 = time.perf_counter()
     lt = target.cache_len
-    out = target.forward(tokens, d_tree.position_ids(lt), d_tree.attention_mask(lt))
+    n = len(d_tree)  # N_d: the drafted tree is the first n nodes of the max tree (SPEC §3.5)
+    out = target.forward(tokens, max_tree.position_ids(lt)[:n], max_tree.attention_mask(lt, rows=range(n), cols=n))
     p = process_logits(out.logits, sampling)
     if q is None:
         q = torch.zeros_like(p)
@@ -166,8 +167,10 @@ def _ti_round(target, draft, state, policy, sampling, spec, gen_draft, gen_verif
     lt = target.cache_len  # includes the root
     n = len(d.tree)
     # The root already sits in the target cache at row lt - 1, so the tree's mask over a prefix of lt - 1 rows,
-    # without its root row, is exactly the mask of nodes 1..N-1.
-    out = target.forward(d.tokens[1:], d.tree.position_ids(lt - 1)[1:], d.tree.attention_mask(lt - 1)[1:])
+    # without its root row, is exactly the mask of nodes 1..N-1. Mask and positions are sliced from the max tree's
+    # one mask (SPEC §3.5): only the n drafted nodes are sent, never padding.
+    out = target.forward(d.tokens[1:], max_tree.position_ids(lt - 1)[1:n],
+                         max_tree.attention_mask(lt - 1, rows=range(1, n), cols=n))
     p = torch.zeros(n, out.logits.shape[-1])
     p[1:] = process_logits(out.logits, sampling)
     verdict = verify_chains(d.tree, d.tokens, p, d.q, sampling.greedy, gen_verify)

@@ -12,6 +12,7 @@ import copy
 from dataclasses import dataclass
 
 import torch
+from transformers.utils import logging as hf_logging
 
 from multispec.sampling import SamplingConfig
 
@@ -56,6 +57,8 @@ def hf_assisted_generate(target: torch.nn.Module, draft: torch.nn.Module, ids: l
     if not sampling.greedy:
         kwargs.update(temperature=float(sampling.temperature), top_k=sampling.top_k or 0,
                       top_p=1.0 if sampling.top_p is None else float(sampling.top_p))
+    verbosity = hf_logging.get_verbosity()
+    hf_logging.set_verbosity_error()  # the assistant's inner generate() warns about its own generation_config
     try:
         torch.manual_seed(seed)
         if device.type == "cuda":
@@ -64,11 +67,12 @@ def hf_assisted_generate(target: torch.nn.Module, draft: torch.nn.Module, ids: l
             out = target.generate(input_ids, assistant_model=draft, **kwargs)
     finally:
         draft.generation_config = saved
+        hf_logging.set_verbosity(verbosity)
         for h in hooks:
             h.remove()
     new = out[0, len(ids):].tolist()
-    effective = {"num_assistant_tokens": gc.num_assistant_tokens,
-                 "num_assistant_tokens_schedule": gc.num_assistant_tokens_schedule,
-                 "assistant_confidence_threshold": gc.assistant_confidence_threshold}
+    defaults = gc._get_default_generation_params()  # what transformers fills in for unset (None) values
+    effective = {k: getattr(gc, k) if getattr(gc, k) is not None else defaults.get(k)
+                 for k in ("num_assistant_tokens", "num_assistant_tokens_schedule", "assistant_confidence_threshold")}
     return new, HFCounts(new_tokens=len(new), target_calls=calls["target"], draft_calls=calls["draft"],
                          effective=effective)

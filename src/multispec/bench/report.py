@@ -12,6 +12,7 @@ but the JSON (for benchmarks/make_figures.py).
 from __future__ import annotations
 
 import json
+import shlex
 from collections import defaultdict
 from pathlib import Path
 
@@ -108,7 +109,7 @@ _COLUMNS = [("method", "method", "{}"), ("tok/s", "tokens_per_s", "{:.1f}"), ("s
             ("tau", "tau", "{:.2f}"), ("accept", "acceptance_rate", "{:.2f}"),
             ("acc/call", "accepted_per_call", "{:.2f}"), ("draft", "draft_frac", "{:.0%}"),
             ("verify", "verify_frac", "{:.0%}"), ("cache", "cache_frac", "{:.0%}"),
-            ("peak MB", "peak_mem_mb", "{:.0f}"), ("greedy = ar", "greedy_identical", "{:.0%}")]
+            ("peak MB", "peak_mem_mb", "{:.1f}"), ("greedy = ar", "greedy_identical", "{:.0%}")]
 
 
 def markdown(results: dict, summary: list[dict]) -> str:
@@ -116,7 +117,7 @@ def markdown(results: dict, summary: list[dict]) -> str:
     lines = ["# Benchmark results", ""]
     cmd = meta.get("command")
     if cmd:
-        lines += ["Command: `" + (" ".join(cmd) if isinstance(cmd, list) else str(cmd)) + "`", ""]
+        lines += ["Command: `" + (shlex.join(cmd) if isinstance(cmd, list) else str(cmd)) + "`", ""]
     facts = [("device", meta.get("device")), ("dtype", meta.get("dtype")), ("CPU", meta.get("cpu")),
              ("torch", meta.get("torch")), ("transformers", meta.get("transformers")),
              ("commit", meta.get("git_commit")), ("date (UTC)", meta.get("time_utc")),
@@ -169,7 +170,10 @@ def _table(rows: list[dict], cols) -> list[str]:
         cells = []
         for _, key, fmt in cols:
             v = r.get(key)
-            cells.append("–" if v is None else fmt.format(v))
+            cell = "–" if v is None else fmt.format(v)
+            if key == "method" and not r.get("lossless", True):
+                cell += " (LOSSY)"
+            cells.append(cell)
         out.append("| " + " | ".join(cells) + " |")
     return out
 
@@ -214,25 +218,26 @@ def plot_speedup(summary: list[dict], path: Path) -> Path:
     return path
 
 
-def swept_knobs(records: list[dict]) -> dict[str, tuple[str, dict[str, float]]]:
-    """method_name -> (knob, {method label: knob value}) for methods run at >= 2 values of exactly one numeric
-    option, all other options equal."""
+def swept_knobs(records: list[dict]) -> list[tuple[str, str, dict[str, float]]]:
+    """(method_name, knob, {method label: knob value}) for every numeric option a method was run at >= 2 values of,
+    with all its other options equal (sd:k=2 and sd:k=4 form a sweep of k; sd:heuristic=1 is not part of it)."""
     by_name: dict[str, dict[str, dict]] = defaultdict(dict)
     for r in records:
         by_name[r["method_name"]][r["method"]] = r.get("options") or {}
-    knobs = {}
+    sweeps = []
     for name, labels in by_name.items():
-        if len(labels) < 2:
-            continue
-        keys = set().union(*labels.values())
-        varying = [k for k in keys if len({json.dumps(o.get(k)) for o in labels.values()}) > 1]
-        if len(varying) != 1:
-            continue
-        k = varying[0]
-        vals = {lab: o.get(k) for lab, o in labels.items()}
-        if all(isinstance(v, (int, float)) and not isinstance(v, bool) for v in vals.values()):
-            knobs[name] = (k, vals)
-    return knobs
+        keys = sorted(set().union(*labels.values()))
+        for k in keys:
+            groups: dict[str, dict[str, float]] = defaultdict(dict)
+            for lab, o in labels.items():
+                v = o.get(k)
+                if isinstance(v, (int, float)) and not isinstance(v, bool):
+                    rest = json.dumps({x: y for x, y in o.items() if x != k}, sort_keys=True)
+                    groups[rest][lab] = v
+            for vals in groups.values():
+                if len(set(vals.values())) >= 2:
+                    sweeps.append((name, k, vals))
+    return sweeps
 
 
 def plot_pareto(records: list[dict], summary: list[dict], path: Path) -> Path | None:
@@ -252,7 +257,7 @@ def plot_pareto(records: list[dict], summary: list[dict], path: Path) -> Path | 
     ar_labels = {r["method"] for r in records if r["method_name"] == "ar"}
     ar = {(r["dataset"], r["temperature"]): r["tokens_per_s"] for r in top if r["method"] in ar_labels}
     for ax, (d, t) in zip(axes[0], groups):
-        for name, (knob, vals) in knobs.items():
+        for name, knob, vals in knobs:
             pts = sorted((v, r["tokens_per_s"]) for lab, v in vals.items() for r in top
                          if r["method"] == lab and r["dataset"] == d and r["temperature"] == t
                          and r["tokens_per_s"] is not None)

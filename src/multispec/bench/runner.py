@@ -36,12 +36,13 @@ COST_STEPS = 15  # timed 1-token steps per model (median reported)
 def run_bench(target: str | None = None, draft: str | None = None, datasets: list[str] | str = "humaneval",
               data_dir: str | None = None, methods: str | list = "ar;sd:k=4", temperatures=(0.0,),
               top_k: int | None = None, top_p: float | None = None, max_new_tokens: int = 128,
-              limit: int | None = None, offset: int = 0, repeats: int = 1, warmup: int = 1, seed: int = 0,
+              limit: int | str | dict | None = None, offset: int = 0, repeats: int = 1, warmup: int = 1, seed: int = 0,
               out: str | Path | None = None, threads: int | None = None, device: str | None = None,
               dtype: str | None = None, max_prompt_tokens: int | None = 512, prompt_field: str = "prompt",
               best_probe: int = 3, pair=None, progress: bool = True, command: list[str] | None = None) -> dict:
     """Benchmark `methods` on `datasets`; returns the results dict (see docs/bench.md) and, when `out` is given,
-    writes it there. `pair`: an already loaded `api.Pair` (then target/draft/device/dtype are not used)."""
+    writes it there. limit: an int for every data set (per category for spec-bench), or per data set as
+    {name: N} or 'name=N,name=N'. `pair`: an already loaded `api.Pair` (then target/draft/device/dtype are not used)."""
     from multispec.api import _encode, _eos_ids, load_pair
     from multispec.bench.report import write_outputs
 
@@ -56,7 +57,8 @@ def run_bench(target: str | None = None, draft: str | None = None, datasets: lis
                         ("best_probe", best_probe, 1)):
         check(isinstance(v, int) and v >= lo, f"{name} must be an integer >= {lo}, got {v!r}")
     check(max_prompt_tokens is None or max_prompt_tokens >= 2, "max_prompt_tokens must be >= 2")
-    prompts = {d: load_prompts(d, data_dir, limit=limit, offset=offset, prompt_field=prompt_field)
+    limits = _limits(limit, datasets)
+    prompts = {d: load_prompts(d, data_dir, limit=limits[d], offset=offset, prompt_field=prompt_field)
                for d in datasets}
     for d, ps in prompts.items():
         check(ps, f"{d}: no prompts selected (offset {offset}, limit {limit})")
@@ -135,7 +137,7 @@ def run_bench(target: str | None = None, draft: str | None = None, datasets: lis
             "target": pair.target_path, "draft": pair.draft_path, "datasets": datasets, "data_dir": data_dir
             or os.environ.get("MULTISPEC_DATA"), "methods": [s.label for s in specs],
             "temperatures": temperatures, "top_k": top_k, "top_p": top_p, "max_new_tokens": max_new_tokens,
-            "limit": limit, "offset": offset, "repeats": repeats, "warmup": warmup, "seed": seed,
+            "limit": limits, "offset": offset, "repeats": repeats, "warmup": warmup, "seed": seed,
             "threads": torch.get_num_threads(), "max_prompt_tokens": max_prompt_tokens,
             "prompt_field": prompt_field, "best_probe": best_probe, "hf_best_sweep": list(HF_BEST_SWEEP),
             "prompts": {d: len(v) for d, v in prompts.items()},
@@ -145,12 +147,31 @@ def run_bench(target: str | None = None, draft: str | None = None, datasets: lis
         },
         "cost": cost,
         "hf_best": [{"dataset": d, "temperature": t, **v} for (d, t), v in best.items()],
-        "memory_metric": "cuda_max_allocated_mb" if on_cuda else "cpu_rss_peak_growth_mb",
+        "memory_metric": ("cuda_max_allocated_mb" if on_cuda else
+                          "cpu_rss_growth_during_generation_mb" if _reset_peak_rss() else
+                          "cpu_maxrss_growth_since_load_mb"),
         "records": records,
     }
     if out is not None:
         write_outputs(out, results)
     return results
+
+
+def _limits(limit, datasets: list[str]) -> dict:
+    """limit: None, an int for every data set, or {dataset: int} / 'name=N,name=N' (data sets not named: no
+    limit)."""
+    if limit is None or isinstance(limit, int):
+        return {d: limit for d in datasets}
+    if isinstance(limit, str):
+        if limit.strip().isdigit():
+            return {d: int(limit) for d in datasets}
+        pairs = [x.partition("=") for x in limit.split(",") if x.strip()]
+        check(all(eq and n.strip().isdigit() for _, eq, n in pairs),
+              f"limit {limit!r}: expected N or dataset=N[,dataset=N...]")
+        limit = {k.strip(): int(n) for k, _, n in pairs}
+    unknown = set(limit) - set(datasets)
+    check(not unknown, f"limit names data set(s) not benchmarked: {', '.join(sorted(unknown))}")
+    return {d: limit.get(d) for d in datasets}
 
 
 def _compare_with_ar(records: list[dict]) -> None:
@@ -206,16 +227,44 @@ def _make_runner(spec: MethodSpec, pair, eos: set[int]):
 
 
 def _timed(run, ids, sampling, max_new, seed, knob, on_cuda, rss_base) -> dict:
+    """One timed generation. Peak memory: CUDA max allocated (MB); on the CPU the growth of the resident set
+    during this generation (peak RSS - RSS at its start, from /proc after resetting the peak), or, where /proc
+    cannot reset it, the growth of the process's ru_maxrss since the models were loaded."""
+    rss_start = None
     if on_cuda:
         torch.cuda.synchronize()
         torch.cuda.reset_peak_memory_stats()
+    elif _reset_peak_rss():
+        rss_start = _proc_status_mb("VmRSS")
     t0 = time.perf_counter()
     new, stats = run(ids, sampling, max_new, seed, knob)
     if on_cuda:
         torch.cuda.synchronize()
     seconds = time.perf_counter() - t0
-    peak = torch.cuda.max_memory_allocated() / 2**20 if on_cuda else _maxrss_mb() - rss_base
+    if on_cuda:
+        peak = torch.cuda.max_memory_allocated() / 2**20
+    elif rss_start is not None:
+        peak = max(0.0, _proc_status_mb("VmHWM") - rss_start)
+    else:
+        peak = _maxrss_mb() - rss_base
     return {**stats, "seconds": seconds, "peak_mem_mb": peak, "output_ids": new}
+
+
+def _reset_peak_rss() -> bool:
+    """Reset the kernel's peak-RSS mark of this process (Linux: write 5 to /proc/self/clear_refs)."""
+    try:
+        with open("/proc/self/clear_refs", "w") as f:
+            f.write("5")
+        return True
+    except OSError:
+        return False
+
+
+def _proc_status_mb(field: str) -> float:
+    for line in Path("/proc/self/status").read_text().splitlines():
+        if line.startswith(field + ":"):
+            return int(line.split()[1]) / 1024.0  # kB
+    raise OSError(f"/proc/self/status has no {field}")
 
 
 def _sweep_hf(run, probe: list[list[int]], sampling, max_new, seed, on_cuda) -> dict:

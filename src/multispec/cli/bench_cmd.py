@@ -29,7 +29,8 @@ def _floats(text: str) -> list[float]:
 @click.option("--max-new-tokens", type=int, default=128, show_default=True)
 @click.option("--max-prompt-tokens", type=int, default=512, show_default=True,
               help="Longer prompts keep BOS and their last tokens (0: no truncation).")
-@click.option("--limit", type=int, help="Prompts per data set (per category for spec-bench).")
+@click.option("--limit", help="Prompts per data set (per category for spec-bench): N, or per data set as "
+                             "'spec-bench=10,humaneval=20'.")
 @click.option("--offset", type=int, default=0, show_default=True)
 @click.option("--repeats", type=int, default=1, show_default=True, help="Timed runs per prompt and method.")
 @click.option("--warmup", type=int, default=1, show_default=True, help="Untimed runs per method and temperature.")
@@ -60,6 +61,7 @@ def bench_command(target, draft, datasets, data_dir, prompt_field, methods, temp
         sp = "–" if r["speedup"] is None else f"{r['speedup']:.2f}x"
         tau = "–" if r["tau"] is None else f"{r['tau']:.2f}"
         same = "" if r["greedy_identical"] is None else f"  greedy=ar {r['greedy_identical']:.0%}"
-        click.echo(f"{r['dataset']:>12} T={r['temperature']:<4g} {r['method']:<36} {r['tokens_per_s']:8.1f} tok/s "
+        name = r["method"] + ("" if r["lossless"] else " (LOSSY)")
+        click.echo(f"{r['dataset']:>12} T={r['temperature']:<4g} {name:<36} {r['tokens_per_s']:8.1f} tok/s "
                    f"{sp:>7}  tau {tau}{same}")
     click.echo(f"wrote {out}/results.json, results.md, speedup.png")

@@ -53,3 +53,44 @@ def train_acceptance_command(target, draft, prompt_files, datasets, data_dir, n_
         torch.set_num_threads(threads)
     train_acceptance(data_config, train_config, data_dir=data_dir, cache=cache, gen_batch=gen_batch,
                      log=lambda s: click.echo(s, err=True))
+
+
+@heads.command("train-decision")
+@click.option("--type", "kind", required=True, type=click.Choice(["1", "2"]),
+              help="1: MLP on the draft's hidden state, soft labels; 2: MLP on entropy + top-10 of q, hard labels.")
+@click.option("--target", required=True, type=click.Path(), help="Target model directory (Hugging Face format).")
+@click.option("--draft", required=True, type=click.Path(), help="Draft model directory.")
+@click.option("--dataset", "datasets", multiple=True, type=click.Choice(["humaneval-train", "alpaca-train"]),
+              help="Built-in prompt source (repeatable; default both): humaneval-train = HumanEval 100-163, "
+                   "alpaca-train = alpaca_eval 100-299 (records 0-39 are evaluation prompts).")
+@click.option("--prompts", "prompt_files", multiple=True, type=click.Path(),
+              help="JSONL file of prompts (field `prompt`); repeatable.")
+@click.option("--data-dir", type=click.Path(), help="Folder holding humaneval.jsonl.gz / alpaca_eval.jsonl "
+              "(default: $MULTISPEC_DATA).")
+@click.option("--n-prompts", default=264, show_default=True, help="Prompts in all, split evenly over the sources.")
+@click.option("--max-new-tokens", default=128, show_default=True, help="Target response length.")
+@click.option("--temperature", default=1.0, show_default=True, help="Sampling and labelling temperature (P1: 1).")
+@click.option("--cache", type=click.Path(), help="Directory to cache the data in (shared by both types).")
+@click.option("--out", required=True, type=click.Path(), help="Output model directory.")
+@click.option("--epochs", default=10, show_default=True)
+@click.option("--lr", default=1e-3, show_default=True)
+@click.option("--batch-size", default=50, show_default=True)
+@click.option("--seed", default=0, show_default=True)
+@click.option("--gen-batch", default=16, show_default=True, help="Prompts per batched target-sampling call.")
+@click.option("--threads", type=int, help="torch CPU threads (default: torch's choice).")
+def train_decision_command(kind, target, draft, datasets, prompt_files, data_dir, n_prompts, max_new_tokens,
+                           temperature, cache, out, epochs, lr, batch_size, seed, gen_batch, threads) -> None:
+    """Generate data with the target and draft, train a P1 decision model (SPEC §6.3), save the best epoch."""
+    import torch
+
+    from multispec.heads.decision_data import DataConfig
+    from multispec.heads.train_decision import TrainConfig, train_decision
+
+    sources = tuple(datasets) + tuple(prompt_files) or ("humaneval-train", "alpaca-train")
+    data_config = DataConfig(target=str(target), draft=str(draft), sources=sources, n_prompts=n_prompts,
+                             max_new_tokens=max_new_tokens, temperature=temperature, seed=seed)
+    train_config = TrainConfig(kind=int(kind), out=str(out), epochs=epochs, lr=lr, batch_size=batch_size, seed=seed)
+    if threads:
+        torch.set_num_threads(threads)
+    train_decision(data_config, train_config, data_dir=data_dir, cache=cache, gen_batch=gen_batch,
+                   log=lambda s: click.echo(s, err=True))

@@ -1,0 +1,41 @@
+"""Greedy, fp32, CPU, pycode-v1: sd and mcsd with every lossless verifier (and the other lossless methods)
+produce exactly the tokens of `ar` on the first 20 HumanEval prompts, 128 new tokens each."""
+import gzip
+import json
+
+import pytest
+
+from helpers import DATA, PYCODE, needs_data, needs_pycode
+
+pytestmark = [needs_pycode, needs_data]
+N_PROMPTS, N_NEW = 20, 128
+CASES = [
+    ("sd", {"k": 4}), ("mcsd", {"verifier": "rrs-wor"}), ("mcsd", {"verifier": "rrs"}),
+    ("mcsd", {"verifier": "kseq"}), ("mcsd", {"verifier": "greedy-md"}), ("mcsd", {"verifier": "sd", "tree": (1, 1, 1)}),
+    ("mcsd", {"verifier": "spechub", "tree": (2, 2, 2, 2)}), ("ti-mcsd", {"tree": (1, 4, 3, 1, 1)}),
+    ("dynamic", {"width": 4, "depth": 5}),
+]
+_CACHE = {}
+
+
+def _setup():
+    if not _CACHE:
+        import multispec
+
+        pair = multispec.load_pair(target=str(PYCODE / "target"), draft=str(PYCODE / "draft"), dtype="float32")
+        with gzip.open(DATA / "humaneval.jsonl.gz", "rt") as f:
+            prompts = [json.loads(line)["prompt"] for line in f][:N_PROMPTS]
+        ar = [multispec.generate(pair, p, method="ar", max_new_tokens=N_NEW).token_ids for p in prompts]
+        _CACHE.update(pair=pair, prompts=prompts, ar=ar)
+    return _CACHE
+
+
+@pytest.mark.parametrize("method,options", CASES, ids=lambda v: v if isinstance(v, str) else
+                         "-".join(f"{k}{v}" for k, v in v.items()).replace(" ", ""))
+def test_lossless_methods_are_greedy_identical_on_humaneval(method, options):
+    import multispec
+
+    c = _setup()
+    for prompt, ref in zip(c["prompts"], c["ar"]):
+        out = multispec.generate(c["pair"], prompt, method=method, max_new_tokens=N_NEW, **options)
+        assert out.token_ids == ref
