@@ -34,7 +34,8 @@ from multispec.methods import METHODS
 @click.option("--stop", multiple=True, help="Stop string (repeatable).")
 @click.option("--device")
 @click.option("--dtype", type=click.Choice(["float32", "bfloat16", "float16"]))
-@click.option("--backend", type=click.Choice(["hf"]), default="hf", show_default=True)
+@click.option("--backend", type=click.Choice(["hf", "fast"]), default="hf", show_default=True,
+              help="hf: any transformers causal LM; fast: static-cache Llama-family backend.")
 @click.option("--stream", is_flag=True, help="Print text as it is committed.")
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object: the stats plus `text`.")
 def generate_command(prompt, target, draft, method, k, heuristic, tree, verifier, width, depth, target_init,
