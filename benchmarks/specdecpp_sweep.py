@@ -44,7 +44,7 @@ def parse_args(argv=None):
     ap.add_argument("--max-new-tokens", type=int, default=128)
     ap.add_argument("--settings", default="T1-k50,T0", help="comma list of T1-k50 (T=1, top-k 50) and T0 (greedy)")
     ap.add_argument("--ks", default="1,2,3,4,5,6,7,8,9,10", help="fixed draft lengths for sd")
-    ap.add_argument("--hs", default="0.1,0.2,0.3,0.4,0.5,0.6,0.7,0.8,0.9", help="specdecpp thresholds h")
+    ap.add_argument("--hs", default="0.1,0.2,0.3,0.4,0.5,0.6,0.7,0.8,0.9,0.95,0.98,0.99", help="specdecpp thresholds h")
     ap.add_argument("--k-min", type=int, default=2)
     ap.add_argument("--k-max", type=int, default=20)
     ap.add_argument("--seed", type=int, default=0)

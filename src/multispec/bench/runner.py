@@ -213,8 +213,8 @@ def _make_runner(spec: MethodSpec, pair, eos: set[int]):
     from multispec.policy_factory import make_policy
 
     config = spec.config
-    target = make_backend(pair.target)
-    draft = make_backend(pair.draft) if config.name != "ar" else None
+    target = make_backend(pair.target, spec.backend)
+    draft = make_backend(pair.draft, spec.backend) if config.name != "ar" else None
     policy = make_policy(config, pair)
 
     def run_engine(ids, sampling, max_new, seed, knob):
@@ -284,35 +284,42 @@ def _sweep_hf(run, probe: list[list[int]], sampling, max_new, seed, on_cuda) -> 
 
 
 def step_costs(pair, context: int = COST_CONTEXT, steps: int = COST_STEPS) -> dict:
-    """Median seconds of one 1-token decode step of each model at `context` tokens of cached context, through the
-    hf backend (the one every multispec method uses); cost_ratio = draft / target (SPEC §1 c_ratio)."""
-    from multispec.models import causal_mask, forward_chain, make_backend
+    """Median seconds of one 1-token decode step of each model at `context` tokens of cached context, on each
+    backend (hf, and fast where the model is Llama-family); cost_ratio = draft / target (SPEC §1 c_ratio). The
+    top-level keys are the hf backend's; per-backend figures are under "backends"."""
+    from multispec.errors import MultispecError
+    from multispec.models import BACKENDS, causal_mask, forward_chain, make_backend
 
     on_cuda = pair.device.type == "cuda"
     g = torch.Generator().manual_seed(0)
     vocab = int(pair.target.get_output_embeddings().weight.shape[0])
     ids = torch.randint(1, vocab, (context + 1,), generator=g)
-    out = {}
-    for name, model in (("target", pair.target), ("draft", pair.draft)):
-        b = make_backend(model)
-        forward_chain(b, ids[:context])
-        keep = torch.arange(context)
-        times = []
-        for i in range(steps + 2):  # two untimed steps first
-            if on_cuda:
-                torch.cuda.synchronize()
-            t0 = time.perf_counter()
-            b.forward(ids[context:], torch.tensor([context]), causal_mask(context, 1))
-            if on_cuda:
-                torch.cuda.synchronize()
-            if i >= 2:
-                times.append(time.perf_counter() - t0)
-            b.keep(keep)
-        out[f"{name}_step_s"] = statistics.median(times)
-    out["cost_ratio"] = out["draft_step_s"] / out["target_step_s"]
-    out["context"] = context
-    out["steps"] = steps
-    return out
+    per_backend = {}
+    for kind in BACKENDS:
+        out = {}
+        try:
+            backends = {name: make_backend(model, kind) for name, model in (("target", pair.target),
+                                                                            ("draft", pair.draft))}
+        except MultispecError:
+            continue
+        for name, b in backends.items():
+            forward_chain(b, ids[:context])
+            keep = torch.arange(context)
+            times = []
+            for i in range(steps + 2):  # two untimed steps first
+                if on_cuda:
+                    torch.cuda.synchronize()
+                t0 = time.perf_counter()
+                b.forward(ids[context:], torch.tensor([context]), causal_mask(context, 1))
+                if on_cuda:
+                    torch.cuda.synchronize()
+                if i >= 2:
+                    times.append(time.perf_counter() - t0)
+                b.keep(keep)
+            out[f"{name}_step_s"] = statistics.median(times)
+        out["cost_ratio"] = out["draft_step_s"] / out["target_step_s"]
+        per_backend[kind] = out
+    return {**per_backend["hf"], "context": context, "steps": steps, "backends": per_backend}
 
 
 def environment(pair, command: list[str] | None) -> dict:

@@ -13,6 +13,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from multispec.errors import MultispecError, check
+from multispec.models import BACKENDS
 from multispec.methods import METHODS, MethodConfig, build_method
 
 HF_ASSISTED = "hf-assisted"
@@ -31,6 +32,7 @@ class MethodSpec:
     config: MethodConfig | None = None
     hf_tokens: int | None = None
     hf_best: bool = False
+    backend: str = "hf"
 
     @property
     def lossless(self) -> bool:
@@ -70,11 +72,14 @@ def parse_method_spec(text: str) -> MethodSpec:
     if name == HF_ASSISTED:
         return _hf_spec(text, options, flags)
     check(not flags, f"method spec {text!r}: option(s) {', '.join(flags)} need a value (key=value)")
+    backend = options.pop("backend", "hf")
+    check(backend in BACKENDS, f"method spec {text!r}: unknown backend {backend!r}; choose one of {', '.join(BACKENDS)}")
     try:
         config = build_method(name, **options)
     except MultispecError as e:
         raise MultispecError(f"method spec {text!r}: {e}") from None
-    return MethodSpec(label=_label(name, options), name=name, options=options, config=config)
+    label_options = options if backend == "hf" else {**options, "backend": backend}
+    return MethodSpec(label=_label(name, label_options), name=name, options=options, config=config, backend=backend)
 
 
 def _hf_spec(text: str, options: dict, flags: list[str]) -> MethodSpec:

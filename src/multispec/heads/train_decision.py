@@ -97,7 +97,7 @@ def train_decision(data_config: DataConfig, train_config: TrainConfig, data_dir:
             opt.zero_grad()
             loss.backward()
             opt.step()
-            total += float(loss) * len(idx)
+            total += float(loss.detach()) * len(idx)
         model.eval()
         val = evaluate(model, xv, yv)
         history.append({"epoch": epoch + 1, "train_bce": total / len(yt), "val_bce": val["bce"]})
