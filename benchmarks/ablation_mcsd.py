@@ -122,6 +122,7 @@ def main(argv: list[str] | None = None) -> dict:
                     "dataset": ds, "category": ds, "prompt_id": pid, "temperature": temp,
                     "new_tokens": s["new_tokens"], "seconds": s["seconds"], "target_calls": s["target_calls"],
                     "draft_calls": s["draft_calls"], "rounds": s["rounds"], "accepted": s["accepted_tokens"],
+                    # stats carry the rate, not the depth; a generation that accepted nothing counts depth 0 (rare)
                     "drafted_depth": (s["accepted_tokens"] / s["acceptance_rate"]) if s["acceptance_rate"] else 0,
                     "prefill_s": s["prefill_s"], "draft_s": s["draft_s"], "verify_s": s["verify_s"],
                     "cache_s": s["cache_s"], "lossless": s["lossless"],
@@ -188,11 +189,11 @@ def markdown(results: dict) -> str:
     m = results["meta"]
     lines = [f"# MCSD ablation (pycode-v1, {s['prompts']} HumanEval + {s['prompts']} alpaca_eval prompts, "
              f"{s['max_new_tokens']} new tokens)", "",
-             f"device {m['device']} ({m['cpu']}, {s['threads']} threads), torch {m['torch']}, commit {m['git_commit']}, "
-             f"load average at start {m.get('load_average')}", "",
-             "loglik = the target's mean T=1 log-probability per generated token (teacher-forced); Δ vs ar at the same "
-             "temperature (± one standard error of the per-prompt means). Lossless methods differ from ar by "
-             "sampling noise only.", ""]
+             f"device {m['device']} ({m['cpu']}, {s['threads']} threads), torch {m['torch']}, "
+             f"commit {m['git_commit']}, load average at start {m.get('load_average')}", "",
+             "loglik = the target's mean T=1 log-probability per generated token (teacher-forced); "
+             "Δ vs ar at the same temperature (± one standard error of the per-prompt means). "
+             "Lossless methods differ from ar by sampling noise only.", ""]
     for temp in sorted({r["temperature"] for r in results["summary"]}, reverse=True):
         lines += [f"## T = {temp}", "",
                   "| method | lossless | tau | accept | tok/s | speedup | loglik/token | Δ vs ar | greedy = ar |",
@@ -208,7 +209,8 @@ def markdown(results: dict) -> str:
         lines.append("")
     lines += ["## Exact first-token TV of ti-mcsd on the tiny pair", "",
               "Tiny random Llama pair of tests/test_engine_sampling.py (V = 8, prompt 1,4,2), exact enumeration "
-              "(`multispec.drafting.ti_distortion.first_token_law`).", "", "| tree | T | TV(first token) |", "|---|---|---|"]
+              "(`multispec.drafting.ti_distortion.first_token_law`).", "",
+              "| tree | T | TV(first token) |", "|---|---|---|"]
     for r in results["tiny_pair_first_token_tv"]:
         lines.append(f"| {','.join(map(str, r['tree']))} | {r['temperature']} | {r['first_token_tv']:.5f} |")
     return "\n".join(lines) + "\n"

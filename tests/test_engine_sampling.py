@@ -18,16 +18,20 @@ from multispec.sampling import SamplingConfig
 V, L, N = 8, 3, 20_000
 PROMPT = [1, 4, 2]
 SAMPLINGS = {"T1": SamplingConfig(temperature=1.0), "T0.8-k5-p0.9": SamplingConfig(0.8, top_k=5, top_p=0.9)}
+# Each lossless configuration runs 2e4 generations (~1.5 CPU-minutes): every verifier is covered once, half of
+# them under top-k + top-p processing, and sd under both, which keeps the suite inside CI's time budget.
 LOSSLESS = [
-    ("sd", {"k": 2}),
-    ("mcsd", {"tree": (3, 2), "verifier": "rrs"}),
-    ("mcsd", {"tree": (3, 2), "verifier": "rrs-wor"}),
-    ("mcsd", {"tree": (3, 2), "verifier": "kseq"}),
-    ("mcsd", {"tree": (2, 2), "verifier": "spechub"}),
-    ("mcsd", {"tree": (3, 2), "verifier": "greedy-md"}),
-    ("ti-mcsd", {"tree": (1, 2, 1)}),
-    ("dynamic", {"width": 2, "depth": 2}),
+    ("sd", {"k": 2}, "T1"),
+    ("sd", {"k": 2}, "T0.8-k5-p0.9"),
+    ("mcsd", {"tree": (3, 2), "verifier": "rrs"}, "T1"),
+    ("mcsd", {"tree": (3, 2), "verifier": "rrs-wor"}, "T0.8-k5-p0.9"),
+    ("mcsd", {"tree": (3, 2), "verifier": "kseq"}, "T1"),
+    ("mcsd", {"tree": (2, 2), "verifier": "spechub"}, "T0.8-k5-p0.9"),
+    ("mcsd", {"tree": (3, 2), "verifier": "greedy-md"}, "T1"),
+    ("ti-mcsd", {"tree": (1, 2, 1)}, "T1"),
+    ("dynamic", {"width": 2, "depth": 2}, "T0.8-k5-p0.9"),
 ]
+N_LOSSY = 5_000  # mcns moves the first token's law by TV 0.057 on this pair: far beyond chance at this size
 
 _PAIR = {}
 _MEMO = {}
@@ -52,6 +56,14 @@ def sample_counts(method, options, sampling, n=N, policy_factory=None):
     return counts
 
 
+def law_pvalue(counts, probs):
+    """The smaller p-value of two Pearson tests: the joint law of the first L tokens, and the law of the first
+    token alone (where a per-token distortion is not diluted over V**L cells)."""
+    first_counts = counts.reshape(V, -1).sum(1)
+    first_probs = probs.reshape(V, -1).sum(1)
+    return min(chi_square_pvalue(counts, probs), chi_square_pvalue(first_counts, first_probs))
+
+
 def exact(sampling_name):
     key = ("exact", sampling_name)
     if key not in _MEMO:
@@ -59,16 +71,16 @@ def exact(sampling_name):
     return _MEMO[key]
 
 
-@pytest.mark.parametrize("sampling_name", list(SAMPLINGS))
-@pytest.mark.parametrize("method,options", LOSSLESS, ids=lambda v: v if isinstance(v, str) else
+@pytest.mark.parametrize("method,options,sampling_name", LOSSLESS, ids=lambda v: v if isinstance(v, str) else
                          "-".join(f"{k}{v}" for k, v in v.items()).replace(" ", ""))
 def test_lossless_methods_match_target_law(method, options, sampling_name):
     counts = sample_counts(method, options, SAMPLINGS[sampling_name])
-    assert chi_square_pvalue(counts, exact(sampling_name)) > 1e-3
+    assert counts.sum() == N
+    assert law_pvalue(counts, exact(sampling_name)) > 1e-3
 
 
 @pytest.mark.parametrize("method,options", [("mcsd", {"tree": (3, 2), "verifier": "mcns"}),
                                             ("ti-mcsd", {"tree": (2, 2, 1)})])
 def test_lossy_methods_fail_the_same_test(method, options):
-    counts = sample_counts(method, options, SAMPLINGS["T1"])
-    assert chi_square_pvalue(counts, exact("T1")) < 1e-3
+    counts = sample_counts(method, options, SAMPLINGS["T1"], n=N_LOSSY)
+    assert law_pvalue(counts, exact("T1")) < 1e-3

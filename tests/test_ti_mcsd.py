@@ -132,17 +132,17 @@ def test_first_token_law_is_exact_for_width_one():
 
 
 def test_first_token_law_matches_the_engine():
-    """The exact law of the first committed token (W = 2) against 6000 seeded engine runs (MemoBackend)."""
-    target, draft = tiny_pair(vocab=6, seed=11, noise=1.5)
-    prompt, tree, sampling = [1, 4, 2], (2, 1, 1), SamplingConfig(temperature=0.8)
+    """The exact law of the first committed token (W = 2) against 3000 seeded engine runs (MemoBackend)."""
+    target, draft = tiny_pair(vocab=6, seed=3, noise=1.0)
+    prompt, tree, sampling = [1, 4, 2], (2, 1, 1), SamplingConfig(temperature=0.3)
     law = first_token_law(target, draft, prompt, tree, sampling)
-    assert law.tv > 0.02  # a visibly lossy case, so the test has power
+    assert law.tv > 0.08  # a visibly lossy case, so the test has power
     assert abs(float(law.out.sum()) - 1) < 1e-9
     config = build_method("ti-mcsd", tree=tree)
     t, d = MemoBackend(target), MemoBackend(draft)
     counts = np.zeros(6, dtype=np.int64)
     policy = default_policy(config)
-    for seed in range(6000):
+    for seed in range(3000):
         ids, _, _ = generate_ids(t, d, prompt, config, sampling, 1, seed, set(), policy=policy)
         counts[ids[0]] += 1
     assert chi_square_pvalue(counts, law.out.numpy()) > 1e-3
@@ -162,13 +162,15 @@ def test_sliced_fork_mask_with_target_level_one_matches_full_tree():
     lt = len(prefix)
     ref = make_backend(model)
     forward_chain(ref, torch.tensor(prefix))
-    out_full = ref.forward(tokens[1:], full.position_ids(lt - 1)[1:], full.attention_mask(lt - 1, rows=range(1, len(full))))
+    out_full = ref.forward(tokens[1:], full.position_ids(lt - 1)[1:],
+                           full.attention_mask(lt - 1, rows=range(1, len(full))))
     for d in range(1, depth + 1):
         n = full.level_end(d)
         assert n - 1 == width * d  # SPEC §3.5: N_d = W (d + 1) with d draft levels below level 1 (here d - 1)
         be = make_backend(model)
         forward_chain(be, torch.tensor(prefix))
-        out = be.forward(tokens[1:n], full.position_ids(lt - 1)[1:n], full.attention_mask(lt - 1, rows=range(1, n), cols=n))
+        out = be.forward(tokens[1:n], full.position_ids(lt - 1)[1:n],
+                         full.attention_mask(lt - 1, rows=range(1, n), cols=n))
         assert torch.allclose(out.logits, out_full.logits[: n - 1], atol=1e-4)
         for path in full.truncate(d).paths:
             ids = prefix + tokens[list(path[1:])].tolist()

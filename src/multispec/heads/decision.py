@@ -3,11 +3,11 @@
 After each drafted level, the `dynamic` method asks the decision model, for every chain, how likely the chain's
 newest draft token is to be accepted; when every chain is below beta, drafting stops (`AnyChainAbove`).
 
-| type | features (per chain)                                           | network                      | label (training)        |
-|------|----------------------------------------------------------------|------------------------------|-------------------------|
-| 1    | the draft's last hidden state at the node that produced the     | H -> h1 -> h2 -> 1, ReLU,    | soft: acceptance        |
-|      | newest token (after the final norm), float [H]                 | sigmoid (P1: 768->512->256)  | probability min(1, p/q) |
-| 2    | entropy of the draft distribution q there + its top-10 probs   | 11 -> 44 -> 1, ReLU, sigmoid | hard: token == argmax p |
+| type | features (per chain)                                  | network                     | training label       |
+|------|-------------------------------------------------------|-----------------------------|----------------------|
+| 1    | draft's last hidden state at the node that produced   | H -> h1 -> h2 -> 1, ReLU,   | soft: acceptance     |
+|      | the newest token (after the final norm), float [H]    | sigmoid (P1: 768->512->256) | prob. min(1, p/q)    |
+| 2    | entropy of the draft distribution q there + its top-10 | 11 -> 44 -> 1, ReLU, sigmoid | hard: x == argmax p |
 
 Both read draft-side state only (SPEC §10.9). A saved model is a directory: `config.json` (format, type, sizes,
 training settings, validation metrics) and `model.safetensors`.
