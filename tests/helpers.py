@@ -1,7 +1,6 @@
 """Tiny random-init models built in-process, for tests that must not depend on ../shared."""
 from __future__ import annotations
 
-import os
 from pathlib import Path
 
 import pytest
@@ -30,10 +29,6 @@ def tiny_llama(vocab: int = 16, hidden: int = 32, layers: int = 2, heads: int = 
     with torch.no_grad():
         model.lm_head.weight.mul_(scale)
     return model
-
-
-def threads_for_tests() -> None:
-    torch.set_num_threads(int(os.environ.get("MULTISPEC_TEST_THREADS", "1")))
 
 
 def save_tiny_pair(root: Path, vocab_text: str = "def return if else for in range print ( ) : = + - 0 1 2 n x\n") -> dict:

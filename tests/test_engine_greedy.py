@@ -43,3 +43,21 @@ def test_ti_mcsd_wide_is_reported_lossy():
     assert build_method("ti-mcsd", tree=(2, 4, 3, 1, 1)).lossless is False
     assert build_method("ti-mcsd", tree=(1, 4, 3, 1, 1)).lossless is True
     assert build_method("mcsd", verifier="mcns").lossless is False
+
+
+def test_greedy_uses_the_greedy_verifier(monkeypatch):
+    """At temperature 0 the verifier name does not matter: drafting takes the top-n and verification is greedy."""
+    import multispec.engine as engine
+
+    seen = []
+    real = engine.walk_tree
+
+    def spy(tree, tokens, p, q, spec, generator):
+        seen.append(spec.name)
+        return real(tree, tokens, p, q, spec, generator)
+
+    monkeypatch.setattr(engine, "walk_tree", spy)
+    target, draft = tiny_pair(vocab=12, seed=1)
+    for verifier in ("rrs", "rrs-wor", "kseq", "greedy-md", "mcns"):
+        run(target, draft, [1, 2], "mcsd", GREEDY, 6, tree=(3, 1), verifier=verifier)
+    assert set(seen) == {"greedy"}
