@@ -6,7 +6,6 @@ import pytest
 import torch
 
 from engine_utils import tiny_pair
-from helpers import threads_for_tests
 from multispec.engine import generate_ids
 from multispec.errors import MultispecError
 from multispec.heads.decision import (DecisionModel, load_decision_model, save_decision_model, type1_sizes,
@@ -17,7 +16,6 @@ from multispec.policy_factory import make_policy
 from multispec.sampling import SamplingConfig
 
 GREEDY = SamplingConfig(temperature=0.0)
-threads_for_tests()
 
 
 def test_type2_features():
