@@ -4,9 +4,6 @@ produce exactly the tokens of `ar` on the first 20 HumanEval prompts, 128 new to
 At temperature 0 every verifier name runs the same computation: the engine drafts the top-n candidates and
 verifies with `greedy` whatever verifier was asked for (checked by test_greedy_uses_the_greedy_verifier), so one
 mcsd row per tree shape covers every lossless verifier."""
-import gzip
-import json
-
 import pytest
 
 from helpers import DATA, PYCODE, needs_data, needs_pycode
@@ -25,8 +22,10 @@ def _setup():
         import multispec
 
         pair = multispec.load_pair(target=str(PYCODE / "target"), draft=str(PYCODE / "draft"), dtype="float32")
-        with gzip.open(DATA / "humaneval.jsonl.gz", "rt") as f:
-            prompts = [json.loads(line)["prompt"] for line in f][:N_PROMPTS]
+        from multispec.data import load_prompts
+
+        # formatted as by `multispec bench` (trailing whitespace stripped: see docs/bench.md)
+        prompts = [p.text for p in load_prompts("humaneval", data_dir=DATA, limit=N_PROMPTS)]
         ar = [multispec.generate(pair, p, method="ar", max_new_tokens=N_NEW).token_ids for p in prompts]
         _CACHE.update(pair=pair, prompts=prompts, ar=ar)
     return _CACHE
