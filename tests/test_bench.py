@@ -5,7 +5,7 @@ import json
 import pytest
 import torch
 
-from helpers import threads_for_tests, tiny_llama
+from helpers import tiny_llama
 from multispec.bench import parse_method_spec, parse_method_specs, run_bench, write_outputs
 from multispec.bench.report import swept_knobs
 from multispec.cli import main
@@ -109,7 +109,6 @@ def test_cli_missing_data_fails_before_loading(tmp_path, capsys, monkeypatch):
 # a run on a tiny pair
 
 def test_tiny_run_writes_outputs_and_lossless_methods_match_ar(tmp_path):
-    threads_for_tests()
     data = tmp_path / "prompts.jsonl"
     data.write_text("".join(json.dumps({"id": f"p{i}", "prompt": t}) + "\n"
                             for i, t in enumerate(["def f(x):\n", "abc abc abc", "zzz"])))

@@ -8,7 +8,6 @@ import pytest
 import torch
 
 from engine_utils import chi_square_pvalue, tiny_pair
-from helpers import threads_for_tests
 from multispec.api import Pair, generate
 from multispec.drafting.policies import ThresholdStop
 from multispec.errors import MultispecError
@@ -17,7 +16,6 @@ from multispec.heads.acceptance_data import AcceptanceData
 from multispec.heads.common import binary_kl, reliability_diagram
 from multispec.heads.train_acceptance import TrainConfig, save_trained, train_head
 
-threads_for_tests()
 H = 16  # tiny_pair's hidden size
 
 

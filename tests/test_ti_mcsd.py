@@ -13,7 +13,7 @@ import pytest
 import torch
 
 from engine_utils import chi_square_pvalue, run, tiny_pair
-from helpers import threads_for_tests, tiny_llama
+from helpers import tiny_llama
 from memo_backend import MemoBackend
 from multispec.drafting.policies import AnyChainAbove
 from multispec.drafting.ti_distortion import first_token_law, first_token_tv
@@ -27,7 +27,6 @@ from multispec.verify.ti_chains import verify_chains
 
 GREEDY = SamplingConfig(temperature=0.0)
 T1 = SamplingConfig(temperature=1.0)
-threads_for_tests()
 
 
 def _greedy_reference(model, prompt, n):

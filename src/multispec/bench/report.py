@@ -57,14 +57,25 @@ def summarize(records: list[dict]) -> list[dict]:
         if len(cats[r["dataset"]]) > 1:
             groups[(r["method"], r["dataset"], r["temperature"], r.get("category"))].append(r)
     rows = {key: _aggregate(key, rs) for key, rs in groups.items()}
-    ar_label = {r["method_name"]: r["method"] for r in records}.get("ar")
+    # speedup: over `ar` on the same backend; speedup_vs_hf_ar: over `ar` on the transformers backend.
+    ar_by_backend = {_backend(r["method"]): r["method"] for r in records if r["method_name"] == "ar"}
+
+    def ratio_to(row, label, d, t, c):
+        base = rows.get((label, d, t, c)) if label is not None else None
+        return (row["tokens_per_s"] / base["tokens_per_s"]
+                if base and base["tokens_per_s"] and row["tokens_per_s"] is not None else None)
+
     for (m, d, t, c), row in rows.items():
-        base = rows.get((ar_label, d, t, c)) if ar_label is not None else None
-        row["speedup"] = (row["tokens_per_s"] / base["tokens_per_s"]
-                          if base and base["tokens_per_s"] and row["tokens_per_s"] is not None else None)
+        row["speedup"] = ratio_to(row, ar_by_backend.get(_backend(m)), d, t, c)
+        row["speedup_vs_hf_ar"] = ratio_to(row, ar_by_backend.get("hf"), d, t, c)
     order = _method_order(records)
     return sorted(rows.values(), key=lambda r: (r["dataset"], r["temperature"], r["category"] is not None,
                                                 str(r["category"]), order[r["method"]]))
+
+
+def _backend(label: str) -> str:
+    """The backend of a method label ('sd:k=4,backend=fast' -> 'fast'; hf-assisted and plain labels -> 'hf')."""
+    return "fast" if "backend=fast" in label else "hf"
 
 
 def _aggregate(key: tuple, rs: list[dict]) -> dict:
@@ -83,7 +94,7 @@ def _aggregate(key: tuple, rs: list[dict]) -> dict:
     return {
         "method": m, "dataset": d, "temperature": t, "category": c,
         "prompts": len({r.get("prompt_id", i) for i, r in enumerate(rs)}), "generations": len(rs),
-        "new_tokens": new, "seconds": secs, "tokens_per_s": ratio(new, secs), "speedup": None,
+        "new_tokens": new, "seconds": secs, "tokens_per_s": ratio(new, secs), "speedup": None, "speedup_vs_hf_ar": None,
         "tau": ratio(new, total("target_calls")),
         "acceptance_rate": ratio(total("accepted"), total("drafted_depth")),
         "accepted_per_call": ratio(total("accepted"), total("target_calls")),
@@ -106,6 +117,7 @@ def _method_order(records: list[dict]) -> dict:
 # markdown
 
 _COLUMNS = [("method", "method", "{}"), ("tok/s", "tokens_per_s", "{:.1f}"), ("speedup", "speedup", "{:.2f}x"),
+            ("vs hf ar", "speedup_vs_hf_ar", "{:.2f}x"),
             ("tau", "tau", "{:.2f}"), ("accept", "acceptance_rate", "{:.2f}"),
             ("acc/call", "accepted_per_call", "{:.2f}"), ("draft", "draft_frac", "{:.0%}"),
             ("verify", "verify_frac", "{:.0%}"), ("cache", "cache_frac", "{:.0%}"),
