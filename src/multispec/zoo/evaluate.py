@@ -11,6 +11,7 @@ from pathlib import Path
 
 import numpy as np
 import torch
+from tqdm import tqdm
 
 from multispec.errors import MultispecError
 from multispec.zoo.corpus import read_documents
@@ -104,7 +105,7 @@ def greedy_continuations(target, tok, prompts: list[str], new_tokens: int) -> li
         raise MultispecError(f"--new-tokens {new_tokens} does not fit the model context "
                              f"{target.config.max_position_embeddings}")
     out = []
-    for prompt in prompts:
+    for prompt in tqdm(prompts, desc="greedy continuations", unit="prompt"):
         ids = torch.tensor([([EOT_ID] + tok(prompt, add_special_tokens=False)["input_ids"])[-ctx:]])  # [1, P]
         gen = target.generate(input_ids=ids, attention_mask=torch.ones_like(ids), do_sample=False,
                               max_new_tokens=new_tokens, min_new_tokens=new_tokens, pad_token_id=EOT_ID)
