@@ -36,11 +36,13 @@ from multispec.methods import METHODS
 @click.option("--dtype", type=click.Choice(["float32", "bfloat16", "float16"]))
 @click.option("--backend", type=click.Choice(["hf", "fast"]), default="hf", show_default=True,
               help="hf: any transformers causal LM; fast: static-cache Llama-family backend.")
+@click.option("--threads", type=click.IntRange(min=1), help="torch CPU threads (default: torch's choice). On a busy "
+              "machine, 1 avoids oversubscription stalls.")
 @click.option("--stream", is_flag=True, help="Print text as it is committed.")
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object: the stats plus `text`.")
 def generate_command(prompt, target, draft, method, k, heuristic, tree, verifier, width, depth, target_init,
                      decision_model, beta, head, threshold, k_min, k_max, temperature, top_k, top_p, seed,
-                     max_new_tokens, stop, device, dtype, backend, stream, as_json):
+                     max_new_tokens, stop, device, dtype, backend, threads, stream, as_json):
     """Generate a continuation of PROMPT with speculative decoding."""
     from multispec.api import generate, load_pair
     from multispec.methods import build_method
@@ -56,6 +58,10 @@ def generate_command(prompt, target, draft, method, k, heuristic, tree, verifier
     if not config.lossless:
         click.echo(f"warning: {method} with these settings is LOSSY: its output distribution differs from the "
                    "target's (a speed/quality trade-off)", err=True)
+    if threads is not None:
+        import torch
+
+        torch.set_num_threads(threads)
     pair = load_pair(target=target, draft=draft, device=device, dtype=dtype)
     on_text = (lambda s: (sys.stdout.write(s), sys.stdout.flush())) if stream and not as_json else None
     result = generate(pair, prompt, method=method, max_new_tokens=max_new_tokens, temperature=temperature,
