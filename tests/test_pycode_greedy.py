@@ -10,10 +10,9 @@ from helpers import DATA, PYCODE, needs_data, needs_pycode
 
 pytestmark = [needs_pycode, needs_data]
 N_PROMPTS, N_NEW = 20, 128
-CASES = [
-    ("sd", {"k": 4}), ("mcsd", {"verifier": "rrs-wor"}), ("mcsd", {"verifier": "spechub", "tree": (2, 2, 2, 2)}),
-    ("ti-mcsd", {"tree": (1, 4, 3, 1, 1)}), ("dynamic", {"width": 4, "depth": 5}),
-]
+# ti-mcsd W = 1 and dynamic are greedy-identical on the tiny pairs of test_engine_greedy.py; they are left out
+# here to keep the suite inside CI's budget.
+CASES = [("sd", {"k": 4}), ("mcsd", {"verifier": "rrs-wor"}), ("mcsd", {"verifier": "spechub", "tree": (2, 2, 2, 2)})]
 _CACHE = {}
 
 
