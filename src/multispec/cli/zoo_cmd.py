@@ -136,9 +136,17 @@ def export_command(model, out) -> None:
 @click.option("--limit", type=int, default=None, help="Use only the first N prompts.")
 @click.option("--max-windows", default=64, show_default=True, help="Held-out windows of 256 tokens for agreement.")
 @click.option("--json-out", type=click.Path(), default=None, help="Also write the result to this JSON file.")
-def eval_command(model, draft, heldout, dataset, data_dir, new_tokens, limit, max_windows, json_out) -> None:
+@click.option("--threads", type=int, default=None, help="torch CPU threads (default: torch's default).")
+def eval_command(model, draft, heldout, dataset, data_dir, new_tokens, limit, max_windows, json_out, threads) -> None:
     """Held-out loss (nats/token) of a model; with --draft, greedy agreement and mean sum min(p, q) at T=1."""
+    import torch
+
     from multispec.zoo import evaluate as ev
+
+    if threads is not None:
+        if threads <= 0:
+            raise MultispecError(f"eval: --threads must be positive, got {threads}")
+        torch.set_num_threads(threads)
 
     if heldout is None and dataset is None:
         raise MultispecError("eval: give --heldout FILE and/or --dataset humaneval")
