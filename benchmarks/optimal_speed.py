@@ -7,7 +7,6 @@ import argparse
 import json
 import os
 import platform
-import subprocess
 import time
 from pathlib import Path
 
@@ -15,6 +14,7 @@ import numpy as np
 import scipy
 import torch
 
+from multispec.bench.runner import cpu_name, git_commit
 from multispec.optimal import optimal_acceptance
 
 
@@ -27,16 +27,6 @@ def llm_like_pair(v: int, seed: int) -> tuple[np.ndarray, np.ndarray]:
     draft = target + rng.normal(0, 1.0, v)
     sm = lambda z: np.exp(z - z.max()) / np.exp(z - z.max()).sum()  # noqa: E731
     return sm(target), sm(draft)
-
-
-def cpu_name() -> str:
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or platform.machine()
 
 
 def main() -> None:
@@ -58,7 +48,7 @@ def main() -> None:
         results["iid" if replacement else "without_replacement"] = {
             "alpha_star": value, "seconds": times, "median_s": float(np.median(times)), "min_s": min(times)}
         print(f"replacement={replacement}: alpha*={value:.6f} median {np.median(times):.3f} s")
-    commit = subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True).stdout.strip()
+    commit = git_commit()
     record = {
         "benchmark": "optimal_acceptance single call", "vocab": args.vocab, "drafts": args.drafts,
         "repeats": args.repeats, "pair": "softmax of Zipf+Gaussian logits, draft = target + N(0,1) noise, seed 0",

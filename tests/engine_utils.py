@@ -25,6 +25,15 @@ def tiny_pair(vocab: int = 8, seed: int = 0, noise: float = 0.5):
     return target, draft
 
 
+def greedy_reference(model, prompt, n):
+    """The target's own greedy continuation, by full forwards (no cache): the oracle for greedy identity."""
+    ids = list(prompt)
+    with torch.no_grad():
+        for _ in range(n):
+            ids.append(int(model(input_ids=torch.tensor([ids])).logits[0, -1].argmax()))
+    return ids[len(prompt):]
+
+
 def run(target, draft, prompt, method, sampling, n_new, seed=0, **options):
     config = build_method(method, **options)
     t = make_backend(target)

@@ -1,8 +1,7 @@
 """Greedy, fp32, CPU: every lossless method reproduces the target's own greedy output token for token."""
 import pytest
-import torch
 
-from engine_utils import run, tiny_pair
+from engine_utils import greedy_reference, run, tiny_pair
 from multispec.sampling import SamplingConfig
 
 GREEDY = SamplingConfig(temperature=0.0)
@@ -15,19 +14,11 @@ CASES = [
 ]
 
 
-def _greedy_reference(model, prompt, n):
-    ids = list(prompt)
-    with torch.no_grad():
-        for _ in range(n):
-            ids.append(int(model(input_ids=torch.tensor([ids])).logits[0, -1].argmax()))
-    return ids[len(prompt):]
-
-
 @pytest.mark.parametrize("vocab", [12, 64])
 def test_every_lossless_method_equals_target_greedy(vocab):
     target, draft = tiny_pair(vocab=vocab, seed=vocab)
     prompt = [1, 5, 3, 7]
-    ref = _greedy_reference(target, prompt, 40)
+    ref = greedy_reference(target, prompt, 40)
     ar, _ = run(target, draft, prompt, "ar", GREEDY, 40)
     assert ar == ref
     for method, options in CASES:

@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 import torch
 
-from engine_utils import chi_square_pvalue, run, tiny_pair
+from engine_utils import chi_square_pvalue, greedy_reference, run, tiny_pair
 from helpers import tiny_llama
 from memo_backend import MemoBackend
 from multispec.drafting.policies import AnyChainAbove
@@ -29,19 +29,11 @@ GREEDY = SamplingConfig(temperature=0.0)
 T1 = SamplingConfig(temperature=1.0)
 
 
-def _greedy_reference(model, prompt, n):
-    ids = list(prompt)
-    with torch.no_grad():
-        for _ in range(n):
-            ids.append(int(model(input_ids=torch.tensor([ids])).logits[0, -1].argmax()))
-    return ids[len(prompt):]
-
-
 @pytest.mark.parametrize("vocab", [12, 64])
 def test_width_one_equals_target_greedy(vocab):
     target, draft = tiny_pair(vocab=vocab, seed=vocab + 1)
     prompt = [1, 5, 3, 7]
-    ref = _greedy_reference(target, prompt, 30)
+    ref = greedy_reference(target, prompt, 30)
     for method, options in [("ti-mcsd", {"tree": (1, 4, 3, 1, 1)}), ("ti-mcsd", {"tree": (1, 1, 1)}),
                             ("dynamic", {"width": 1, "depth": 3, "target_init": True})]:
         out, c = run(target, draft, prompt, method, GREEDY, 30, **options)
@@ -219,7 +211,7 @@ def test_dynamic_verifies_only_drafted_nodes_with_the_sliced_max_mask(monkeypatc
     prompt = [1, 2, 3, 4]
     ids, c, _ = generate_ids(t, make_backend(draft), prompt, config, GREEDY, 40, 0, set(), policy=policy)
     if not target_init:  # W = 3 with a target-drawn level 1 is lossy, even greedy
-        assert ids == _greedy_reference(target, prompt, 40)
+        assert ids == greedy_reference(target, prompt, 40)
     verify_calls = t.calls[1:]  # the first call is the prefill
     depths = set()
     for cache_len, n, mask, positions in verify_calls:
