@@ -19,7 +19,8 @@ from multispec.bench.report import render
 
 def is_bench_results(data) -> bool:
     return (isinstance(data, dict) and isinstance(data.get("records"), list)
-            and all(isinstance(r, dict) and "method_name" in r and "new_tokens" in r for r in data["records"][:5]))
+            and all(isinstance(r, dict) and {"method_name", "method", "dataset", "temperature", "new_tokens"} <= set(r)
+                    for r in data["records"][:5]))
 
 
 def main() -> None:

@@ -35,7 +35,7 @@ def render(results: dict, out: str | Path) -> list[Path]:
     """Write results.md, speedup.png and (if a knob was swept) pareto.png from a results dict; returns the paths."""
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
-    summary = results.get("summary") or summarize(results["records"])
+    summary = summarize(results["records"])  # recomputed: other scripts store summaries of their own shape
     written = [out / "results.md"]
     written[0].write_text(markdown(results, summary))
     written.append(plot_speedup(summary, out / "speedup.png"))
@@ -69,7 +69,7 @@ def summarize(records: list[dict]) -> list[dict]:
         row["speedup"] = ratio_to(row, ar_by_backend.get(_backend(m)), d, t, c)
         row["speedup_vs_hf_ar"] = ratio_to(row, ar_by_backend.get("hf"), d, t, c)
     order = _method_order(records)
-    return sorted(rows.values(), key=lambda r: (r["dataset"], r["temperature"], r["category"] is not None,
+    return sorted(rows.values(), key=lambda r: (r["dataset"], r["temperature"], r.get("category") is not None,
                                                 str(r["category"]), order[r["method"]]))
 
 
@@ -154,11 +154,11 @@ def markdown(results: dict, summary: list[dict]) -> str:
     if mem:
         lines.append(f"- peak MB: {mem.replace('_', ' ')}")
     lines.append("")
-    top = [r for r in summary if r["category"] is None]
+    top = [r for r in summary if r.get("category") is None]
     for d, t in _dt_pairs(top):
         rows = [r for r in top if r["dataset"] == d and r["temperature"] == t]
         lines += [f"## {d}, T={t:g} ({rows[0]['prompts']} prompts)", ""] + _table(rows, _COLUMNS) + [""]
-    cat_rows = [r for r in summary if r["category"] is not None]
+    cat_rows = [r for r in summary if r.get("category") is not None]
     for d, t in _dt_pairs(cat_rows):
         rows = [r for r in cat_rows if r["dataset"] == d and r["temperature"] == t]
         cols = [("method", "method", "{}"), ("category", "category", "{}")] + _COLUMNS[1:5] + [_COLUMNS[-1]]
@@ -201,7 +201,7 @@ def plot_speedup(summary: list[dict], path: Path) -> Path:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    top = [r for r in summary if r["category"] is None]
+    top = [r for r in summary if r.get("category") is None]
     groups = _dt_pairs(top)
     methods = list(dict.fromkeys(r["method"] for r in top))
     use_speedup = any(r["speedup"] is not None for r in top)
@@ -263,7 +263,7 @@ def plot_pareto(records: list[dict], summary: list[dict], path: Path) -> Path | 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    top = [r for r in summary if r["category"] is None]
+    top = [r for r in summary if r.get("category") is None]
     groups = _dt_pairs(top)
     fig, axes = plt.subplots(1, len(groups), figsize=(4.2 * len(groups), 3.6), squeeze=False)
     ar_labels = {r["method"] for r in records if r["method_name"] == "ar"}
