@@ -12,7 +12,7 @@ Only `models/` touches caches; this module passes tokens, positions and masks (S
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import torch
 
@@ -42,7 +42,6 @@ class Counters:
     t_verify: float = 0.0
     t_cache: float = 0.0
     t_prefill: float = 0.0
-    accept_hist: list[int] = field(default_factory=list)
 
 
 @dataclass
@@ -82,7 +81,6 @@ def generate_ids(
         c.rounds += 1
         c.accepted += outcome.accepted
         c.drafted_depth += outcome.depth
-        c.accept_hist.append(outcome.accepted)
         new.extend(outcome.committed)
         cut = _cut(new, max_new_tokens, eos_ids, stop)
         if cut is not None:
@@ -208,11 +206,9 @@ def _narrow(tree: Tree, width: int) -> Tree:
 
 
 def _draft_law(spec):
-    """Below level 1 of a target-initialized tree, each chain is verified by the single-draft rule, so siblings
-    are drafted without replacement (distinct candidates); each path is still tested on its own."""
-    from multispec.verify import get_verifier
-
-    return get_verifier("rrs-wor").draw if spec.name != "greedy" else spec.draw
+    """Below level 1 of a target-initialized tree siblings are drafted without replacement (distinct candidates),
+    the law the W = 1 tree walk (rrs-wor) verifies; greedy drafting takes the top-n."""
+    return spec.draw if spec.name == "greedy" else get_verifier("rrs-wor").draw
 
 
 def _cut(new: list[int], max_new: int, eos_ids: set[int], stop) -> int | None:
