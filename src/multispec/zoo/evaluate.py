@@ -4,6 +4,7 @@ Agreement is measured teacher-forced on a fixed token sequence, at every positio
 greedy agreement is the fraction of positions where argmax p == argmax q, and alpha_T1 is the mean of
 sum_v min(p_v, q_v) at temperature 1 (the expected acceptance of one draft token; p = target, q = draft).
 """
+import contextlib
 import gzip
 import json
 import os
@@ -42,17 +43,23 @@ def encode_documents(tok, docs: list[str]) -> np.ndarray:
 
 
 @torch.no_grad()
-def heldout_loss(model, ids: np.ndarray, block_size: int = 256, batch_size: int = 8) -> dict:
-    """Cross-entropy in nats/token over ids int64 [N], in non-overlapping windows of block_size."""
+def heldout_loss(model, ids: np.ndarray, block_size: int = 256, batch_size: int = 8, device=None,
+                 autocast=None) -> dict:
+    """Cross-entropy in nats/token over ids [N], in non-overlapping windows of block_size (the training loop's
+    final held-out loss uses this too). device: where the windows go (default: the model's); autocast: an optional
+    autocast context for the forward."""
     n = (len(ids) - 1) // block_size
     if n == 0:
         raise MultispecError(f"held-out text has {len(ids)} tokens, fewer than one window of {block_size}")
+    device = device if device is not None else next(model.parameters()).device
+    autocast = autocast if autocast is not None else contextlib.nullcontext()
     total, count = 0.0, 0
     for i in range(0, n, batch_size):
         starts = range(i * block_size, min(n, i + batch_size) * block_size, block_size)
-        x = torch.stack([torch.from_numpy(ids[s:s + block_size]) for s in starts])  # [b, T]
-        y = torch.stack([torch.from_numpy(ids[s + 1:s + 1 + block_size]) for s in starts])  # [b, T]
-        logits = model(input_ids=x, use_cache=False).logits.float()  # [b, T, V]
+        xy = torch.stack([torch.from_numpy(ids[s:s + block_size + 1].astype(np.int64)) for s in starts])  # [b, T+1]
+        x, y = xy[:, :-1].to(device), xy[:, 1:].to(device)  # [b, T] each
+        with autocast:
+            logits = model(input_ids=x, use_cache=False).logits.float()  # [b, T, V]
         total += torch.nn.functional.cross_entropy(logits.flatten(0, 1), y.flatten(), reduction="sum").item()
         count += y.numel()
     return {"loss": total / count, "tokens": count}

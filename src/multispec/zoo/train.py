@@ -145,21 +145,12 @@ def estimate_loss(model, data: np.ndarray, batch_size: int, block_size: int, ite
 @torch.no_grad()
 def full_loss(model, data: np.ndarray, batch_size: int, block_size: int, device, autocast) -> float:
     """CE (nats/token) over all of `data`, in non-overlapping windows of block_size."""
+    from multispec.zoo.evaluate import heldout_loss
+
     model.eval()
-    n = (len(data) - 1) // block_size
-    if n == 0:
-        raise MultispecError(f"held-out data has {len(data)} tokens, fewer than one block of {block_size}")
-    total, count = 0.0, 0
-    for i in range(0, n, batch_size):
-        starts = range(i * block_size, min(n, i + batch_size) * block_size, block_size)
-        xy = torch.stack([torch.from_numpy(data[s:s + block_size + 1].astype(np.int64)) for s in starts])  # [b, T+1]
-        x, y = xy[:, :-1].to(device), xy[:, 1:].to(device)  # [b, T] each
-        with autocast:
-            ce = model_loss(model, x, y)[1].item()
-        total += ce * y.numel()
-        count += y.numel()
+    loss = heldout_loss(model, data, block_size, batch_size, device, autocast)["loss"]
     model.train()
-    return total / count
+    return loss
 
 
 def load_teacher(path: str, vocab_size: int, device):
