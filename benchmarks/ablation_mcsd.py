@@ -91,7 +91,12 @@ def main(argv: list[str] | None = None) -> dict:
     ap.add_argument("--target", default=str(PAIR / "target"))
     ap.add_argument("--draft", default=str(PAIR / "draft"))
     ap.add_argument("--data-dir", default=str(SHARED / "data"))
+    ap.add_argument("--render", metavar="JSON", help="only rewrite ablation.md beside a saved ablation.json")
     args = ap.parse_args(argv)
+    if args.render:
+        saved = json.loads(Path(args.render).read_text())
+        Path(args.render).with_name("ablation.md").write_text(markdown(saved))
+        return saved
     torch.set_num_threads(args.threads)
 
     from multispec.api import _encode, generate, load_pair
@@ -212,7 +217,7 @@ def markdown(results: dict) -> str:
               "(`multispec.drafting.ti_distortion.first_token_law`).", "",
               "| tree | T | TV(first token) |", "|---|---|---|"]
     for r in results["tiny_pair_first_token_tv"]:
-        lines.append(f"| {','.join(map(str, r['tree']))} | {r['temperature']} | {r['first_token_tv']:.5f} |")
+        lines.append(f"| {','.join(map(str, r['tree']))} | {r['temperature']} | {r['first_token_tv']:.3g} |")
     return "\n".join(lines) + "\n"
 
 

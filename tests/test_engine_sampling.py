@@ -21,6 +21,7 @@ SAMPLINGS = {"T1": SamplingConfig(temperature=1.0), "T0.8-k5-p0.9": SamplingConf
 # Each lossless configuration runs 2e4 generations (~1.5 CPU-minutes): every verifier is covered once, half of
 # them under top-k + top-p processing, and sd under both, which keeps the suite inside CI's time budget.
 LOSSLESS = [
+    ("ar", {}, "T0.8-k5-p0.9"),  # the reference every benchmark compares with samples the target law too
     ("sd", {"k": 2}, "T1"),
     ("sd", {"k": 2}, "T0.8-k5-p0.9"),
     ("mcsd", {"tree": (3, 2), "verifier": "rrs"}, "T1"),
@@ -46,7 +47,7 @@ def _pair():
 def sample_counts(method, options, sampling, n=N, policy_factory=None):
     target, draft = _pair()
     t = MemoBackend(target, _MEMO.setdefault("t", {}))
-    d = MemoBackend(draft, _MEMO.setdefault("d", {}))
+    d = None if method == "ar" else MemoBackend(draft, _MEMO.setdefault("d", {}))  # ar: target only
     config = build_method(method, **options)
     counts = np.zeros(V ** L, dtype=np.int64)
     policy = policy_factory() if policy_factory else default_policy(config)
