@@ -35,19 +35,24 @@ PAIR = SHARED / "models" / "pycode-v1"
 HEADS = ROOT / "heads" / "pycode-v1"
 
 
-def rows(with_ti_dynamic: bool) -> list[tuple[str, str, dict]]:
-    """(label, method, options) of every row."""
+def rows(with_ti_dynamic: bool, widths: list[int] = (4,), static: bool = True) -> list[tuple[str, str, dict]]:
+    """(label, method, options) of every row: ar, the static rows (unless static=False), and the dynamic fork with
+    depth 5 at each width, without and with each decision model."""
     d1, d2 = str(HEADS / "decision-type1"), str(HEADS / "decision-type2")
-    out = [
-        ("ar", "ar", {}),
-        ("sd k=4", "sd", {"k": 4}),
-        ("mcsd 4,2,2,1", "mcsd", {"tree": (4, 2, 2, 1)}),
-        ("ti-mcsd 2,4,3,1,1", "ti-mcsd", {"tree": (2, 4, 3, 1, 1)}),
-        ("ti-mcsd 1,4,3,1,1", "ti-mcsd", {"tree": (1, 4, 3, 1, 1)}),
-        ("dynamic W4 D5", "dynamic", {"width": 4, "depth": 5}),
-        ("dynamic W4 D5 +type1", "dynamic", {"width": 4, "depth": 5, "decision_model": d1}),
-        ("dynamic W4 D5 +type2", "dynamic", {"width": 4, "depth": 5, "decision_model": d2}),
-    ]
+    out = [("ar", "ar", {})]
+    if static:
+        out += [
+            ("sd k=4", "sd", {"k": 4}),
+            ("mcsd 4,2,2,1", "mcsd", {"tree": (4, 2, 2, 1)}),
+            ("ti-mcsd 2,4,3,1,1", "ti-mcsd", {"tree": (2, 4, 3, 1, 1)}),
+            ("ti-mcsd 1,4,3,1,1", "ti-mcsd", {"tree": (1, 4, 3, 1, 1)}),
+        ]
+    for w in widths:
+        out += [
+            (f"dynamic W{w} D5", "dynamic", {"width": w, "depth": 5}),
+            (f"dynamic W{w} D5 +type1", "dynamic", {"width": w, "depth": 5, "decision_model": d1}),
+            (f"dynamic W{w} D5 +type2", "dynamic", {"width": w, "depth": 5, "decision_model": d2}),
+        ]
     if with_ti_dynamic:
         out += [
             ("dynamic-ti W4 D5", "dynamic", {"width": 4, "depth": 5, "target_init": True}),
@@ -87,6 +92,8 @@ def main(argv: list[str] | None = None) -> dict:
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--threads", type=int, default=1)
     ap.add_argument("--no-ti-dynamic", action="store_true", help="skip the target-initialized dynamic rows")
+    ap.add_argument("--widths", default="4", help="comma-separated widths of the dynamic fork rows")
+    ap.add_argument("--no-static", action="store_true", help="only ar and the dynamic rows (a width study)")
     ap.add_argument("--out", default=str(ROOT / "benchmarks" / "results" / "ablation"))
     ap.add_argument("--target", default=str(PAIR / "target"))
     ap.add_argument("--draft", default=str(PAIR / "draft"))
@@ -104,7 +111,7 @@ def main(argv: list[str] | None = None) -> dict:
     from multispec.data import load_prompts, truncate_ids
 
     pair = load_pair(target=args.target, draft=args.draft, device="cpu", dtype="float32")
-    table = rows(not args.no_ti_dynamic)
+    table = rows(not args.no_ti_dynamic, [int(w) for w in args.widths.split(",")], not args.no_static)
     temps = [float(t) for t in args.temperatures.split(",")]
     prompts = []
     for ds in ("humaneval", "alpaca"):

@@ -29,6 +29,20 @@ def test_generate_api_returns_tokens_text_and_stats(pair):
     assert result.stats["lossless"] is True and result.stats["method"] == "mcsd"
 
 
+def test_sampling_defaults_come_from_the_generation_config(pair_dirs):
+    """temperature=None: greedy unless the target's generation_config.json sets do_sample (then its settings)."""
+    p = multispec.load_pair(target=str(pair_dirs["target"]), draft=str(pair_dirs["draft"]))
+    greedy = multispec.generate(p, "def f(x):", method="sd", max_new_tokens=6)
+    assert greedy.stats["temperature"] == 0.0
+    gc = p.target.generation_config
+    gc.do_sample, gc.temperature, gc.top_k, gc.top_p = True, 0.7, 5, 1.0
+    r = multispec.generate(p, "def f(x):", method="sd", max_new_tokens=6, seed=0)
+    assert (r.stats["temperature"], r.stats["top_k"], r.stats["top_p"]) == (0.7, 5, None)
+    r = multispec.generate(p, "def f(x):", method="sd", max_new_tokens=6, top_k=3, seed=0)
+    assert (r.stats["temperature"], r.stats["top_k"]) == (0.7, 3)
+    assert multispec.generate(p, "def f(x):", method="sd", max_new_tokens=6, temperature=0.0).stats["temperature"] == 0
+
+
 def test_stream_callback_reassembles_text(pair):
     pieces = []
     result = multispec.generate(pair, "for x in", method="sd", max_new_tokens=10, temperature=1.0, seed=3,

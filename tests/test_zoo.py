@@ -36,18 +36,25 @@ def test_corpus_split_by_file_and_dedup(zoo_dirs):
     assert json.loads((tmp / "corpus" / "corpus.json").read_text())["files_train"] == 36
 
 
-def test_tiny_target_and_draft_train_and_reload(zoo_dirs):
-    from transformers import AutoModelForCausalLM, AutoTokenizer
-
+@pytest.fixture(scope="module")
+def tiny_trained(zoo_dirs):
+    """The tiny target and its distilled draft, trained once per worker: (dir, target record, draft record)."""
     tmp, _ = zoo_dirs
     common = dict(preset="tiny", corpus=str(tmp / "corpus"), tokenizer=str(tmp / "tok"), eval_interval=10, eval_iters=2)
     rec = train(TrainConfig(role="target", out=str(tmp / "target"), **common))
+    drec = train(TrainConfig(role="draft", out=str(tmp / "draft"), teacher=str(tmp / "target"), **common))
+    return tmp, rec, drec
+
+
+def test_tiny_target_and_draft_train_and_reload(tiny_trained):
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    tmp, rec, drec = tiny_trained
     assert rec["steps"] == 30 and rec["tokens"] == 30 * 8 * 32
     assert rec["history"][-1]["val_loss"] < rec["history"][0]["val_loss"] - 0.5  # the held-out loss drops
     saved = json.loads((tmp / "target" / "training.json").read_text())
     assert saved["shape"] == "2,32,2,64" and saved["final_heldout_loss"] == rec["final_heldout_loss"]
 
-    drec = train(TrainConfig(role="draft", out=str(tmp / "draft"), teacher=str(tmp / "target"), **common))
     assert drec["distill_alpha"] > 0 and drec["history"][-1]["val_loss"] < drec["history"][0]["val_loss"]
 
     model = AutoModelForCausalLM.from_pretrained(tmp / "target", dtype=torch.float32)
@@ -57,10 +64,24 @@ def test_tiny_target_and_draft_train_and_reload(zoo_dirs):
     assert tok.decode(ids[0]) == "def f(x):\n    return x\n"
     assert model(input_ids=ids).logits.shape == (1, ids.shape[1], len(tok))
 
-    api = pytest.importorskip("multispec.api")
-    if hasattr(api, "load_pair"):
-        pair = api.load_pair(target=str(tmp / "target"), draft=str(tmp / "draft"))
-        assert pair.draft is not None and pair.tokenizer.eos_token_id == 0
+    from multispec import api
+
+    pair = api.load_pair(target=str(tmp / "target"), draft=str(tmp / "draft"))
+    assert pair.draft is not None and pair.tokenizer.eos_token_id == 0
+    assert api.generate(pair, "def f(x):", max_new_tokens=4).stats["temperature"] == 0.0  # greedy by default
+
+
+def test_export_drops_the_checkpoint_and_can_set_sampling_defaults(tiny_trained):
+    from multispec.api import generate, load_pair
+    from multispec.cli import main
+
+    tmp = tiny_trained[0]
+    for role, extra in (("target", ["--sample-temperature", "0.7", "--sample-top-k", "20"]), ("draft", [])):
+        main(["zoo", "export", "--model", str(tmp / role), "--out", str(tmp / "exported" / role), *extra])
+    assert not (tmp / "exported" / "target" / "ckpt.pt").exists()
+    pair = load_pair(target=str(tmp / "exported" / "target"), draft=str(tmp / "exported" / "draft"))
+    stats = generate(pair, "def f(x):", max_new_tokens=4, seed=0).stats
+    assert (stats["temperature"], stats["top_k"]) == (0.7, 20)
 
 
 def test_resume_continues_exactly(zoo_dirs, monkeypatch):

@@ -133,17 +133,22 @@ class GenerationResult:
 
 
 def generate(pair: Pair, prompt: str | list[int], method: str = "mcsd", max_new_tokens: int = 128,
-             temperature: float = 0.0, top_k: int | None = None, top_p: float | None = None, seed: int | None = None,
+             temperature: float | None = None, top_k: int | None = None, top_p: float | None = None,
+             seed: int | None = None,
              stop: list[str] | None = None, stream: Callable[[str], None] | None = None, backend: str = "hf",
              **method_options) -> GenerationResult:
     """Generate with `method` (ar, sd, mcsd, ti-mcsd, dynamic, specdecpp). Method options: k, heuristic, tree,
     verifier, width, depth, decision_model, beta, head, threshold, k_min, k_max. stream(text_delta) is called as
-    text is committed."""
+    text is committed.
+
+    temperature=None takes the sampling defaults of the target's generation_config.json, as transformers'
+    `generate` does: its temperature, top_k and top_p when it sets do_sample, otherwise greedy (temperature 0).
+    Explicit top_k / top_p override the file's."""
     from multispec.engine import generate_ids
     from multispec.models import make_backend
     from multispec.policy_factory import make_policy
 
-    sampling = SamplingConfig(temperature=temperature, top_k=top_k, top_p=top_p)
+    sampling = _sampling(pair, temperature, top_k, top_p)
     config = build_method(method, **method_options)
     check(isinstance(max_new_tokens, int) and max_new_tokens >= 1,
           f"max_new_tokens must be an integer >= 1, got {max_new_tokens!r}")
@@ -165,6 +170,18 @@ def generate(pair: Pair, prompt: str | list[int], method: str = "mcsd", max_new_
         text = text[: min(cuts)] if cuts else text
     stats = _stats(config, sampling, c, seconds, backend)
     return GenerationResult(token_ids=new, text=text, stats=stats)
+
+
+def _sampling(pair: Pair, temperature: float | None, top_k: int | None, top_p: float | None) -> SamplingConfig:
+    """The explicit settings, with what is left out taken from the target's generation config (see `generate`)."""
+    if temperature is None:
+        gc = getattr(pair.target, "generation_config", None)
+        if gc is None or not getattr(gc, "do_sample", False):
+            return SamplingConfig(temperature=0.0, top_k=top_k, top_p=top_p)
+        temperature = float(gc.temperature if gc.temperature is not None else 1.0)
+        top_k = top_k if top_k is not None else (gc.top_k or None)  # transformers' top_k 0 means off
+        top_p = top_p if top_p is not None else (gc.top_p if gc.top_p is not None and gc.top_p < 1.0 else None)
+    return SamplingConfig(temperature=temperature, top_k=top_k, top_p=top_p)
 
 
 def _encode(pair: Pair, prompt) -> list[int]:

@@ -26,7 +26,8 @@ from multispec.methods import METHODS
 @click.option("--threshold", type=float, help="specdecpp: stop when P(some rejection) > h (0.7).")
 @click.option("--k-min", type=int, help="specdecpp: minimum draft length (2).")
 @click.option("--k-max", type=int, help="specdecpp: maximum draft length (20).")
-@click.option("--temperature", type=float, default=0.0, show_default=True, help="0 means greedy.")
+@click.option("--temperature", type=float, help="0 means greedy. Default: the target's generation_config.json "
+              "(its temperature/top-k/top-p if it sets do_sample, else greedy).")
 @click.option("--top-k", type=int)
 @click.option("--top-p", type=float)
 @click.option("--seed", type=int)
@@ -53,7 +54,7 @@ def generate_command(prompt, target, draft, method, k, heuristic, tree, verifier
                    width=width, depth=depth, target_init=target_init, decision_model=decision_model, beta=beta,
                    head=head, threshold=threshold, k_min=k_min, k_max=k_max)
     options = {key: v for key, v in options.items() if v is not None}
-    SamplingConfig(temperature=temperature, top_k=top_k, top_p=top_p)  # fail fast, before any model loads
+    SamplingConfig(temperature=1.0 if temperature is None else temperature, top_k=top_k, top_p=top_p)  # fail fast
     config = build_method(method, **options)
     if not config.lossless:
         click.echo(f"warning: {method} with these settings is LOSSY: its output distribution differs from the "

@@ -107,10 +107,16 @@ def train_command(role, preset, corpus, tokenizer, out, teacher, resume, max_min
 @zoo.command("export")
 @click.option("--model", required=True, type=click.Path(), help="A trained model directory (from `zoo train`).")
 @click.option("--out", required=True, type=click.Path(), help="Destination: the HF files and training.json only.")
-def export_command(model, out) -> None:
+@click.option("--sample-temperature", type=click.FloatRange(min=0, min_open=True), default=None,
+              help="Write sampling defaults (do_sample, this temperature) into generation_config.json: what "
+                   "`multispec generate` and transformers' `generate` use when no temperature is given.")
+@click.option("--sample-top-k", type=click.IntRange(min=1), default=None, help="With --sample-temperature: top-k.")
+def export_command(model, out, sample_temperature, sample_top_k) -> None:
     """Copy a trained model without its checkpoint (e.g. into src/multispec/default_pair/target)."""
     import shutil
 
+    if sample_top_k is not None and sample_temperature is None:
+        raise MultispecError("export: --sample-top-k needs --sample-temperature")
     from multispec.zoo.train import EXPORT_FILES
 
     src = Path(model)
@@ -120,6 +126,12 @@ def export_command(model, out) -> None:
     for name in EXPORT_FILES:
         if (src / name).is_file():
             shutil.copy(src / name, Path(out) / name)
+    if sample_temperature is not None:
+        from transformers import GenerationConfig
+
+        gc = GenerationConfig.from_pretrained(out)
+        gc.do_sample, gc.temperature, gc.top_k = True, sample_temperature, sample_top_k or 0
+        gc.save_pretrained(out)
     size = sum(f.stat().st_size for f in Path(out).iterdir() if f.is_file())
     click.echo(f"exported {src} -> {out} ({size / 1e6:.2f} MB)")
 

@@ -7,8 +7,8 @@ count for any tokenizer (tied embeddings, so the embedding matrix is counted onc
 | --------- | ------ | -------------------------- | ---------------- | ------------- | ----------------- |
 | tiny      | target | 2, 32, 2, 64               | ~30k (vocab 300) | 8 x 32        | 30 steps, seconds |
 | tiny      | draft  | 1, 32, 2, 64               | ~20k (vocab 300) | 8 x 32        | 30 steps, seconds |
-| default   | target | 4, 192, 3, 512             | 2.56M (4096)     | 16 x 256      | 57 min, 2-core CPU|
-| default   | draft  | 2, 128, 2, 352             | 0.93M (4096)     | 16 x 256      | 16 min, distilled |
+| default   | target | 4, 192, 3, 512             | 2.56M (4096)     | 16 x 256      | 95 min, 2-core CPU|
+| default   | draft  | 2, 128, 2, 352             | 0.93M (4096)     | 16 x 256      | 20 min, distilled |
 | bench-gpu | target | 12, 768, 12, 2304          | 98.3M (8192)     | 64 x 1024     | 6 min, one H100   |
 | bench-gpu | draft  | 4, 512, 8, 1408            | 17.0M (8192)     | 64 x 1024     | 6 min, distilled  |
 """
@@ -92,9 +92,9 @@ PRESETS: dict[str, Preset] = {
             description="the embedded default pair, trained on a 2-core CPU",
             vocab_size=4096,
             target=RoleRecipe(ModelShape(4, 192, 3, 512), batch_size=16, block_size=256, lr=2e-3, min_lr=2e-4,
-                              warmup_steps=50, minutes=57, save_dtype="bfloat16"),
+                              warmup_steps=50, minutes=95, save_dtype="bfloat16"),
             draft=RoleRecipe(ModelShape(2, 128, 2, 352), batch_size=16, block_size=256, lr=3e-3, min_lr=3e-4,
-                             warmup_steps=50, minutes=16, distill_alpha=0.7, save_dtype="bfloat16"),
+                             warmup_steps=50, minutes=20, distill_alpha=0.7, save_dtype="bfloat16"),
         ),
         Preset(
             name="bench-gpu",
