@@ -50,6 +50,8 @@ def parse_args(argv=None):
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--threads", type=int, default=None)
     ap.add_argument("--out", default=str(ROOT / "benchmarks/results/specdecpp"))
+    ap.add_argument("--merge", nargs="+", metavar="JSON", help="pool saved results.json files (disjoint prompts, same "
+                    "configurations) into one table and plots in --out instead of running")
     return ap.parse_args(argv)
 
 
@@ -127,6 +129,46 @@ def run(args) -> dict:
             f"{args.start + len(prompts) - 1}", "environment": environment(), "rows": rows}
 
 
+DERIVED = ("tokens_per_s", "tau", "discard_rate", "verification_rate", "mean_draft_len")
+
+
+def merge(paths: list[str]) -> dict:
+    """Pool runs over disjoint prompt ranges: totals are summed per (setting, config) and every rate is recomputed
+    from the sums. Each run's own ratios stay in its own results.json; the pooled tokens/s mixes the runs' timings."""
+    runs = [json.loads(Path(p).read_text()) for p in paths]
+    configs_of: dict[str, set] = {}
+    for p, res in zip(paths, runs):
+        for s in res["settings"]["settings"].split(","):
+            labels = {r["label"] for r in res["rows"] if r["setting"] == s}
+            if configs_of.setdefault(s, labels) != labels:
+                sys.exit(f"--merge: {p} has other {s} configurations than the runs before it")
+    pooled: dict[tuple, dict] = {}
+    for res in runs:
+        for r in res["rows"]:
+            key = (r["setting"], r["label"])
+            if key not in pooled:
+                pooled[key] = {k: v for k, v in r.items() if k not in DERIVED}
+            else:
+                for f in ("new_tokens", "target_calls", "drafted_tokens", "accepted_tokens", "rounds", "seconds"):
+                    pooled[key][f] += r[f]
+    rows = []
+    for t in pooled.values():
+        n = max(1, t["new_tokens"])
+        rows.append({**t, "tokens_per_s": t["new_tokens"] / t["seconds"],
+                     "tau": t["new_tokens"] / max(1, t["target_calls"]),
+                     "discard_rate": (t["drafted_tokens"] - t["accepted_tokens"]) / n,
+                     "verification_rate": t["target_calls"] / n,
+                     "mean_draft_len": t["drafted_tokens"] / max(1, t["rounds"]) if t["method"] != "ar" else 0.0})
+    settings = dict(runs[0]["settings"])
+    settings["settings"] = ",".join(dict.fromkeys(s for res in runs for s in res["settings"]["settings"].split(",")))
+    env = dict(runs[0]["environment"], argv=["benchmarks/specdecpp_sweep.py", "--merge", *paths],
+               commit=", ".join(dict.fromkeys(str(res["environment"]["commit"]) for res in runs)))
+    prompts = " + ".join(dict.fromkeys(res["prompts"] for res in runs))
+    return {"settings": settings, "prompts": f"{prompts} (pooled over {len(runs)} runs)", "environment": env,
+            "runs": [{"path": p, "prompts": res["prompts"], "settings": res["settings"]["settings"],
+                      "wall_seconds": res.get("wall_seconds")} for p, res in zip(paths, runs)], "rows": rows}
+
+
 def markdown(res: dict) -> str:
     a = res["settings"]
     lines = [f"# SpecDec++ sweep: {res['prompts']}, {a['max_new_tokens']} new tokens, k_min/k_max "
@@ -201,7 +243,7 @@ def main(argv=None) -> None:
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     t0 = time.perf_counter()
-    res = run(args)
+    res = merge(args.merge) if args.merge else run(args)
     res["wall_seconds"] = time.perf_counter() - t0
     (out / "results.json").write_text(json.dumps(res, indent=1) + "\n")
     (out / "results.md").write_text(markdown(res))
