@@ -163,8 +163,8 @@ def merge(paths: list[str]) -> dict:
     settings["settings"] = ",".join(dict.fromkeys(s for res in runs for s in res["settings"]["settings"].split(",")))
     env = dict(runs[0]["environment"], argv=["benchmarks/specdecpp_sweep.py", "--merge", *paths],
                commit=", ".join(dict.fromkeys(str(res["environment"]["commit"]) for res in runs)))
-    prompts = " + ".join(dict.fromkeys(res["prompts"] for res in runs))
-    return {"settings": settings, "prompts": f"{prompts} (pooled over {len(runs)} runs)", "environment": env,
+    ranges = dict.fromkeys(res["prompts"].removeprefix("HumanEval ") for res in runs)
+    return {"settings": settings, "prompts": f"HumanEval {', '.join(ranges)} ({len(runs)} runs)", "environment": env,
             "runs": [{"path": p, "prompts": res["prompts"], "settings": res["settings"]["settings"],
                       "wall_seconds": res.get("wall_seconds")} for p, res in zip(paths, runs)], "rows": rows}
 
