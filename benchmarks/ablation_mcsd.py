@@ -35,7 +35,7 @@ PAIR = SHARED / "models" / "pycode-v1"
 HEADS = ROOT / "heads" / "pycode-v1"
 
 
-def rows(with_ti_dynamic: bool, widths: list[int] = (4,), static: bool = True) -> list[tuple[str, str, dict]]:
+def rows(with_ti_dynamic: bool, widths: tuple[int, ...] = (4,), static: bool = True) -> list[tuple[str, str, dict]]:
     """(label, method, options) of every row: ar, the static rows (unless static=False), and the dynamic fork with
     depth 5 at each width, without and with each decision model."""
     d1, d2 = str(HEADS / "decision-type1"), str(HEADS / "decision-type2")
@@ -111,7 +111,7 @@ def main(argv: list[str] | None = None) -> dict:
     from multispec.data import load_prompts, truncate_ids
 
     pair = load_pair(target=args.target, draft=args.draft, device="cpu", dtype="float32")
-    table = rows(not args.no_ti_dynamic, [int(w) for w in args.widths.split(",")], not args.no_static)
+    table = rows(not args.no_ti_dynamic, tuple(int(w) for w in args.widths.split(",")), not args.no_static)
     temps = [float(t) for t in args.temperatures.split(",")]
     prompts = []
     for ds in ("humaneval", "alpaca"):

@@ -88,6 +88,19 @@ def environment() -> dict:
             "commit": commit, "argv": sys.argv}
 
 
+COUNTS = ("new_tokens", "target_calls", "drafted_tokens", "accepted_tokens", "rounds", "seconds")  # summed
+
+
+def with_rates(row: dict) -> dict:
+    """row (its COUNTS summed over prompts) plus the rates derived from them; run() and merge() both use this."""
+    n = max(1, row["new_tokens"])
+    return {**row, "tokens_per_s": row["new_tokens"] / row["seconds"],
+            "tau": row["new_tokens"] / max(1, row["target_calls"]),
+            "discard_rate": (row["drafted_tokens"] - row["accepted_tokens"]) / n,
+            "verification_rate": row["target_calls"] / n,
+            "mean_draft_len": row["drafted_tokens"] / max(1, row["rounds"]) if row["method"] != "ar" else 0.0}
+
+
 def run(args) -> dict:
     from tqdm import tqdm
 
@@ -100,8 +113,7 @@ def run(args) -> dict:
     cfgs = configs(args)
     settings = args.settings.split(",")
     keys = [(s, m, json.dumps(o, sort_keys=True)) for s in settings for m, o in cfgs]
-    totals = {k: {"new_tokens": 0, "target_calls": 0, "drafted_tokens": 0, "accepted_tokens": 0, "rounds": 0,
-                  "seconds": 0.0} for k in keys}
+    totals = {k: dict.fromkeys(COUNTS, 0) for k in keys}
     for s, m, o in keys:  # warm-up, untimed
         generate(pair, prompts[0], method=m, max_new_tokens=8, seed=args.seed, **SETTINGS[s], **json.loads(o))
     bar = tqdm(total=len(prompts) * len(keys), desc="sweep", unit="gen", dynamic_ncols=True)
@@ -117,19 +129,10 @@ def run(args) -> dict:
     rows = []
     for s, m, o in keys:
         t, opts = totals[(s, m, o)], json.loads(o)
-        n = max(1, t["new_tokens"])
-        rows.append({"setting": s, **SETTINGS[s], "method": m, "label": label(m, opts),
-                     "k": opts.get("k"), "h": opts.get("threshold"), **t,
-                     "tokens_per_s": t["new_tokens"] / t["seconds"],
-                     "tau": t["new_tokens"] / max(1, t["target_calls"]),
-                     "discard_rate": (t["drafted_tokens"] - t["accepted_tokens"]) / n,
-                     "verification_rate": t["target_calls"] / n,
-                     "mean_draft_len": t["drafted_tokens"] / max(1, t["rounds"]) if m != "ar" else 0.0})
+        rows.append(with_rates({"setting": s, **SETTINGS[s], "method": m, "label": label(m, opts),
+                                "k": opts.get("k"), "h": opts.get("threshold"), **t}))
     return {"settings": {k: v for k, v in vars(args).items()}, "prompts": f"HumanEval {args.start}-"
             f"{args.start + len(prompts) - 1}", "environment": environment(), "rows": rows}
-
-
-DERIVED = ("tokens_per_s", "tau", "discard_rate", "verification_rate", "mean_draft_len")
 
 
 def merge(paths: list[str]) -> dict:
@@ -147,18 +150,11 @@ def merge(paths: list[str]) -> dict:
         for r in res["rows"]:
             key = (r["setting"], r["label"])
             if key not in pooled:
-                pooled[key] = {k: v for k, v in r.items() if k not in DERIVED}
+                pooled[key] = dict(r)
             else:
-                for f in ("new_tokens", "target_calls", "drafted_tokens", "accepted_tokens", "rounds", "seconds"):
+                for f in COUNTS:
                     pooled[key][f] += r[f]
-    rows = []
-    for t in pooled.values():
-        n = max(1, t["new_tokens"])
-        rows.append({**t, "tokens_per_s": t["new_tokens"] / t["seconds"],
-                     "tau": t["new_tokens"] / max(1, t["target_calls"]),
-                     "discard_rate": (t["drafted_tokens"] - t["accepted_tokens"]) / n,
-                     "verification_rate": t["target_calls"] / n,
-                     "mean_draft_len": t["drafted_tokens"] / max(1, t["rounds"]) if t["method"] != "ar" else 0.0})
+    rows = [with_rates(t) for t in pooled.values()]
     settings = dict(runs[0]["settings"])
     settings["settings"] = ",".join(dict.fromkeys(s for res in runs for s in res["settings"]["settings"].split(",")))
     env = dict(runs[0]["environment"], argv=["benchmarks/specdecpp_sweep.py", "--merge", *paths],

@@ -5,7 +5,7 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from engine_utils import tiny_pair
+from engine_utils import greedy_reference, tiny_pair
 from multispec.engine import generate_ids
 from multispec.errors import MultispecError
 from multispec.heads.decision import (DecisionModel, load_decision_model, save_decision_model, type1_sizes,
@@ -75,14 +75,6 @@ def test_load_errors(tmp_path):
         load_decision_model(tmp_path / "dm2")
 
 
-def _greedy_reference(model, prompt, n):
-    ids = list(prompt)
-    with torch.no_grad():
-        for _ in range(n):
-            ids.append(int(model(input_ids=torch.tensor([ids])).logits[0, -1].argmax()))
-    return ids[len(prompt):]
-
-
 def _run_dynamic(tmp_path, kind, beta, width=3, depth=4, target_init=False, n_new=30, seed=0):
     target, draft = tiny_pair(vocab=16, seed=7)
     torch.manual_seed(seed)
@@ -94,7 +86,7 @@ def _run_dynamic(tmp_path, kind, beta, width=3, depth=4, target_init=False, n_ne
     prompt = [1, 3, 5, 7]
     ids, c, _ = generate_ids(make_backend(target), make_backend(draft), prompt, config, GREEDY, n_new, 0, set(),
                              policy=policy)
-    return ids, c, _greedy_reference(target, prompt, n_new)
+    return ids, c, greedy_reference(target, prompt, n_new)
 
 
 @pytest.mark.parametrize("kind", [1, 2])

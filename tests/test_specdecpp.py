@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 import torch
 
-from engine_utils import chi_square_pvalue, tiny_pair
+from engine_utils import chi_square_pvalue, greedy_reference, tiny_pair
 from multispec.api import Pair, generate
 from multispec.drafting.policies import ThresholdStop
 from multispec.errors import MultispecError
@@ -91,19 +91,12 @@ def test_load_head_errors(tmp_path):
 
 
 # ----------------------------------------------------------------------------------- the method end to end
-def _greedy_reference(model, prompt, n):
-    ids = list(prompt)
-    with torch.no_grad():
-        for _ in range(n):
-            ids.append(int(model(input_ids=torch.tensor([ids])).logits[0, -1].argmax()))
-    return ids[len(prompt):]
-
 
 def test_specdecpp_greedy_equals_target_greedy(tmp_path):
     save_head(random_head(), tmp_path / "head")
     pair = tiny_api_pair()
     prompt = [1, 5, 3, 7]
-    ref = _greedy_reference(pair.target, prompt, 40)
+    ref = greedy_reference(pair.target, prompt, 40)
     assert generate(pair, prompt, method="ar", max_new_tokens=40).token_ids == ref
     rounds = []
     for h, k_min, k_max in [(0.0, 1, 6), (0.5, 2, 8), (1.0, 1, 5)]:

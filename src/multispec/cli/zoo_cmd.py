@@ -148,7 +148,8 @@ def export_command(model, out, sample_temperature, sample_top_k) -> None:
 @click.option("--limit", type=int, default=None, help="Use only the first N prompts.")
 @click.option("--max-windows", default=64, show_default=True, help="Held-out windows of 256 tokens for agreement.")
 @click.option("--json-out", type=click.Path(), default=None, help="Also write the result to this JSON file.")
-@click.option("--threads", type=int, default=None, help="torch CPU threads (default: torch's default).")
+@click.option("--threads", type=click.IntRange(min=1), default=None,
+              help="torch CPU threads (default: torch's default).")
 def eval_command(model, draft, heldout, dataset, data_dir, new_tokens, limit, max_windows, json_out, threads) -> None:
     """Held-out loss (nats/token) of a model; with --draft, greedy agreement and mean sum min(p, q) at T=1."""
     import torch
@@ -156,8 +157,6 @@ def eval_command(model, draft, heldout, dataset, data_dir, new_tokens, limit, ma
     from multispec.zoo import evaluate as ev
 
     if threads is not None:
-        if threads <= 0:
-            raise MultispecError(f"eval: --threads must be positive, got {threads}")
         torch.set_num_threads(threads)
 
     if heldout is None and dataset is None:
