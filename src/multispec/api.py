@@ -125,11 +125,13 @@ def _load_tokenizer(path: str, required: bool = True):
 
 @dataclass
 class GenerationResult:
-    """token_ids: the new tokens only. text: their decoding (cut before a stop string). stats: see README."""
+    """token_ids: the new tokens only. text: their decoding (cut before a stop string). stats: see README.
+    finish_reason: "stop" (an EOS token or a stop string ended it) or "length" (max_new_tokens reached)."""
 
     token_ids: list[int]
     text: str
     stats: dict
+    finish_reason: str = "length"
 
 
 def generate(pair: Pair, prompt: str | list[int], method: str = "mcsd", max_new_tokens: int = 128,
@@ -169,7 +171,7 @@ def generate(pair: Pair, prompt: str | list[int], method: str = "mcsd", max_new_
         cuts = [text.find(s) for s in stop if s in text]
         text = text[: min(cuts)] if cuts else text
     stats = _stats(config, sampling, c, seconds, backend)
-    return GenerationResult(token_ids=new, text=text, stats=stats)
+    return GenerationResult(token_ids=new, text=text, stats=stats, finish_reason=c.finish_reason)
 
 
 def _sampling(pair: Pair, temperature: float | None, top_k: int | None, top_p: float | None) -> SamplingConfig:
@@ -249,6 +251,14 @@ def _stats(config, sampling: SamplingConfig, c, seconds: float, backend: str) ->
         "acceptance_rate": c.accepted / c.drafted_depth if c.drafted_depth else None,
         "seconds": seconds,
         "tokens_per_s": c.new_tokens / seconds if seconds > 0 else None,
+        "finish_reason": c.finish_reason,
+        # vLLM's names (vllm/v1/spec_decode/metrics.py): mean acceptance length counts the bonus token
+        "num_spec_steps": c.num_drafts,
+        "num_draft_tokens": c.drafted_depth,
+        "num_accepted_draft_tokens": c.accepted,
+        "mean_acceptance_length": 1 + c.accepted / c.num_drafts if c.num_drafts else None,
+        "draft_acceptance_rate": c.accepted / c.drafted_depth if c.drafted_depth else None,
+        "accepted_per_position": list(c.accepted_per_pos),
         "prefill_s": c.t_prefill,
         "draft_s": c.t_draft,
         "verify_s": c.t_verify,

@@ -12,7 +12,7 @@ Only `models/` touches caches; this module passes tokens, positions and masks (S
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 
@@ -42,6 +42,11 @@ class Counters:
     t_verify: float = 0.0
     t_cache: float = 0.0
     t_prefill: float = 0.0
+    # vLLM's spec-decode metrics (vllm/v1/spec_decode/metrics.py): rounds that drafted, and per drafted depth d
+    # (index d - 1) how many rounds accepted a token at that depth.
+    num_drafts: int = 0
+    accepted_per_pos: list[int] = field(default_factory=list)
+    finish_reason: str = "length"  # "stop" (EOS or a stop string) or "length" (max_new_tokens)
 
 
 @dataclass
@@ -81,10 +86,12 @@ def generate_ids(
         c.rounds += 1
         c.accepted += outcome.accepted
         c.drafted_depth += outcome.depth
+        _count_positions(c, outcome)
         new.extend(outcome.committed)
         cut = _cut(new, max_new_tokens, eos_ids, stop)
         if cut is not None:
-            new = new[:cut]
+            new, reason = new[:cut[0]], cut[1]
+            c.finish_reason = reason
             break
         if on_tokens is not None:
             on_tokens(new)
@@ -211,16 +218,27 @@ def _draft_law(spec):
     return spec.draw if spec.name == "greedy" else get_verifier("rrs-wor").draw
 
 
-def _cut(new: list[int], max_new: int, eos_ids: set[int], stop) -> int | None:
-    """Where to end the output, or None to go on: after the first EOS, at max_new, or where a stop string ends."""
-    for i, t in enumerate(new):
+def _count_positions(c: Counters, outcome: RoundOutcome) -> None:
+    """vLLM-style per-position acceptance: one more draft round, and +1 at each depth its accepted path reached."""
+    if outcome.depth <= 0:
+        return
+    c.num_drafts += 1
+    if len(c.accepted_per_pos) < outcome.depth:
+        c.accepted_per_pos.extend([0] * (outcome.depth - len(c.accepted_per_pos)))
+    for d in range(outcome.accepted):
+        c.accepted_per_pos[d] += 1
+
+
+def _cut(new: list[int], max_new: int, eos_ids: set[int], stop) -> tuple[int, str] | None:
+    """Where to end the output and why ("stop": EOS or a stop string; "length": max_new), or None to go on."""
+    for i, t in enumerate(new[:max_new]):
         if t in eos_ids:
-            return i + 1
+            return i + 1, "stop"
     if stop is not None:
         k = stop(new)
-        if k is not None:
-            return k
+        if k is not None and k <= max_new:
+            return k, "stop"
     if len(new) >= max_new:
-        return max_new
+        return max_new, "length"
     return None
 
