@@ -8,7 +8,7 @@ from typing import Callable
 import torch
 
 from multispec.errors import MultispecError, check
-from multispec.methods import build_method
+from multispec.methods import NEEDS_DRAFT, build_method
 from multispec.sampling import SamplingConfig
 
 DEFAULT_PAIR_DIR = Path(__file__).parent / "default_pair"
@@ -134,14 +134,17 @@ class GenerationResult:
     finish_reason: str = "length"
 
 
-def generate(pair: Pair, prompt: str | list[int], method: str = "mcsd", max_new_tokens: int = 128,
+def generate(pair: Pair, prompt: str | list[int], method: str = "auto", max_new_tokens: int = 128,
              temperature: float | None = None, top_k: int | None = None, top_p: float | None = None,
              seed: int | None = None,
              stop: list[str] | None = None, stream: Callable[[str], None] | None = None, backend: str = "hf",
              **method_options) -> GenerationResult:
-    """Generate with `method` (ar, sd, mcsd, ti-mcsd, dynamic, specdecpp). Method options: k, heuristic, tree,
-    verifier, width, depth, decision_model, beta, head, threshold, k_min, k_max. stream(text_delta) is called as
-    text is committed.
+    """Generate with `method` (auto, ar, sd, mcsd, ti-mcsd, dynamic, specdecpp, lookup). Method options: k,
+    heuristic, confidence, entropy, tree, verifier, width, depth, decision_model, beta, head, threshold, k_min,
+    k_max, ngram, proposers, max_nodes. stream(text_delta) is called as text is committed.
+
+    The default, `auto`, picks every round between no speculation, prompt lookup and a draft chain or tree from
+    acceptance and forward costs measured on this machine, so that it is not slower than plain decoding.
 
     temperature=None takes the sampling defaults of the target's generation_config.json, as transformers'
     `generate` does: its temperature, top_k and top_p when it sets do_sample, otherwise greedy (temperature 0).
@@ -155,10 +158,11 @@ def generate(pair: Pair, prompt: str | list[int], method: str = "mcsd", max_new_
     check(isinstance(max_new_tokens, int) and max_new_tokens >= 1,
           f"max_new_tokens must be an integer >= 1, got {max_new_tokens!r}")
     ids = _encode(pair, prompt)
-    if config.name != "ar":
+    if config.name in NEEDS_DRAFT:
         check(pair.draft is not None, f"method {config.name!r} needs a draft model; load the pair with a draft")
+    uses_draft = config.name in NEEDS_DRAFT or (config.name == "auto" and "draft" in config.proposers)
     target = make_backend(pair.target, backend)
-    draft = make_backend(pair.draft, backend) if (pair.draft is not None and config.name != "ar") else None
+    draft = make_backend(pair.draft, backend) if (pair.draft is not None and uses_draft) else None
     policy = make_policy(config, pair)
     eos = _eos_ids(pair)
     tok = pair.tokenizer
@@ -171,6 +175,9 @@ def generate(pair: Pair, prompt: str | list[int], method: str = "mcsd", max_new_
         cuts = [text.find(s) for s in stop if s in text]
         text = text[: min(cuts)] if cuts else text
     stats = _stats(config, sampling, c, seconds, backend)
+    extra = policy.report()
+    if extra is not None:
+        stats[config.name] = extra
     return GenerationResult(token_ids=new, text=text, stats=stats, finish_reason=c.finish_reason)
 
 

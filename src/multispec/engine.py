@@ -17,7 +17,8 @@ from dataclasses import dataclass, field
 import torch
 
 from multispec.drafting.grow import grow_tree
-from multispec.drafting.policies import FixedTree, HeuristicK
+from multispec.drafting.lookup import one_hot_law
+from multispec.drafting.policies import ConfidenceStop, EntropyStop, FixedTree, HeuristicK, LookupPolicy
 from multispec.methods import MethodConfig
 from multispec.models.base import Backend, forward_chain
 from multispec.sampling import SamplingConfig, process_logits
@@ -77,17 +78,24 @@ def generate_ids(
         if len(prompt) > 1:
             forward_chain(draft, torch.tensor(prompt[:-1], dtype=torch.long))
     state = _prefill(target, prompt, method)
+    policy.prepare(target, draft, target.cache_len)
     c.t_prefill = time.perf_counter() - start
     new: list[int] = []
     while len(new) < max_new_tokens:
-        round_fn = _ti_round if method.target_init else _di_round
-        outcome = round_fn(target, draft, state, policy, sampling, spec, gen_draft, gen_verify, c)
+        limit = _round_limit(target, max_new_tokens - len(new), method.target_init)
+        if limit is None:  # the context is full: nothing more can be decoded
+            break
+        if method.target_init:
+            outcome = _ti_round(target, draft, state, policy, sampling, spec, gen_draft, gen_verify, c, limit)
+        else:
+            outcome = _di_round(target, draft, state, policy, sampling, spec, gen_draft, gen_verify, c, limit)
         policy.end_round(outcome.accepted, outcome.depth)
         c.rounds += 1
         c.accepted += outcome.accepted
         c.drafted_depth += outcome.depth
         _count_positions(c, outcome)
         new.extend(outcome.committed)
+        state.history.extend(outcome.committed)
         cut = _cut(new, max_new_tokens, eos_ids, stop)
         if cut is not None:
             new, reason = new[:cut[0]], cut[1]
@@ -101,16 +109,60 @@ def generate_ids(
     return new, c, time.perf_counter() - start
 
 
+def _round_limit(target: Backend, remaining: int, target_init: bool) -> tuple[int, int] | None:
+    """(max draft depth, max tree nodes) for this round, so that a round never drafts past the token budget
+    (it commits at most depth + 1 tokens), the model's positions or the backend's cache rows; None when not even
+    one more token fits. The root (the newest committed token) sits at position cache_len; a node at depth d at
+    cache_len + d (target-initialized rounds: the root is already cached, at cache_len - 1)."""
+    lt = target.cache_len - (1 if target_init else 0)
+    depth = remaining - 1 if not target_init else remaining
+    nodes = 1 << 30
+    max_pos = getattr(target, "max_positions", None)
+    if max_pos is not None:
+        if lt >= max_pos:
+            return None
+        depth = min(depth, max_pos - 1 - lt)
+    max_rows = getattr(target, "max_rows", None)
+    if max_rows is not None:
+        if lt >= max_rows:
+            return None
+        nodes = max_rows - lt
+    return depth, nodes
+
+
+def _cap(tree: Tree, limit: tuple[int, int]) -> Tree:
+    """The largest depth-truncation of `tree` within `limit` = (max depth, max nodes incl. the root)."""
+    depth, nodes = limit
+    if tree.max_depth > depth:
+        tree = tree.truncate(max(0, depth))
+    while len(tree) > nodes and tree.max_depth > 0:
+        tree = tree.truncate(tree.max_depth - 1)
+    return tree
+
+
 def default_policy(method: MethodConfig):
-    """The policy of methods that need no trained model: fixed tree, or transformers' heuristic k for sd."""
+    """The policy of methods that need no trained model: fixed tree, transformers' heuristic k for sd, the
+    training-free stopping rules, prompt lookup, auto (with the proposers the caller's backends allow)."""
+    if method.name == "auto":
+        from multispec.drafting.auto import AutoPolicy
+
+        return AutoPolicy(proposers=method.proposers, max_nodes=method.max_nodes)
+    if method.name == "lookup":
+        return LookupPolicy(len(method.tree), method.ngram)
     if method.heuristic:
         return HeuristicK(len(method.tree))
-    return FixedTree(Tree.from_shape(method.tree) if method.tree else Tree.chain(0))
+    tree = Tree.from_shape(method.tree) if method.tree else Tree.chain(0)
+    if method.confidence is not None:
+        return ConfidenceStop(tree, method.confidence)
+    if method.entropy is not None:
+        return EntropyStop(tree, method.entropy)
+    return FixedTree(tree)
 
 
 @dataclass
 class _State:
     pending: list[int]  # committed tokens the draft has not consumed (last one: the root)
+    history: list[int] = field(default_factory=list)  # prompt + committed tokens (prompt lookup reads it)
     p_next: torch.Tensor | None = None  # target-initialized only: processed next-token distribution, float [V]
     rank_next: torch.Tensor | None = None  # target-initialized greedy only: raw logits for top-W
 
@@ -119,17 +171,26 @@ def _prefill(target: Backend, prompt: list[int], method: MethodConfig) -> _State
     ids = torch.tensor(prompt, dtype=torch.long)
     if method.target_init:
         out = forward_chain(target, ids)
-        return _State(pending=[prompt[-1]], p_next=None, rank_next=out.logits[-1])
+        return _State(pending=[prompt[-1]], history=list(prompt), p_next=None, rank_next=out.logits[-1])
     if len(prompt) > 1:
         forward_chain(target, ids[:-1])
-    return _State(pending=[prompt[-1]])
+    return _State(pending=[prompt[-1]], history=list(prompt))
 
 
-def _di_round(target, draft, state, policy, sampling, spec, gen_draft, gen_verify, c) -> RoundOutcome:
+def _di_round(target, draft, state, policy, sampling, spec, gen_draft, gen_verify, c, limit) -> RoundOutcome:
     t0 = time.perf_counter()
-    max_tree = policy.round_tree()
-    if max_tree.max_depth == 0:  # ar: the root alone
-        d_tree, tokens, q, fed, root_index = max_tree, torch.tensor(state.pending[-1:]), None, 1, None
+    plan = policy.plan_round(state.history, len(state.pending))
+    max_tree = _cap(plan.tree, limit)
+    proposer = plan.proposer if max_tree.max_depth > 0 else "none"
+    n_pending = len(state.pending)
+    if proposer == "none":  # one target step: the root alone
+        d_tree, tokens, q, fed, root_index = max_tree.truncate(0), torch.tensor(state.pending[-1:]), None, 0, None
+    elif proposer == "lookup":  # a chain copied from the context: its draft law is a point mass per node
+        chain = list(plan.tokens[:max_tree.max_depth])
+        d_tree, max_tree = Tree.chain(len(chain)), Tree.chain(len(chain))
+        tokens = torch.tensor(state.pending[-1:] + chain, dtype=torch.long)
+        q, fed, root_index = one_hot_law(tokens, target.vocab_size, len(tokens)), 0, None
+        c.drafted_tokens += len(chain)
     else:
         d = grow_tree(draft, state.pending, max_tree, [], 0, sampling, spec.draw, gen_draft, policy)
         d_tree, tokens, q, fed, root_index = d.tree, d.tokens, d.q, d.fed, d.root_index
@@ -139,6 +200,7 @@ def _di_round(target, draft, state, policy, sampling, spec, gen_draft, gen_verif
     lt = target.cache_len
     n = len(d_tree)  # N_d: the drafted tree is the first n nodes of the max tree (SPEC §3.5)
     out = target.forward(tokens, max_tree.position_ids(lt)[:n], max_tree.attention_mask(lt, rows=range(n), cols=n))
+    t_fwd = time.perf_counter() - t1
     p = process_logits(out.logits, sampling)
     if q is None:
         q = torch.zeros_like(p)
@@ -146,22 +208,29 @@ def _di_round(target, draft, state, policy, sampling, spec, gen_draft, gen_verif
     c.target_calls += 1
     t2 = time.perf_counter()
     target.keep(d_tree.keep_indices(path, lt))
-    if draft is not None:
+    if proposer == "draft":
         fed_path = [u for u in path if u < fed]
         draft.keep(d_tree.keep_indices(fed_path, root_index))
         state.pending = [int(tokens[u]) for u in path if u >= fed] + [nxt]
+    elif draft is not None:  # the draft consumed nothing this round: it catches up when it next drafts
+        state.pending = state.pending[:-1] + [int(tokens[u]) for u in path] + [nxt]
     else:
         state.pending = [nxt]
+    t3 = time.perf_counter()
     c.t_draft += t1 - t0
     c.t_verify += t2 - t1
-    c.t_cache += time.perf_counter() - t2
+    c.t_cache += t3 - t2
+    policy.record(plan, d_tree, path, {"round_s": t3 - t0, "target_fwd_s": t_fwd, "draft_s": t1 - t0,
+                                       "pending": n_pending, "proposer": proposer})
     return RoundOutcome(committed=[int(tokens[u]) for u in path[1:]] + [nxt], accepted=len(path) - 1,
                         depth=d_tree.max_depth)
 
 
-def _ti_round(target, draft, state, policy, sampling, spec, gen_draft, gen_verify, c) -> RoundOutcome:
+def _ti_round(target, draft, state, policy, sampling, spec, gen_draft, gen_verify, c, limit) -> RoundOutcome:
     t0 = time.perf_counter()
     max_tree = policy.round_tree()
+    if max_tree.max_depth > limit[0]:  # near the end of the budget or context: a shallower tree (level 1 stays)
+        max_tree = max_tree.truncate(max(1, limit[0]))
     level1 = _draw_level1(state, len(max_tree.level(1)), sampling, gen_draft)
     if len(level1) < len(max_tree.level(1)):  # the target has fewer candidates than W (e.g. top-k): narrower tree
         max_tree = _narrow(max_tree, len(level1))

@@ -9,6 +9,11 @@ and its options before any model runs (STYLE §2.9).
 | ti-mcsd   | level 1 from the target, draft below (2,4,3,1,1)  | longest accepted chain (P1)      | only W=1 |
 | dynamic   | fork tree (W,1,..,1) grown level by level, decision model may stop it | multi-draft verifier | per verifier |
 | specdecpp | chain up to k_max, acceptance head stops it       | single-draft `sd`                | yes      |
+| lookup    | chain copied from the context (prompt lookup), no draft model | single-draft `sd`, q = one-hot | yes |
+| auto      | per round: no speculation, a lookup chain, or a draft tree chosen from measured acceptance and costs | rrs-wor | yes |
+
+`sd` and `dynamic` also take a training-free stopping rule: `confidence=h` (stop when the draft's probability of its
+newest token is below h, transformers' assistant_confidence_threshold) or `entropy=h` (AdaEDL's entropy bound).
 """
 from __future__ import annotations
 
@@ -18,15 +23,20 @@ from pathlib import Path
 from multispec.errors import MultispecError, check
 from multispec.tree import Tree, parse_shape
 
-METHODS = ("ar", "sd", "mcsd", "ti-mcsd", "dynamic", "specdecpp")
+METHODS = ("auto", "ar", "sd", "mcsd", "ti-mcsd", "dynamic", "specdecpp", "lookup")
+DEFAULT_METHOD = "auto"
+NEEDS_DRAFT = ("sd", "mcsd", "ti-mcsd", "dynamic", "specdecpp")  # auto uses a draft when there is one
+AUTO_PROPOSERS = ("draft", "lookup")
 
 _OPTIONS = {
     "ar": set(),
-    "sd": {"k", "heuristic"},
+    "sd": {"k", "heuristic", "confidence", "entropy"},
     "mcsd": {"tree", "verifier"},
     "ti-mcsd": {"tree", "width"},
-    "dynamic": {"width", "depth", "verifier", "decision_model", "beta", "target_init"},
+    "dynamic": {"width", "depth", "verifier", "decision_model", "beta", "target_init", "confidence", "entropy"},
     "specdecpp": {"head", "threshold", "k_min", "k_max"},
+    "lookup": {"k", "ngram"},
+    "auto": {"proposers", "max_nodes"},
 }
 
 
@@ -43,6 +53,11 @@ class MethodConfig:
     threshold: float = 0.7
     k_min: int = 2
     k_max: int = 20
+    confidence: float | None = None  # training-free stop: draft probability of the newest token below this
+    entropy: float | None = None  # training-free stop: AdaEDL entropy bound below this
+    ngram: int = 3  # lookup: longest n-gram matched
+    proposers: tuple[str, ...] = AUTO_PROPOSERS  # auto
+    max_nodes: int = 32  # auto: the largest tree it may draft
     options: dict = field(default_factory=dict, compare=False)
 
     @property
@@ -68,10 +83,25 @@ def build_method(name: str, **options) -> MethodConfig:
     o = options
     if name == "ar":
         return MethodConfig(name="ar", options=o)
+    if name == "auto":
+        proposers = o.get("proposers", AUTO_PROPOSERS)
+        proposers = tuple(x.strip() for x in proposers.replace("+", ",").split(",")) \
+            if isinstance(proposers, str) else tuple(proposers)
+        bad = [x for x in proposers if x not in AUTO_PROPOSERS]
+        check(proposers and not bad, f"auto: proposers must be among {', '.join(AUTO_PROPOSERS)}, got {proposers!r}")
+        return MethodConfig(name="auto", verifier="rrs-wor", proposers=proposers,
+                            max_nodes=_int(o.get("max_nodes", 32), "max_nodes", 1), options=o)
+    if name == "lookup":
+        k = _int(o.get("k", 10), "k", 1)
+        return MethodConfig(name="lookup", tree=(1,) * k, verifier="sd", ngram=_int(o.get("ngram", 3), "ngram", 1),
+                            options=o)
+    confidence, entropy = _stop_rule(o)
     if name == "sd":
         k = _int(o.get("k", 4), "k", 1)
+        check(not (o.get("heuristic") and (confidence is not None or entropy is not None)),
+              "sd: choose one of heuristic, confidence, entropy")
         return MethodConfig(name="sd", tree=(1,) * k, verifier="sd", heuristic=bool(o.get("heuristic", False)),
-                            options=o)
+                            confidence=confidence, entropy=entropy, options=o)
     if name == "mcsd":
         tree = _shape(o.get("tree", (4, 2, 2, 1)))
         verifier = _verifier(o.get("verifier", "rrs-wor"), tree)
@@ -92,8 +122,11 @@ def build_method(name: str, **options) -> MethodConfig:
         dm = o.get("decision_model")
         if dm is not None:
             check(Path(dm).exists(), f"decision model not found: {dm}")
+            check(confidence is None and entropy is None, "dynamic: a decision model and a stopping rule "
+                                                          "(confidence / entropy) cannot be combined")
         return MethodConfig(name="dynamic", tree=tree, verifier=verifier, target_init=target_init,
-                            decision_model=None if dm is None else str(dm), beta=beta, options=o)
+                            decision_model=None if dm is None else str(dm), beta=beta, confidence=confidence,
+                            entropy=entropy, options=o)
     # specdecpp
     k_min = _int(o.get("k_min", 2), "k_min", 1)
     k_max = _int(o.get("k_max", 20), "k_max", k_min)
@@ -103,6 +136,13 @@ def build_method(name: str, **options) -> MethodConfig:
         check(Path(head).exists(), f"acceptance head not found: {head}")
     return MethodConfig(name="specdecpp", tree=(1,) * k_max, verifier="sd", head=None if head is None else str(head),
                         threshold=h, k_min=k_min, k_max=k_max, options=o)
+
+
+def _stop_rule(o: dict) -> tuple[float | None, float | None]:
+    confidence = None if o.get("confidence") is None else _prob(o["confidence"], "confidence")
+    entropy = None if o.get("entropy") is None else _prob(o["entropy"], "entropy")
+    check(confidence is None or entropy is None, "choose one stopping rule: confidence or entropy")
+    return confidence, entropy
 
 
 def _int(v, name: str, lo: int) -> int:

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from multispec.drafting.policies import AnyChainAbove, ThresholdStop
+from multispec.drafting.policies import AnyChainAbove, ConfidenceStop, EntropyStop, ThresholdStop
 from multispec.engine import default_policy
 from multispec.errors import MultispecError
 from multispec.methods import MethodConfig
@@ -13,6 +13,11 @@ HEAD_DIRNAME = "acceptance_head"
 
 
 def make_policy(config: MethodConfig, pair):
+    if config.name == "auto":
+        from multispec.drafting.auto import AutoPolicy
+
+        proposers = tuple(p for p in config.proposers if p != "draft" or pair.draft is not None)
+        return AutoPolicy(proposers=proposers, max_nodes=config.max_nodes)
     if config.name == "specdecpp":
         from multispec.heads.acceptance import load_head
 
@@ -30,4 +35,8 @@ def make_policy(config: MethodConfig, pair):
 
         model = load_decision_model(config.decision_model, device=next(pair.draft.parameters()).device)
         return AnyChainAbove(Tree.from_shape(config.tree), model.predict, config.beta)
+    if config.confidence is not None:
+        return ConfidenceStop(Tree.from_shape(config.tree), config.confidence)
+    if config.entropy is not None:
+        return EntropyStop(Tree.from_shape(config.tree), config.entropy)
     return default_policy(config)

@@ -26,9 +26,11 @@ class StopPolicy(Protocol):
 
     def start_round(self) -> None: ...
 
-    def keep_drafting(self, depth: int, parent_hidden: torch.Tensor, parent_q: torch.Tensor) -> bool:
+    def keep_drafting(self, depth: int, parent_hidden: torch.Tensor, parent_q: torch.Tensor,
+                      new_tokens: torch.Tensor | None = None) -> bool:
         """depth: levels drafted so far (>= 1). parent_hidden: float [n, H] draft hidden states at the nodes that
-        produced the newest level (hidden of the consumed token); parent_q: float [n, V] their distributions."""
+        produced the newest level (hidden of the consumed token); parent_q: float [n, V] their distributions;
+        new_tokens: long [m] the newest level's tokens."""
         ...
 
 
@@ -105,7 +107,8 @@ def grow_tree(
                 tokens[kids[0]:kids[-1] + 1] = draw(q[parent][None], len(kids), generator)[0]
         depth += 1
         last = depth >= max_tree.max_depth
-        if last or (policy is not None and not policy.keep_drafting(depth, hidden, parent_q)):
+        if last or (policy is not None and not policy.keep_drafting(
+                depth, hidden, parent_q, tokens[child_level.start:child_level.stop])):
             break
         rows = child_level
         mask = max_tree.attention_mask(root_index, rows=rows, cols=rows.stop)

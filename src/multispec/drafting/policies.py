@@ -6,11 +6,27 @@ generation (STYLE §2.12).
 """
 from __future__ import annotations
 
+import math
+from dataclasses import dataclass
 from typing import Callable
 
 import torch
 
 from multispec.tree import Tree
+
+
+@dataclass(frozen=True)
+class RoundPlan:
+    """What one round drafts. tree: the max tree (depth 0: no speculation, the target decodes one token).
+    proposer: "draft" (the draft model grows `tree`), "lookup" (`tokens` copied from the context, a chain) or
+    "none". label: a short name for stats; predicted_tps: the planner's expected tokens/s (auto only)."""
+
+    tree: Tree
+    proposer: str = "draft"
+    tokens: tuple[int, ...] = ()
+    label: str = ""
+    predicted_tps: float | None = None
+    ngram: int = 0  # lookup: the length of the matched n-gram
 
 
 class FixedTree:
@@ -22,19 +38,59 @@ class FixedTree:
     def reset(self) -> None:
         pass
 
+    def prepare(self, target, draft, context_len: int) -> None:
+        """Called once per generation after the prefill (auto calibrates its cost model here)."""
+
     def round_tree(self) -> Tree:
         return self.tree
+
+    def plan_round(self, history: list[int], pending: int) -> RoundPlan:
+        """This round's plan. history: prompt + committed tokens; pending: tokens the draft has not consumed."""
+        tree = self.round_tree()
+        return RoundPlan(tree, "draft" if tree.max_depth > 0 else "none")
 
     def start_round(self) -> None:
         pass
 
-    def keep_drafting(self, depth: int, parent_hidden: torch.Tensor, parent_q: torch.Tensor) -> bool:
+    def keep_drafting(self, depth: int, parent_hidden: torch.Tensor, parent_q: torch.Tensor,
+                      new_tokens: torch.Tensor | None = None) -> bool:
+        """After drafting level `depth`: draft another? new_tokens: long [n] the tokens just drafted (children of
+        the parents whose laws are `parent_q`, in node order)."""
         return True
 
     def end_round(self, accepted: int, drafted: int) -> None:
         pass
 
+    def record(self, plan: RoundPlan, tree: Tree, path: tuple[int, ...], times: dict) -> None:
+        """The round's outcome: the drafted tree, the accepted path, and its timings (auto learns from these)."""
+
+    def report(self) -> dict | None:
+        """Extra stats of this policy for the generation (auto: plans chosen, predicted vs realised speed)."""
+        return None
+
     needs_hidden = False
+
+
+class LookupPolicy(FixedTree):
+    """Prompt lookup on its own (transformers' `prompt_lookup_num_tokens`): every round, the tokens that followed
+    the latest earlier match of the context's last n-gram (n = max_ngram..1), up to k of them; a plain target
+    step when nothing matches."""
+
+    def __init__(self, k: int, max_ngram: int = 3):
+        super().__init__(Tree.chain(k))
+        self.k, self.max_ngram = k, max_ngram
+        self.reset()
+
+    def reset(self) -> None:
+        from multispec.drafting.lookup import NgramIndex
+
+        self.index = NgramIndex(self.max_ngram)
+
+    def plan_round(self, history: list[int], pending: int) -> RoundPlan:
+        tokens, _ = self.index.propose(history, self.k)
+        if not tokens:
+            return RoundPlan(Tree.chain(0), "none")
+        return RoundPlan(Tree.chain(len(tokens)), "lookup", tuple(tokens))
 
 
 class HeuristicK(FixedTree):
@@ -70,7 +126,8 @@ class ThresholdStop(FixedTree):
     def start_round(self) -> None:
         self.cum = 1.0
 
-    def keep_drafting(self, depth: int, parent_hidden: torch.Tensor, parent_q: torch.Tensor) -> bool:
+    def keep_drafting(self, depth: int, parent_hidden: torch.Tensor, parent_q: torch.Tensor,
+                      new_tokens: torch.Tensor | None = None) -> bool:
         if depth >= 2:  # parent is Y_{depth-1}, a draft token
             self.cum *= float(self.predict(parent_hidden)[0])
         if depth < self.k_min:
@@ -88,5 +145,57 @@ class AnyChainAbove(FixedTree):
         super().__init__(tree)
         self.predict, self.beta = predict, beta
 
-    def keep_drafting(self, depth: int, parent_hidden: torch.Tensor, parent_q: torch.Tensor) -> bool:
+    def keep_drafting(self, depth: int, parent_hidden: torch.Tensor, parent_q: torch.Tensor,
+                      new_tokens: torch.Tensor | None = None) -> bool:
         return bool((self.predict(parent_hidden, parent_q) >= self.beta).any())
+
+
+def _child_probs(tree_parents_q: torch.Tensor, new_tokens: torch.Tensor) -> torch.Tensor:
+    """float [n]: the draft probability of each newly drafted token under its parent's law. tree_parents_q:
+    float [n, V], one row per new token (its parent's law)."""
+    return tree_parents_q.gather(1, new_tokens[:, None]).squeeze(1)
+
+
+class ConfidenceStop(FixedTree):
+    """Training-free stopping (transformers' `assistant_confidence_threshold`): stop drafting once the draft's
+    probability of the token it just drafted is below `threshold` — in a tree, once that holds for every newest
+    token. Reads draft-side state only, so every lossless verifier stays lossless."""
+
+    def __init__(self, tree: Tree, threshold: float):
+        super().__init__(tree)
+        self.threshold = threshold
+
+    def keep_drafting(self, depth: int, parent_hidden: torch.Tensor, parent_q: torch.Tensor,
+                      new_tokens: torch.Tensor | None = None) -> bool:
+        return bool((_child_probs(_expand(parent_q, new_tokens), new_tokens) >= self.threshold).any())
+
+
+class EntropyStop(FixedTree):
+    """AdaEDL-style stopping (arXiv 2410.18351): the acceptance probability of the next draft token is bounded
+    below by 1 - sqrt(gamma * H(q)) (H in nats, of the draft law the newest tokens were drawn from); stop once that
+    bound is below `threshold` for every newest token. The static-threshold form of the rule: AdaEDL's online
+    adjustment of the threshold is not used. Draft-side only, so lossless."""
+
+    def __init__(self, tree: Tree, threshold: float, gamma: float = 1.0):
+        super().__init__(tree)
+        self.threshold, self.gamma = threshold, gamma
+
+    def keep_drafting(self, depth: int, parent_hidden: torch.Tensor, parent_q: torch.Tensor,
+                      new_tokens: torch.Tensor | None = None) -> bool:
+        q = parent_q.clamp_min(1e-30)
+        entropy = -(parent_q * q.log()).sum(-1)  # [n_parents]
+        bound = 1.0 - (self.gamma * entropy).clamp_min(0).sqrt()
+        return bool((bound >= self.threshold).any())
+
+
+def _expand(parent_q: torch.Tensor, new_tokens: torch.Tensor) -> torch.Tensor:
+    """Repeat each parent's law once per child when a level has several children per parent (children of one
+    parent are contiguous and every parent of the level has the same count in the trees stopping rules use)."""
+    per = max(1, new_tokens.shape[0] // max(1, parent_q.shape[0]))
+    return parent_q.repeat_interleave(per, dim=0)[: new_tokens.shape[0]]
+
+
+def entropy_bound(q: torch.Tensor, gamma: float = 1.0) -> float:
+    """AdaEDL's lower bound 1 - sqrt(gamma * H(q)) for one law q: float [V]."""
+    h = float(-(q * q.clamp_min(1e-30).log()).sum())
+    return 1.0 - math.sqrt(max(0.0, gamma * h))

@@ -1,0 +1,197 @@
+"""The hardware cost model of `auto`: what a forward of n tokens costs the target and the draft, here and now.
+
+Calibration runs a few forwards of n ∈ BUCKETS tokens at the current context right after the prefill (the
+result is then dropped from the cache with `keep`), takes the fastest of two runs per size, and stops at a time
+budget (2 s), extrapolating the sizes it did not reach. Costs between buckets are interpolated linearly in n.
+
+The result is cached per (backend, model, device, dtype, threads, CPU) in this process and on disk
+($MULTISPEC_CACHE_DIR or ~/.cache/multispec), so only the first run on a machine pays for it. During a generation
+the model is frozen (so that plans, and with them a seeded sampled output, depend only on the cached costs);
+after it, the forwards actually timed are compared with the predictions, and when they drift by more than
+DRIFT the cached costs move towards what was measured.
+"""
+from __future__ import annotations
+
+import json
+import os
+import platform
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import torch
+
+BUCKETS = (1, 2, 4, 8, 16, 32, 64)
+CALIBRATION_BUDGET_S = 2.0
+DRIFT = 0.3  # relative error of the predictions over one generation that triggers an update of the cache
+BLEND = 0.5  # how far an update moves the cached costs towards the measured ones
+_MEMORY: dict[str, dict] = {}
+
+
+@dataclass
+class CostCurve:
+    """seconds[i]: the cost of one forward of BUCKETS[i] tokens."""
+
+    seconds: list[float]
+
+    def __call__(self, n: int) -> float:
+        """Predicted seconds of a forward of n >= 1 tokens (linear between buckets, linear beyond the last)."""
+        b = BUCKETS
+        if n <= b[0]:
+            return self.seconds[0]
+        for i in range(1, len(b)):
+            if n <= b[i]:
+                w = (n - b[i - 1]) / (b[i] - b[i - 1])
+                return (1 - w) * self.seconds[i - 1] + w * self.seconds[i]
+        slope = (self.seconds[-1] - self.seconds[-2]) / (b[-1] - b[-2])
+        return self.seconds[-1] + slope * (n - b[-1])
+
+
+@dataclass
+class CostModel:
+    """Forward costs of the target and (optionally) the draft, with what was observed during a generation."""
+
+    target: CostCurve
+    draft: CostCurve | None
+    key: str = ""
+    source: str = "calibrated"  # "calibrated" | "cached"
+    calibration_s: float = 0.0
+    overhead: dict | None = None  # per-round and per-draft-level Python overheads learned by `auto`
+    observed: dict = field(default_factory=lambda: {"target": [], "draft": []})
+
+    def observe(self, which: str, predicted: float, seconds: float) -> None:
+        """Record one timed forward (which: "target" or "draft") against its prediction."""
+        self.observed[which].append((predicted, seconds))
+
+    def drift(self) -> dict:
+        """Median ratio measured / predicted per model over the observed forwards (1.0 = on target)."""
+        out = {}
+        for which in ("target", "draft"):
+            obs = self.observed[which]
+            if obs:
+                ratios = sorted(s / max(p, 1e-9) for p, s in obs)
+                out[which] = ratios[len(ratios) // 2]
+        return out
+
+    def summary(self) -> dict:
+        return {"target_s": {str(b): s for b, s in zip(BUCKETS, self.target.seconds)},
+                "draft_s": None if self.draft is None else {str(b): s for b, s in zip(BUCKETS, self.draft.seconds)},
+                "cost_ratio": None if self.draft is None else self.draft(1) / self.target(1),
+                "source": self.source, "calibration_s": self.calibration_s, "drift": self.drift()}
+
+
+def model_key(backend, role_model) -> str:
+    """What a cost depends on: backend kind, model identity and size, device, dtype, threads, CPU."""
+    cfg = getattr(role_model, "config", None)
+    name = getattr(cfg, "_name_or_path", "") or type(role_model).__name__
+    n_params = sum(p.numel() for p in role_model.parameters()) if hasattr(role_model, "parameters") else 0
+    return "|".join(str(x) for x in (getattr(backend, "name", type(backend).__name__), name, n_params,
+                                      getattr(backend, "device", "cpu"), getattr(backend, "dtype", ""),
+                                      torch.get_num_threads(), platform.processor() or platform.machine()))
+
+
+def calibrate(backends: list, budget_s: float, reps: int = 3) -> list[list[float]]:
+    """Time forwards of BUCKETS tokens appended after each backend's cached rows (dropped again with keep).
+    Sizes and models are interleaved, rep by rep, so that a change in machine load hits all of them alike; each
+    size keeps its fastest run. One untimed warm-up forward per backend first. Sizes not reached within the budget
+    are extrapolated linearly. Returns seconds per bucket, one list per backend."""
+    from multispec.models.base import causal_mask
+
+    def run(b, n):
+        ctx = b.cache_len
+        tokens = torch.randint(0, int(getattr(b, "vocab_size", 2)), (n,), generator=torch.Generator().manual_seed(n))
+        t0 = time.perf_counter()
+        b.forward(tokens, torch.arange(ctx, ctx + n), causal_mask(ctx, n))
+        dt = time.perf_counter() - t0
+        b.keep(torch.arange(ctx))
+        return dt
+
+    for b in backends:
+        run(b, 1)
+    best = [[float("inf")] * len(BUCKETS) for _ in backends]
+    start = time.perf_counter()
+    reached = len(BUCKETS)
+    for rep in range(reps):
+        for i, n in enumerate(BUCKETS[:reached]):
+            if rep > 0 and time.perf_counter() - start > budget_s:
+                break
+            if rep == 0 and i > 1 and time.perf_counter() - start > budget_s / reps:
+                reached = i
+                break
+            for j, b in enumerate(backends):
+                best[j][i] = min(best[j][i], run(b, n))
+    out = []
+    for seconds in best:
+        seconds = [s for s in seconds if s != float("inf")]
+        while len(seconds) < len(BUCKETS):
+            i = len(seconds)
+            slope = (seconds[-1] - seconds[-2]) / (BUCKETS[i - 1] - BUCKETS[i - 2]) if i >= 2 else seconds[-1]
+            seconds.append(seconds[-1] + slope * (BUCKETS[i] - BUCKETS[i - 1]))
+        for i in range(1, len(seconds)):  # a larger forward never costs less than a smaller one (noise aside)
+            seconds[i] = max(seconds[i], seconds[i - 1])
+        out.append(seconds)
+    return out
+
+
+def get_cost_model(target, target_model, draft=None, draft_model=None, context_len: int = 0,
+                   budget_s: float = CALIBRATION_BUDGET_S) -> CostModel:
+    """The cached cost model for this pair on this machine, calibrating (and caching) it on first use.
+    target/draft: backends whose caches hold `context_len` (target) and their own rows; both are left as found."""
+    key = model_key(target, target_model) + "||" + (model_key(draft, draft_model) if draft is not None else "-")
+    cached = _MEMORY.get(key) or _disk().get(key)
+    if cached is not None:
+        _MEMORY[key] = cached
+        return CostModel(CostCurve(list(cached["target"])),
+                         CostCurve(list(cached["draft"])) if cached.get("draft") else None, key=key, source="cached",
+                         overhead=cached.get("overhead"))
+    t0 = time.perf_counter()
+    curves = calibrate([target] + ([draft] if draft is not None else []), budget_s)
+    t_curve, d_curve = curves[0], (curves[1] if draft is not None else None)
+    entry = {"target": t_curve, "draft": d_curve}
+    _store(key, entry)
+    return CostModel(CostCurve(t_curve), CostCurve(d_curve) if d_curve else None, key=key, source="calibrated",
+                     calibration_s=time.perf_counter() - t0)
+
+
+def update_after_generation(model: CostModel, overhead: dict | None = None) -> bool:
+    """After a generation: store the learned overheads (the first time), and move the cached costs part of the
+    way (BLEND, geometrically) towards the measured ones when they drifted by more than DRIFT. True if the forward
+    costs were updated."""
+    drift = model.drift()
+    moved = bool(drift) and any(abs(r - 1.0) > DRIFT for r in drift.values())
+    if model.overhead is not None and not moved:
+        return False
+    if model.overhead is not None:
+        overhead = {k: (model.overhead[k] * v) ** 0.5 for k, v in overhead.items()} if overhead else model.overhead
+    scale = {k: (v ** BLEND if moved else 1.0) for k, v in drift.items()}
+    entry = {"target": [s * scale.get("target", 1.0) for s in model.target.seconds],
+             "draft": None if model.draft is None else [s * scale.get("draft", 1.0) for s in model.draft.seconds],
+             "overhead": overhead}
+    _store(model.key, entry)
+    return moved
+
+
+def _cache_file() -> Path:
+    root = os.environ.get("MULTISPEC_CACHE_DIR") or os.path.join(os.path.expanduser("~"), ".cache", "multispec")
+    return Path(root) / "costs-v1.json"
+
+
+def _disk() -> dict:
+    try:
+        return json.loads(_cache_file().read_text())
+    except (OSError, ValueError):
+        return {}
+
+
+def _store(key: str, entry: dict) -> None:
+    _MEMORY[key] = entry
+    path = _cache_file()
+    try:  # the disk cache only saves a calibration on the next run; failing to write it loses nothing else
+        data = _disk()
+        data[key] = entry
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_suffix(".tmp")
+        tmp.write_text(json.dumps(data))
+        tmp.replace(path)
+    except OSError:
+        pass

@@ -1,0 +1,196 @@
+"""`auto`, prompt lookup and the training-free stopping rules (issue 15).
+
+Lossless: greedy identity with the target's own greedy output, and the end-to-end chi-square test of the first
+three tokens on the memo backend (as tests/test_engine_sampling.py) for `lookup` and for `auto` with its plan
+forced to change between rounds (no speculation, draft chains, draft trees, lookup chains, chosen from the
+committed history). Planning: the greedy tree is a valid breadth-first tree, and the choice follows the costs.
+"""
+import numpy as np
+import pytest
+import torch
+
+from engine_utils import chi_square_pvalue, exact_joint, greedy_reference, run, tiny_pair
+from memo_backend import MemoBackend
+from multispec.drafting.auto import Acceptance, AutoPolicy, greedy_tree, to_tree
+from multispec.drafting.costs import BUCKETS, CostCurve, CostModel, calibrate, get_cost_model
+from multispec.drafting.lookup import NgramIndex, lookup_with_n
+from multispec.drafting.policies import RoundPlan
+from multispec.engine import generate_ids
+from multispec.methods import build_method
+from multispec.models import make_backend
+from multispec.sampling import SamplingConfig
+from multispec.tree import Tree
+
+GREEDY = SamplingConfig(temperature=0.0)
+V, L, N = 8, 3, 8_000
+PROMPT = [1, 4, 2, 1, 4]  # repeats, so that prompt lookup proposes from the first round on
+T1 = SamplingConfig(temperature=1.0)
+
+
+@pytest.fixture(autouse=True)
+def _private_cost_cache(tmp_path, monkeypatch):
+    monkeypatch.setenv("MULTISPEC_CACHE_DIR", str(tmp_path))
+
+
+def test_lookup_index_equals_a_scan_of_the_context():
+    rng = np.random.default_rng(0)
+    for _ in range(200):
+        ctx = rng.integers(0, 4, size=int(rng.integers(1, 30))).tolist()
+        index = NgramIndex(3)
+        for end in range(1, len(ctx) + 1):
+            assert index.propose(ctx[:end], 4) == lookup_with_n(ctx[:end], 4, 3)
+    assert lookup_with_n([5, 6, 7, 5, 6], 2, 3) == ([7, 5], 2)
+    assert lookup_with_n([5, 6, 7], 2, 3) == ([], 0)
+
+
+def test_greedy_tree_is_breadth_first_and_prefers_likely_nodes():
+    acc = Acceptance({1: 0.8, 2: 0.3, 3: 0.1, 4: 0.05})
+    nodes, reach = greedy_tree(acc.rate, 20, 8, 4)
+    assert reach == sorted(reach, reverse=True)  # the greedy order takes the most likely node first
+    for n in range(1, len(nodes) + 1):
+        tree = to_tree(nodes[:n])  # validates breadth-first order
+        assert len(tree) == n + 1
+    chain = to_tree(greedy_tree(Acceptance({1: 0.9, 2: 0.0}).rate, 6, 8, 4)[0])
+    assert chain.parents == (-1, 0, 1, 2, 3, 4, 5)  # no second-rank acceptance: a chain
+
+
+def _costs(target_1: float, target_slope: float, draft_1: float) -> CostModel:
+    target = CostCurve([target_1 + target_slope * (b - 1) for b in BUCKETS])
+    draft = CostCurve([draft_1 * (1 + 0.1 * (b - 1)) for b in BUCKETS])
+    return CostModel(target, draft)
+
+
+def _policy(costs, accept: float) -> AutoPolicy:
+    policy = AutoPolicy(proposers=("draft",), cost_model=costs)
+    policy.has_draft = True
+    for _ in range(50):  # 50 observed chain rounds with acceptance `accept` at every depth
+        for d in range(1, 6):
+            policy.draft_acc.add(d, 1, bool(np.random.default_rng(d).random() < accept) if accept not in (0, 1)
+                                 else bool(accept))
+    return policy
+
+
+def test_auto_backs_off_when_speculation_cannot_pay_and_drafts_when_it_can():
+    expensive = _policy(_costs(0.010, 0.010, 0.009), accept=0.3)  # draft ~ target, verifying costs per token
+    assert expensive.plan_round([1, 2, 3], 1).proposer == "none"
+    cheap = _policy(_costs(0.010, 0.0002, 0.0005), accept=1.0)  # nearly free draft and verification
+    plan = cheap.plan_round([1, 2, 3], 1)
+    assert plan.proposer == "draft" and plan.tree.max_depth >= 4
+
+
+def test_auto_probes_while_backed_off():
+    policy = _policy(_costs(0.010, 0.010, 0.009), accept=0.3)
+    kinds = [policy.plan_round([1, 2, 3], 1).proposer for _ in range(20)]
+    assert kinds.count("draft") >= 1 and kinds.count("none") >= 15
+
+
+def test_calibration_is_cached(tmp_path):
+    target, draft = tiny_pair(vocab=V, seed=1)
+    t, d = make_backend(target), make_backend(draft)
+    from multispec.models import forward_chain
+
+    forward_chain(t, torch.tensor([1, 2, 3]))
+    curves = calibrate([t], budget_s=0.3)
+    assert len(curves[0]) == len(BUCKETS) and curves[0] == sorted(curves[0])
+    assert t.cache_len == 3  # calibration leaves the cache as it found it
+    first = get_cost_model(t, target, d, draft, 3, budget_s=0.3)
+    second = get_cost_model(t, target, d, draft, 3, budget_s=0.3)
+    assert first.source == "calibrated" and second.source == "cached"
+    assert second.target.seconds == first.target.seconds
+
+
+@pytest.mark.parametrize("method,options", [("auto", {}), ("lookup", {}), ("lookup", {"k": 2, "ngram": 1}),
+                                            ("sd", {"k": 6, "confidence": 0.4}), ("sd", {"k": 6, "entropy": 0.3}),
+                                            ("dynamic", {"width": 2, "depth": 4, "confidence": 0.3})])
+def test_greedy_identity(method, options):
+    target, draft = tiny_pair(vocab=12, seed=2, noise=0.3)
+    prompt = [1, 5, 3, 1, 5, 3, 1]
+    ref = greedy_reference(target, prompt, 40)
+    ids, c = run(target, draft, prompt, method, GREEDY, 40, **options)
+    assert ids == ref
+    assert c.target_calls <= 40
+
+
+def test_auto_without_a_draft_model_uses_lookup_only():
+    target, _ = tiny_pair(vocab=12, seed=2, noise=0.3)
+    prompt = [1, 5, 3, 1, 5, 3, 1]
+    config = build_method("auto")
+    ids, c, _ = generate_ids(make_backend(target), None, prompt, config, GREEDY, 30, 0, set())
+    assert ids == greedy_reference(target, prompt, 30)
+    assert c.draft_calls == 0
+
+
+def _forced(offset: int):
+    """Plans forced to change from round to round and with the committed history."""
+    plans = [lambda h: RoundPlan(Tree.chain(0), "none"),
+             lambda h: RoundPlan(Tree.chain(2), "draft"),
+             lambda h: RoundPlan(Tree.from_shape((2, 1)), "draft"),
+             lambda h: _lookup_plan(h)]
+    return lambda history, r: plans[(offset + r + sum(history)) % len(plans)](history)
+
+
+def _lookup_plan(history):
+    tokens, n = lookup_with_n(history, 3, 3)
+    return RoundPlan(Tree.chain(len(tokens)), "lookup", tuple(tokens), ngram=n) if tokens else \
+        RoundPlan(Tree.chain(1), "draft")
+
+
+_MEMO: dict = {}
+
+
+def _counts(method: str, n: int, forced: bool) -> np.ndarray:
+    target, draft = _MEMO.setdefault("pair", tiny_pair(vocab=V, seed=3, noise=0.6))
+    t = MemoBackend(target, _MEMO.setdefault("t", {}))
+    d = MemoBackend(draft, _MEMO.setdefault("d", {}))
+    config = build_method(method)
+    counts = np.zeros(V ** L, dtype=np.int64)
+    policies = [AutoPolicy(forced_plans=_forced(k)) for k in range(4)] if forced else None
+    from multispec.engine import default_policy
+
+    for seed in range(n):
+        policy = policies[seed % 4] if forced else default_policy(config)
+        ids, _, _ = generate_ids(t, d if method != "lookup" else None, PROMPT, config, T1, L, seed, set(),
+                                 policy=policy)
+        counts[np.ravel_multi_index(ids[:L], (V,) * L)] += 1
+    return counts
+
+
+def _pvalue(counts: np.ndarray) -> float:
+    target, _ = _MEMO.setdefault("pair", tiny_pair(vocab=V, seed=3, noise=0.6))
+    probs = _MEMO.setdefault("exact", None)
+    if probs is None:
+        probs = _MEMO["exact"] = exact_joint(target, PROMPT, T1, L, V)
+    first = chi_square_pvalue(counts.reshape(V, -1).sum(1), probs.reshape(V, -1).sum(1))
+    return min(chi_square_pvalue(counts, probs), first)
+
+
+def test_auto_with_plans_switching_between_rounds_keeps_the_target_law():
+    assert _pvalue(_counts("auto", N, forced=True)) > 1e-3
+
+
+def test_lookup_keeps_the_target_law():
+    assert _pvalue(_counts("lookup", N, forced=False)) > 1e-3
+
+
+def test_lookup_with_a_broken_verifier_fails_the_same_test(monkeypatch):
+    """Broken variant: verify lookup tokens against a uniform draft law instead of the point mass they were
+    drawn from (a wrong q in the acceptance ratio and residual). The same chi-square test must catch it."""
+    import multispec.engine as engine
+
+    real = engine.one_hot_law
+    monkeypatch.setattr(engine, "one_hot_law", lambda tokens, vocab, n: real(tokens, vocab, n) * 0 + 1.0 / vocab)
+    assert _pvalue(_counts("lookup", 3_000, forced=False)) < 1e-3
+
+
+def test_rounds_never_draft_past_the_token_budget():
+    target, draft = tiny_pair(vocab=12, seed=2, noise=0.3)
+    config = build_method("sd", k=1000)
+    from multispec.engine import default_policy
+
+    policy = default_policy(config)
+    depths = []
+    end_round = policy.end_round
+    policy.end_round = lambda accepted, drafted: (depths.append(drafted), end_round(accepted, drafted))
+    ids, c, _ = generate_ids(make_backend(target), make_backend(draft), [1, 2, 3], config, GREEDY, 16, 0, set(),
+                             policy=policy)
+    assert len(ids) == 16 and max(depths) <= 15
