@@ -27,6 +27,7 @@ from multispec.bench.hf_assisted import hf_assisted_generate
 from multispec.bench.specs import HF_ASSISTED, HF_BEST_SWEEP, MethodSpec, parse_method_specs
 from multispec.data import load_prompts, truncate_ids
 from multispec.errors import check
+from multispec.methods import NEEDS_DRAFT
 from multispec.sampling import SamplingConfig
 
 COST_CONTEXT = 200  # tokens of context for the step-cost measurement
@@ -62,8 +63,12 @@ def run_bench(target: str | None = None, draft: str | None = None, datasets: lis
                for d in datasets}
     for d, ps in prompts.items():
         check(ps, f"{d}: no prompts selected (offset {offset}, limit {limit})")
+    if pair is None and target is None and draft is None:  # the embedded default pair, draft included
+        from multispec.api import DEFAULT_PAIR_DIR
+
+        draft = str(DEFAULT_PAIR_DIR / "draft")
     draft_path = pair.draft_path if pair is not None else draft
-    needs_draft = any(s.name != "ar" for s in specs)
+    needs_draft = any(s.name in NEEDS_DRAFT or s.name == HF_ASSISTED for s in specs)
     check(not needs_draft or draft_path is not None or (pair is not None and pair.draft is not None),
           "every method but ar needs a draft model: pass --draft")
     for s in specs:
@@ -79,7 +84,11 @@ def run_bench(target: str | None = None, draft: str | None = None, datasets: lis
 
     # 2. models and token ids
     if pair is None:
-        pair = load_pair(target=target, draft=draft if needs_draft else None, device=device, dtype=dtype)
+        wants_draft = needs_draft or any(s.name == "auto" for s in specs)
+        if target is None:  # the embedded default pair
+            pair = load_pair(device=device, dtype=dtype)
+        else:
+            pair = load_pair(target=target, draft=draft if wants_draft else None, device=device, dtype=dtype)
     bos = pair.tokenizer.bos_token_id
     encoded = {}
     for d, ps in prompts.items():
@@ -214,16 +223,27 @@ def _make_runner(spec: MethodSpec, pair, eos: set[int]):
 
     config = spec.config
     target = make_backend(pair.target, spec.backend)
-    draft = make_backend(pair.draft, spec.backend) if config.name != "ar" else None
+    uses_draft = config.name in NEEDS_DRAFT or (config.name == "auto" and "draft" in config.proposers)
+    draft = make_backend(pair.draft, spec.backend) if (uses_draft and pair.draft is not None) else None
     policy = make_policy(config, pair)
 
     def run_engine(ids, sampling, max_new, seed, knob):
         new, c, seconds = generate_ids(target, draft, ids, config, sampling, max_new, seed, eos, policy=policy)
-        return new, {"new_tokens": c.new_tokens, "target_calls": c.target_calls, "draft_calls": c.draft_calls,
+        extra = policy.report()
+        return new, {"auto": _auto_summary(extra)} | {"new_tokens": c.new_tokens, "target_calls": c.target_calls, "draft_calls": c.draft_calls,
                      "rounds": c.rounds, "accepted": c.accepted, "drafted_depth": c.drafted_depth,
                      "drafted_tokens": c.drafted_tokens, "prefill_s": c.t_prefill, "draft_s": c.t_draft,
                      "verify_s": c.t_verify, "cache_s": c.t_cache, "engine_s": seconds}
     return run_engine
+
+
+def _auto_summary(extra: dict | None) -> dict | None:
+    """auto's plans (rounds per plan) and its cost model's drift, for the record; None for other methods."""
+    if not extra or "plans" not in extra:
+        return None
+    return {"plans": {k: v["rounds"] for k, v in extra["plans"].items()},
+            "cost_ratio": (extra.get("costs") or {}).get("cost_ratio"),
+            "drift": (extra.get("costs") or {}).get("drift")}
 
 
 def _timed(run, ids, sampling, max_new, seed, knob, on_cuda, rss_base) -> dict:

@@ -33,6 +33,7 @@ DECAY = 0.95  # per round: about the last 20 rounds carry the estimates
 PRIOR_WEIGHT = 2.0
 SHRINK = 3.0  # pseudo-observations pulling a depth's estimate towards the pooled one for its rank
 PROBE_PERIODS = (8, 16, 32, 64)
+MARGIN = 0.03  # speculate only when predicted to beat plain decoding by this much: never slower comes first
 CONF_EDGES = (0.05, 0.1, 0.2, 0.3, 0.5, 0.7, 0.9, 0.97)  # buckets of the draft's probability of its own token
 DEFAULT_OVERHEAD = {"round_s": 4e-4, "level_s": 3e-4}
 
@@ -192,7 +193,10 @@ class AutoPolicy(FixedTree):
             plan = self._lookup_plan(history)
             if plan is not None:
                 candidates.append(plan)
-        best = max(candidates, key=lambda p: p.predicted_tps)
+        ar = candidates[0]
+        best = max(candidates[1:], key=lambda p: p.predicted_tps, default=ar)
+        if best.predicted_tps < ar.predicted_tps * (1 + MARGIN):
+            best = ar
         self.current = best
         if best.proposer == "none" and len(candidates) > 1:
             self.ar_streak += 1
