@@ -316,6 +316,20 @@ def test_client_disconnect_cancels_the_generation(pair):
         s.close()
 
 
+def test_client_giving_up_on_a_whole_response_cancels_the_generation(pair):
+    gate = GatedGenerate()
+    s = ServerThread(create_app(pair, ServeSettings(model_name=NAME), generate_fn=gate))
+    try:
+        with pytest.raises(httpx.ReadTimeout):
+            httpx.post(s.url + "/v1/completions", json={"prompt": "x"}, timeout=0.5)
+        sched = s.app.state.scheduler
+        assert _eventually(lambda: sched.cancelled == 1 and sched.running == 0)
+        assert gate.unwound_by == ["Cancelled"]
+    finally:
+        gate.release.set()
+        s.close()
+
+
 def test_request_timeout_cancels_and_answers_504(pair):
     gate = GatedGenerate()
     s = ServerThread(create_app(pair, ServeSettings(model_name=NAME, request_timeout=0.3), generate_fn=gate))

@@ -282,12 +282,15 @@ class _Reply:
         return APIError(500, f"generation failed: {type(payload).__name__}", type="internal_error")
 
     async def whole(self):
-        """Wait for the end; a client that goes away cancels the run."""
+        """Wait for the end; a client that goes away cancels the run (checked about once a second)."""
+        next_check = time.perf_counter() + 1.0
         async for kind, payload in self.events():
-            if kind == "tick" and await self.request.is_disconnected():
-                self.run.cancel.set()
-                self.metrics.request_rejected.labels(reason="cancelled").inc()
-                return Response(status_code=499)
+            if kind in ("tick", "text") and time.perf_counter() >= next_check:
+                next_check = time.perf_counter() + 1.0
+                if await self.request.is_disconnected():
+                    self.run.cancel.set()
+                    self.metrics.request_rejected.labels(reason="cancelled").inc()
+                    return Response(status_code=499)
             if kind == "done":
                 result = payload
                 usage, spec = self._finished(result)
