@@ -370,12 +370,14 @@ def test_generate_cli_reads_stdin_and_prompt_file_and_prints_finish_reason(tmp_p
     assert out.exit_code == 0 and PROMPTS[0] + ref.text in out.stdout
 
 
-def test_serve_cli_refuses_bad_settings_before_loading(tmp_path):
+def test_serve_cli_refuses_bad_settings_before_loading(tmp_path, capsys):
     from multispec.cli import main
 
     empty = tmp_path / "t.jinja"
     empty.write_text(" ")
-    for argv in (["serve", "--method", "sd", "--tree", "4,2"], ["serve", "--chat-template", str(empty)]):
+    for argv, words in ((["serve", "--method", "sd", "--tree", "4,2"], "tree"),
+                        (["serve", "--chat-template", str(empty)], "chat template file")):
         with pytest.raises(SystemExit) as e:
-            main(argv + ["--target", str(tmp_path / "missing")])
-        assert e.value.code == 2
+            main(argv + ["--target", str(tmp_path / "missing")])  # refused before this path is looked at
+        err = capsys.readouterr().err
+        assert e.value.code == 2 and words in err and "missing" not in err and len(err.strip().splitlines()) == 1
