@@ -308,7 +308,8 @@ def fuzz_bodies(n: int, seed: int, model: str) -> list[tuple[str, bytes]]:
             continue
         if kind == 1:  # a field of the wrong type
             field = rng.choice(sorted(typed))
-            body[field] = rng.choice([j for j in junk if not _fits(j, typed[field])])
+            body[field] = rng.choice([j for j in junk if not (_fits(j, typed[field])
+                                                               or (j is None and field in NULLABLE))])
         elif kind == 2:  # unknown field
             body["".join(rng.choice("abcdefghijklmnopqrstuvwxyz_") for _ in range(rng.randrange(3, 12))) + "_x"] = 1
         elif kind == 3:  # out of range
@@ -344,14 +345,16 @@ def fuzz_bodies(n: int, seed: int, model: str) -> list[tuple[str, bytes]]:
     return out
 
 
+NULLABLE = {"max_tokens", "temperature", "top_p", "top_k", "seed", "stop"}  # null means "the default" for these
+
+
 def _fits(value, kind) -> bool:
     if kind is float:
         return isinstance(value, (int, float)) and not isinstance(value, bool)
     if kind is int:
         return isinstance(value, int) and not isinstance(value, bool)
     if kind is list:
-        return isinstance(value, (list, str)) and all(isinstance(v, str) for v in value) \
-            or value is None  # stop: str, list of str or null are all valid
+        return isinstance(value, (list, str)) and all(isinstance(v, str) for v in value)  # stop: str or [str]
     return isinstance(value, kind)
 
 
