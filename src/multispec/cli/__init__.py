@@ -24,6 +24,7 @@ def _register() -> None:
     from multispec.cli import zoo_cmd  # noqa: F401
     from multispec.cli import bench_cmd  # noqa: F401
     from multispec.cli import heads_cmd  # noqa: F401
+    from multispec.cli import serve_cmd  # noqa: F401
 
 
 def main(argv: list[str] | None = None) -> None:

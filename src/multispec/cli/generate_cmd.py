@@ -9,7 +9,9 @@ from multispec.methods import METHODS
 
 
 @cli.command("generate")
-@click.argument("prompt")
+@click.argument("prompt", required=False)
+@click.option("--prompt-file", type=click.Path(exists=True, dir_okay=False), help="Read the prompt from this file "
+              "(PROMPT '-' reads it from stdin).")
 @click.option("--target", help="Target model: local Hugging Face directory (default: the embedded default pair).")
 @click.option("--draft", help="Draft model sharing the target's vocabulary.")
 @click.option("--method", type=click.Choice(METHODS), default="mcsd", show_default=True)
@@ -41,15 +43,16 @@ from multispec.methods import METHODS
               "machine, 1 avoids oversubscription stalls.")
 @click.option("--stream", is_flag=True, help="Print text as it is committed.")
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object: the stats plus `text`.")
-def generate_command(prompt, target, draft, method, k, heuristic, tree, verifier, width, depth, target_init,
-                     decision_model, beta, head, threshold, k_min, k_max, temperature, top_k, top_p, seed,
+def generate_command(prompt, prompt_file, target, draft, method, k, heuristic, tree, verifier, width, depth,
+                     target_init, decision_model, beta, head, threshold, k_min, k_max, temperature, top_k, top_p, seed,
                      max_new_tokens, stop, device, dtype, backend, threads, stream, as_json):
-    """Generate a continuation of PROMPT with speculative decoding."""
+    """Generate a continuation of PROMPT with speculative decoding ('-': read it from stdin)."""
     from multispec.api import generate, load_pair
     from multispec.methods import build_method
     from multispec.sampling import SamplingConfig
     from multispec.tree import parse_shape
 
+    prompt = _read_prompt(prompt, prompt_file)
     options = dict(k=k, heuristic=heuristic, tree=parse_shape(tree) if tree else None, verifier=verifier,
                    width=width, depth=depth, target_init=target_init, decision_model=decision_model, beta=beta,
                    head=head, threshold=threshold, k_min=k_min, k_max=k_max)
@@ -79,4 +82,16 @@ def generate_command(prompt, target, draft, method, k, heuristic, tree, verifier
     acc = "n/a" if s["acceptance_rate"] is None else f"{s['acceptance_rate']:.2f}"
     click.echo(f"[{s['method']}{'' if s['lossless'] else ' (LOSSY)'}] {s['new_tokens']} tokens in {s['seconds']:.2f}s "
                f"({s['tokens_per_s']:.1f} tok/s), tau {s['tau']:.2f}, acceptance {acc}, "
-               f"target calls {s['target_calls']}, draft calls {s['draft_calls']}", err=True)
+               f"target calls {s['target_calls']}, draft calls {s['draft_calls']}, "
+               f"finish_reason {result.finish_reason}", err=True)
+
+
+def _read_prompt(prompt: str | None, prompt_file: str | None) -> str:
+    """PROMPT, or stdin for '-', or the file's text: exactly one source."""
+    from multispec.errors import check
+
+    check((prompt is None) != (prompt_file is None), "give the prompt as PROMPT, '-' (stdin) or --prompt-file, "
+          "exactly one of them")
+    if prompt_file is not None:
+        return open(prompt_file, encoding="utf-8").read()
+    return sys.stdin.read() if prompt == "-" else prompt

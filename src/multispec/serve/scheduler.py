@@ -1,0 +1,125 @@
+"""The scheduler: the one owner of generation state in the server.
+
+Admitted requests wait in a bounded queue for one of `max_concurrent` worker threads; each runs a whole
+`multispec.generate` call, which builds fresh backends (and so its own KV caches) over the shared weights, so the
+generations in flight interleave round by round (torch releases the GIL inside its ops) and every stream progresses.
+Memory is bounded by max_concurrent caches of at most the model's context. Beyond max_concurrent + max_queue
+requests, `submit` raises QueueFull (HTTP 429).
+
+Events flow from a generation thread to its request handler through an asyncio queue:
+("text", delta) as text is committed, then exactly one of ("done", GenerationResult), ("cancelled", None),
+("error", exception). Cancelling a run (client gone, timeout) sets its event; the stream callback then raises
+Cancelled inside the generation thread at the next committed text, which unwinds `generate` and frees its caches.
+"""
+from __future__ import annotations
+
+import asyncio
+import logging
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from typing import Callable
+
+from multispec.errors import MultispecError
+
+log = logging.getLogger("multispec.serve")
+
+
+class QueueFull(Exception):
+    """Every worker is busy and the queue is at --max-queue."""
+
+
+class Cancelled(Exception):
+    """Raised by a run's stream callback, inside its generation thread, once the run is cancelled."""
+
+
+@dataclass(frozen=True)
+class Job:
+    """One generation request, validated. prompt_ids: the full prompt as token ids (BOS included if any)."""
+
+    prompt_ids: list[int]
+    max_tokens: int
+    temperature: float | None
+    top_k: int | None
+    top_p: float | None
+    seed: int
+    stop: list[str] | None
+
+
+@dataclass
+class Run:
+    """An admitted job: its event queue (read on the event loop) and its cancellation flag (read in its thread)."""
+
+    loop: asyncio.AbstractEventLoop
+    events: asyncio.Queue = field(default_factory=asyncio.Queue)
+    cancel: threading.Event = field(default_factory=threading.Event)
+    arrived: float = field(default_factory=time.perf_counter)
+
+    def emit(self, kind: str, payload=None) -> None:
+        try:
+            self.loop.call_soon_threadsafe(self.events.put_nowait, (kind, payload))
+        except RuntimeError:  # the loop is closed: the server is shutting down and nobody is listening
+            pass
+
+
+class Scheduler:
+    def __init__(self, pair, generate_fn: Callable, method: str | None, method_options: dict, backend: str,
+                 max_concurrent: int, max_queue: int):
+        self.pair = pair
+        self.generate_fn = generate_fn
+        self.method = method
+        self.method_options = dict(method_options)
+        self.backend = backend
+        self.max_concurrent = max_concurrent
+        self.max_queue = max_queue
+        self.waiting = 0
+        self.running = 0
+        self.cancelled = 0  # runs that ended by cancellation (client gone or timeout)
+        self._lock = threading.Lock()
+        self._pool = ThreadPoolExecutor(max_concurrent, thread_name_prefix="multispec-gen")
+
+    def submit(self, job: Job) -> Run:
+        """Admit a job (call on the event loop) or raise QueueFull."""
+        with self._lock:
+            if self.waiting + self.running >= self.max_concurrent + self.max_queue:
+                raise QueueFull()
+            self.waiting += 1
+        run = Run(loop=asyncio.get_running_loop())
+        self._pool.submit(self._work, job, run)
+        return run
+
+    def _work(self, job: Job, run: Run) -> None:
+        with self._lock:
+            self.waiting -= 1
+            self.running += 1
+        try:
+            if run.cancel.is_set():
+                raise Cancelled()
+
+            def on_text(delta: str) -> None:
+                if run.cancel.is_set():
+                    raise Cancelled()
+                run.emit("text", delta)
+
+            kwargs = {} if self.method is None else {"method": self.method}
+            result = self.generate_fn(self.pair, job.prompt_ids, max_new_tokens=job.max_tokens,
+                                      temperature=job.temperature, top_k=job.top_k, top_p=job.top_p, seed=job.seed,
+                                      stop=job.stop, stream=on_text, backend=self.backend, **kwargs,
+                                      **self.method_options)
+            run.emit("done", result)
+        except Cancelled:
+            with self._lock:
+                self.cancelled += 1
+            run.emit("cancelled")
+        except MultispecError as e:
+            run.emit("error", e)
+        except Exception as e:  # noqa: BLE001 - a failed generation must answer its request, not kill the worker
+            log.exception("generation failed")
+            run.emit("error", e)
+        finally:
+            with self._lock:
+                self.running -= 1
+
+    def shutdown(self) -> None:
+        self._pool.shutdown(wait=False, cancel_futures=True)
