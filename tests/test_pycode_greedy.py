@@ -12,7 +12,8 @@ pytestmark = [needs_pycode, needs_data]
 N_PROMPTS, N_NEW = 20, 128
 # ti-mcsd W = 1 and dynamic are greedy-identical on the tiny pairs of test_engine_greedy.py; they are left out
 # here to keep the suite inside CI's budget.
-CASES = [("sd", {"k": 4}), ("mcsd", {"verifier": "rrs-wor"}), ("mcsd", {"verifier": "spechub", "tree": (2, 2, 2, 2)})]
+CASES = [("sd", {"k": 4}), ("mcsd", {"verifier": "rrs-wor"}), ("mcsd", {"verifier": "spechub", "tree": (2, 2, 2, 2)}),
+         ("auto", {}), ("lookup", {})]
 _CACHE = {}
 
 
@@ -37,5 +38,5 @@ def test_lossless_methods_are_greedy_identical_on_humaneval(method, options):
 
     c = _setup()
     for prompt, ref in zip(c["prompts"], c["ar"]):
-        out = multispec.generate(c["pair"], prompt, method=method, max_new_tokens=N_NEW, **options)
+        out = multispec.generate(c["pair"], prompt, method=method, max_new_tokens=N_NEW, temperature=0, **options)
         assert out.token_ids == ref
