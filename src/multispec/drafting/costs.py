@@ -6,9 +6,10 @@ budget (2 s), extrapolating the sizes it did not reach. Costs between buckets ar
 
 The result is cached per (backend, model, device, dtype, threads, CPU) in this process and on disk
 ($MULTISPEC_CACHE_DIR or ~/.cache/multispec), so only the first run on a machine pays for it. During a generation
-the model is frozen (so that plans, and with them a seeded sampled output, depend only on the cached costs);
-after it, the forwards actually timed are compared with the predictions, and when they drift by more than
-DRIFT the cached costs move towards what was measured.
+the model is frozen, and in this process it stays as first measured or loaded (so that plans, and with them a
+seeded sampled output, are the same for every call of the process); after each generation the forwards actually
+timed are compared with the predictions, and when they drift by more than DRIFT the costs on disk move towards
+what was measured, for the next process.
 """
 from __future__ import annotations
 
@@ -167,7 +168,7 @@ def update_after_generation(model: CostModel, overhead: dict | None = None) -> b
     entry = {"target": [s * scale.get("target", 1.0) for s in model.target.seconds],
              "draft": None if model.draft is None else [s * scale.get("draft", 1.0) for s in model.draft.seconds],
              "overhead": overhead}
-    _store(model.key, entry)
+    _store(model.key, entry, memory=False)
     return moved
 
 
@@ -183,8 +184,9 @@ def _disk() -> dict:
         return {}
 
 
-def _store(key: str, entry: dict) -> None:
-    _MEMORY[key] = entry
+def _store(key: str, entry: dict, memory: bool = True) -> None:
+    if memory:
+        _MEMORY[key] = entry
     path = _cache_file()
     try:  # the disk cache only saves a calibration on the next run; failing to write it loses nothing else
         data = _disk()
