@@ -27,6 +27,7 @@ from multispec.bench.hf_assisted import hf_assisted_generate
 from multispec.bench.specs import HF_ASSISTED, HF_BEST_SWEEP, MethodSpec, parse_method_specs
 from multispec.data import load_prompts, truncate_ids
 from multispec.errors import check
+from multispec.paths import writable_dir
 from multispec.sampling import SamplingConfig
 
 COST_CONTEXT = 200  # tokens of context for the step-cost measurement
@@ -57,6 +58,8 @@ def run_bench(target: str | None = None, draft: str | None = None, datasets: lis
                         ("best_probe", best_probe, 1)):
         check(isinstance(v, int) and v >= lo, f"{name} must be an integer >= {lo}, got {v!r}")
     check(max_prompt_tokens is None or max_prompt_tokens >= 2, "max_prompt_tokens must be >= 2")
+    if out is not None:
+        writable_dir(out)
     limits = _limits(limit, datasets)
     prompts = {d: load_prompts(d, data_dir, limit=limits[d], offset=offset, prompt_field=prompt_field)
                for d in datasets}
@@ -148,8 +151,8 @@ def run_bench(target: str | None = None, draft: str | None = None, datasets: lis
         "cost": cost,
         "hf_best": [{"dataset": d, "temperature": t, **v} for (d, t), v in best.items()],
         "memory_metric": ("cuda_max_allocated_mb" if on_cuda else
-                          "cpu_rss_growth_during_generation_mb" if _reset_peak_rss() else
-                          "cpu_maxrss_growth_since_load_mb"),
+                          "cpu_peak_rss_during_generation_mb" if _reset_peak_rss() else
+                          "cpu_peak_rss_of_process_mb"),
         "records": records,
     }
     if out is not None:
@@ -227,15 +230,15 @@ def _make_runner(spec: MethodSpec, pair, eos: set[int]):
 
 
 def _timed(run, ids, sampling, max_new, seed, knob, on_cuda, rss_base) -> dict:
-    """One timed generation. Peak memory: CUDA max allocated (MB); on the CPU the growth of the resident set
-    during this generation (peak RSS - RSS at its start, from /proc after resetting the peak), or, where /proc
-    cannot reset it, the growth of the process's ru_maxrss since the models were loaded."""
-    rss_start = None
+    """One timed generation. Peak memory (MB): on CUDA the max allocated during it; on the CPU the process's peak
+    resident set during it (VmHWM from /proc after resetting the mark), or, where /proc cannot reset it, the
+    process's lifetime peak (ru_maxrss). Both include the loaded models, as nvidia-smi or top would show; the
+    growth during one warm generation is ~0 on the CPU (buffers are reused), which is why growth is not reported.
+    `rss_base` is unused (kept for callers)."""
     if on_cuda:
         torch.cuda.synchronize()
         torch.cuda.reset_peak_memory_stats()
-    elif _reset_peak_rss():
-        rss_start = _proc_status_mb("VmRSS")
+    reset = not on_cuda and _reset_peak_rss()
     t0 = time.perf_counter()
     new, stats = run(ids, sampling, max_new, seed, knob)
     if on_cuda:
@@ -243,10 +246,10 @@ def _timed(run, ids, sampling, max_new, seed, knob, on_cuda, rss_base) -> dict:
     seconds = time.perf_counter() - t0
     if on_cuda:
         peak = torch.cuda.max_memory_allocated() / 2**20
-    elif rss_start is not None:
-        peak = max(0.0, _proc_status_mb("VmHWM") - rss_start)
+    elif reset:
+        peak = _proc_status_mb("VmHWM")
     else:
-        peak = _maxrss_mb() - rss_base
+        peak = _maxrss_mb()
     return {**stats, "seconds": seconds, "peak_mem_mb": peak, "output_ids": new}
 
 
