@@ -111,50 +111,62 @@ def run_bench(target: str | None = None, draft: str | None = None, datasets: lis
                     best[(d, sampling.temperature)] = _sweep_hf(runners[s.label], probe, sampling, max_new_tokens,
                                                                seed, on_cuda)
 
-    # 5. the timed loop
+    # 5. the timed loop; an error or Ctrl-C part-way still writes the records so far (marked "partial")
     records = []
     total = sum(len(v) for v in encoded.values()) * len(samplings) * repeats * len(specs)
     bar = _progress(total, progress)
-    for sampling in samplings:
-        for d in datasets:
-            for i, (p, (ids, truncated)) in enumerate(zip(prompts[d], encoded[d])):
-                for r in range(repeats):
-                    prompt_seed = seed + 1_000 * r + i
-                    for s in specs:
-                        bar.set_postfix_str(f"{s.label} T={sampling.temperature:g} {d} {p.id}", refresh=False)
-                        knob = best[(d, sampling.temperature)]["best"] if s.hf_best else None
-                        rec = _timed(runners[s.label], ids, sampling, max_new_tokens, prompt_seed, knob, on_cuda,
-                                     rss_base)
-                        rec.update(method=s.label, method_name=s.name, options=_jsonable(s.options),
-                                   lossless=s.lossless, dataset=d, category=p.category, prompt_id=p.id,
-                                   prompt_index=offset + i, temperature=sampling.temperature, repeat=r,
-                                   seed=prompt_seed, prompt_tokens=len(ids), truncated=truncated)
-                        records.append(rec)
-                        bar.update(1)
-    bar.close()
-    _compare_with_ar(records)
 
-    results = {
-        "meta": environment(pair, command),
-        "settings": {
-            "target": pair.target_path, "draft": pair.draft_path, "datasets": datasets, "data_dir": data_dir
-            or os.environ.get("MULTISPEC_DATA"), "methods": [s.label for s in specs],
-            "temperatures": temperatures, "top_k": top_k, "top_p": top_p, "max_new_tokens": max_new_tokens,
-            "limit": limits, "offset": offset, "repeats": repeats, "warmup": warmup, "seed": seed,
-            "threads": torch.get_num_threads(), "max_prompt_tokens": max_prompt_tokens,
-            "prompt_field": prompt_field, "best_probe": best_probe, "hf_best_sweep": list(HF_BEST_SWEEP),
-            "prompts": {d: len(v) for d, v in prompts.items()},
-            "truncated_prompts": {d: sum(t for _, t in v) for d, v in encoded.items()},
-            "method_configs": {s.label: (_jsonable(asdict(s.config)) if s.config is not None else
-                                         {"name": HF_ASSISTED, **_jsonable(s.options)}) for s in specs},
-        },
-        "cost": cost,
-        "hf_best": [{"dataset": d, "temperature": t, **v} for (d, t), v in best.items()],
-        "memory_metric": ("cuda_max_allocated_mb" if on_cuda else
-                          "cpu_peak_rss_during_generation_mb" if _reset_peak_rss() else
-                          "cpu_peak_rss_of_process_mb"),
-        "records": records,
-    }
+    def assemble() -> dict:
+        _compare_with_ar(records)
+        return {
+            "meta": environment(pair, command),
+            "settings": {
+                "target": pair.target_path, "draft": pair.draft_path, "datasets": datasets, "data_dir": data_dir
+                or os.environ.get("MULTISPEC_DATA"), "methods": [s.label for s in specs],
+                "temperatures": temperatures, "top_k": top_k, "top_p": top_p, "max_new_tokens": max_new_tokens,
+                "limit": limits, "offset": offset, "repeats": repeats, "warmup": warmup, "seed": seed,
+                "threads": torch.get_num_threads(), "max_prompt_tokens": max_prompt_tokens,
+                "prompt_field": prompt_field, "best_probe": best_probe, "hf_best_sweep": list(HF_BEST_SWEEP),
+                "prompts": {d: len(v) for d, v in prompts.items()},
+                "truncated_prompts": {d: sum(t for _, t in v) for d, v in encoded.items()},
+                "method_configs": {s.label: (_jsonable(asdict(s.config)) if s.config is not None else
+                                             {"name": HF_ASSISTED, **_jsonable(s.options)}) for s in specs},
+            },
+            "cost": cost,
+            "hf_best": [{"dataset": d, "temperature": t, **v} for (d, t), v in best.items()],
+            "memory_metric": ("cuda_max_allocated_mb" if on_cuda else
+                              "cpu_peak_rss_during_generation_mb" if _reset_peak_rss() else
+                              "cpu_peak_rss_of_process_mb"),
+            "records": records,
+        }
+
+    try:
+        for sampling in samplings:
+            for d in datasets:
+                for i, (p, (ids, truncated)) in enumerate(zip(prompts[d], encoded[d])):
+                    for r in range(repeats):
+                        prompt_seed = seed + 1_000 * r + i
+                        for s in specs:
+                            bar.set_postfix_str(f"{s.label} T={sampling.temperature:g} {d} {p.id}", refresh=False)
+                            knob = best[(d, sampling.temperature)]["best"] if s.hf_best else None
+                            rec = _timed(runners[s.label], ids, sampling, max_new_tokens, prompt_seed, knob,
+                                         on_cuda, rss_base)
+                            lossless = s.config.lossless_at(sampling.temperature) if s.config is not None else True
+                            rec.update(method=s.label, method_name=s.name, options=_jsonable(s.options),
+                                       lossless=lossless, dataset=d, category=p.category, prompt_id=p.id,
+                                       prompt_index=offset + i, temperature=sampling.temperature, repeat=r,
+                                       seed=prompt_seed, prompt_tokens=len(ids), truncated=truncated)
+                            records.append(rec)
+                            bar.update(1)
+    except BaseException as e:
+        bar.close()
+        if out is not None and records:
+            write_outputs(out, {**assemble(), "partial": f"stopped after {len(records)} of {total} generations "
+                                                         f"({type(e).__name__}: {e})"})
+            print(f"wrote the {len(records)} generations done so far to {out}/results.json", file=sys.stderr)
+        raise
+    bar.close()
+    results = assemble()
     if out is not None:
         write_outputs(out, results)
     return results
