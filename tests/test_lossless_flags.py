@@ -26,7 +26,7 @@ ALPHA = 1e-3
 # target-initialized trees with W >= 2). Trees are shallow: only the first token is checked.
 COMBOS = [
     ("ar", {}), ("sd", {"k": 2}), ("specdecpp", {"k_min": 1, "k_max": 2}),
-    ("mcsd", {"tree": (1,), "verifier": "sd"}), ("mcsd", {"tree": (3,), "verifier": "greedy"}),
+    ("mcsd", {"tree": (3,), "verifier": "greedy"}),
     ("mcsd", {"tree": (3,), "verifier": "mcns"}), ("mcsd", {"tree": (3,), "verifier": "rrs"}),
     ("mcsd", {"tree": (3,), "verifier": "rrs-wor"}), ("mcsd", {"tree": (3,), "verifier": "kseq"}),
     ("mcsd", {"tree": (2,), "verifier": "spechub"}), ("mcsd", {"tree": (3,), "verifier": "greedy-md"}),
