@@ -64,8 +64,8 @@ def test_bad_prompts(pair, prompt, needle):
 
 def test_token_id_prompts_of_every_integer_kind_agree(pair):
     ids = pair.tokenizer("def f(x):", add_special_tokens=False)["input_ids"]
-    outs = [multispec.generate(pair, p, method="sd", max_new_tokens=4, temperature=0.0).token_ids
-            for p in (ids, tuple(ids), np.array(ids), torch.tensor(ids), torch.tensor([ids]), [np.int64(t) for t in ids])]
+    kinds = (ids, tuple(ids), np.array(ids), torch.tensor(ids), torch.tensor([ids]), [np.int64(t) for t in ids])
+    outs = [multispec.generate(pair, p, method="sd", max_new_tokens=4, temperature=0.0).token_ids for p in kinds]
     assert all(o == outs[0] for o in outs)
 
 
