@@ -67,7 +67,10 @@ def generate_command(prompt, target, draft, method, k, heuristic, tree, verifier
     config = build_method(method, **options)
     stops = _stops(list(stop))
     resolve_device(device)
-    if temperature is not None and not config.lossless_at(temperature):
+    # warn before loading when the flag is known: an explicit temperature, or lossy at every temperature
+    warned = not config.lossless_at(temperature) if temperature is not None else \
+        not (config.lossless_at(0.0) or config.lossless_at(1.0))
+    if warned:
         _lossy_warning(method, temperature)
     _, warning = set_threads(threads)
     if warning:
@@ -93,7 +96,7 @@ def generate_command(prompt, target, draft, method, k, heuristic, tree, verifier
             click.echo()
         raise
     s = result.stats
-    if temperature is None and not s["lossless"]:
+    if not warned and not s["lossless"]:
         _lossy_warning(method, s["temperature"])
     for w in s["warnings"]:
         click.echo(f"warning: {w}", err=True)
@@ -110,9 +113,10 @@ def generate_command(prompt, target, draft, method, k, heuristic, tree, verifier
     click.echo(_summary(s, result.finish_reason), err=True)
 
 
-def _lossy_warning(method: str, temperature: float) -> None:
-    click.echo(f"warning: {method} with these settings at temperature {temperature:g} is LOSSY: its output "
-               "distribution differs from the target's (a speed/quality trade-off)", err=True)
+def _lossy_warning(method: str, temperature: float | None) -> None:
+    at = "" if temperature is None else f" at temperature {temperature:g}"
+    click.echo(f"warning: {method} with these settings{at} is LOSSY: its output distribution differs from the "
+               "target's (a speed/quality trade-off)", err=True)
 
 
 def _summary(s: dict, finish_reason: str) -> str:
