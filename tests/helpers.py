@@ -1,18 +1,24 @@
 """Tiny random-init models built in-process, for tests that must not depend on ../shared."""
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import pytest
 import torch
 
+# Trained models and data sets live outside the repository: $MULTISPEC_MODELS (a folder holding pycode-v1/) and
+# $MULTISPEC_DATA (the data folder, as for `multispec bench`), by default ../shared/models and ../shared/data.
 SHARED = Path(__file__).resolve().parents[2] / "shared"
-PYCODE = SHARED / "models" / "pycode-v1"
-DATA = SHARED / "data"
+MODELS = Path(os.environ.get("MULTISPEC_MODELS") or SHARED / "models")
+PYCODE = MODELS / "pycode-v1"
+DATA = Path(os.environ.get("MULTISPEC_DATA") or SHARED / "data")
 
 needs_pycode = pytest.mark.skipif(not (PYCODE / "target").is_dir(),
-                                  reason="needs ../shared/models/pycode-v1 (not present on this machine)")
-needs_data = pytest.mark.skipif(not DATA.is_dir(), reason="needs ../shared/data (not present on this machine)")
+                                  reason=f"needs {PYCODE} (not present; set MULTISPEC_MODELS to the folder holding "
+                                         "pycode-v1/)")
+needs_data = pytest.mark.skipif(not DATA.is_dir(),
+                                reason=f"needs {DATA} (not present; set MULTISPEC_DATA to the data folder)")
 
 
 def tiny_llama(vocab: int = 16, hidden: int = 32, layers: int = 2, heads: int = 4, kv_heads: int = 2,

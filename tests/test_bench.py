@@ -169,3 +169,29 @@ def test_limit_per_dataset():
         _limits("c=1", ["a"])
     with pytest.raises(MultispecError, match="dataset=N"):
         _limits("a=x", ["a"])
+
+
+def test_interrupted_run_writes_the_records_so_far_and_memory_is_measured(tmp_path, monkeypatch):
+    """Ctrl-C (or an error) part-way through the timed loop keeps what was measured: results.json is written,
+    marked partial, before the interrupt goes on. Peak memory is the process's resident peak (never 0.0)."""
+    import multispec.bench.runner as runner
+
+    data = tmp_path / "prompts.jsonl"
+    data.write_text("".join(json.dumps({"id": f"p{i}", "prompt": t}) + "\n" for i, t in enumerate(["ab", "cd"])))
+    real, calls = runner._timed, []
+
+    def interrupt_third(*args, **kwargs):
+        calls.append(1)
+        if len(calls) == 3:
+            raise KeyboardInterrupt
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(runner, "_timed", interrupt_third)
+    out = tmp_path / "out"
+    with pytest.raises(KeyboardInterrupt):
+        run_bench(pair=tiny_pair(), datasets=str(data), methods="ar;sd:k=2", max_new_tokens=4, warmup=0,
+                  out=out, progress=False, command=["test"])
+    saved = json.loads((out / "results.json").read_text())
+    assert len(saved["records"]) == 2 and saved["partial"].startswith("stopped after 2 of 4 generations")
+    assert all(r["peak_mem_mb"] > 10 for r in saved["records"])  # a Python process with torch: well above 10 MB
+    assert (out / "results.md").is_file()

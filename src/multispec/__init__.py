@@ -1,5 +1,10 @@
 """multispec: lossless speculative decoding with multi-candidate token trees, adaptive draft lengths and optimal
-multi-draft verifiers."""
+multi-draft verifiers.
+
+`import multispec` stays light (no torch, no transformers): `load_pair` and `generate` import them on first use.
+"""
+from multispec.errors import MultispecError
+
 __version__ = "0.1.0"
 
 
@@ -17,4 +22,4 @@ def generate(*args, **kwargs):
     return _generate(*args, **kwargs)
 
 
-__all__ = ["__version__", "load_pair", "generate"]
+__all__ = ["__version__", "load_pair", "generate", "MultispecError"]

@@ -21,10 +21,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from multispec.errors import MultispecError, check
-from multispec.tree import Tree, parse_shape
 
 METHODS = ("auto", "ar", "sd", "mcsd", "ti-mcsd", "dynamic", "specdecpp", "lookup")
-DEFAULT_METHOD = "auto"
+DEFAULT_METHOD = "auto"  # the API's, the CLI's and the server's default method: change it here only
 NEEDS_DRAFT = ("sd", "mcsd", "ti-mcsd", "dynamic", "specdecpp")  # auto uses a draft when there is one
 AUTO_PROPOSERS = ("draft", "lookup")
 
@@ -66,11 +65,23 @@ class MethodConfig:
 
     @property
     def lossless(self) -> bool:
+        """Lossless at every temperature (the conservative flag, used before the temperature is known)."""
+        return self.lossless_at(0.0) and self.lossless_at(1.0)
+
+    def lossless_at(self, temperature: float) -> bool:
+        """Whether the output law equals the processed target's at this temperature.
+
+        Temperature 0: the engine verifies every draft-initialized method greedily (argmax of p), so all of them are
+        lossless; target-initialized trees with W >= 2 are not (a level-1 token that is not the argmax can win by
+        a longer accepted chain). Temperature > 0: the verifier decides; `greedy` is the temperature-0 verifier and
+        commits argmax p, not a draw from p, so it is LOSSY there."""
         from multispec.verify import get_verifier
 
         if self.target_init:
             return self.width == 1
-        return get_verifier(self.verifier).lossless
+        if temperature == 0 or self.name == "ar":
+            return True
+        return self.verifier != "greedy" and get_verifier(self.verifier).lossless
 
 
 def build_method(name: str, **options) -> MethodConfig:
@@ -156,6 +167,9 @@ def _prob(v, name: str) -> float:
 
 
 def _shape(v) -> tuple[int, ...]:
+    from multispec.tree import Tree, parse_shape  # torch: imported when a method is built, not for `--help`
+
+    check(isinstance(v, (str, tuple, list)), f"tree must be a shape such as (4, 2, 2, 1) or '4,2,2,1', got {v!r}")
     shape = parse_shape(v) if isinstance(v, str) else tuple(v)
     Tree.from_shape(shape)
     return shape

@@ -194,8 +194,11 @@ def _table(rows: list[dict], cols) -> list[str]:
 # plots
 
 def plot_speedup(summary: list[dict], path: Path) -> Path:
-    """Grouped bars: one group per (data set, temperature), one bar per method; speedup over ar (tokens/s when
-    the run had no ar)."""
+    """Horizontal bars, one panel per (data set, temperature), one labelled row per method (long method names stay
+    readable: they are wrapped tick labels, not a squeezed legend); speedup over ar (tokens/s when the run had no
+    ar), with each bar's value written at its end."""
+    import textwrap
+
     import matplotlib
 
     matplotlib.use("Agg")
@@ -206,24 +209,30 @@ def plot_speedup(summary: list[dict], path: Path) -> Path:
     methods = list(dict.fromkeys(r["method"] for r in top))
     use_speedup = any(r["speedup"] is not None for r in top)
     key = "speedup" if use_speedup else "tokens_per_s"
-    fig, ax = plt.subplots(figsize=(max(6.0, 1.2 + len(groups) * (0.45 * len(methods) + 0.6)), 4.2))
-    width = 0.8 / max(1, len(methods))
+    labels = [textwrap.fill(m + ("" if all(r["lossless"] for r in top if r["method"] == m) else " (LOSSY)"), 34)
+              for m in methods]
+    lines = sum(label.count("\n") + 1 for label in labels)
+    height = 1.2 + 0.32 * lines + 0.1 * len(methods)
+    fig, axes = plt.subplots(1, len(groups), figsize=(2.6 + 3.4 * len(groups), height), sharey=True, squeeze=False)
     cmap = plt.get_cmap("tab20" if len(methods) > 10 else "tab10")
-    for j, m in enumerate(methods):
-        xs, ys = [], []
-        for i, (d, t) in enumerate(groups):
+    for ax, (d, t) in zip(axes[0], groups):
+        values = []
+        for m in methods:
             row = next((r for r in top if r["method"] == m and r["dataset"] == d and r["temperature"] == t), None)
-            if row is not None and row[key] is not None:
-                xs.append(i - 0.4 + width * (j + 0.5))
-                ys.append(row[key])
-        ax.bar(xs, ys, width, label=m, color=cmap(j % cmap.N))
-    if use_speedup:
-        ax.axhline(1.0, color="black", lw=0.8, ls="--")
-    ax.set_xticks(range(len(groups)))
-    ax.set_xticklabels([f"{d}\nT={t:g}" for d, t in groups])
-    ax.set_ylabel("speedup over ar (tokens/s ratio)" if use_speedup else "tokens/s")
-    ax.legend(fontsize=7, ncol=2, loc="upper left", bbox_to_anchor=(1.0, 1.0))
-    ax.set_title("multispec bench")
+            values.append(row[key] if row is not None and row[key] is not None else 0.0)
+        ys = range(len(methods))
+        ax.barh(ys, values, color=[cmap(j % cmap.N) for j in ys])
+        for y, v in zip(ys, values):
+            ax.text(v, y, f" {v:.2f}" if use_speedup else f" {v:.1f}", va="center", fontsize=7)
+        if use_speedup:
+            ax.axvline(1.0, color="black", lw=0.8, ls="--")
+        ax.set_title(f"{d}, T={t:g}", fontsize=9)
+        ax.set_xlabel("speedup over ar" if use_speedup else "tokens/s", fontsize=8)
+        ax.set_xlim(0, max(values + [1.0]) * 1.18)
+    axes[0][0].invert_yaxis()  # the y axis is shared: invert it once, so the first method is on top
+    axes[0][0].set_yticks(range(len(methods)))
+    axes[0][0].set_yticklabels(labels, fontsize=7)
+    fig.suptitle("multispec bench", fontsize=10)
     fig.tight_layout()
     fig.savefig(path, dpi=130)
     plt.close(fig)

@@ -28,6 +28,7 @@ from multispec.bench.specs import HF_ASSISTED, HF_BEST_SWEEP, MethodSpec, parse_
 from multispec.data import load_prompts, truncate_ids
 from multispec.errors import check
 from multispec.methods import NEEDS_DRAFT
+from multispec.paths import writable_dir
 from multispec.sampling import SamplingConfig
 
 COST_CONTEXT = 200  # tokens of context for the step-cost measurement
@@ -58,6 +59,8 @@ def run_bench(target: str | None = None, draft: str | None = None, datasets: lis
                         ("best_probe", best_probe, 1)):
         check(isinstance(v, int) and v >= lo, f"{name} must be an integer >= {lo}, got {v!r}")
     check(max_prompt_tokens is None or max_prompt_tokens >= 2, "max_prompt_tokens must be >= 2")
+    if out is not None:
+        writable_dir(out)
     limits = _limits(limit, datasets)
     prompts = {d: load_prompts(d, data_dir, limit=limits[d], offset=offset, prompt_field=prompt_field)
                for d in datasets}
@@ -117,50 +120,62 @@ def run_bench(target: str | None = None, draft: str | None = None, datasets: lis
                     best[(d, sampling.temperature)] = _sweep_hf(runners[s.label], probe, sampling, max_new_tokens,
                                                                seed, on_cuda)
 
-    # 5. the timed loop
+    # 5. the timed loop; an error or Ctrl-C part-way still writes the records so far (marked "partial")
     records = []
     total = sum(len(v) for v in encoded.values()) * len(samplings) * repeats * len(specs)
     bar = _progress(total, progress)
-    for sampling in samplings:
-        for d in datasets:
-            for i, (p, (ids, truncated)) in enumerate(zip(prompts[d], encoded[d])):
-                for r in range(repeats):
-                    prompt_seed = seed + 1_000 * r + i
-                    for s in specs:
-                        bar.set_postfix_str(f"{s.label} T={sampling.temperature:g} {d} {p.id}", refresh=False)
-                        knob = best[(d, sampling.temperature)]["best"] if s.hf_best else None
-                        rec = _timed(runners[s.label], ids, sampling, max_new_tokens, prompt_seed, knob, on_cuda,
-                                     rss_base)
-                        rec.update(method=s.label, method_name=s.name, options=_jsonable(s.options),
-                                   lossless=s.lossless, dataset=d, category=p.category, prompt_id=p.id,
-                                   prompt_index=offset + i, temperature=sampling.temperature, repeat=r,
-                                   seed=prompt_seed, prompt_tokens=len(ids), truncated=truncated)
-                        records.append(rec)
-                        bar.update(1)
-    bar.close()
-    _compare_with_ar(records)
 
-    results = {
-        "meta": environment(pair, command),
-        "settings": {
-            "target": pair.target_path, "draft": pair.draft_path, "datasets": datasets, "data_dir": data_dir
-            or os.environ.get("MULTISPEC_DATA"), "methods": [s.label for s in specs],
-            "temperatures": temperatures, "top_k": top_k, "top_p": top_p, "max_new_tokens": max_new_tokens,
-            "limit": limits, "offset": offset, "repeats": repeats, "warmup": warmup, "seed": seed,
-            "threads": torch.get_num_threads(), "max_prompt_tokens": max_prompt_tokens,
-            "prompt_field": prompt_field, "best_probe": best_probe, "hf_best_sweep": list(HF_BEST_SWEEP),
-            "prompts": {d: len(v) for d, v in prompts.items()},
-            "truncated_prompts": {d: sum(t for _, t in v) for d, v in encoded.items()},
-            "method_configs": {s.label: (_jsonable(asdict(s.config)) if s.config is not None else
-                                         {"name": HF_ASSISTED, **_jsonable(s.options)}) for s in specs},
-        },
-        "cost": cost,
-        "hf_best": [{"dataset": d, "temperature": t, **v} for (d, t), v in best.items()],
-        "memory_metric": ("cuda_max_allocated_mb" if on_cuda else
-                          "cpu_rss_growth_during_generation_mb" if _reset_peak_rss() else
-                          "cpu_maxrss_growth_since_load_mb"),
-        "records": records,
-    }
+    def assemble() -> dict:
+        _compare_with_ar(records)
+        return {
+            "meta": environment(pair, command),
+            "settings": {
+                "target": pair.target_path, "draft": pair.draft_path, "datasets": datasets, "data_dir": data_dir
+                or os.environ.get("MULTISPEC_DATA"), "methods": [s.label for s in specs],
+                "temperatures": temperatures, "top_k": top_k, "top_p": top_p, "max_new_tokens": max_new_tokens,
+                "limit": limits, "offset": offset, "repeats": repeats, "warmup": warmup, "seed": seed,
+                "threads": torch.get_num_threads(), "max_prompt_tokens": max_prompt_tokens,
+                "prompt_field": prompt_field, "best_probe": best_probe, "hf_best_sweep": list(HF_BEST_SWEEP),
+                "prompts": {d: len(v) for d, v in prompts.items()},
+                "truncated_prompts": {d: sum(t for _, t in v) for d, v in encoded.items()},
+                "method_configs": {s.label: (_jsonable(asdict(s.config)) if s.config is not None else
+                                             {"name": HF_ASSISTED, **_jsonable(s.options)}) for s in specs},
+            },
+            "cost": cost,
+            "hf_best": [{"dataset": d, "temperature": t, **v} for (d, t), v in best.items()],
+            "memory_metric": ("cuda_max_allocated_mb" if on_cuda else
+                              "cpu_peak_rss_during_generation_mb" if _reset_peak_rss() else
+                              "cpu_peak_rss_of_process_mb"),
+            "records": records,
+        }
+
+    try:
+        for sampling in samplings:
+            for d in datasets:
+                for i, (p, (ids, truncated)) in enumerate(zip(prompts[d], encoded[d])):
+                    for r in range(repeats):
+                        prompt_seed = seed + 1_000 * r + i
+                        for s in specs:
+                            bar.set_postfix_str(f"{s.label} T={sampling.temperature:g} {d} {p.id}", refresh=False)
+                            knob = best[(d, sampling.temperature)]["best"] if s.hf_best else None
+                            rec = _timed(runners[s.label], ids, sampling, max_new_tokens, prompt_seed, knob,
+                                         on_cuda, rss_base)
+                            lossless = s.config.lossless_at(sampling.temperature) if s.config is not None else True
+                            rec.update(method=s.label, method_name=s.name, options=_jsonable(s.options),
+                                       lossless=lossless, dataset=d, category=p.category, prompt_id=p.id,
+                                       prompt_index=offset + i, temperature=sampling.temperature, repeat=r,
+                                       seed=prompt_seed, prompt_tokens=len(ids), truncated=truncated)
+                            records.append(rec)
+                            bar.update(1)
+    except BaseException as e:
+        bar.close()
+        if out is not None and records:
+            write_outputs(out, {**assemble(), "partial": f"stopped after {len(records)} of {total} generations "
+                                                         f"({type(e).__name__}: {e})"})
+            print(f"wrote the {len(records)} generations done so far to {out}/results.json", file=sys.stderr)
+        raise
+    bar.close()
+    results = assemble()
     if out is not None:
         write_outputs(out, results)
     return results
@@ -247,15 +262,15 @@ def _auto_summary(extra: dict | None) -> dict | None:
 
 
 def _timed(run, ids, sampling, max_new, seed, knob, on_cuda, rss_base) -> dict:
-    """One timed generation. Peak memory: CUDA max allocated (MB); on the CPU the growth of the resident set
-    during this generation (peak RSS - RSS at its start, from /proc after resetting the peak), or, where /proc
-    cannot reset it, the growth of the process's ru_maxrss since the models were loaded."""
-    rss_start = None
+    """One timed generation. Peak memory (MB): on CUDA the max allocated during it; on the CPU the process's peak
+    resident set during it (VmHWM from /proc after resetting the mark), or, where /proc cannot reset it, the
+    process's lifetime peak (ru_maxrss). Both include the loaded models, as nvidia-smi or top would show; the
+    growth during one warm generation is ~0 on the CPU (buffers are reused), which is why growth is not reported.
+    `rss_base` is unused (kept for callers)."""
     if on_cuda:
         torch.cuda.synchronize()
         torch.cuda.reset_peak_memory_stats()
-    elif _reset_peak_rss():
-        rss_start = _proc_status_mb("VmRSS")
+    reset = not on_cuda and _reset_peak_rss()
     t0 = time.perf_counter()
     new, stats = run(ids, sampling, max_new, seed, knob)
     if on_cuda:
@@ -263,10 +278,10 @@ def _timed(run, ids, sampling, max_new, seed, knob, on_cuda, rss_base) -> dict:
     seconds = time.perf_counter() - t0
     if on_cuda:
         peak = torch.cuda.max_memory_allocated() / 2**20
-    elif rss_start is not None:
-        peak = max(0.0, _proc_status_mb("VmHWM") - rss_start)
+    elif reset:
+        peak = _proc_status_mb("VmHWM")
     else:
-        peak = _maxrss_mb() - rss_base
+        peak = _maxrss_mb()
     return {**stats, "seconds": seconds, "peak_mem_mb": peak, "output_ids": new}
 
 

@@ -1,7 +1,10 @@
 """The `multispec` command line: one click group, one module per subcommand family.
 
-Bad input raises MultispecError anywhere below; `main` prints it as one line and exits 2.
+Bad input raises MultispecError anywhere below; `main` prints it as one line and exits 2. Subcommand modules are
+imported only when their command runs (or its own --help is asked for), so `multispec --help` and `--version`
+never import torch.
 """
+import importlib
 import sys
 
 import click
@@ -9,37 +12,65 @@ import click
 from multispec import __version__
 from multispec.errors import MultispecError
 
+# name -> (module that defines it with @cli.command / @cli.group, one-line help shown by `multispec --help`)
+COMMANDS = {
+    "generate": ("multispec.cli.generate_cmd", "Generate a continuation of PROMPT with speculative decoding."),
+    "bench": ("multispec.cli.bench_cmd", "Benchmark methods on a prompt set (JSON, markdown, plots)."),
+    "optimal": ("multispec.cli.optimal_cmd", "Optimal multi-draft acceptance vs each verifier's (P3 Table 1)."),
+    "verifiers": ("multispec.cli.verifiers_cmd", "List the node verifiers: lossless or not, drafts supported."),
+    "heads": ("multispec.cli.heads_cmd", "Train the SpecDec++ acceptance head and P1 decision models."),
+    "zoo": ("multispec.cli.zoo_cmd", "Corpus, tokenizer, target/draft training and evaluation."),
+    "serve": ("multispec.cli.serve_cmd", "OpenAI-compatible HTTP server with speculative decoding and metrics."),
+}
 
-@click.group(context_settings={"help_option_names": ["-h", "--help"]})
+
+class LazyGroup(click.Group):
+    """A group whose subcommands are imported on first use (see COMMANDS)."""
+
+    def list_commands(self, ctx):
+        return sorted(set(COMMANDS) | set(self.commands))
+
+    def get_command(self, ctx, name):
+        if name not in self.commands and name in COMMANDS:
+            importlib.import_module(COMMANDS[name][0])  # its decorator adds the command to `cli`
+        return self.commands.get(name)
+
+    def format_commands(self, ctx, formatter):
+        rows = [(name, COMMANDS[name][1] if name in COMMANDS else self.commands[name].get_short_help_str())
+                for name in self.list_commands(ctx)]
+        with formatter.section("Commands"):
+            formatter.write_dl(rows)
+
+
+@click.group(cls=LazyGroup, context_settings={"help_option_names": ["-h", "--help"]})
 @click.version_option(__version__, prog_name="multispec")
 def cli() -> None:
     """Lossless speculative decoding: token trees, adaptive draft lengths, optimal multi-draft verifiers."""
 
 
-def _register() -> None:
-    # Each module defines click commands and adds them to `cli`; imported here, not at package import,
-    # so that `import multispec` stays light.
-    from multispec.cli import generate_cmd, verifiers_cmd  # noqa: F401
-    from multispec.cli import optimal_cmd  # noqa: F401
-    from multispec.cli import zoo_cmd  # noqa: F401
-    from multispec.cli import bench_cmd  # noqa: F401
-    from multispec.cli import heads_cmd  # noqa: F401
-    from multispec.cli import serve_cmd  # noqa: F401
-
-
 def main(argv: list[str] | None = None) -> None:
-    _register()
+    """Run the CLI: one stderr line and exit 2 for bad input, exit 130 on Ctrl-C (also during start-up)."""
     try:
         cli.main(args=argv, prog_name="multispec", standalone_mode=False)
     except MultispecError as e:
-        click.echo(f"error: {e}", err=True)
-        sys.exit(2)
+        _fail(str(e))
     except click.exceptions.Abort:
-        click.echo("aborted", err=True)
+        click.echo("interrupted", err=True)
         sys.exit(130)
+    except KeyboardInterrupt:
+        click.echo("interrupted", err=True)
+        sys.exit(130)
+    except click.UsageError as e:
+        hint = f" (see `{e.ctx.command_path} --help`)" if e.ctx is not None else ""
+        _fail(e.format_message().replace("\n", " ") + hint)
     except click.ClickException as e:
-        e.show()
-        sys.exit(2 if e.exit_code in (1, 2) else e.exit_code)
+        _fail(e.format_message().replace("\n", " "), 2 if e.exit_code in (1, 2) else e.exit_code)
     except FileNotFoundError as e:
-        click.echo(f"error: file not found: {e.filename or e}", err=True)
-        sys.exit(2)
+        _fail(f"file not found: {e.filename or e}")
+    except PermissionError as e:
+        _fail(f"permission denied: {e.filename or e}")
+
+
+def _fail(message: str, code: int = 2) -> None:
+    click.echo(f"error: {message}", err=True)
+    sys.exit(code)

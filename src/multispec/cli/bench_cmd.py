@@ -36,9 +36,9 @@ def _floats(text: str) -> list[float]:
 @click.option("--warmup", type=int, default=1, show_default=True, help="Untimed runs per method and temperature.")
 @click.option("--best-probe", type=int, default=3, show_default=True,
               help="hf-assisted:best: prompts used to pick num_assistant_tokens.")
-@click.option("--seed", type=int, default=0, show_default=True)
+@click.option("--seed", type=click.IntRange(0, 2**63 - 1), default=0, show_default=True)
 @click.option("--out", type=click.Path(), required=True, help="Output folder (results.json, results.md, *.png).")
-@click.option("--threads", type=int, help="torch CPU threads.")
+@click.option("--threads", type=click.IntRange(min=1), help="torch CPU threads (default: the free cores, at most 4).")
 @click.option("--device")
 @click.option("--dtype", type=click.Choice(["float32", "bfloat16", "float16"]))
 @click.option("--quiet", is_flag=True, help="No progress bar.")
@@ -48,6 +48,13 @@ def bench_command(target, draft, datasets, data_dir, prompt_field, methods, temp
     """Benchmark methods on a prompt set; writes results.json, results.md and plots to --out."""
     from multispec.bench import run_bench
     from multispec.bench.report import summarize
+    from multispec.paths import writable_dir
+    from multispec.threads import set_threads
+
+    writable_dir(out)  # before anything slow
+    threads, warning = set_threads(threads)
+    if warning:
+        click.echo(f"warning: {warning}", err=True)
 
     results = run_bench(target=target, draft=draft, datasets=datasets, data_dir=data_dir, methods=methods,
                         temperatures=_floats(temperatures), top_k=top_k, top_p=top_p,

@@ -5,7 +5,10 @@ import sys
 import click
 
 from multispec.cli import cli
-from multispec.methods import METHODS
+from multispec.errors import check
+from multispec.methods import DEFAULT_METHOD, METHODS
+
+SEED_MAX = 2**63 - 1
 
 
 @cli.command("generate")
@@ -14,9 +17,16 @@ from multispec.methods import METHODS
               "(PROMPT '-' reads it from stdin).")
 @click.option("--target", help="Target model: local Hugging Face directory (default: the embedded default pair).")
 @click.option("--draft", help="Draft model sharing the target's vocabulary.")
-@click.option("--method", type=click.Choice(METHODS), default="mcsd", show_default=True)
-@click.option("--k", type=int, help="sd: draft tokens per round (default 4).")
+@click.option("--method", type=click.Choice(METHODS), default=DEFAULT_METHOD, show_default=True)
+@click.option("--k", type=int, help="sd: draft tokens per round (default 4); lookup: at most this many (10).")
 @click.option("--heuristic", is_flag=True, default=None, help="sd: adjust k like transformers (+2 / -1).")
+@click.option("--confidence", type=float, help="sd / dynamic: stop drafting once the draft's probability of its "
+              "newest token is below this (transformers' assistant_confidence_threshold, e.g. 0.4).")
+@click.option("--entropy", type=float, help="sd / dynamic: stop drafting once AdaEDL's acceptance bound "
+              "1 - sqrt(H(q)) is below this.")
+@click.option("--ngram", type=int, help="lookup: longest n-gram matched in the context (3).")
+@click.option("--proposers", help="auto: draft,lookup (default both), or one of them.")
+@click.option("--max-nodes", type=int, help="auto: the largest tree it may draft (32).")
 @click.option("--tree", help="mcsd / ti-mcsd: tree shape, e.g. 4,2,2,1 (ti-mcsd: 2,4,3,1,1).")
 @click.option("--verifier", help="mcsd / dynamic: verifier name (see `multispec verifiers`).")
 @click.option("--width", type=int, help="ti-mcsd / dynamic: first-level width W.")
@@ -32,64 +42,114 @@ from multispec.methods import METHODS
               "(its temperature/top-k/top-p if it sets do_sample, else greedy).")
 @click.option("--top-k", type=int)
 @click.option("--top-p", type=float)
-@click.option("--seed", type=int)
-@click.option("--max-new-tokens", type=int, default=128, show_default=True)
-@click.option("--stop", multiple=True, help="Stop string (repeatable).")
-@click.option("--device")
+@click.option("--seed", type=click.IntRange(0, SEED_MAX), help="Sampling seed (default: a fresh one, reported).")
+@click.option("--max-new-tokens", type=click.IntRange(min=1), default=128, show_default=True,
+              help="Capped, with a warning, where prompt + new tokens would pass the model's positions.")
+@click.option("--stop", multiple=True, help="Stop string (repeatable); the output ends before it.")
+@click.option("--device", help="cpu, cuda or cuda:N (default: cuda when available, else cpu).")
 @click.option("--dtype", type=click.Choice(["float32", "bfloat16", "float16"]))
 @click.option("--backend", type=click.Choice(["hf", "fast"]), default="hf", show_default=True,
               help="hf: any transformers causal LM; fast: static-cache Llama-family backend.")
-@click.option("--threads", type=click.IntRange(min=1), help="torch CPU threads (default: torch's choice). On a busy "
-              "machine, 1 avoids oversubscription stalls.")
+@click.option("--threads", type=click.IntRange(min=1), help="torch CPU threads (default: the free cores, at most 4; "
+              "1 on a busy machine, with a warning).")
 @click.option("--stream", is_flag=True, help="Print text as it is committed.")
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object: the stats plus `text`.")
-def generate_command(prompt, prompt_file, target, draft, method, k, heuristic, tree, verifier, width, depth,
-                     target_init, decision_model, beta, head, threshold, k_min, k_max, temperature, top_k, top_p, seed,
-                     max_new_tokens, stop, device, dtype, backend, threads, stream, as_json):
+@click.option("--baseline", is_flag=True, help="Also run plain decoding (ar) on the same settings and report the "
+              "speedup over it.")
+def generate_command(prompt, prompt_file, target, draft, method, k, heuristic, confidence, entropy, ngram, proposers,
+                     max_nodes, tree, verifier, width, depth, target_init, decision_model, beta, head, threshold,
+                     k_min, k_max, temperature, top_k, top_p, seed, max_new_tokens, stop, device, dtype, backend,
+                     threads, stream, as_json, baseline):
     """Generate a continuation of PROMPT with speculative decoding ('-': read it from stdin)."""
-    from multispec.api import generate, load_pair
+    from multispec.api import _stops, generate, load_pair, resolve_device
     from multispec.methods import build_method
     from multispec.sampling import SamplingConfig
+    from multispec.threads import set_threads
     from multispec.tree import parse_shape
 
+    # every check that needs no model first (STYLE 2.9)
     prompt = _read_prompt(prompt, prompt_file)
-    options = dict(k=k, heuristic=heuristic, tree=parse_shape(tree) if tree else None, verifier=verifier,
+    check(prompt != "", "the prompt is empty")
+    options = dict(k=k, heuristic=heuristic, confidence=confidence, entropy=entropy, ngram=ngram, proposers=proposers,
+                   max_nodes=max_nodes, tree=parse_shape(tree) if tree else None, verifier=verifier,
                    width=width, depth=depth, target_init=target_init, decision_model=decision_model, beta=beta,
                    head=head, threshold=threshold, k_min=k_min, k_max=k_max)
     options = {key: v for key, v in options.items() if v is not None}
-    SamplingConfig(temperature=1.0 if temperature is None else temperature, top_k=top_k, top_p=top_p)  # fail fast
+    SamplingConfig(temperature=1.0 if temperature is None else temperature, top_k=top_k, top_p=top_p)
     config = build_method(method, **options)
-    if not config.lossless:
-        click.echo(f"warning: {method} with these settings is LOSSY: its output distribution differs from the "
-                   "target's (a speed/quality trade-off)", err=True)
-    if threads is not None:
-        import torch
+    stops = _stops(list(stop))
+    resolve_device(device)
+    # warn before loading when the flag is known: an explicit temperature, or lossy at every temperature
+    warned = not config.lossless_at(temperature) if temperature is not None else \
+        not (config.lossless_at(0.0) or config.lossless_at(1.0))
+    if warned:
+        _lossy_warning(method, temperature)
+    _, warning = set_threads(threads)
+    if warning:
+        click.echo(f"warning: {warning}", err=True)
 
-        torch.set_num_threads(threads)
     pair = load_pair(target=target, draft=draft, device=device, dtype=dtype)
+    if baseline:  # untimed first calls, so that neither timed run pays the one-off start-up costs
+        for m in (method, "ar"):
+            generate(pair, prompt, method=m, max_new_tokens=2, temperature=temperature, seed=0, backend=backend,
+                     **(options if m == method else {}))
     on_text = (lambda s: (sys.stdout.write(s), sys.stdout.flush())) if stream and not as_json else None
-    result = generate(pair, prompt, method=method, max_new_tokens=max_new_tokens, temperature=temperature,
-                      top_k=top_k, top_p=top_p, seed=seed, stop=list(stop) or None, stream=on_text, backend=backend,
-                      **options)
-    if as_json:
-        click.echo(json.dumps({**result.stats, "text": result.text}, indent=2))
-        return
-    if stream:
-        click.echo()
-    else:
-        click.echo(prompt + result.text)
+    if stream and not as_json:
+        sys.stdout.write(prompt)
+    try:
+        result = generate(pair, prompt, method=method, max_new_tokens=max_new_tokens, temperature=temperature,
+                          top_k=top_k, top_p=top_p, seed=seed, stop=stops or None, stream=on_text, backend=backend,
+                          **options)
+    except BaseException as e:  # show what was committed before the failure (streaming showed it already)
+        partial = getattr(e, "partial", None)
+        if partial is not None and not on_text and not as_json and partial.text:
+            click.echo(prompt + partial.text)
+        if on_text:
+            click.echo()
+        raise
     s = result.stats
-    acc = "n/a" if s["acceptance_rate"] is None else f"{s['acceptance_rate']:.2f}"
-    click.echo(f"[{s['method']}{'' if s['lossless'] else ' (LOSSY)'}] {s['new_tokens']} tokens in {s['seconds']:.2f}s "
-               f"({s['tokens_per_s']:.1f} tok/s), tau {s['tau']:.2f}, acceptance {acc}, "
-               f"target calls {s['target_calls']}, draft calls {s['draft_calls']}, "
-               f"finish_reason {result.finish_reason}", err=True)
+    if not warned and not s["lossless"]:
+        _lossy_warning(method, s["temperature"])
+    for w in s["warnings"]:
+        click.echo(f"warning: {w}", err=True)
+    if baseline:
+        base = generate(pair, prompt, method="ar", max_new_tokens=max_new_tokens, temperature=s["temperature"],
+                        top_k=s["top_k"], top_p=s["top_p"], seed=s["seed"], stop=stops or None, backend=backend)
+        b_rate = base.stats["tokens_per_s"]
+        s.update(baseline_tokens_per_s=b_rate,
+                 speedup=s["tokens_per_s"] / b_rate if s["tokens_per_s"] and b_rate else None)
+    if as_json:
+        click.echo(json.dumps({**s, "text": result.text}, indent=2))
+        return
+    click.echo() if stream else click.echo(prompt + result.text)
+    click.echo(_summary(s, result.finish_reason), err=True)
+
+
+def _lossy_warning(method: str, temperature: float | None) -> None:
+    at = "" if temperature is None else f" at temperature {temperature:g}"
+    click.echo(f"warning: {method} with these settings{at} is LOSSY: its output distribution differs from the "
+               "target's (a speed/quality trade-off)", err=True)
+
+
+def _summary(s: dict, finish_reason: str) -> str:
+    """One stderr line a person can read: what ran, how fast, how well the drafts did, and how to repeat it."""
+    flag = "lossless" if s["lossless"] else "LOSSY"
+    mode = "greedy" if s["temperature"] == 0 else f"T={s['temperature']:g}"
+    line = (f"[{s['method']}, {flag}, {mode}] {s['new_tokens']} tokens in {s['seconds']:.2f}s "
+            f"({s['tokens_per_s'] or 0:.1f} tok/s)")
+    if "speedup" in s and s["speedup"] is not None:
+        line += f", {s['speedup']:.2f}x plain decoding ({s['baseline_tokens_per_s']:.1f} tok/s)"
+    if s["method"] != "ar":
+        acc = "n/a" if s["acceptance_rate"] is None else f"{s['acceptance_rate']:.2f}"
+        line += f"; {s['tau']:.2f} tokens per target call, draft acceptance {acc}"
+    line += f"; finished by {finish_reason}"
+    if s["temperature"] != 0:
+        line += f"; seed {s['seed']}"
+    return line
 
 
 def _read_prompt(prompt: str | None, prompt_file: str | None) -> str:
     """PROMPT, or stdin for '-', or the file's text: exactly one source."""
-    from multispec.errors import check
-
     check((prompt is None) != (prompt_file is None), "give the prompt as PROMPT, '-' (stdin) or --prompt-file, "
           "exactly one of them")
     if prompt_file is not None:

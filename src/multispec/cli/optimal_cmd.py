@@ -21,6 +21,7 @@ import numpy as np
 
 from multispec.cli import cli
 from multispec.errors import MultispecError, check
+from multispec.paths import writable_file
 
 DATASETS = {"humaneval": ("humaneval.jsonl.gz", "prompt"), "alpaca": ("alpaca_eval.jsonl", "instruction")}
 ALPACA_TEMPLATE = "# Question: {instruction}\n# Answer:\n"
@@ -71,8 +72,18 @@ class OptimalRunConfig:
         check(self.mc_samples >= 2, f"--mc-samples must be >= 2, got {self.mc_samples}")
         check(self.dataset in DATASETS or self.dataset.endswith(".jsonl"),
               f"--dataset must be humaneval, alpaca or a PATH.jsonl, got {self.dataset!r}")
+        vocab = {}
         for path, name in ((self.target, "--target"), (self.draft, "--draft")):
             check(Path(path, "config.json").is_file(), f"{name}: no config.json in {path!r}")
+            try:
+                cfg = json.loads(Path(path, "config.json").read_text())
+            except (json.JSONDecodeError, UnicodeDecodeError) as e:
+                raise MultispecError(f"{name}: {path}/config.json is not valid JSON ({e})") from None
+            vocab[name] = cfg.get("vocab_size") if isinstance(cfg, dict) else None
+        check(None in vocab.values() or vocab["--target"] == vocab["--draft"],
+              f"target and draft vocabularies differ: the target has {vocab['--target']} tokens, the draft "
+              f"{vocab['--draft']}; acceptance rates need one shared vocabulary")
+        writable_file(self.out)  # before any model loads, not after the whole run
 
 
 # ----------------------------------------------------------------------------------- data and models
@@ -114,6 +125,8 @@ def collect_logits(config: OptimalRunConfig, prompts: list[str], progress) -> li
     tok = AutoTokenizer.from_pretrained(config.target)
     target = AutoModelForCausalLM.from_pretrained(config.target, dtype=torch.float32).eval()
     draft = AutoModelForCausalLM.from_pretrained(config.draft, dtype=torch.float32).eval()
+    tv, dv = (m.get_output_embeddings().weight.shape[0] for m in (target, draft))
+    check(tv == dv, f"target and draft vocabularies differ: {tv} vs {dv} output tokens")
     eos = target.config.eos_token_id
     gen = torch.Generator().manual_seed(config.seed)
     out = []
@@ -305,7 +318,7 @@ def print_table(rows: list[dict]) -> None:
 @click.option("--temperatures", default="0.5,0.7,1.0", show_default=True, help="Comma-separated, each > 0.")
 @click.option("--drafts", default="2,3,4", show_default=True, help="Comma-separated numbers of drafts n.")
 @click.option("--greedy-generation", is_flag=True, help="Let the target generate greedily (default: T = 1).")
-@click.option("--seed", default=0, show_default=True)
+@click.option("--seed", type=click.IntRange(0, 2**63 - 1), default=0, show_default=True)
 @click.option("--support-eps", default=1e-9, show_default=True,
               help="Drop tokens with p < eps and q < eps (the dropped mass is reported; 0 keeps all).")
 @click.option("--mc-samples", default=32, show_default=True, help="RRS-wor draft tuples per position.")

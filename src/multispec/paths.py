@@ -1,0 +1,29 @@
+"""Output paths checked before slow work starts: a bench or optimal run that can't write its results should say so
+at once, not after an hour of generation."""
+from __future__ import annotations
+
+import tempfile
+from pathlib import Path
+
+from multispec.errors import MultispecError, check
+
+
+def writable_dir(path: str | Path, what: str = "--out") -> Path:
+    """Create `path` (and parents) if needed and prove it writable by writing a probe file. Returns it."""
+    p = Path(path)
+    check(not p.exists() or p.is_dir(), f"{what} {p}: exists and is not a folder")
+    try:
+        p.mkdir(parents=True, exist_ok=True)
+        with tempfile.TemporaryFile(dir=p):
+            pass
+    except OSError as e:
+        raise MultispecError(f"{what} {p}: cannot write there ({e.strerror or e})") from None
+    return p
+
+
+def writable_file(path: str | Path, what: str = "--out") -> Path:
+    """Check that a file can be written at `path` (its folder is created if needed). Returns it."""
+    p = Path(path)
+    check(not p.is_dir(), f"{what} {p}: is a folder, expected a file name")
+    writable_dir(p.parent if str(p.parent) else ".", what)
+    return p

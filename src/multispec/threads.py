@@ -1,0 +1,56 @@
+"""CPU thread defaults: torch's default (one thread per core) stalls badly when other processes share the cores,
+because its worker threads wait on each other at every op (10-38x slower for the default pair on a busy 2-core
+machine). The default here takes the cores this process may use, minus the ones other work keeps busy, at most 4.
+"""
+from __future__ import annotations
+
+import os
+
+MAX_DEFAULT_THREADS = 4  # small models gain little beyond this, and fewer threads stall less under load
+
+
+def available_cores() -> int:
+    """Cores this process may run on (its CPU affinity, e.g. a container's cpuset), else os.cpu_count()."""
+    try:
+        return len(os.sched_getaffinity(0))
+    except (AttributeError, OSError):
+        return os.cpu_count() or 1
+
+
+def busy_cores() -> float:
+    """How many cores other work keeps busy: the larger of the 1-minute load average and the processes runnable
+    right now (/proc/loadavg's 4th field, minus this one; the load average lags a newly started job by a minute)."""
+    try:
+        load = os.getloadavg()[0]
+    except (AttributeError, OSError):
+        load = 0.0
+    try:
+        with open("/proc/loadavg") as f:
+            running = int(f.read().split()[3].split("/")[0]) - 1
+    except (OSError, IndexError, ValueError):
+        running = 0
+    return max(load, float(running))
+
+
+def default_threads() -> tuple[int, str | None]:
+    """(threads, warning or None): min(available cores, 4), less the busy cores, at least 1; a warning when the
+    machine is oversubscribed (busy cores >= available cores)."""
+    cores = available_cores()
+    busy = busy_cores()
+    threads = max(1, min(cores, MAX_DEFAULT_THREADS, cores - int(busy + 0.5)))
+    warning = None
+    if busy >= cores:
+        warning = (f"the machine is busy (load {busy:.1f} on {cores} cores): using {threads} torch thread; "
+                   "expect slower generation (set --threads to override)")
+    return threads, warning
+
+
+def set_threads(threads: int | None) -> tuple[int, str | None]:
+    """Set torch's CPU threads: `threads` when given, else `default_threads()`. Returns (threads, warning)."""
+    import torch
+
+    warning = None
+    if threads is None:
+        threads, warning = default_threads()
+    torch.set_num_threads(threads)
+    return threads, warning
