@@ -231,7 +231,7 @@ def test_cli_generate_plain_output_and_json(capsys, dirs):
 
 def test_cli_verifier_greedy_at_positive_temperature_is_labelled_lossy(capsys, dirs):
     code, out, err = run_cli(capsys, "generate", "x", "--target", str(dirs["target"]), "--draft", str(dirs["draft"]),
-                             "--verifier", "greedy", "--temperature", "1", "--max-new-tokens", "3", "--json")
+                             "--method", "mcsd", "--verifier", "greedy", "--temperature", "1", "--max-new-tokens", "3", "--json")
     assert code == 0 and json.loads(out)["lossless"] is False and "LOSSY" in err
 
 

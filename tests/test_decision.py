@@ -103,9 +103,9 @@ def test_beta_one_stops_after_one_level_and_beta_zero_never(tmp_path, kind):
     assert c.drafted_depth == c.rounds and c.draft_calls == c.rounds  # depth 1 only: one draft forward a round
     ids, c, ref = _run_dynamic(tmp_path, kind, beta=0.0)
     assert ids == ref
-    assert c.drafted_depth == 4 * c.rounds
+    assert 4 * (c.rounds - 1) < c.drafted_depth <= 4 * c.rounds  # the last round is capped by the token budget
     _, c, _ = _run_dynamic(tmp_path, kind, beta=1.0, width=1, target_init=True)  # target-initialized fork
-    assert c.drafted_depth == c.rounds
+    assert c.rounds - 1 <= c.drafted_depth <= c.rounds  # the last round may be capped by the token budget
 
 
 def test_training_loop_keeps_best_epoch_and_saves(tmp_path):

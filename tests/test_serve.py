@@ -363,7 +363,7 @@ def test_generate_cli_reads_stdin_and_prompt_file_and_prints_finish_reason(tmp_p
     runner = CliRunner()
     out = runner.invoke(cli, ["generate", "-", *args], input=PROMPTS[0])
     assert out.exit_code == 0, out.output
-    assert PROMPTS[0] + ref.text in out.stdout and f"finish_reason {ref.finish_reason}" in out.stderr
+    assert PROMPTS[0] + ref.text in out.stdout and f"finished by {ref.finish_reason}" in out.stderr
     f = tmp_path / "prompt.txt"
     f.write_text(PROMPTS[0])
     out = runner.invoke(cli, ["generate", "--prompt-file", str(f), *args])

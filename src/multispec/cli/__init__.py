@@ -48,6 +48,12 @@ def cli() -> None:
     """Lossless speculative decoding: token trees, adaptive draft lengths, optimal multi-draft verifiers."""
 
 
+def _register() -> None:
+    """Import every subcommand module now (tests that invoke `cli` through click's CliRunner use this)."""
+    for module, _ in COMMANDS.values():
+        importlib.import_module(module)
+
+
 def main(argv: list[str] | None = None) -> None:
     """Run the CLI: one stderr line and exit 2 for bad input, exit 130 on Ctrl-C (also during start-up)."""
     try:
