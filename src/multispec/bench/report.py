@@ -38,11 +38,18 @@ def render(results: dict, out: str | Path) -> list[Path]:
     summary = summarize(results["records"])  # recomputed: other scripts store summaries of their own shape
     written = [out / "results.md"]
     written[0].write_text(markdown(results, summary))
-    written.append(plot_speedup(summary, out / "speedup.png"))
-    pareto = plot_pareto(results["records"], summary, out / "pareto.png")
+    label = shadow_label_of(results)
+    written.append(plot_speedup(summary, out / "speedup.png", label))
+    pareto = plot_pareto(results["records"], summary, out / "pareto.png", label)
     if pareto is not None:
         written.append(pareto)
     return written
+
+
+def shadow_label_of(results: dict) -> str | None:
+    """The --shadow-target label of a run ('SHADOW TARGET 12x768: ...'), or None for a plain run."""
+    shadow = (results.get("settings") or {}).get("shadow_target")
+    return shadow.get("label") if shadow else None
 
 
 def summarize(records: list[dict]) -> list[dict]:
@@ -126,7 +133,14 @@ _COLUMNS = [("method", "method", "{}"), ("tok/s", "tokens_per_s", "{:.1f}"), ("s
 
 def markdown(results: dict, summary: list[dict]) -> str:
     meta, st = results.get("meta", {}), results.get("settings", {})
-    lines = ["# Benchmark results", ""]
+    label = shadow_label_of(results)
+    lines = ["# Benchmark results" + (f" — {label}" if label else ""), ""]
+    if label:
+        sh = st["shadow_target"]
+        lines += [f"**{label}.** Beside every target forward (every method, hf-assisted included) a random-weight "
+                  f"Llama of {sh['layers']} layers x hidden {sh['hidden']} ({sh['params'] / 1e6:.0f}M parameters) "
+                  "runs over the same tokens, positions and mask; outputs and acceptance are the trained pair's, "
+                  "step costs are those of the larger model.", ""]
     cmd = meta.get("command")
     if cmd:
         lines += ["Command: `" + (shlex.join(cmd) if isinstance(cmd, list) else str(cmd)) + "`", ""]
@@ -193,7 +207,7 @@ def _table(rows: list[dict], cols) -> list[str]:
 # ---------------------------------------------------------------------------------------------------------------
 # plots
 
-def plot_speedup(summary: list[dict], path: Path) -> Path:
+def plot_speedup(summary: list[dict], path: Path, label: str | None = None) -> Path:
     """Grouped bars: one group per (data set, temperature), one bar per method; speedup over ar (tokens/s when
     the run had no ar)."""
     import matplotlib
@@ -223,7 +237,7 @@ def plot_speedup(summary: list[dict], path: Path) -> Path:
     ax.set_xticklabels([f"{d}\nT={t:g}" for d, t in groups])
     ax.set_ylabel("speedup over ar (tokens/s ratio)" if use_speedup else "tokens/s")
     ax.legend(fontsize=7, ncol=2, loc="upper left", bbox_to_anchor=(1.0, 1.0))
-    ax.set_title("multispec bench")
+    ax.set_title("multispec bench" + (f"\n{label}" if label else ""), fontsize=9 if label else None)
     fig.tight_layout()
     fig.savefig(path, dpi=130)
     plt.close(fig)
@@ -252,7 +266,7 @@ def swept_knobs(records: list[dict]) -> list[tuple[str, str, dict[str, float]]]:
     return sweeps
 
 
-def plot_pareto(records: list[dict], summary: list[dict], path: Path) -> Path | None:
+def plot_pareto(records: list[dict], summary: list[dict], path: Path, label: str | None = None) -> Path | None:
     """tokens/s against the swept knob, one panel per (data set, temperature), one line per method; None (and no
     file) when no knob was swept."""
     knobs = swept_knobs(records)
@@ -281,6 +295,8 @@ def plot_pareto(records: list[dict], summary: list[dict], path: Path) -> Path | 
         ax.set_xlabel("knob value")
         ax.set_ylabel("tokens/s")
         ax.legend(fontsize=7)
+    if label:
+        fig.suptitle(label, fontsize=9)
     fig.tight_layout()
     fig.savefig(path, dpi=130)
     plt.close(fig)
