@@ -24,7 +24,7 @@ from multispec.sampling import SamplingConfig, process_logits
 from multispec.tree import Tree
 from multispec.verify import get_verifier
 from multispec.verify.ti_chains import verify_chains
-from multispec.verify.tree_walk import walk_tree
+from multispec.verify.tree_walk import walk_tree, walk_tree_greedy
 
 
 @dataclass
@@ -139,24 +139,33 @@ def _di_round(target, draft, state, policy, sampling, spec, gen_draft, gen_verif
     lt = target.cache_len
     n = len(d_tree)  # N_d: the drafted tree is the first n nodes of the max tree (SPEC §3.5)
     out = target.forward(tokens, max_tree.position_ids(lt)[:n], max_tree.attention_mask(lt, rows=range(n), cols=n))
-    p = process_logits(out.logits, sampling)
-    if q is None:
-        q = torch.zeros_like(p)
-    path, nxt = walk_tree(d_tree, tokens, p, q, spec, gen_verify)
+    tok = tokens.tolist()
+    if sampling.greedy:  # the greedy verifier needs only each row's argmax: no one-hot p, no q, no plans
+        path, nxt = walk_tree_greedy(d_tree, tok, out.logits.argmax(-1).tolist())
+    else:
+        p = process_logits(out.logits, sampling)
+        path, nxt = walk_tree(d_tree, tokens, p, torch.zeros_like(p) if q is None else q, spec, gen_verify)
     c.target_calls += 1
     t2 = time.perf_counter()
-    target.keep(d_tree.keep_indices(path, lt))
+    _keep(target, d_tree, path, lt)
     if draft is not None:
         fed_path = [u for u in path if u < fed]
-        draft.keep(d_tree.keep_indices(fed_path, root_index))
-        state.pending = [int(tokens[u]) for u in path if u >= fed] + [nxt]
+        _keep(draft, d_tree, fed_path, root_index)
+        state.pending = [tok[u] for u in path if u >= fed] + [nxt]
     else:
         state.pending = [nxt]
     c.t_draft += t1 - t0
     c.t_verify += t2 - t1
     c.t_cache += time.perf_counter() - t2
-    return RoundOutcome(committed=[int(tokens[u]) for u in path[1:]] + [nxt], accepted=len(path) - 1,
+    return RoundOutcome(committed=[tok[u] for u in path[1:]] + [nxt], accepted=len(path) - 1,
                         depth=d_tree.max_depth)
+
+
+def _keep(backend: Backend, tree: Tree, path, prefix_len: int) -> None:
+    """Keep the first prefix_len cache rows and the rows of `path` (node indices appended after them). No call when
+    that is every row, as after ar and after a chain accepted in full: nothing to drop, no index tensor."""
+    if backend.cache_len != prefix_len + len(path) or any(u != i for i, u in enumerate(path)):
+        backend.keep(tree.keep_indices(path, prefix_len))
 
 
 def _ti_round(target, draft, state, policy, sampling, spec, gen_draft, gen_verify, c) -> RoundOutcome:
