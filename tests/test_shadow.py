@@ -135,3 +135,20 @@ def test_cli_bad_shadow_shape_fails_before_loading(tmp_path, capsys):
               "--out", str(tmp_path / "out")])
     assert e.value.code == 2
     assert "shadow target '12x700'" in capsys.readouterr().err
+
+
+def test_cli_summary_carries_the_label(tmp_path, capsys):
+    from helpers import save_tiny_pair
+
+    from multispec.cli import main
+
+    paths = save_tiny_pair(tmp_path / "pair")
+    data = tmp_path / "prompts.jsonl"
+    data.write_text(json.dumps({"id": "p0", "prompt": "def f(x):"}) + "\n")
+    main(["bench", "--target", str(paths["target"]), "--draft", str(paths["draft"]), "--dataset", str(data),
+          "--methods", "ar;sd:k=2", "--max-new-tokens", "4", "--warmup", "0", "--threads", "1", "--quiet",
+          "--shadow-target", "1x64", "--out", str(tmp_path / "out")])
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[0] == shadow_label("1x64") and shadow_label("1x64") in lines[-1]
+    saved = json.loads((tmp_path / "out" / "results.json").read_text())
+    assert saved["settings"]["shadow_target"]["label"] == shadow_label("1x64")

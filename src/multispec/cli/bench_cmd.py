@@ -72,4 +72,4 @@ def bench_command(target, draft, datasets, data_dir, prompt_field, methods, temp
         name = r["method"] + ("" if r["lossless"] else " (LOSSY)")
         click.echo(f"{r['dataset']:>12} T={r['temperature']:<4g} {name:<36} {r['tokens_per_s']:8.1f} tok/s "
                    f"{sp:>7}  tau {tau}{same}")
-    click.echo(f"wrote {out}/results.json, results.md, speedup.png")
+    click.echo(f"wrote {out}/results.json, results.md, speedup.png" + (f"  ({label})" if label else ""))
