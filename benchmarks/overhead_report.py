@@ -34,8 +34,13 @@ def render(paths: list[str]) -> str:
     names = [n for n, _ in runs]
     lines = ["# Overhead parity: multispec against transformers on the same algorithm", "",
              "pycode-v1, HumanEval 20–29, 96 new tokens, greedy, fp32, one thread; every prompt runs every method "
-             "in turn (interleaved). Command: `PYTHONPATH=src python benchmarks/overhead_parity.py --out "
-             "benchmarks/results/overhead/NAME.json`.", ""]
+             "in turn (interleaved), two passes. Commands: before/after: `PYTHONPATH=src python benchmarks/overhead_parity.py "
+             "--out benchmarks/results/overhead/after.json`; the CPU-time pair ran at the same time, the before sources "
+             "exported with `git archive e93f0aa src | tar -x -C /tmp/before`: `PYTHONPATH=/tmp/before/src python "
+             "benchmarks/overhead_parity.py --no-profile --no-breakdown --source-commit e93f0aa... --out "
+             "benchmarks/results/overhead/before_cputime.json` and the same with `PYTHONPATH=src` into "
+             "after_cputime.json. Report: `python benchmarks/overhead_report.py before.json after.json "
+             "before_cputime.json after_cputime.json`.", ""]
     for name, r in runs:
         m = r["meta"]
         commit = r["settings"].get("source_commit") or m["git_commit"]
