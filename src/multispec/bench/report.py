@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import json
 import shlex
+import textwrap
 from collections import defaultdict
 from pathlib import Path
 
@@ -237,7 +238,10 @@ def plot_speedup(summary: list[dict], path: Path, label: str | None = None) -> P
     ax.set_xticklabels([f"{d}\nT={t:g}" for d, t in groups])
     ax.set_ylabel("speedup over ar (tokens/s ratio)" if use_speedup else "tokens/s")
     ax.legend(fontsize=7, ncol=2, loc="upper left", bbox_to_anchor=(1.0, 1.0))
-    ax.set_title("multispec bench" + (f"\n{label}" if label else ""), fontsize=9 if label else None)
+    if label:  # wrapped so that it fits the axes of a one-group plot too
+        ax.set_title("multispec bench\n" + textwrap.fill(label, 44), fontsize=8)
+    else:
+        ax.set_title("multispec bench")
     fig.tight_layout()
     fig.savefig(path, dpi=130)
     plt.close(fig)
@@ -296,7 +300,7 @@ def plot_pareto(records: list[dict], summary: list[dict], path: Path, label: str
         ax.set_ylabel("tokens/s")
         ax.legend(fontsize=7)
     if label:
-        fig.suptitle(label, fontsize=9)
+        fig.suptitle(textwrap.fill(label, 60), fontsize=9)
     fig.tight_layout()
     fig.savefig(path, dpi=130)
     plt.close(fig)
