@@ -41,14 +41,19 @@ def test_greedy_uses_the_greedy_verifier(monkeypatch):
     import multispec.engine as engine
 
     seen = []
-    real = engine.walk_tree
+    real, real_greedy = engine.walk_tree, engine.walk_tree_greedy
 
     def spy(tree, tokens, p, q, spec, generator):
         seen.append(spec.name)
         return real(tree, tokens, p, q, spec, generator)
 
+    def greedy_spy(tree, tokens, best):
+        seen.append("greedy")  # the greedy verifier's walk on argmax ints (tests/test_greedy_fast_path.py)
+        return real_greedy(tree, tokens, best)
+
     monkeypatch.setattr(engine, "walk_tree", spy)
+    monkeypatch.setattr(engine, "walk_tree_greedy", greedy_spy)
     target, draft = tiny_pair(vocab=12, seed=1)
     for verifier in ("rrs", "rrs-wor", "kseq", "greedy-md", "mcns"):
         run(target, draft, [1, 2], "mcsd", GREEDY, 6, tree=(3, 1), verifier=verifier)
-    assert set(seen) == {"greedy"}
+    assert seen and set(seen) == {"greedy"}

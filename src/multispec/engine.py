@@ -25,7 +25,7 @@ from multispec.sampling import SamplingConfig, process_logits
 from multispec.tree import Tree
 from multispec.verify import get_verifier
 from multispec.verify.ti_chains import verify_chains
-from multispec.verify.tree_walk import walk_tree
+from multispec.verify.tree_walk import walk_tree, walk_tree_greedy
 
 
 @dataclass
@@ -189,7 +189,8 @@ def _di_round(target, draft, state, policy, sampling, spec, gen_draft, gen_verif
         chain = list(plan.tokens[:max_tree.max_depth])
         d_tree, max_tree = Tree.chain(len(chain)), Tree.chain(len(chain))
         tokens = torch.tensor(state.pending[-1:] + chain, dtype=torch.long)
-        q, fed, root_index = one_hot_law(tokens, target.vocab_size, len(tokens)), 0, None
+        q = None if sampling.greedy else one_hot_law(tokens, target.vocab_size, len(tokens))
+        fed, root_index = 0, None
         c.drafted_tokens += len(chain)
     else:
         d = grow_tree(draft, state.pending, max_tree, [], 0, sampling, spec.draw, gen_draft, policy)
@@ -201,19 +202,21 @@ def _di_round(target, draft, state, policy, sampling, spec, gen_draft, gen_verif
     n = len(d_tree)  # N_d: the drafted tree is the first n nodes of the max tree (SPEC §3.5)
     out = target.forward(tokens, max_tree.position_ids(lt)[:n], max_tree.attention_mask(lt, rows=range(n), cols=n))
     t_fwd = time.perf_counter() - t1
-    p = process_logits(out.logits, sampling)
-    if q is None:
-        q = torch.zeros_like(p)
-    path, nxt = walk_tree(d_tree, tokens, p, q, spec, gen_verify)
+    tok = tokens.tolist()
+    if sampling.greedy:  # the greedy verifier needs only each row's argmax: no one-hot p, no q, no plans
+        path, nxt = walk_tree_greedy(d_tree, tok, out.logits.argmax(-1).tolist())
+    else:
+        p = process_logits(out.logits, sampling)
+        path, nxt = walk_tree(d_tree, tokens, p, torch.zeros_like(p) if q is None else q, spec, gen_verify)
     c.target_calls += 1
     t2 = time.perf_counter()
-    target.keep(d_tree.keep_indices(path, lt))
+    _keep(target, d_tree, path, lt)
     if proposer == "draft":
         fed_path = [u for u in path if u < fed]
-        draft.keep(d_tree.keep_indices(fed_path, root_index))
-        state.pending = [int(tokens[u]) for u in path if u >= fed] + [nxt]
+        _keep(draft, d_tree, fed_path, root_index)
+        state.pending = [tok[u] for u in path if u >= fed] + [nxt]
     elif draft is not None:  # the draft consumed nothing this round: it catches up when it next drafts
-        state.pending = state.pending[:-1] + [int(tokens[u]) for u in path] + [nxt]
+        state.pending = state.pending[:-1] + [tok[u] for u in path] + [nxt]
     else:
         state.pending = [nxt]
     t3 = time.perf_counter()
@@ -222,8 +225,15 @@ def _di_round(target, draft, state, policy, sampling, spec, gen_draft, gen_verif
     c.t_cache += t3 - t2
     policy.record(plan, d_tree, path, {"round_s": t3 - t0, "target_fwd_s": t_fwd, "draft_s": t1 - t0,
                                        "pending": n_pending, "proposer": proposer})
-    return RoundOutcome(committed=[int(tokens[u]) for u in path[1:]] + [nxt], accepted=len(path) - 1,
+    return RoundOutcome(committed=[tok[u] for u in path[1:]] + [nxt], accepted=len(path) - 1,
                         depth=d_tree.max_depth)
+
+
+def _keep(backend: Backend, tree: Tree, path, prefix_len: int) -> None:
+    """Keep the first prefix_len cache rows and the rows of `path` (node indices appended after them). No call when
+    that is every row, as after ar and after a chain accepted in full: nothing to drop, no index tensor."""
+    if backend.cache_len != prefix_len + len(path) or any(u != i for i, u in enumerate(path)):
+        backend.keep(tree.keep_indices(path, prefix_len))
 
 
 def _ti_round(target, draft, state, policy, sampling, spec, gen_draft, gen_verify, c, limit) -> RoundOutcome:

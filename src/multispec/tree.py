@@ -158,9 +158,9 @@ class Tree:
         """
         rows = range(len(self)) if rows is None else rows
         cols = len(self) if cols is None else cols
-        tree_part = self.ancestor_mask[rows.start : rows.stop, :cols]
-        prefix_part = torch.ones(len(rows), prefix_len, dtype=torch.bool)
-        return torch.cat([prefix_part, tree_part], dim=1)
+        out = torch.ones(len(rows), prefix_len + cols, dtype=torch.bool)  # one allocation per step, no cat
+        out[:, prefix_len:] = self.ancestor_mask[rows.start : rows.stop, :cols]
+        return out
 
     def keep_indices(self, path: tuple[int, ...] | list[int], prefix_len: int) -> torch.Tensor:
         """long [prefix_len + len(path)]: cache rows to keep after accepting `path` (node indices, root first),
@@ -170,8 +170,7 @@ class Tree:
 
 def additive_mask(mask: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
     """Boolean mask -> additive float mask: 0 where admitted, the dtype's most negative value elsewhere."""
-    out = torch.zeros(mask.shape, dtype=dtype, device=mask.device)
-    return out.masked_fill(~mask, torch.finfo(dtype).min)
+    return torch.where(mask, 0.0, torch.finfo(dtype).min).to(dtype)  # one pass; .to is free for float32
 
 
 def parse_shape(text: str) -> tuple[int, ...]:

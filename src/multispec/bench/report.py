@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import json
 import shlex
+import textwrap
 from collections import defaultdict
 from pathlib import Path
 
@@ -38,11 +39,18 @@ def render(results: dict, out: str | Path) -> list[Path]:
     summary = summarize(results["records"])  # recomputed: other scripts store summaries of their own shape
     written = [out / "results.md"]
     written[0].write_text(markdown(results, summary))
-    written.append(plot_speedup(summary, out / "speedup.png"))
-    pareto = plot_pareto(results["records"], summary, out / "pareto.png")
+    label = shadow_label_of(results)
+    written.append(plot_speedup(summary, out / "speedup.png", label))
+    pareto = plot_pareto(results["records"], summary, out / "pareto.png", label)
     if pareto is not None:
         written.append(pareto)
     return written
+
+
+def shadow_label_of(results: dict) -> str | None:
+    """The --shadow-target label of a run ('SHADOW TARGET 12x768: ...'), or None for a plain run."""
+    shadow = (results.get("settings") or {}).get("shadow_target")
+    return shadow.get("label") if shadow else None
 
 
 def summarize(records: list[dict]) -> list[dict]:
@@ -126,7 +134,14 @@ _COLUMNS = [("method", "method", "{}"), ("tok/s", "tokens_per_s", "{:.1f}"), ("s
 
 def markdown(results: dict, summary: list[dict]) -> str:
     meta, st = results.get("meta", {}), results.get("settings", {})
-    lines = ["# Benchmark results", ""]
+    label = shadow_label_of(results)
+    lines = ["# Benchmark results" + (f" — {label}" if label else ""), ""]
+    if label:
+        sh = st["shadow_target"]
+        lines += [f"**{label}.** Beside every target forward (every method, hf-assisted included) a random-weight "
+                  f"Llama of {sh['layers']} layers x hidden {sh['hidden']} ({sh['params'] / 1e6:.0f}M parameters) "
+                  "runs over the same tokens, positions and mask; outputs and acceptance are the trained pair's, "
+                  "step costs are those of the larger model.", ""]
     cmd = meta.get("command")
     if cmd:
         lines += ["Command: `" + (shlex.join(cmd) if isinstance(cmd, list) else str(cmd)) + "`", ""]
@@ -193,7 +208,7 @@ def _table(rows: list[dict], cols) -> list[str]:
 # ---------------------------------------------------------------------------------------------------------------
 # plots
 
-def plot_speedup(summary: list[dict], path: Path) -> Path:
+def plot_speedup(summary: list[dict], path: Path, label: str | None = None) -> Path:
     """Horizontal bars, one panel per (data set, temperature), one labelled row per method (long method names stay
     readable: they are wrapped tick labels, not a squeezed legend); speedup over ar (tokens/s when the run had no
     ar), with each bar's value written at its end."""
@@ -232,7 +247,8 @@ def plot_speedup(summary: list[dict], path: Path) -> Path:
     axes[0][0].invert_yaxis()  # the y axis is shared: invert it once, so the first method is on top
     axes[0][0].set_yticks(range(len(methods)))
     axes[0][0].set_yticklabels(labels, fontsize=7)
-    fig.suptitle("multispec bench", fontsize=10)
+    title = "multispec bench" + ("\n" + textwrap.fill(label, 90) if label else "")  # e.g. the shadow-target label
+    fig.suptitle(title, fontsize=10 if not label else 8)
     fig.tight_layout()
     fig.savefig(path, dpi=130)
     plt.close(fig)
@@ -261,7 +277,7 @@ def swept_knobs(records: list[dict]) -> list[tuple[str, str, dict[str, float]]]:
     return sweeps
 
 
-def plot_pareto(records: list[dict], summary: list[dict], path: Path) -> Path | None:
+def plot_pareto(records: list[dict], summary: list[dict], path: Path, label: str | None = None) -> Path | None:
     """tokens/s against the swept knob, one panel per (data set, temperature), one line per method; None (and no
     file) when no knob was swept."""
     knobs = swept_knobs(records)
@@ -290,6 +306,8 @@ def plot_pareto(records: list[dict], summary: list[dict], path: Path) -> Path | 
         ax.set_xlabel("knob value")
         ax.set_ylabel("tokens/s")
         ax.legend(fontsize=7)
+    if label:
+        fig.suptitle(textwrap.fill(label, 60), fontsize=9)
     fig.tight_layout()
     fig.savefig(path, dpi=130)
     plt.close(fig)

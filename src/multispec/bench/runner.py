@@ -2,8 +2,9 @@
 
 Order of work (each step fails before the slower ones start):
 1. parse and validate the method specs, the sampling settings and the data sets (no model yet);
-2. load the pair, tokenize every prompt once (BOS-prefixed, `api._encode`), truncate long ones;
-3. measure the draft/target step-cost ratio once;
+2. load the pair, tokenize every prompt once (BOS-prefixed, `api._encode`), truncate long ones; with
+   `shadow_target`, build the random shadow model (models/shadow.py) that runs beside every target forward;
+3. measure the draft/target step-cost ratio once (shadow included);
 4. warm up each method (untimed); tune `hf-assisted:best` on the first prompts of each data set and temperature;
 5. timed loop over temperature -> data set -> prompt -> repeat -> method, so a change in machine load hits every
    method alike; every generation is one record;
@@ -29,6 +30,7 @@ from multispec.data import load_prompts, truncate_ids
 from multispec.errors import check
 from multispec.methods import NEEDS_DRAFT
 from multispec.paths import writable_dir
+from multispec.models.shadow import parse_shadow_shape
 from multispec.sampling import SamplingConfig
 
 COST_CONTEXT = 200  # tokens of context for the step-cost measurement
@@ -41,10 +43,14 @@ def run_bench(target: str | None = None, draft: str | None = None, datasets: lis
               limit: int | str | dict | None = None, offset: int = 0, repeats: int = 1, warmup: int = 1, seed: int = 0,
               out: str | Path | None = None, threads: int | None = None, device: str | None = None,
               dtype: str | None = None, max_prompt_tokens: int | None = 512, prompt_field: str = "prompt",
-              best_probe: int = 3, pair=None, progress: bool = True, command: list[str] | None = None) -> dict:
+              best_probe: int = 3, pair=None, progress: bool = True, command: list[str] | None = None,
+              shadow_target: str | None = None) -> dict:
     """Benchmark `methods` on `datasets`; returns the results dict (see docs/bench.md) and, when `out` is given,
     writes it there. limit: an int for every data set (per category for spec-bench), or per data set as
-    {name: N} or 'name=N,name=N'. `pair`: an already loaded `api.Pair` (then target/draft/device/dtype are not used)."""
+    {name: N} or 'name=N,name=N'. `pair`: an already loaded `api.Pair` (then target/draft/device/dtype are not used).
+    shadow_target: 'LAYERSxHIDDEN' (e.g. '12x768'): every target forward (engine methods and hf-assisted alike) also
+    runs a random Llama of that shape, so that step costs are a larger model's while acceptance stays the pair's;
+    every output says so (settings.shadow_target.label)."""
     from multispec.api import _encode, _eos_ids, load_pair
     from multispec.bench.report import write_outputs
 
@@ -61,6 +67,8 @@ def run_bench(target: str | None = None, draft: str | None = None, datasets: lis
     check(max_prompt_tokens is None or max_prompt_tokens >= 2, "max_prompt_tokens must be >= 2")
     if out is not None:
         writable_dir(out)
+    if shadow_target is not None:
+        parse_shadow_shape(shadow_target)
     limits = _limits(limit, datasets)
     prompts = {d: load_prompts(d, data_dir, limit=limits[d], offset=offset, prompt_field=prompt_field)
                for d in datasets}
@@ -98,11 +106,13 @@ def run_bench(target: str | None = None, draft: str | None = None, datasets: lis
         encoded[d] = [truncate_ids(_encode(pair, p.text), max_prompt_tokens, bos) for p in ps]
     eos = _eos_ids(pair)
     on_cuda = pair.device.type == "cuda"
+    longest = max(len(ids) for v in encoded.values() for ids, _ in v)
+    shadow = _Shadow(shadow_target, pair, longest + max_new_tokens) if shadow_target is not None else None
 
     # 3. cost ratio, once
-    cost = step_costs(pair) if pair.draft is not None else {"target_step_s": None, "draft_step_s": None,
-                                                            "cost_ratio": None}
-    runners = {s.label: _make_runner(s, pair, eos) for s in specs}
+    cost = step_costs(pair, shadow=shadow) if pair.draft is not None else {
+        "target_step_s": None, "draft_step_s": None, "cost_ratio": None}
+    runners = {s.label: _make_runner(s, pair, eos, shadow) for s in specs}
     rss_base = _maxrss_mb()
 
     # 4. warm-up (untimed) and the hf-assisted:best sweep
@@ -136,6 +146,7 @@ def run_bench(target: str | None = None, draft: str | None = None, datasets: lis
                 "limit": limits, "offset": offset, "repeats": repeats, "warmup": warmup, "seed": seed,
                 "threads": torch.get_num_threads(), "max_prompt_tokens": max_prompt_tokens,
                 "prompt_field": prompt_field, "best_probe": best_probe, "hf_best_sweep": list(HF_BEST_SWEEP),
+                "shadow_target": shadow.settings() if shadow is not None else None,
                 "prompts": {d: len(v) for d, v in prompts.items()},
                 "truncated_prompts": {d: sum(t for _, t in v) for d, v in encoded.items()},
                 "method_configs": {s.label: (_jsonable(asdict(s.config)) if s.config is not None else
@@ -218,13 +229,54 @@ def _compare_with_ar(records: list[dict]) -> None:
         r["same_as_ar"], r["first_diff"] = diff is None, diff
 
 
-def _make_runner(spec: MethodSpec, pair, eos: set[int]):
+class _Shadow:
+    """The --shadow-target regime: one random shadow model and one shadow backend, shared by every method (each
+    generation starts with reset(), so methods never see each other's shadow cache)."""
+
+    def __init__(self, shape: str, pair, max_len: int):
+        from multispec.models.shadow import make_shadow_backend, shadow_model
+
+        target_param = next(pair.target.parameters())
+        vocab = int(pair.target.get_output_embeddings().weight.shape[0])
+        self.shape = shape
+        self.model = shadow_model(shape, vocab, dtype=target_param.dtype, device=target_param.device)
+        self.backend = make_shadow_backend(self.model, max_len=max_len + 256)  # + room for a drafted tree
+
+    def wrap(self, target_backend):
+        """A target backend whose every forward also runs the shadow."""
+        from multispec.models.shadow import ShadowBackend
+
+        return ShadowBackend(target_backend, self.backend)
+
+    def hook(self, model: torch.nn.Module):
+        """Run the shadow beside every forward of a transformers model (hf-assisted); returns the handle."""
+        from multispec.models.shadow import shadow_hook
+
+        return shadow_hook(model, self.backend)
+
+    def settings(self) -> dict:
+        from multispec.models.shadow import intermediate_size, parse_shadow_shape, shadow_label, shadow_params
+
+        layers, hidden = parse_shadow_shape(self.shape)
+        return {"shape": self.shape, "layers": layers, "hidden": hidden, "heads": hidden // 64,
+                "intermediate": intermediate_size(hidden), "params": shadow_params(self.model),
+                "backend": "fast", "applies_to": "every target forward of every method, hf-assisted included",
+                "label": shadow_label(self.shape)}
+
+
+def _make_runner(spec: MethodSpec, pair, eos: set[int], shadow: _Shadow | None = None):
     """A function (ids, sampling, max_new, seed, knob) -> (new ids, stats dict) for one method; backends and the
-    method's policy (trained heads included) are built once here."""
+    method's policy (trained heads included) are built once here. With `shadow`, the target's every forward also
+    runs the shadow model."""
     if spec.name == HF_ASSISTED:
         def run_hf(ids, sampling, max_new, seed, knob):
             n = knob if knob is not None else spec.hf_tokens
-            new, c = hf_assisted_generate(pair.target, pair.draft, ids, sampling, max_new, seed, eos, n)
+            handle = shadow.hook(pair.target) if shadow is not None else None
+            try:
+                new, c = hf_assisted_generate(pair.target, pair.draft, ids, sampling, max_new, seed, eos, n)
+            finally:
+                if handle is not None:
+                    handle.remove()
             accepted = max(0, c.new_tokens - c.target_calls)
             return new, {"new_tokens": c.new_tokens, "target_calls": c.target_calls, "draft_calls": c.draft_calls,
                          "rounds": c.target_calls, "accepted": accepted, "drafted_depth": c.draft_calls,
@@ -238,6 +290,8 @@ def _make_runner(spec: MethodSpec, pair, eos: set[int]):
 
     config = spec.config
     target = make_backend(pair.target, spec.backend)
+    if shadow is not None:
+        target = shadow.wrap(target)
     uses_draft = config.name in NEEDS_DRAFT or (config.name == "auto" and "draft" in config.proposers)
     draft = make_backend(pair.draft, spec.backend) if (uses_draft and pair.draft is not None) else None
     policy = make_policy(config, pair)
@@ -318,10 +372,11 @@ def _sweep_hf(run, probe: list[list[int]], sampling, max_new, seed, on_cuda) -> 
             "probe_prompts": len(probe)}
 
 
-def step_costs(pair, context: int = COST_CONTEXT, steps: int = COST_STEPS) -> dict:
+def step_costs(pair, context: int = COST_CONTEXT, steps: int = COST_STEPS, shadow: _Shadow | None = None) -> dict:
     """Median seconds of one 1-token decode step of each model at `context` tokens of cached context, on each
     backend (hf, and fast where the model is Llama-family); cost_ratio = draft / target (SPEC §1 c_ratio). The
-    top-level keys are the hf backend's; per-backend figures are under "backends"."""
+    top-level keys are the hf backend's; per-backend figures are under "backends". With `shadow`, the target's
+    step includes the shadow's forward (as in every shadowed generation)."""
     from multispec.errors import MultispecError
     from multispec.models import BACKENDS, causal_mask, forward_chain, make_backend
 
@@ -337,7 +392,10 @@ def step_costs(pair, context: int = COST_CONTEXT, steps: int = COST_STEPS) -> di
                                                                             ("draft", pair.draft))}
         except MultispecError:
             continue
+        if shadow is not None:
+            backends["target"] = shadow.wrap(backends["target"])
         for name, b in backends.items():
+            b.reset()
             forward_chain(b, ids[:context])
             keep = torch.arange(context)
             times = []
@@ -354,7 +412,8 @@ def step_costs(pair, context: int = COST_CONTEXT, steps: int = COST_STEPS) -> di
             out[f"{name}_step_s"] = statistics.median(times)
         out["cost_ratio"] = out["draft_step_s"] / out["target_step_s"]
         per_backend[kind] = out
-    return {**per_backend["hf"], "context": context, "steps": steps, "backends": per_backend}
+    return {**per_backend["hf"], "context": context, "steps": steps, "backends": per_backend,
+            "shadow_target": shadow.shape if shadow is not None else None}
 
 
 def environment(pair, command: list[str] | None) -> dict:

@@ -41,13 +41,17 @@ def _floats(text: str) -> list[float]:
 @click.option("--threads", type=click.IntRange(min=1), help="torch CPU threads (default: the free cores, at most 4).")
 @click.option("--device")
 @click.option("--dtype", type=click.Choice(["float32", "bfloat16", "float16"]))
+@click.option("--shadow-target", metavar="LAYERSxHIDDEN",
+              help="Cost-faithful regime: beside every target forward run a random-weight Llama of this shape "
+                   "(e.g. 12x768, ~100M parameters) over the same tokens, so step costs are a larger model's while "
+                   "acceptance stays the pair's. Labelled in every output.")
 @click.option("--quiet", is_flag=True, help="No progress bar.")
 def bench_command(target, draft, datasets, data_dir, prompt_field, methods, temperatures, top_k, top_p,
                   max_new_tokens, max_prompt_tokens, limit, offset, repeats, warmup, best_probe, seed, out, threads,
-                  device, dtype, quiet):
+                  device, dtype, shadow_target, quiet):
     """Benchmark methods on a prompt set; writes results.json, results.md and plots to --out."""
     from multispec.bench import run_bench
-    from multispec.bench.report import summarize
+    from multispec.bench.report import shadow_label_of, summarize
     from multispec.paths import writable_dir
     from multispec.threads import set_threads
 
@@ -61,7 +65,11 @@ def bench_command(target, draft, datasets, data_dir, prompt_field, methods, temp
                         max_new_tokens=max_new_tokens, limit=limit, offset=offset, repeats=repeats, warmup=warmup,
                         seed=seed, out=out, threads=threads, device=device, dtype=dtype,
                         max_prompt_tokens=max_prompt_tokens or None, prompt_field=prompt_field,
-                        best_probe=best_probe, progress=not quiet, command=["multispec", *sys.argv[1:]])
+                        best_probe=best_probe, progress=not quiet, command=["multispec", *sys.argv[1:]],
+                        shadow_target=shadow_target)
+    label = shadow_label_of(results)
+    if label:
+        click.echo(label)
     for r in results.get("summary") or summarize(results["records"]):
         if r["category"] is not None:
             continue
@@ -71,4 +79,4 @@ def bench_command(target, draft, datasets, data_dir, prompt_field, methods, temp
         name = r["method"] + ("" if r["lossless"] else " (LOSSY)")
         click.echo(f"{r['dataset']:>12} T={r['temperature']:<4g} {name:<36} {r['tokens_per_s']:8.1f} tok/s "
                    f"{sp:>7}  tau {tau}{same}")
-    click.echo(f"wrote {out}/results.json, results.md, speedup.png")
+    click.echo(f"wrote {out}/results.json, results.md, speedup.png" + (f"  ({label})" if label else ""))

@@ -86,7 +86,8 @@ def model_key(backend, role_model) -> str:
     cfg = getattr(role_model, "config", None)
     name = getattr(cfg, "_name_or_path", "") or type(role_model).__name__
     n_params = sum(p.numel() for p in role_model.parameters()) if hasattr(role_model, "parameters") else 0
-    return "|".join(str(x) for x in (getattr(backend, "name", type(backend).__name__), name, n_params,
+    return "|".join(str(x) for x in (getattr(backend, "name", type(backend).__name__),
+                                      getattr(backend, "cost_key", ""), name, n_params,
                                       getattr(backend, "device", "cpu"), getattr(backend, "dtype", ""),
                                       torch.get_num_threads(), platform.processor() or platform.machine()))
 

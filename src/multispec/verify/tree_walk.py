@@ -54,6 +54,23 @@ def walk_tree(tree: Tree, tokens: torch.Tensor, p: torch.Tensor, q: torch.Tensor
         node = child
 
 
+def walk_tree_greedy(tree: Tree, tokens: list[int], best: list[int]) -> tuple[tuple[int, ...], int]:
+    """`walk_tree` with the greedy verifier, on plain ints (the per-round hot path at temperature 0).
+
+    tokens: node tokens (tokens[0], the root, is ignored); best[u]: argmax of the target's logits at node u (lowest
+    index on ties: the argmax of the one-hot processed p). A child whose token is best[u] is accepted (the first
+    such, in drafting order); else best[u] ends the round, as does the bonus best[leaf] at a leaf. Same outcome as
+    `walk_tree(tree, tokens, p, q, greedy, generator)` without building p, q, plans or one-hots."""
+    node, path = 0, [0]
+    while True:
+        want = best[node]
+        child = next((kid for kid in tree.children[node] if tokens[kid] == want), None)
+        if child is None:
+            return tuple(path), want
+        path.append(child)
+        node = child
+
+
 def walk_tree_law(tree: Tree, tokens: torch.Tensor, p: torch.Tensor, q: torch.Tensor,
                   spec: VerifierSpec) -> dict[tuple[tuple[int, ...], int], float]:
     """Exact law of `walk_tree` (same arguments, no generator): {(path, next_token): probability}."""
