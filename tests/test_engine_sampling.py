@@ -80,6 +80,22 @@ def test_lossless_methods_match_target_law(method, options, sampling_name):
     assert law_pvalue(counts, exact(sampling_name)) > 1e-3
 
 
+# The sequence verifiers (issue 13) at 3e3 generations each (~15 s): their exact-enumeration tests in
+# test_verifiers_sequence.py carry the fine-grained proof and catch the broken variants; this checks the
+# production path (drafting law, masks, keep-path) end to end.
+N_SEQUENCE = 3_000
+
+
+@pytest.mark.parametrize("method,options,sampling_name", [
+    ("sd", {"k": 3, "verifier": "block"}, "T1"),
+    ("mcsd", {"tree": (2, 2), "verifier": "traversal"}, "T0.8-k5-p0.9"),
+], ids=["sd-block", "mcsd-traversal"])
+def test_sequence_verifiers_match_target_law(method, options, sampling_name):
+    counts = sample_counts(method, options, SAMPLINGS[sampling_name], n=N_SEQUENCE)
+    assert counts.sum() == N_SEQUENCE
+    assert law_pvalue(counts, exact(sampling_name)) > 1e-3
+
+
 @pytest.mark.parametrize("method,options", [("mcsd", {"tree": (3, 2), "verifier": "mcns"}),
                                             ("ti-mcsd", {"tree": (2, 2, 1)})])
 def test_lossy_methods_fail_the_same_test(method, options):

@@ -23,8 +23,8 @@ from multispec.models.base import Backend, forward_chain
 from multispec.sampling import SamplingConfig, process_logits
 from multispec.tree import Tree
 from multispec.verify import get_verifier
+from multispec.verify.sequence import get_sequence_verifier
 from multispec.verify.ti_chains import verify_chains
-from multispec.verify.tree_walk import walk_tree
 
 
 @dataclass
@@ -68,7 +68,8 @@ def generate_ids(
     gen_verify = torch.Generator().manual_seed(seed + 1_000_003)
     policy = policy or default_policy(method)
     policy.reset()
-    spec = get_verifier("greedy" if sampling.greedy else method.verifier)
+    # a sequence verifier (node walk, block or traversal); spec.draw is the draft law it needs
+    spec = get_sequence_verifier("greedy" if sampling.greedy else method.verifier)
     c = Counters()
     start = time.perf_counter()
     target.reset()
@@ -142,7 +143,7 @@ def _di_round(target, draft, state, policy, sampling, spec, gen_draft, gen_verif
     p = process_logits(out.logits, sampling)
     if q is None:
         q = torch.zeros_like(p)
-    path, nxt = walk_tree(d_tree, tokens, p, q, spec, gen_verify)
+    path, nxt = spec.verify(d_tree, tokens, p, q, gen_verify)
     c.target_calls += 1
     t2 = time.perf_counter()
     target.keep(d_tree.keep_indices(path, lt))

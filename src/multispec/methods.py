@@ -4,11 +4,11 @@ and its options before any model runs (STYLE §2.9).
 | method    | drafting                                          | verification                     | lossless |
 |-----------|---------------------------------------------------|----------------------------------|----------|
 | ar        | none (target only)                                | sample from the target           | yes      |
-| sd        | chain of k draft tokens (optionally heuristic k)  | single-draft `sd`                | yes      |
-| mcsd      | draft-initialized static tree (default 4,2,2,1)   | any multi-draft verifier         | per verifier |
+| sd        | chain of k draft tokens (optionally heuristic k)  | single-draft `sd` or `block`     | yes      |
+| mcsd      | draft-initialized static tree (default 4,2,2,1)   | any multi-draft verifier, `traversal` | per verifier |
 | ti-mcsd   | level 1 from the target, draft below (2,4,3,1,1)  | longest accepted chain (P1)      | only W=1 |
-| dynamic   | fork tree (W,1,..,1) grown level by level, decision model may stop it | multi-draft verifier | per verifier |
-| specdecpp | chain up to k_max, acceptance head stops it       | single-draft `sd`                | yes      |
+| dynamic   | fork tree (W,1,..,1) grown level by level, decision model may stop it | multi-draft verifier, `traversal`; `block` at W=1 | per verifier |
+| specdecpp | chain up to k_max, acceptance head stops it       | single-draft `sd` or `block`     | yes      |
 """
 from __future__ import annotations
 
@@ -22,11 +22,11 @@ METHODS = ("ar", "sd", "mcsd", "ti-mcsd", "dynamic", "specdecpp")
 
 _OPTIONS = {
     "ar": set(),
-    "sd": {"k", "heuristic"},
+    "sd": {"k", "heuristic", "verifier"},
     "mcsd": {"tree", "verifier"},
     "ti-mcsd": {"tree", "width"},
     "dynamic": {"width", "depth", "verifier", "decision_model", "beta", "target_init"},
-    "specdecpp": {"head", "threshold", "k_min", "k_max"},
+    "specdecpp": {"head", "threshold", "k_min", "k_max", "verifier"},
 }
 
 
@@ -51,11 +51,11 @@ class MethodConfig:
 
     @property
     def lossless(self) -> bool:
-        from multispec.verify import get_verifier
+        from multispec.verify.sequence import get_sequence_verifier
 
         if self.target_init:
             return self.width == 1
-        return get_verifier(self.verifier).lossless
+        return get_sequence_verifier(self.verifier).lossless
 
 
 def build_method(name: str, **options) -> MethodConfig:
@@ -70,7 +70,8 @@ def build_method(name: str, **options) -> MethodConfig:
         return MethodConfig(name="ar", options=o)
     if name == "sd":
         k = _int(o.get("k", 4), "k", 1)
-        return MethodConfig(name="sd", tree=(1,) * k, verifier="sd", heuristic=bool(o.get("heuristic", False)),
+        verifier = _chain_verifier(o.get("verifier", "sd"), "sd")
+        return MethodConfig(name="sd", tree=(1,) * k, verifier=verifier, heuristic=bool(o.get("heuristic", False)),
                             options=o)
     if name == "mcsd":
         tree = _shape(o.get("tree", (4, 2, 2, 1)))
@@ -101,7 +102,8 @@ def build_method(name: str, **options) -> MethodConfig:
     head = o.get("head")
     if head is not None:
         check(Path(head).exists(), f"acceptance head not found: {head}")
-    return MethodConfig(name="specdecpp", tree=(1,) * k_max, verifier="sd", head=None if head is None else str(head),
+    verifier = _chain_verifier(o.get("verifier", "sd"), "specdecpp")
+    return MethodConfig(name="specdecpp", tree=(1,) * k_max, verifier=verifier, head=None if head is None else str(head),
                         threshold=h, k_min=k_min, k_max=k_max, options=o)
 
 
@@ -122,12 +124,20 @@ def _shape(v) -> tuple[int, ...]:
 
 
 def _verifier(name: str, tree: tuple[int, ...]) -> str:
-    from multispec.verify import get_verifier
+    """A node verifier (walked from the root) or a sequence verifier (block: chains; traversal: trees)."""
+    from multispec.verify.sequence import get_sequence_verifier
 
-    spec = get_verifier(name)
-    for width in set(tree):
-        try:
-            spec.check_drafts(width)
-        except MultispecError as e:
-            raise MultispecError(f"tree {','.join(map(str, tree))} does not suit verifier {name!r}: {e}") from None
+    check(isinstance(name, str), f"verifier must be a name, got {name!r}")
+    spec = get_sequence_verifier(name)
+    try:
+        spec.check_widths(set(tree))
+    except MultispecError as e:
+        raise MultispecError(f"tree {','.join(map(str, tree))} does not suit verifier {name!r}: {e}") from None
+    return name
+
+
+def _chain_verifier(name, method: str) -> str:
+    """sd and specdecpp draft one chain: token-level `sd` or `block` verification."""
+    check(name in ("sd", "block"), f"method {method!r} verifies its chain with verifier 'sd' (token by token) "
+                                   f"or 'block' (jointly), got {name!r}")
     return name

@@ -16,7 +16,7 @@ from multispec.methods import METHODS
 @click.option("--k", type=int, help="sd: draft tokens per round (default 4).")
 @click.option("--heuristic", is_flag=True, default=None, help="sd: adjust k like transformers (+2 / -1).")
 @click.option("--tree", help="mcsd / ti-mcsd: tree shape, e.g. 4,2,2,1 (ti-mcsd: 2,4,3,1,1).")
-@click.option("--verifier", help="mcsd / dynamic: verifier name (see `multispec verifiers`).")
+@click.option("--verifier", help="sd / specdecpp: sd or block; mcsd / dynamic: verifier name, e.g. traversal (see `multispec verifiers`).")
 @click.option("--width", type=int, help="ti-mcsd / dynamic: first-level width W.")
 @click.option("--depth", type=int, help="dynamic: maximum draft depth.")
 @click.option("--target-init", is_flag=True, default=None, help="dynamic: level 1 from the target (lossy if W>=2).")
