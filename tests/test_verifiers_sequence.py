@@ -246,3 +246,37 @@ def test_block_refuses_a_branching_tree():
 def test_unknown_verifier_lists_every_name():
     with pytest.raises(MultispecError, match="block.*traversal"):
         get_sequence_verifier("nope")
+
+
+def test_one_level_equals_the_node_verifiers():
+    """On a single level block is `sd` and traversal is `rrs-wor`, outcome by outcome (why the P3 per-position
+    report has no column of their own). Padding drafts (q = 0, drafted when q's support is smaller than the
+    width) are left out: the walk routes a residual token equal to one into it, traversal does not."""
+    toy = Toy(4, "random", seed=9)
+    for shape, name, node in (((1,), "block", "sd"), ((3,), "traversal", "rrs-wor"), ((2,), "traversal", "rrs-wor")):
+        seq, walk = SEQUENCE_REGISTRY[name], get_sequence_verifier(node)
+        for _, tree, tokens, p, q in drafted_trees(toy, shape, walk.draft.law_fn):
+            if (q[0, tokens[1:]] == 0).any():
+                continue
+            a, b = seq.law(tree, tokens, p, q), walk.law(tree, tokens, p, q)
+            assert max(abs(a.get(k, 0.0) - b.get(k, 0.0)) for k in {*a, *b}) < 1e-12, (name, tokens)
+
+
+def test_methods_take_the_sequence_verifiers_where_their_shapes_fit():
+    from multispec.methods import build_method
+
+    assert build_method("sd", k=6, verifier="block").verifier == "block"
+    assert build_method("specdecpp", verifier="block").verifier == "block"
+    assert build_method("dynamic", width=1, depth=4, verifier="block").lossless
+    assert build_method("mcsd", tree=(1, 1, 1), verifier="block").verifier == "block"
+    assert build_method("mcsd", verifier="traversal").lossless
+    assert build_method("dynamic", width=3, verifier="traversal").verifier == "traversal"
+    for name, options, message in [
+        ("sd", {"verifier": "traversal"}, "verifier 'sd'.*or 'block'"),
+        ("specdecpp", {"verifier": "rrs"}, "or 'block'"),
+        ("mcsd", {"tree": (4, 2), "verifier": "block"}, "chains only"),
+        ("dynamic", {"width": 2, "verifier": "block"}, "chains only"),
+        ("mcsd", {"verifier": "nope"}, "unknown verifier 'nope'.*traversal"),
+    ]:
+        with pytest.raises(MultispecError, match=message):
+            build_method(name, **options)
