@@ -14,6 +14,7 @@ CASES = [
     ("sd", {"k": 4, "verifier": "block"}), ("mcsd", {"tree": (4, 2, 2, 1), "verifier": "traversal"}),
     ("dynamic", {"width": 1, "depth": 4, "verifier": "block"}),
     ("dynamic", {"width": 3, "depth": 3, "verifier": "traversal"}),
+    ("ti-mcsd", {"tree": (1, 3, 2), "verifier": "traversal"}),
 ]
 
 

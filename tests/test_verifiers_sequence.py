@@ -271,12 +271,14 @@ def test_methods_take_the_sequence_verifiers_where_their_shapes_fit():
     assert build_method("mcsd", tree=(1, 1, 1), verifier="block").verifier == "block"
     assert build_method("mcsd", verifier="traversal").lossless
     assert build_method("dynamic", width=3, verifier="traversal").verifier == "traversal"
+    assert build_method("ti-mcsd", tree=(1, 2, 2), verifier="traversal").lossless
     for name, options, message in [
         ("sd", {"verifier": "traversal"}, "verifier 'sd'.*or 'block'"),
         ("specdecpp", {"verifier": "rrs"}, "or 'block'"),
         ("mcsd", {"tree": (4, 2), "verifier": "block"}, "chains only"),
         ("dynamic", {"width": 2, "verifier": "block"}, "chains only"),
         ("mcsd", {"verifier": "nope"}, "unknown verifier 'nope'.*traversal"),
+        ("ti-mcsd", {"tree": (2, 2, 1), "verifier": "traversal"}, "width 1"),
     ]:
         with pytest.raises(MultispecError, match=message):
             build_method(name, **options)

@@ -179,7 +179,8 @@ def _ti_round(target, draft, state, policy, sampling, spec, gen_draft, gen_verif
                          max_tree.attention_mask(lt - 1, rows=range(1, n), cols=n))
     p = torch.zeros(n, out.logits.shape[-1])
     p[1:] = process_logits(out.logits, sampling)
-    verdict = verify_chains(d.tree, d.tokens, p, d.q, sampling.greedy, gen_verify)
+    below = spec.verify if spec.name == "traversal" else None  # W = 1: the verifier of the subtree below level 1
+    verdict = verify_chains(d.tree, d.tokens, p, d.q, sampling.greedy, gen_verify, below)
     c.target_calls += 1
     t2 = time.perf_counter()
     path = verdict.path

@@ -7,7 +7,9 @@ and its options before any model runs (STYLE §2.9).
 | sd        | chain of k draft tokens (optionally heuristic k)  | single-draft `sd` or `block`     | yes      |
 | mcsd      | draft-initialized static tree (default 4,2,2,1)   | any multi-draft verifier, `traversal` | per verifier |
 | ti-mcsd   | level 1 from the target, draft below (2,4,3,1,1)  | longest accepted chain (P1)      | only W=1 |
-| dynamic   | fork tree (W,1,..,1) grown level by level, decision model may stop it | multi-draft verifier, `traversal`; `block` at W=1 | per verifier |
+|           |                                                   | (W=1: rrs-wor walk or traversal) |          |
+| dynamic   | fork tree (W,1,..,1) grown level by level, decision model may stop it | multi-draft verifier | per verifier |
+|           | (`traversal`; `block` when W = 1)                  |                                  |          |
 | specdecpp | chain up to k_max, acceptance head stops it       | single-draft `sd` or `block`     | yes      |
 """
 from __future__ import annotations
@@ -24,7 +26,7 @@ _OPTIONS = {
     "ar": set(),
     "sd": {"k", "heuristic", "verifier"},
     "mcsd": {"tree", "verifier"},
-    "ti-mcsd": {"tree", "width"},
+    "ti-mcsd": {"tree", "width", "verifier"},
     "dynamic": {"width", "depth", "verifier", "decision_model", "beta", "target_init"},
     "specdecpp": {"head", "threshold", "k_min", "k_max", "verifier"},
 }
@@ -82,7 +84,11 @@ def build_method(name: str, **options) -> MethodConfig:
         if "width" in o:
             tree = (_int(o["width"], "width", 1),) + tree[1:]
         check(len(tree) >= 2, "ti-mcsd needs a tree of depth >= 2 (level 1 comes from the target)")
-        return MethodConfig(name="ti-mcsd", tree=tree, verifier="sd", target_init=True, options=o)
+        verifier = o.get("verifier", "sd")  # "sd": P1's chains, or the rrs-wor walk below level 1 when W = 1
+        check(verifier == "sd" or (verifier == "traversal" and tree[0] == 1),
+              f"ti-mcsd takes verifier 'traversal' (below a single level-1 token, width 1) or none, got {verifier!r}"
+              f" with width {tree[0]}")
+        return MethodConfig(name="ti-mcsd", tree=tree, verifier=verifier, target_init=True, options=o)
     if name == "dynamic":
         width = _int(o.get("width", 4), "width", 1)
         depth = _int(o.get("depth", 5), "depth", 1)
@@ -103,8 +109,8 @@ def build_method(name: str, **options) -> MethodConfig:
     if head is not None:
         check(Path(head).exists(), f"acceptance head not found: {head}")
     verifier = _chain_verifier(o.get("verifier", "sd"), "specdecpp")
-    return MethodConfig(name="specdecpp", tree=(1,) * k_max, verifier=verifier, head=None if head is None else str(head),
-                        threshold=h, k_min=k_min, k_max=k_max, options=o)
+    return MethodConfig(name="specdecpp", tree=(1,) * k_max, verifier=verifier,
+                        head=None if head is None else str(head), threshold=h, k_min=k_min, k_max=k_max, options=o)
 
 
 def _int(v, name: str, lo: int) -> int:
