@@ -1,12 +1,13 @@
-"""Token-level vs sequence-level verification (issue 13) from one `multispec bench` results.json; no model runs.
+"""Token-level vs sequence-level verification (issue 13) from `multispec bench` results.json files; no model runs.
 
 Pairs each token-level configuration with its sequence-level twin on the same prompts and seeds: `sd:k=K` with
-`sd:k=K,verifier=block`, and `mcsd:tree=X,verifier=rrs-wor` with `mcsd:tree=X,verifier=traversal`. Writes, next
-to the JSON, `verifiers.md` (a README-ready table: mean accepted length per target call as vLLM reports it,
+`sd:k=K,verifier=block`, and `mcsd:tree=X,verifier=rrs-wor` with `mcsd:tree=X,verifier=traversal`. Several files (e.g. one
+run per temperature) are read together; writes into --out `verifiers.md` (a README-ready table: mean accepted length per target call as vLLM reports it,
 1 + accepted / drafting rounds, its gain with a 95% bootstrap interval over prompts, tokens/s and the tokens/s
 ratio) and `accepted_length.png`.
 
-    PYTHONPATH=src .venv/bin/python benchmarks/verifiers_report.py benchmarks/results/verifiers/results.json
+    PYTHONPATH=src .venv/bin/python benchmarks/verifiers_report.py benchmarks/results/verifiers/T*/results.json \
+        --out benchmarks/results/verifiers
 """
 from __future__ import annotations
 
@@ -55,8 +56,7 @@ def pair_row(records: list[dict], base: str, seq: str, temperature: float, rng) 
             "tps_base": float(tps(xa)), "tps_sequence": float(tps(xb)), "tps_ratio": float(tps(xb) / tps(xa))}
 
 
-def table(rows: list[dict], results: dict) -> str:
-    cmd = results.get("meta", {}).get("command")
+def table(rows: list[dict], runs: list[dict]) -> str:
     lines = ["| configuration | T | token-level MAL | sequence-level MAL | gain (95% CI over prompts) | "
              "tok/s token | tok/s sequence | tok/s ratio |", "|---|---|---|---|---|---|---|---|"]
     for r in rows:
@@ -64,14 +64,18 @@ def table(rows: list[dict], results: dict) -> str:
         lines.append(f"| `{r['base']}` → `{r['sequence'].rsplit('=', 1)[1]}` | {r['temperature']:g} | "
                      f"{r['mal_base']:.3f} | {r['mal_sequence']:.3f} | {r['gain']:+.1%} ({lo:+.1%}, {hi:+.1%}) | "
                      f"{r['tps_base']:.1f} | {r['tps_sequence']:.1f} | {r['tps_ratio']:.3f} |")
-    st = results.get("settings", {})
-    head = [f"MAL: mean accepted length per target call, 1 + accepted / drafting rounds (vLLM). "
-            f"{sum(st.get('prompts', {}).values())} prompts ({st.get('prompts')}), {st.get('max_new_tokens')} new "
-            f"tokens, same prompts and seeds for every method, one CPU thread; device {results['meta'].get('cpu')}, "
-            f"commit {results['meta'].get('git_commit')}.", ""]
-    if cmd:
-        head += ["Command: `" + (shlex.join(cmd) if isinstance(cmd, list) else str(cmd)) + "`", ""]
-    return "\n".join(head + lines) + "\n"
+    head = []
+    for results in runs:
+        st, meta, cmd = results.get("settings", {}), results.get("meta", {}), results.get("meta", {}).get("command")
+        head += [f"- T = {', '.join(f'{t:g}' for t in st.get('temperatures', []))}: "
+                 f"{sum(st.get('prompts', {}).values())} prompts ({st.get('prompts')}), {st.get('max_new_tokens')} "
+                 f"new tokens, same prompts and seeds for every method, {st.get('threads')} CPU thread; "
+                 f"{meta.get('cpu')}, load average at end {meta.get('load_average')}, commit {meta.get('git_commit')}. "
+                 "Command: `" + (shlex.join(cmd) if isinstance(cmd, list) else str(cmd)) + "`"]
+    note = ("MAL: mean accepted length per target call, 1 + accepted / drafting rounds (vLLM's mean acceptance "
+            "length). Gain: sequence-level MAL / token-level MAL - 1, 95% interval from a paired bootstrap over "
+            "prompts.")
+    return "\n".join([note, ""] + head + [""] + lines) + "\n"
 
 
 def plot(rows: list[dict], path: Path) -> None:
@@ -104,15 +108,19 @@ def plot(rows: list[dict], path: Path) -> None:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("results", type=Path)
+    ap.add_argument("results", type=Path, nargs="+")
+    ap.add_argument("--out", type=Path, required=True)
     args = ap.parse_args()
-    results = json.loads(args.results.read_text())
+    runs = [json.loads(path.read_text()) for path in args.results]
+    records = [r for run in runs for r in run["records"]]
     rng = np.random.default_rng(0)
-    temps = sorted({r["temperature"] for r in results["records"]}, reverse=True)
-    rows = [row for t in temps for base, seq in PAIRS if (row := pair_row(results["records"], base, seq, t, rng))]
-    out = args.results.parent
-    (out / "verifiers.md").write_text(table(rows, results))
-    (out / "verifiers.json").write_text(json.dumps({"source": args.results.name, "rows": rows}, indent=1) + "\n")
+    temps = sorted({r["temperature"] for r in records}, reverse=True)
+    rows = [row for t in temps for base, seq in PAIRS if (row := pair_row(records, base, seq, t, rng))]
+    out = args.out
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "verifiers.md").write_text(table(rows, runs))
+    (out / "verifiers.json").write_text(json.dumps({"sources": [str(p) for p in args.results], "rows": rows},
+                                                   indent=1) + "\n")
     plot(rows, out / "accepted_length.png")
     print((out / "verifiers.md").read_text())
 
