@@ -100,7 +100,7 @@ def plot(rows: list[dict], path: Path) -> None:
         ax.grid(axis="y", alpha=0.3)
     axes[0][0].set_ylabel("mean accepted length per target call")
     axes[0][0].legend(fontsize=9, loc="upper left")
-    fig.suptitle("pycode-v1: token-level vs sequence-level verification (same drafts law, same target calls)")
+    fig.suptitle("pycode-v1: token-level vs sequence-level verification (same draft law, one target call per round)")
     fig.tight_layout()
     fig.savefig(path, dpi=120)
     plt.close(fig)
