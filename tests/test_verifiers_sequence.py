@@ -158,7 +158,7 @@ def test_traversal_equals_block_on_chains():
 
 
 def test_block_accepts_more_than_token_level_on_average():
-    """Expected accepted length: block >= the token-level walk (Sun et al., Theorem 2), strictly here."""
+    """Expected accepted length over the draft law: block >= token-level sd (Sun et al.), strictly here."""
     toy = Toy(4, "random", seed=7)
     shape = (1, 1, 1)
     means = {}
