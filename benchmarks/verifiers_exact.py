@@ -26,7 +26,8 @@ from multispec.bench.runner import environment
 from multispec.data import load_prompts
 from multispec.verify.sequence import get_sequence_verifier
 
-CONFIGS = [("sd", {"k": 4}, "block"), ("sd", {"k": 6}, "block"), ("sd", {"k": 8}, "block"),
+CONFIGS = [("sd", {"k": 4, "verifier": "sd"}, "block"), ("sd", {"k": 6, "verifier": "sd"}, "block"),
+           ("sd", {"k": 8, "verifier": "sd"}, "block"),
            ("mcsd", {"tree": (4, 2, 2, 1), "verifier": "rrs-wor"}, "traversal"),
            ("mcsd", {"tree": (2, 2, 2, 2, 1, 1), "verifier": "rrs-wor"}, "traversal")]
 
@@ -100,7 +101,7 @@ def main() -> None:
              "| min Δ over rounds |", "|---|---|---|---|---|---|---|---|"]
     for r in rows:
         label = f"{r['method']} " + ",".join(f"{k}={'-'.join(map(str, v)) if isinstance(v, list) else v}"
-                                             for k, v in r["options"].items())
+                                             for k, v in r["options"].items() if r["method"] != "sd" or k == "k")
         lines.append(f"| `{label}` → `{r['sequence']}` | {r['temperature']:g} | {r['rounds']} | "
                      f"{r['mal_token']:.3f} | {r['mal_sequence']:.3f} | {r['gain']:+.1%} | "
                      f"{r['diff_per_round']:+.4f} ± {2 * r['diff_stderr']:.4f} | {r['min_diff']:+.2e} |")

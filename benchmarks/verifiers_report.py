@@ -42,7 +42,9 @@ def mal(rows: np.ndarray) -> float:
 
 
 def pair_row(records: list[dict], base: str, seq: str, temperature: float, rng) -> dict | None:
-    a, b = per_prompt(records, base, temperature), per_prompt(records, seq, temperature)
+    # token-level sd is `sd:k=K,verifier=sd` since block became sd's default; runs from before spell it `sd:k=K`
+    explicit = per_prompt(records, base + ",verifier=sd", temperature) if base.startswith("sd:") else {}
+    a, b = explicit or per_prompt(records, base, temperature), per_prompt(records, seq, temperature)
     keys = sorted(a.keys() & b.keys())
     if not keys:
         return None

@@ -22,7 +22,7 @@ SAMPLINGS = {"T1": SamplingConfig(temperature=1.0), "T0.8-k5-p0.9": SamplingConf
 # them under top-k + top-p processing, and sd under both, which keeps the suite inside CI's time budget.
 LOSSLESS = [
     ("ar", {}, "T0.8-k5-p0.9"),  # the reference every benchmark compares with samples the target law too
-    ("sd", {"k": 2}, "T1"),
+    ("sd", {"k": 2, "verifier": "sd"}, "T1"),  # token-level sd; the default (block) below
     ("sd", {"k": 2}, "T0.8-k5-p0.9"),
     ("mcsd", {"tree": (3, 2), "verifier": "rrs"}, "T1"),
     ("mcsd", {"tree": (3, 2), "verifier": "rrs-wor"}, "T0.8-k5-p0.9"),
