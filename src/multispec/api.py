@@ -163,13 +163,15 @@ def generate(pair: Pair, prompt: str | list[int], method: str = "mcsd", max_new_
     eos = _eos_ids(pair)
     tok = pair.tokenizer
     stop_fn = _stop_fn(tok, stop) if stop else None
-    on_tokens = _streamer(tok, stream) if stream else None
+    on_tokens, shown = _streamer(tok, stream) if stream else (None, None)
     new, c, seconds = generate_ids(target, draft, ids, config, sampling, max_new_tokens, seed, eos, stop_fn,
                                    on_tokens, policy)
     text = tok.decode(new, skip_special_tokens=True)
     if stop:
         cuts = [text.find(s) for s in stop if s in text]
         text = text[: min(cuts)] if cuts else text
+    if stream and text.startswith(shown[0]) and len(text) > len(shown[0]):  # a tail held back as incomplete bytes
+        stream(text[len(shown[0]):])
     stats = _stats(config, sampling, c, seconds, backend)
     return GenerationResult(token_ids=new, text=text, stats=stats, finish_reason=c.finish_reason)
 
@@ -221,6 +223,7 @@ def _stop_fn(tok, stops: list[str]):
 
 
 def _streamer(tok, callback: Callable[[str], None]):
+    """(on_tokens, shown): the engine's per-round callback, and the text streamed so far (shown[0])."""
     shown = [""]
 
     def on_tokens(new: list[int]) -> None:
@@ -228,7 +231,7 @@ def _streamer(tok, callback: Callable[[str], None]):
         if text.startswith(shown[0]) and len(text) > len(shown[0]) and not text.endswith("\ufffd"):
             callback(text[len(shown[0]):])
             shown[0] = text
-    return on_tokens
+    return on_tokens, shown
 
 
 def _stats(config, sampling: SamplingConfig, c, seconds: float, backend: str) -> dict:
