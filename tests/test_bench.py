@@ -195,3 +195,22 @@ def test_interrupted_run_writes_the_records_so_far_and_memory_is_measured(tmp_pa
     assert len(saved["records"]) == 2 and saved["partial"].startswith("stopped after 2 of 4 generations")
     assert all(r["peak_mem_mb"] > 10 for r in saved["records"])  # a Python process with torch: well above 10 MB
     assert (out / "results.md").is_file()
+
+
+def test_mean_acceptance_length_and_per_position_acceptance_are_pooled_over_records():
+    from multispec.bench.report import markdown, summarize
+
+    base = {"method_name": "sd", "options": {}, "dataset": "d", "category": None, "temperature": 1.0,
+            "new_tokens": 40, "seconds": 1.0, "target_calls": 15, "drafted_depth": 45}
+    records = [{**base, "method": "sd:k=3", "prompt_id": "a", "accepted": 15, "num_drafts": 10,
+                "accepted_per_pos": [8, 5, 2]},
+               {**base, "method": "sd:k=3", "prompt_id": "b", "accepted": 10, "num_drafts": 20,
+                "accepted_per_pos": [6, 3, 1]},
+               {**base, "method": "ar", "method_name": "ar", "prompt_id": "a", "accepted": 0, "num_drafts": 0,
+                "accepted_per_pos": []}]
+    rows = {r["method"]: r for r in summarize(records)}
+    assert rows["sd:k=3"]["mean_acceptance_length"] == pytest.approx(1 + 25 / 30)
+    assert rows["sd:k=3"]["accepted_per_position"] == pytest.approx([14 / 30, 8 / 30, 3 / 30])
+    assert rows["ar"]["mean_acceptance_length"] is None and rows["ar"]["accepted_per_position"] is None
+    table = markdown({"records": records}, summarize(records))
+    assert "| mean acc. len |" in table and "| 1.833 | 0.47 0.27 0.10 |" in table

@@ -11,6 +11,10 @@ CASES = [
     ("mcsd", {"tree": (3, 2), "verifier": "kseq"}), ("mcsd", {"tree": (2, 2, 2), "verifier": "spechub"}),
     ("mcsd", {"tree": (3, 1, 1), "verifier": "greedy-md"}), ("mcsd", {"tree": (1, 1, 1), "verifier": "sd"}),
     ("ti-mcsd", {"tree": (1, 3, 2, 1)}), ("dynamic", {"width": 3, "depth": 4}),
+    ("sd", {"k": 4, "verifier": "block"}), ("mcsd", {"tree": (4, 2, 2, 1), "verifier": "traversal"}),
+    ("dynamic", {"width": 1, "depth": 4, "verifier": "block"}),
+    ("dynamic", {"width": 3, "depth": 3, "verifier": "traversal"}),
+    ("ti-mcsd", {"tree": (1, 3, 2), "verifier": "traversal"}),
 ]
 
 
@@ -41,19 +45,20 @@ def test_greedy_uses_the_greedy_verifier(monkeypatch):
     import multispec.engine as engine
 
     seen = []
-    real, real_greedy = engine.walk_tree, engine.walk_tree_greedy
+    real, real_greedy = engine.get_sequence_verifier, engine.walk_tree_greedy
 
-    def spy(tree, tokens, p, q, spec, generator):
-        seen.append(spec.name)
-        return real(tree, tokens, p, q, spec, generator)
+    def spy(name):
+        seen.append(name)
+        return real(name)
 
     def greedy_spy(tree, tokens, best):
-        seen.append("greedy")  # the greedy verifier's walk on argmax ints (tests/test_greedy_fast_path.py)
+        seen.append("greedy-walk")  # the greedy verifier's walk on argmax ints (tests/test_greedy_fast_path.py)
         return real_greedy(tree, tokens, best)
 
-    monkeypatch.setattr(engine, "walk_tree", spy)
+    monkeypatch.setattr(engine, "get_sequence_verifier", spy)
     monkeypatch.setattr(engine, "walk_tree_greedy", greedy_spy)
     target, draft = tiny_pair(vocab=12, seed=1)
-    for verifier in ("rrs", "rrs-wor", "kseq", "greedy-md", "mcns"):
+    for verifier in ("rrs", "rrs-wor", "kseq", "greedy-md", "mcns", "traversal"):
         run(target, draft, [1, 2], "mcsd", GREEDY, 6, tree=(3, 1), verifier=verifier)
-    assert seen and set(seen) == {"greedy"}
+    run(target, draft, [1, 2], "sd", GREEDY, 6, k=3, verifier="block")
+    assert set(seen) == {"greedy", "greedy-walk"}

@@ -24,8 +24,9 @@ from multispec.models.base import Backend, forward_chain
 from multispec.sampling import SamplingConfig, process_logits
 from multispec.tree import Tree
 from multispec.verify import get_verifier
+from multispec.verify.sequence import get_sequence_verifier
 from multispec.verify.ti_chains import verify_chains
-from multispec.verify.tree_walk import walk_tree, walk_tree_greedy
+from multispec.verify.tree_walk import walk_tree_greedy
 
 
 @dataclass
@@ -69,7 +70,8 @@ def generate_ids(
     gen_verify = torch.Generator().manual_seed(seed + 1_000_003)
     policy = policy or default_policy(method)
     policy.reset()
-    spec = get_verifier("greedy" if sampling.greedy else method.verifier)
+    # a sequence verifier (node walk, block or traversal); spec.draw is the draft law it needs
+    spec = get_sequence_verifier("greedy" if sampling.greedy else method.verifier)
     c = Counters()
     start = time.perf_counter()
     target.reset()
@@ -207,7 +209,7 @@ def _di_round(target, draft, state, policy, sampling, spec, gen_draft, gen_verif
         path, nxt = walk_tree_greedy(d_tree, tok, out.logits.argmax(-1).tolist())
     else:
         p = process_logits(out.logits, sampling)
-        path, nxt = walk_tree(d_tree, tokens, p, torch.zeros_like(p) if q is None else q, spec, gen_verify)
+        path, nxt = spec.verify(d_tree, tokens, p, torch.zeros_like(p) if q is None else q, gen_verify)
     c.target_calls += 1
     t2 = time.perf_counter()
     _keep(target, d_tree, path, lt)
@@ -257,7 +259,8 @@ def _ti_round(target, draft, state, policy, sampling, spec, gen_draft, gen_verif
                          max_tree.attention_mask(lt - 1, rows=range(1, n), cols=n))
     p = torch.zeros(n, out.logits.shape[-1])
     p[1:] = process_logits(out.logits, sampling)
-    verdict = verify_chains(d.tree, d.tokens, p, d.q, sampling.greedy, gen_verify)
+    below = spec.verify if spec.name == "traversal" else None  # W = 1: the verifier of the subtree below level 1
+    verdict = verify_chains(d.tree, d.tokens, p, d.q, sampling.greedy, gen_verify, below)
     c.target_calls += 1
     t2 = time.perf_counter()
     path = verdict.path

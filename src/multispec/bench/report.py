@@ -3,7 +3,8 @@
 A results dict has `meta` (device, versions, commit, command), `settings`, optional `cost` (step-cost ratio),
 `hf_best`, `memory_metric`, and `records`: one dict per timed generation with at least method, method_name,
 options, dataset, category, temperature, new_tokens, seconds; optionally target_calls, draft_calls, rounds,
-accepted, drafted_depth, prefill_s, draft_s, verify_s, cache_s, peak_mem_mb, same_as_ar, lossless.
+accepted, drafted_depth, prefill_s, draft_s, verify_s, cache_s, peak_mem_mb, same_as_ar, lossless, num_drafts
+(rounds that drafted) and accepted_per_pos (per drafted depth d, the rounds that accepted a token at depth d).
 
 `write_outputs(out, results)` writes results.json, results.md, speedup.png and, when some method was run at several
 values of one numeric option (threshold, k, num_assistant_tokens, ...), pareto.png. `render(results, out)` writes all
@@ -19,7 +20,8 @@ from pathlib import Path
 
 SUMMARY_KEYS = ("method", "dataset", "temperature", "category", "prompts", "generations", "new_tokens", "seconds",
                 "tokens_per_s", "speedup", "tau", "acceptance_rate", "accepted_per_call", "prefill_frac",
-                "draft_frac", "verify_frac", "cache_frac", "peak_mem_mb", "greedy_identical", "lossless")
+                "draft_frac", "verify_frac", "cache_frac", "peak_mem_mb", "greedy_identical", "lossless",
+                "mean_acceptance_length", "accepted_per_position")
 
 
 def write_outputs(out: str | Path, results: dict) -> dict:
@@ -111,7 +113,21 @@ def _aggregate(key: tuple, rs: list[dict]) -> dict:
         "peak_mem_mb": max(peaks) if peaks else None,
         "greedy_identical": sum(same) / len(same) if same else None,
         "lossless": all(r.get("lossless", True) for r in rs),
+        **_acceptance_by_position(rs),
     }
+
+
+def _acceptance_by_position(rs: list[dict]) -> dict:
+    """vLLM's spec-decode metrics over records: mean acceptance length 1 + accepted / drafting rounds (the bonus
+    token counted) and, per drafted depth d, the fraction of drafting rounds that accepted a token at depth d."""
+    drafts = sum(r.get("num_drafts") or 0 for r in rs)
+    if not drafts or any(r.get("accepted_per_pos") is None for r in rs):
+        return {"mean_acceptance_length": None, "accepted_per_position": None}
+    depth = max(len(r["accepted_per_pos"]) for r in rs)
+    per_pos = [sum(r["accepted_per_pos"][d] for r in rs if d < len(r["accepted_per_pos"])) / drafts
+               for d in range(depth)]
+    return {"mean_acceptance_length": 1 + sum(r["accepted"] for r in rs) / drafts,
+            "accepted_per_position": per_pos}
 
 
 def _method_order(records: list[dict]) -> dict:
@@ -129,7 +145,9 @@ _COLUMNS = [("method", "method", "{}"), ("tok/s", "tokens_per_s", "{:.1f}"), ("s
             ("tau", "tau", "{:.2f}"), ("accept", "acceptance_rate", "{:.2f}"),
             ("acc/call", "accepted_per_call", "{:.2f}"), ("draft", "draft_frac", "{:.0%}"),
             ("verify", "verify_frac", "{:.0%}"), ("cache", "cache_frac", "{:.0%}"),
-            ("peak MB", "peak_mem_mb", "{:.1f}"), ("greedy = ar", "greedy_identical", "{:.0%}")]
+            ("peak MB", "peak_mem_mb", "{:.1f}"), ("greedy = ar", "greedy_identical", "{:.0%}"),
+            ("mean acc. len", "mean_acceptance_length", "{:.3f}"),
+            ("accepted per position", "accepted_per_position", lambda v: " ".join(f"{x:.2f}" for x in v[:8]))]
 
 
 def markdown(results: dict, summary: list[dict]) -> str:
@@ -176,7 +194,8 @@ def markdown(results: dict, summary: list[dict]) -> str:
     cat_rows = [r for r in summary if r.get("category") is not None]
     for d, t in _dt_pairs(cat_rows):
         rows = [r for r in cat_rows if r["dataset"] == d and r["temperature"] == t]
-        cols = [("method", "method", "{}"), ("category", "category", "{}")] + _COLUMNS[1:5] + [_COLUMNS[-1]]
+        cols = [("method", "method", "{}"), ("category", "category", "{}")] + _COLUMNS[1:5] + [
+            c for c in _COLUMNS if c[1] in ("mean_acceptance_length", "greedy_identical")]
         lines += [f"### {d}, T={t:g}, per category", ""] + _table(rows, cols) + [""]
     lossy = sorted({r["method"] for r in summary if not r["lossless"]})
     if lossy:
@@ -197,7 +216,7 @@ def _table(rows: list[dict], cols) -> list[str]:
         cells = []
         for _, key, fmt in cols:
             v = r.get(key)
-            cell = "–" if v is None else fmt.format(v)
+            cell = "–" if v is None else fmt(v) if callable(fmt) else fmt.format(v)
             if key == "method" and not r.get("lossless", True):
                 cell += " (LOSSY)"
             cells.append(cell)

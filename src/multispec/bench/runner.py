@@ -302,7 +302,8 @@ def _make_runner(spec: MethodSpec, pair, eos: set[int], shadow: _Shadow | None =
         return new, {"auto": _auto_summary(extra)} | {"new_tokens": c.new_tokens, "target_calls": c.target_calls, "draft_calls": c.draft_calls,
                      "rounds": c.rounds, "accepted": c.accepted, "drafted_depth": c.drafted_depth,
                      "drafted_tokens": c.drafted_tokens, "prefill_s": c.t_prefill, "draft_s": c.t_draft,
-                     "verify_s": c.t_verify, "cache_s": c.t_cache, "engine_s": seconds}
+                     "verify_s": c.t_verify, "cache_s": c.t_cache, "engine_s": seconds,
+                     "num_drafts": c.num_drafts, "accepted_per_pos": list(c.accepted_per_pos)}
     return run_engine
 
 

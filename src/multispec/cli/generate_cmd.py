@@ -28,7 +28,7 @@ SEED_MAX = 2**63 - 1
 @click.option("--proposers", help="auto: draft,lookup (default both), or one of them.")
 @click.option("--max-nodes", type=int, help="auto: the largest tree it may draft (32).")
 @click.option("--tree", help="mcsd / ti-mcsd: tree shape, e.g. 4,2,2,1 (ti-mcsd: 2,4,3,1,1).")
-@click.option("--verifier", help="mcsd / dynamic: verifier name (see `multispec verifiers`).")
+@click.option("--verifier", help="sd / specdecpp: sd or block; mcsd / dynamic: verifier name, e.g. traversal (see `multispec verifiers`).")
 @click.option("--width", type=int, help="ti-mcsd / dynamic: first-level width W.")
 @click.option("--depth", type=int, help="dynamic: maximum draft depth.")
 @click.option("--target-init", is_flag=True, default=None, help="dynamic: level 1 from the target (lossy if W>=2).")

@@ -257,7 +257,10 @@ def markdown(rows: list[dict], config: OptimalRunConfig) -> str:
              f"{'sampled at T=1' if config.sample else 'greedy'} target generation, seed {config.seed}. "
              "Mean acceptance over positions; a verifier's gap to the optimum of its own draft law in parentheses; "
              f"RRS-wor is Monte Carlo ({config.mc_samples} draft tuples per position, coins exact), ± is a 95% "
-             "interval. MCNS is lossy (no optimum). Last two columns: fraction of positions.", "", head, sep]
+             "interval. MCNS is lossy (no optimum). Last two columns: fraction of positions. The sequence "
+             "verifiers have no column: at one position `block` is SD n=1 and `traversal` is RRS-wor (same laws, "
+             "tests/test_verifiers_sequence.py); their gain is across positions, measured per target call by "
+             "`multispec bench` (docs/verifiers.md).", "", head, sep]
     for r in rows:
         lines.append(f"| {r['temperature']:g} | {r['n']} | " + " | ".join(cell(r, k) for k, _ in COLUMNS)
                      + f" | {r['frac_wor_ge_iid']:.3f} | {r['frac_greedy_gt_wor']:.3f} |")

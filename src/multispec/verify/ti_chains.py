@@ -13,11 +13,13 @@ p = (.5, 0, .5) with 2 siblings always commits token 0). So with one level-1 tok
 by the lossless tree walk with recursive rejection sampling without replacement (SPEC §4.3, the law the engine
 drafts siblings with), i.e. exactly MCSD below a target-drawn root; the walk's new token is returned as a one-hot
 `residual`, which makes it the next round's single level-1 token. For a chain below level 1 this is the same
-single-draft rule as before.
+single-draft rule as before. `below` may replace that walk by another sequence verifier of the same draft law
+(`traversal`, issue 13): it then verifies the subtree under the target-drawn level-1 node.
 """
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Callable
 
 import torch
 
@@ -39,11 +41,12 @@ class ChainVerdict:
 
 
 def verify_chains(tree: Tree, tokens: torch.Tensor, p: torch.Tensor, q: torch.Tensor, greedy: bool,
-                  generator: torch.Generator) -> ChainVerdict:
+                  generator: torch.Generator, below: Callable | None = None) -> ChainVerdict:
     """tokens: long [N]; p: float [N, V] target distribution at each node (processed; one-hot when greedy);
-    q: float [N, V] draft law of each node's children. Returns the kept chain."""
+    q: float [N, V] draft law of each node's children. below(tree, tokens, p, q, generator) -> (path, next_token):
+    the W = 1 verifier of the subtree under level 1 (default: the rrs-wor walk). Returns the kept chain."""
     if not greedy and len(tree.children[0]) == 1:
-        return _verify_single_root(tree, tokens, p, q, generator)
+        return _verify_single_root(tree, tokens, p, q, generator, below)
     best: tuple[int, tuple[int, ...], int, torch.Tensor | None] | None = None
     for path in tree.paths:
         length, reject_at, residual = 0, None, None
@@ -71,13 +74,16 @@ def verify_chains(tree: Tree, tokens: torch.Tensor, p: torch.Tensor, q: torch.Te
 
 
 def _verify_single_root(tree: Tree, tokens: torch.Tensor, p: torch.Tensor, q: torch.Tensor,
-                        generator: torch.Generator) -> ChainVerdict:
+                        generator: torch.Generator, below: Callable | None = None) -> ChainVerdict:
     """W = 1, T > 0: the lossless RRS-without-replacement walk below node 1. Node 0 gets a one-hot p and q on
     node 1's token, so the walk accepts node 1 with probability 1 and continues as MCSD from there."""
     v = p.shape[-1]
     first = torch.nn.functional.one_hot(tokens[1], v).to(p.dtype)  # [V]
     p0, q0 = p.clone(), q.clone()  # [N, V]
     p0[0], q0[0] = first, first
-    path, nxt = walk_tree(tree, tokens, p0, q0, RRS_WOR, generator)
+    if below is None:
+        path, nxt = walk_tree(tree, tokens, p0, q0, RRS_WOR, generator)
+    else:
+        path, nxt = below(tree, tokens, p0, q0, generator)
     residual = torch.nn.functional.one_hot(torch.tensor(nxt), v).to(p.dtype)  # the next (single) level-1 token
     return ChainVerdict(path=path, accepted=len(path) - 2, next_node=path[-1], residual=residual)

@@ -1,0 +1,131 @@
+"""Sequence verifiers: verify a whole drafted chain or tree in one call (SPEC §4.7 and issue 13).
+
+A sequence verifier is a pure function of the drafted tree (topology and tokens), the target p and the draft q
+at every node (q[u] = the law u's children were drawn from) and an explicit torch.Generator; it returns the
+accepted path (node indices from the root 0) and the token that ends the round. Each has an exact-law twin
+(`law`) for enumeration tests. Three kinds are registered:
+
+- the node walk (`tree_walk`) of any node verifier, under that verifier's name (sd, rrs-wor, kseq, ...);
+- `block`: block verification of a chain (Sun et al., ICLR 2025), drafts one per level from q;
+- `traversal`: traversal verification of a tree (Weng et al., NeurIPS 2025), siblings drafted without
+  replacement.
+
+`draft` is the node verifier whose `draw` is the draft law the sequence verifier needs; the engine drafts with it.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Callable
+
+import torch
+
+from multispec.errors import MultispecError, check
+from multispec.tree import Tree
+from multispec.verify import REGISTRY, get_verifier
+from multispec.verify.base import VerifierSpec
+from multispec.verify.block import block_law, verify_block
+from multispec.verify.traversal import traversal_law, verify_traversal
+from multispec.verify.tree_walk import walk_tree, walk_tree_law
+
+Outcome = tuple[tuple[int, ...], int]
+VerifyFn = Callable[[Tree, torch.Tensor, torch.Tensor, torch.Tensor, "torch.Generator | None"], Outcome]
+LawFn = Callable[[Tree, torch.Tensor, torch.Tensor, torch.Tensor], "dict[Outcome, float]"]
+
+
+@dataclass(frozen=True)
+class SequenceVerifierSpec:
+    """A verifier of a whole drafted tree.
+
+    shapes: "chain" (every node has at most one child) or "tree".
+    draft: the node verifier whose draw is the draft law (and, for a node walk, the verifier walked).
+    verify_fn(tree, tokens long [N], p float [N, V], q float [N, V], generator) -> (path, next_token).
+    law_fn(tree, tokens, p, q) -> {(path, next_token): probability}, the exact law of verify_fn.
+    """
+
+    name: str
+    description: str
+    lossless: bool
+    shapes: str
+    draft: VerifierSpec
+    verify_fn: VerifyFn
+    law_fn: LawFn
+    source: str = ""
+
+    @property
+    def draw(self):
+        """The draft law (the `draft` node verifier's draw): draw(q [B, V], n, generator) -> long [B, n]."""
+        return self.draft.draw
+
+    @property
+    def draft_law(self) -> str:
+        return self.draft.draft_law
+
+    def check_widths(self, widths) -> None:
+        """Raise MultispecError unless this verifier accepts trees whose nodes have these numbers of children."""
+        widths = set(widths)
+        if self.shapes == "chain":
+            check(widths <= {1}, f"verifier {self.name!r} verifies chains only (width 1 at every level), "
+                                 f"got widths {sorted(widths)}")
+        for width in widths:
+            self.draft.check_drafts(width)
+
+    def verify(self, tree: Tree, tokens: torch.Tensor, p: torch.Tensor, q: torch.Tensor,
+               generator: torch.Generator | None) -> Outcome:
+        """Verify one drafted tree (B = 1). Shapes as in the class docstring."""
+        check(p.shape == q.shape and p.shape[0] == len(tree) == tokens.shape[0],
+              f"tree of {len(tree)} nodes needs tokens [N], p and q [N, V]; got {tuple(tokens.shape)}, "
+              f"{tuple(p.shape)}, {tuple(q.shape)}")
+        return self.verify_fn(tree, tokens, p, q, generator)
+
+    def law(self, tree: Tree, tokens: torch.Tensor, p: torch.Tensor, q: torch.Tensor) -> dict[Outcome, float]:
+        """Exact law of `verify` for this drafted tree."""
+        return self.law_fn(tree, tokens, p, q)
+
+    def describe(self) -> dict:
+        """A row of `multispec verifiers`."""
+        kind = "node" if self.name in REGISTRY else "sequence"
+        return {"name": self.name, "kind": kind, "lossless": self.lossless,
+                "drafts": "1" if self.shapes == "chain" else self.draft.drafts, "shapes": self.shapes,
+                "draft_law": self.draft_law, "description": self.description, "source": self.source}
+
+
+def node_walk(spec: VerifierSpec) -> SequenceVerifierSpec:
+    """The root-to-leaf walk (tree_walk) of a node verifier, as a sequence verifier."""
+    return SequenceVerifierSpec(
+        name=spec.name, description=spec.description, lossless=spec.lossless,
+        shapes="chain" if spec.drafts == 1 else "tree", draft=spec,
+        verify_fn=lambda tree, tokens, p, q, gen: walk_tree(tree, tokens, p, q, spec, gen),
+        law_fn=lambda tree, tokens, p, q: walk_tree_law(tree, tokens, p, q, spec),
+        source="node by node from the root (SPEC §4.7)")
+
+
+SEQUENCE_REGISTRY: dict[str, SequenceVerifierSpec] = {
+    "block": SequenceVerifierSpec(
+        name="block",
+        description="block verification: the drafted chain is verified jointly (last stop wins), optimal "
+                    "expected accepted length among chain verifiers",
+        lossless=True, shapes="chain", draft=REGISTRY["sd"], verify_fn=verify_block, law_fn=block_law,
+        source="Sun et al., ICLR 2025, arXiv 2403.10444, Algorithm 2"),
+    "traversal": SequenceVerifierSpec(
+        name="traversal",
+        description="traversal verification: leaf to root in post-order with sequence-level acceptance; "
+                    "equals block on a chain",
+        lossless=True, shapes="tree", draft=REGISTRY["rrs-wor"], verify_fn=verify_traversal,
+        law_fn=traversal_law, source="Weng et al., NeurIPS 2025, arXiv 2505.12398"),
+}
+
+
+def get_sequence_verifier(name: str) -> SequenceVerifierSpec:
+    """`block`, `traversal`, or the node walk of the node verifier called `name`; MultispecError otherwise."""
+    if name in SEQUENCE_REGISTRY:
+        return SEQUENCE_REGISTRY[name]
+    try:
+        return node_walk(get_verifier(name))
+    except MultispecError:
+        raise MultispecError(f"unknown verifier {name!r}; valid names: "
+                             f"{', '.join([*REGISTRY, *SEQUENCE_REGISTRY])}") from None
+
+
+def all_verifiers() -> list[SequenceVerifierSpec]:
+    """Every verifier the engine can run: node walks in REGISTRY order, then the sequence verifiers."""
+    return [node_walk(spec) for spec in REGISTRY.values()] + list(SEQUENCE_REGISTRY.values())
