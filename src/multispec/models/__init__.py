@@ -9,13 +9,15 @@ from multispec.models.base import Backend, ForwardOut, causal_mask, forward_chai
 BACKENDS = ("hf", "fast")
 
 
-def make_backend(model: torch.nn.Module, kind: str = "hf") -> Backend:
-    """A fresh backend (with its own empty cache) over a loaded model."""
+def make_backend(model: torch.nn.Module, kind: str = "hf", max_len: int | None = None) -> Backend:
+    """A fresh backend (with its own empty cache) over a loaded model. max_len: the fast backend's cache rows
+    (size it to prompt + max_new_tokens + one round's tree; default the model's position limit, at most 4096);
+    the transformers backend's cache grows as needed and ignores it."""
     check(kind in BACKENDS, f"unknown backend {kind!r}; choose one of {', '.join(BACKENDS)}")
     if kind == "fast":
-        from multispec.models.fast_llama import FastLlamaBackend
+        from multispec.models.fast import FastBackend
 
-        return FastLlamaBackend(model)
+        return FastBackend(model, max_len=max_len)
     from multispec.models.hf import HFBackend
 
     return HFBackend(model)

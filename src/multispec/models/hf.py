@@ -38,7 +38,7 @@ class HFBackend:
         self.vocab_size = int(self._head.weight.shape[0])
         self.hidden_size = int(self._head.weight.shape[1])
         self.cache: DynamicCache | None = None
-        self._pos = torch.zeros(0, dtype=torch.long, device=self.device)  # position of each cache row
+        self._pos = torch.zeros(0, dtype=torch.long)  # position of each cache row (CPU: no device sync)
         self._rows_are_positions = True  # row i holds position i (a plain chain): the model's own masks are right
         self.reset()
 
@@ -58,10 +58,10 @@ class HFBackend:
         cached rows (the cheap path: the model builds its own mask, none at all for a 1-token decode).
         Returns float32 logits [N, V] and, if asked, the last hidden state float32 [N, H]."""
         n, start = tokens.shape[0], self.cache_len
-        positions = positions.to(self.device)
+        positions = positions.cpu()
         chain = self._is_chain(positions, n) if mask is None or self.layout.tree_refusal else False
         if mask is not None and chain and self.layout.tree_refusal:
-            chain = bool(torch.equal(mask.to(self.device), _chain_mask(start, n, self.device)))
+            chain = bool(torch.equal(mask.cpu(), _chain_mask(start, n, "cpu")))
         if chain:
             attn = None
         elif self.layout.tree_refusal:
@@ -70,12 +70,12 @@ class HFBackend:
         else:
             if mask is None:
                 mask = _chain_mask(start, n, self.device)
-            attn = self._masks(mask.to(self.device), positions)
+            attn = self._masks(mask.to(self.device), positions.to(self.device))
         captured = []
         hook = self._head.register_forward_pre_hook(lambda _m, args: captured.append(args[0])) if want_hidden \
             else None
         try:
-            out = self.model(input_ids=tokens.to(self.device)[None], position_ids=positions[None],
+            out = self.model(input_ids=tokens.to(self.device)[None], position_ids=positions.to(self.device)[None],
                              attention_mask=attn, past_key_values=self.cache, use_cache=True)
         finally:
             if hook is not None:
@@ -95,7 +95,7 @@ class HFBackend:
     def _masks(self, mask: torch.Tensor, positions: torch.Tensor):
         """Additive [1, 1, N, cache_len + N] mask per layer type: the given mask, narrowed by each type's window
         measured in positions. One tensor when the model has one layer type, else a dict type -> mask."""
-        keys = torch.cat([self._pos, positions])  # [cache_len + N]
+        keys = torch.cat([self._pos.to(self.device), positions])  # [cache_len + N]
         masks = {}
         for kind in self.layout.distinct_types:
             allowed = mask
@@ -115,7 +115,8 @@ class HFBackend:
         first = 0
         while first < len(idx) and idx[first] == first:
             first += 1
-        tail = torch.tensor(idx[first:], dtype=torch.long, device=self.device)
+        tail_cpu = torch.tensor(idx[first:], dtype=torch.long)
+        tail = tail_cpu.to(self.device)
         for layer in self.cache.layers:
             if getattr(layer, "keys", None) is None or layer.keys.numel() == 0:
                 continue
@@ -125,11 +126,11 @@ class HFBackend:
                 layer.keys = torch.cat([layer.keys[..., :first, :], layer.keys.index_select(-2, tail)], dim=-2)
                 layer.values = torch.cat([layer.values[..., :first, :], layer.values.index_select(-2, tail)],
                                          dim=-2)
-        self._pos = torch.cat([self._pos[:first], self._pos[tail]]) if first < len(idx) else self._pos[:first]
+        self._pos = torch.cat([self._pos[:first], self._pos[tail_cpu]]) if first < len(idx) else self._pos[:first]
         # rows are positions again when the kept rows hold positions 0..K-1 (a tree path kept onto its prefix)
         k = len(idx)
-        self._rows_are_positions = k == 0 or (int(self._pos[-1]) == k - 1 and
-                                              bool(torch.equal(self._pos, torch.arange(k, device=self.device))))
+        self._rows_are_positions = k == 0 or (int(self._pos[-1]) == k - 1 and bool(torch.equal(self._pos,
+                                                                                             torch.arange(k))))
 
 
 def _chain_mask(start: int, n: int, device) -> torch.Tensor:
