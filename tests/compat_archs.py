@@ -12,7 +12,7 @@ import torch
 VOCAB = 64
 WINDOW = 6  # shorter than the matrix's prompt + output, so every sliding layer's window is crossed
 
-_LLAMA_LIKE = dict(vocab_size=VOCAB, pad_token_id=0, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+_LLAMA_LIKE = dict(vocab_size=VOCAB, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
                    num_attention_heads=4, num_key_value_heads=2, head_dim=8, max_position_embeddings=128,
                    tie_word_embeddings=False)
 _GPT2_LIKE = dict(vocab_size=VOCAB, n_embd=32, n_layer=2, n_head=4, n_positions=128)
@@ -30,11 +30,11 @@ ARCHS: dict[str, tuple[str, dict]] = {
     "qwen2": ("qwen2", {}),
     "qwen3": ("qwen3", {}),
     "gemma": ("gemma", {}),
-    "phi3": ("phi3", {}),
+    "phi3": ("phi3", dict(partial_rotary_factor=0.5)),
     "phi": ("phi", {}),
     "olmo": ("olmo", {}),
     "olmo2": ("olmo2", {}),
-    "smollm3": ("smollm3", {}),
+    "smollm3": ("smollm3", dict(no_rope_layers=[1, 0])),
     "stablelm": ("stablelm", {}),
     "gpt2": ("gpt2", _GPT2_LIKE),
     "gpt_neox": ("gpt_neox", dict(vocab_size=VOCAB, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
@@ -96,10 +96,35 @@ def build(name: str, seed: int = 0) -> torch.nn.Module:
     model_type, overrides = ARCHS[name]
     kwargs = dict(_LLAMA_LIKE) if "vocab_size" not in overrides else {}
     kwargs.update(overrides)
+    kwargs.update(bos_token_id=None, eos_token_id=None, pad_token_id=0)
     config = AutoConfig.for_model(model_type, **kwargs)
-    config.eos_token_id = None
     torch.manual_seed(seed)
     model = AutoModelForCausalLM.from_config(config).float().eval()
     model.generation_config.eos_token_id = None
     model.generation_config.pad_token_id = 0
     return model
+
+# What each entry exercises, for docs/compat.md.
+NOTES = {
+    "llama": "grouped-query attention", "llama-mha": "multi-head attention", "llama-tied": "tied embeddings",
+    "llama-rope-linear": "linear RoPE scaling", "llama-rope-llama3": "Llama 3 RoPE scaling",
+    "mistral": "no window", "qwen2": "q/k/v biases", "qwen3": "q/k norms", "gemma": "norm offset, embedding scale",
+    "phi3": "fused qkv / gate-up projections, partial rotary", "phi": "partial rotary, parallel block", "olmo": "non-parametric norm",
+    "olmo2": "post-norms, q/k norms over the projection", "smollm3": "a no-RoPE layer", "stablelm": "partial rotary",
+    "gpt2": "learned absolute positions, tied", "gpt_neox": "parallel residual", "gptj": "partial rotary",
+    "falcon": "rotary, new decoder architecture", "opt": "learned positions with offset", "mixtral": "MoE",
+    "qwen2_moe": "MoE with shared expert", "granite": "logits_scaling, residual/embedding multipliers",
+    "cohere": "logit_scale", "mistral-window": f"sliding window {WINDOW} (all layers)",
+    "qwen2-window": f"sliding window {WINDOW} on some layers", "starcoder2-window": f"sliding window {WINDOW}",
+    "gemma2": f"sliding + full layers (window {WINDOW}), attention and final soft-caps",
+    "gemma3": f"sliding + full layers (window {WINDOW}), per-type RoPE, final soft-cap",
+    "cohere2": f"sliding + full layers (window {WINDOW}), logit_scale",
+    "gpt_oss": f"sliding + full layers (window {WINDOW}), attention sinks, MoE",
+    "olmo3": f"sliding + full layers (window {WINDOW}), post-norms",
+    "exaone4": f"sliding + full layers (window {WINDOW})",
+    "llama4_text": f"chunked attention (chunk {WINDOW}), no-RoPE layers, MoE",
+    "bloom": "ALiBi by cache row", "falcon-alibi": "ALiBi by cache row", "mpt": "ALiBi by cache row",
+    "gpt_neo-local": f"local attention by cache row (window {WINDOW})",
+    "mamba": "recurrent state", "jamba": "Mamba + attention hybrid", "qwen3_next": "linear + full attention hybrid",
+}
+assert set(NOTES) == set(ARCHS)

@@ -74,7 +74,8 @@ def test_pycode_parity():
     assert _compare(pair.draft) < TOL
 
 
-FAMILY_ARCHS = ("llama-tied", "llama-rope-llama3", "mistral-window", "qwen2-window", "qwen3", "gemma", "gemma2",
+FAMILY_ARCHS = ("llama", "llama-tied", "llama-rope-linear", "llama-rope-llama3", "mistral", "mistral-window", "qwen2",
+                "qwen2-window", "qwen3", "gemma", "gemma2",
                 "gemma3", "phi3", "granite", "smollm3", "olmo2", "olmo3")
 
 
