@@ -124,3 +124,15 @@ def test_load_pair_refuses_a_recurrent_model_in_one_line(tmp_path):
     with pytest.raises(MultispecError, match="recurrent") as err:
         multispec.load_pair(target=str(tmp_path / "mamba"), device="cpu")
     assert "\n" not in str(err.value)
+
+
+def test_a_position_past_the_limit_is_refused_in_one_line():
+    import pytest
+
+    from compat_archs import build
+    from multispec.errors import MultispecError
+
+    backend = make_backend(build("gpt2"))  # learned absolute positions: 128
+    forward_chain(backend, torch.arange(128) % 64)  # positions 0..127: all of them
+    with pytest.raises(MultispecError, match="limit of 128 positions"):
+        forward_chain(backend, torch.tensor([1]))

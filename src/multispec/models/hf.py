@@ -59,6 +59,9 @@ class HFBackend:
         Returns float32 logits [N, V] and, if asked, the last hidden state float32 [N, H]."""
         n, start = tokens.shape[0], self.cache_len
         positions = positions.cpu()
+        if self.max_positions is not None and int(positions.max()) >= self.max_positions:
+            raise MultispecError(f"position {int(positions.max())} is past the model's limit of "
+                                 f"{self.max_positions} positions (max_position_embeddings)")
         chain = self._is_chain(positions, n) if mask is None or self.layout.tree_refusal else False
         if mask is not None and chain and self.layout.tree_refusal:
             chain = bool(torch.equal(mask.cpu(), _chain_mask(start, n, "cpu")))
