@@ -66,6 +66,20 @@ ARCHS: dict[str, tuple[str, dict]] = {
     "llama4_text": ("llama4_text", dict(attention_chunk_size=WINDOW, num_local_experts=2, num_experts_per_tok=1,
                                         intermediate_size_mlp=64, interleave_moe_layer_step=1,
                                         no_rope_layers=[1, 0])),
+    "gemma3-multimodal": ("gemma3", dict(
+        text_config=dict(_LLAMA_LIKE, sliding_window=WINDOW, layer_types=["sliding_attention", "full_attention"],
+                         bos_token_id=None, eos_token_id=None, pad_token_id=0),
+        vision_config=dict(hidden_size=16, intermediate_size=32, num_hidden_layers=1, num_attention_heads=2,
+                           image_size=28, patch_size=14),
+        mm_tokens_per_image=4, image_token_index=63, boi_token_index=61, eoi_token_index=62)),
+    "llama4": ("llama4", dict(
+        text_config=dict(_LLAMA_LIKE, attention_chunk_size=WINDOW, num_local_experts=2, num_experts_per_tok=1,
+                         intermediate_size_mlp=64, interleave_moe_layer_step=1, no_rope_layers=[1, 0],
+                         bos_token_id=None, eos_token_id=None, pad_token_id=0),
+        vision_config=dict(hidden_size=16, intermediate_size=32, num_hidden_layers=1, num_attention_heads=2,
+                           image_size=28, patch_size=14, vision_output_dim=32, projector_input_dim=32,
+                           projector_output_dim=32),
+        image_token_index=63)),
     # attention by cache row: chain methods only
     "bloom": ("bloom", dict(vocab_size=VOCAB, hidden_size=32, n_layer=2, n_head=4)),
     "falcon-alibi": ("falcon", dict(vocab_size=VOCAB, hidden_size=32, num_hidden_layers=2, num_attention_heads=4,
@@ -94,7 +108,7 @@ def build(name: str, seed: int = 0) -> torch.nn.Module:
     from transformers import AutoConfig, AutoModelForCausalLM
 
     model_type, overrides = ARCHS[name]
-    kwargs = dict(_LLAMA_LIKE) if "vocab_size" not in overrides else {}
+    kwargs = dict(_LLAMA_LIKE) if "vocab_size" not in overrides and "text_config" not in overrides else {}
     kwargs.update(overrides)
     kwargs.update(bos_token_id=None, eos_token_id=None, pad_token_id=0)
     config = AutoConfig.for_model(model_type, **kwargs)
@@ -109,7 +123,8 @@ NOTES = {
     "llama": "grouped-query attention", "llama-mha": "multi-head attention", "llama-tied": "tied embeddings",
     "llama-rope-linear": "linear RoPE scaling", "llama-rope-llama3": "Llama 3 RoPE scaling",
     "mistral": "no window", "qwen2": "q/k/v biases", "qwen3": "q/k norms", "gemma": "norm offset, embedding scale",
-    "phi3": "fused qkv / gate-up projections, partial rotary", "phi": "partial rotary, parallel block", "olmo": "non-parametric norm",
+    "phi3": "fused qkv / gate-up projections, partial rotary", "phi": "partial rotary, parallel block",
+    "olmo": "non-parametric norm",
     "olmo2": "post-norms, q/k norms over the projection", "smollm3": "a no-RoPE layer", "stablelm": "partial rotary",
     "gpt2": "learned absolute positions, tied", "gpt_neox": "parallel residual", "gptj": "partial rotary",
     "falcon": "rotary, new decoder architecture", "opt": "learned positions with offset", "mixtral": "MoE",
@@ -118,6 +133,8 @@ NOTES = {
     "qwen2-window": f"sliding window {WINDOW} on some layers", "starcoder2-window": f"sliding window {WINDOW}",
     "gemma2": f"sliding + full layers (window {WINDOW}), attention and final soft-caps",
     "gemma3": f"sliding + full layers (window {WINDOW}), per-type RoPE, final soft-cap",
+    "llama4": "a full Llama 4 config (the released checkpoints): loads Llama4ForCausalLM",
+    "gemma3-multimodal": "Gemma3ForConditionalGeneration (the released checkpoints), text prompts",
     "cohere2": f"sliding + full layers (window {WINDOW}), logit_scale",
     "gpt_oss": f"sliding + full layers (window {WINDOW}), attention sinks, MoE",
     "olmo3": f"sliding + full layers (window {WINDOW}), post-norms",

@@ -74,6 +74,12 @@ def test_architecture(name):
         return generate(pair, PROMPT, method=method, max_new_tokens=NEW, temperature=temperature, seed=0,
                         **options).token_ids
 
+    from multispec.models import forward_chain, make_backend
+
+    backend = make_backend(target)
+    out = forward_chain(backend, torch.tensor(PROMPT), want_hidden=True)  # hidden states stay available for heads
+    assert out.hidden.shape == (len(PROMPT), backend.hidden_size)
+    assert out.logits.shape == (len(PROMPT), backend.vocab_size)
     ar = run("ar")
     assert ar == _own_greedy(target), "ar differs from the model's own greedy generate"
     assert run("sd", k=3) == ar
@@ -89,3 +95,18 @@ def test_architecture(name):
     assert len(run("mcsd", temperature=1.0, tree=(3, 2, 2))) == NEW
     same = _pair(target, target)
     assert generate(same, PROMPT, method="mcsd", max_new_tokens=NEW, temperature=0.0, tree=(2, 2)).token_ids == ar
+
+
+@pytest.mark.parametrize("name", ["mpt", "gpt_neo-local"])
+def test_probe_refuses_row_ordered_attention_it_was_not_told_about(monkeypatch, name):
+    """The deliberately broken variant: with the row-order rule removed, the load-time probe itself refuses the
+    model (its tree logits disagree with its own full forward) instead of letting trees decode it wrongly."""
+    import dataclasses
+
+    from multispec.models import layout, probe
+
+    real = layout.attention_layout
+    monkeypatch.setattr(probe, "attention_layout", lambda c: dataclasses.replace(real(c), tree_refusal=None))
+    with pytest.raises(MultispecError) as err:
+        _check_supported(build(name), name)
+    assert "tree logits disagree" in _one_line(err)

@@ -85,6 +85,9 @@ class HFBackend:
                 hook.remove()
         self._pos = torch.cat([self._pos, positions])
         self._rows_are_positions = self._rows_are_positions and chain
+        if want_hidden and not captured:
+            raise MultispecError(f"{type(self.model).__name__} does not call its output embedding in forward, so "
+                                 "its last hidden state is not available (needed by heads); use a method without one")
         hidden = captured[0][0].float() if want_hidden else None
         return ForwardOut(logits=out.logits[0].float(), hidden=hidden)
 
