@@ -116,7 +116,8 @@ def test_no_mask_chain_and_cache_size():
 
     model = build("mistral-window")
     cheap, explicit = make_backend(model, "fast", max_len=20), make_backend(model, "fast", max_len=20)
-    assert cheap.max_positions == 20 and make_backend(model, "fast").max_positions == 128
+    assert cheap.max_positions == 20 and make_backend(model, "fast").max_positions == 128  # the config's limit
+    assert make_backend(model, "fast").max_len == 128 + 256  # room for a round's tree at the limit
     for step in (torch.arange(9) + 3, torch.tensor([4]), torch.tensor([5, 6]), torch.tensor([7])):
         start, n = cheap.cache_len, step.shape[0]
         a = cheap.forward(step, torch.arange(start, start + n), None)

@@ -74,7 +74,9 @@ def test_architecture(name):
         return generate(pair, PROMPT, method=method, max_new_tokens=NEW, temperature=temperature, seed=0,
                         **options).token_ids
 
-    from multispec.models import forward_chain, make_backend
+    from multispec.models import forward_chain, make_backend, tree_refusal
+
+    assert (tree_refusal(target) is not None) == (name in CHAIN_ONLY)
 
     backend = make_backend(target)
     out = forward_chain(backend, torch.tensor(PROMPT), want_hidden=True)  # hidden states stay available for heads

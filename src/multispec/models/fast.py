@@ -24,14 +24,16 @@ from multispec.models.layout import attention_layout
 
 SUPPORTED = tuple(FAMILIES)
 DEFAULT_ROWS = 4096
+TREE_SLACK = 256  # default rows past the position limit: a round's tree rows sit after the committed chain
 
 
 class FastBackend:
     name = "fast"
 
     def __init__(self, model: torch.nn.Module, max_len: int | None = None):
-        """max_len: cache rows (prompt + new tokens + one round's tree); default the model's position limit capped
-        at 4096."""
+        """max_len: cache rows; size it to prompt + max_new_tokens + one round's tree. Default: the model's position
+        limit (at most 4096) plus TREE_SLACK rows. max_positions: the most positions a chain can reach here, the
+        smaller of the config's limit and the cache rows."""
         cfg = model.config
         check(cfg.model_type in FAMILIES,
               f"the fast backend supports {', '.join(SUPPORTED)} models, not {cfg.model_type!r}; use --backend hf")
@@ -39,7 +41,9 @@ class FastBackend:
         self.layout = attention_layout(cfg)
         check(self.layout.tree_refusal is None, f"the fast backend cannot run this model: {self.layout.tree_refusal}")
         self.model, self.cfg = model.eval(), cfg
-        base = model.model
+        base = getattr(model, "model", None)
+        check(all(hasattr(base, a) for a in ("embed_tokens", "layers", "norm", "rotary_emb")),
+              f"the fast backend cannot read this {cfg.model_type} model's modules; use --backend hf")
         self.embed, self.layers, self.norm, self.rotary = base.embed_tokens, base.layers, base.norm, base.rotary_emb
         self._head = model.get_output_embeddings()
         check(self._head is not None and len(self.layers) == len(self.layout.layer_types),
@@ -55,8 +59,8 @@ class FastBackend:
         self.attn_softcap = getattr(cfg, "attn_logit_softcapping", None)
         self.final_softcap = getattr(cfg, "final_logit_softcapping", None)
         self.logits_div = getattr(cfg, "logits_scaling", None)
-        self.max_len = int(max_len or min(DEFAULT_ROWS, self.layout.max_positions or DEFAULT_ROWS))
         limit = self.layout.max_positions
+        self.max_len = int(max_len or min(DEFAULT_ROWS, limit or DEFAULT_ROWS) + TREE_SLACK)
         self.max_positions = min(self.max_len, limit) if limit else self.max_len
         shape = (len(self.layers), self.n_kv, self.max_len, self.head_dim)  # [L, H_kv, S, D]
         self.k_cache = torch.zeros(shape, dtype=self.dtype, device=self.device)
@@ -138,6 +142,9 @@ class FastBackend:
         if total > self.max_len:
             raise MultispecError(f"sequence of {total} tokens exceeds the fast backend's cache of {self.max_len} "
                                  "rows; size it with max_len")
+        if self.layout.max_positions is not None and int(positions.max()) >= self.layout.max_positions:
+            raise MultispecError(f"position {int(positions.max())} is past the model's limit of "
+                                 f"{self.layout.max_positions} positions (max_position_embeddings)")
         tokens, positions = tokens.to(self.device), positions.to(self.device)
         self.pos[start:total] = positions
         masks = self._masks(mask, positions, start, n)
