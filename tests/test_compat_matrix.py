@@ -91,6 +91,8 @@ def test_architecture(name):
                 run(method, **options)
             assert "tree methods are not supported" in _one_line(err)
         assert len(run("sd", temperature=1.0, k=3)) == NEW
+        same = _pair(target, target)
+        assert generate(same, PROMPT, method="sd", max_new_tokens=NEW, temperature=0.0, k=3).token_ids == ar
         return
     for method, options in TREE_METHODS:
         assert run(method, **options) == ar, method
