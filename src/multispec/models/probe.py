@@ -48,8 +48,8 @@ def _probe(model, backend, layout) -> tuple[float | None, str]:
     windows = [w for w in layout.windows.values()]
     n_prefix = max(8, min(windows, default=0) + 3) if min(windows, default=1 << 30) <= 64 else 8
     gen = torch.Generator().manual_seed(0)
-    vocab = backend.vocab_size
-    prefix = torch.randint(0, vocab, (n_prefix,), generator=gen).tolist()
+    allowed = _text_ids(model.config, backend.vocab_size)
+    prefix = allowed[torch.randint(0, len(allowed), (n_prefix,), generator=gen)].tolist()
 
     def full(ids: list[int]) -> torch.Tensor:  # the model's own logits, no cache: float32 [len(ids), V]
         out = model(input_ids=torch.tensor([ids], device=backend.device))
@@ -58,9 +58,10 @@ def _probe(model, backend, layout) -> tuple[float | None, str]:
     def err(a: torch.Tensor, b: torch.Tensor) -> float:
         return float((a - b).abs().max()) / (1.0 + float(b.abs().max()))
 
-    ref = full(prefix + [1, 2])
+    a, b, c = allowed[:3].tolist()
+    ref = full(prefix + [a, b])
     got = [forward_chain(backend, torch.tensor(prefix)).logits]
-    for t in (1, 2):
+    for t in (a, b):
         got.append(forward_chain(backend, torch.tensor([t])).logits)
     worst = err(torch.cat(got), ref)
     if worst > tol:
@@ -68,15 +69,27 @@ def _probe(model, backend, layout) -> tuple[float | None, str]:
     if layout.tree_refusal:
         return None, ""
     base = backend.cache_len
-    ids = prefix + [1, 2]
+    ids = prefix + [a, b]
     tree = Tree.from_shape((2, 2, 1))
-    tokens = torch.randint(0, vocab, (len(tree),), generator=gen)
+    tokens = allowed[torch.randint(0, len(allowed), (len(tree),), generator=gen)]
     out = backend.forward(tokens, tree.position_ids(base), tree.attention_mask(base))
     for path in tree.paths:
         ref = full(ids + tokens[list(path)].tolist())[base:]
         worst = max(worst, err(out.logits[list(path)], ref))
     path = tree.paths[0]
     backend.keep(tree.keep_indices(path, base))
-    nxt = forward_chain(backend, torch.tensor([3])).logits
-    worst = max(worst, err(nxt, full(ids + tokens[list(path)].tolist() + [3])[-1:]))
+    nxt = forward_chain(backend, torch.tensor([c])).logits
+    worst = max(worst, err(nxt, full(ids + tokens[list(path)].tolist() + [c])[-1:]))
     return (worst, "its tree logits") if worst > tol else (None, "")
+
+
+def _text_ids(config, vocab: int) -> torch.Tensor:
+    """long [K]: token ids for the probe, without the config's special ids (image / video placeholders would make
+    a multimodal model expect pixels)."""
+    special = set()
+    for cfg in (config, config.get_text_config(decoder=True)):
+        for key, value in vars(cfg).items():
+            if key.endswith(("token_id", "token_index", "token_ids")) and value is not None:
+                special.update(value if isinstance(value, (list, tuple)) else [value])
+    ids = torch.tensor([i for i in range(min(vocab, 4096)) if i not in special], dtype=torch.long)
+    return ids if len(ids) >= 3 else torch.arange(vocab)
