@@ -68,6 +68,14 @@ def test_no_mask_is_the_causal_chain_also_past_a_window_and_after_a_kept_path():
 
     model = build("gemma2")  # sliding + full layers, window 6, soft-caps
     cheap, explicit = make_backend(model), make_backend(model)
+    masks_given = []
+    own = cheap.model
+
+    def spy(**kwargs):
+        masks_given.append(kwargs["attention_mask"])
+        return own(**kwargs)
+
+    cheap.model = spy
     tree = Tree.from_shape((2, 2))
     tokens = torch.arange(len(tree)) * 7 % 64
     ids = []
@@ -89,6 +97,9 @@ def test_no_mask_is_the_causal_chain_also_past_a_window_and_after_a_kept_path():
         ids += step.tolist()
         assert torch.allclose(a.logits, _fresh_logits(model, ids)[-n:], atol=TOL)
     assert cheap.cache_len == explicit.cache_len == len(ids) > 12
+    tree_call = 3
+    assert all(m is None for i, m in enumerate(masks_given) if i != tree_call)  # no mask built on the cheap path
+    assert isinstance(masks_given[tree_call], dict)  # gemma2: one mask per layer type
 
 
 def test_max_positions_is_the_config_limit():

@@ -62,9 +62,9 @@ class HFBackend:
         if self.max_positions is not None and int(positions.max()) >= self.max_positions:
             raise MultispecError(f"position {int(positions.max())} is past the model's limit of "
                                  f"{self.max_positions} positions (max_position_embeddings)")
-        chain = self._is_chain(positions, n) if mask is None or self.layout.tree_refusal else False
-        if mask is not None and chain and self.layout.tree_refusal:
-            chain = bool(torch.equal(mask.cpu(), _chain_mask(start, n, "cpu")))
+        contiguous = self._continues_rows(positions, n)
+        chain = contiguous and (mask is None or (self.layout.tree_refusal is not None and
+                                                 bool(torch.equal(mask.cpu(), _chain_mask(start, n, "cpu")))))
         if chain:
             attn = None
         elif self.layout.tree_refusal:
@@ -84,19 +84,22 @@ class HFBackend:
             if hook is not None:
                 hook.remove()
         self._pos = torch.cat([self._pos, positions])
-        self._rows_are_positions = self._rows_are_positions and chain
+        self._rows_are_positions = contiguous
         if want_hidden and not captured:
             raise MultispecError(f"{type(self.model).__name__} does not call its output embedding in forward, so "
                                  "its last hidden state is not available (needed by heads); use a method without one")
         hidden = captured[0][0].float() if want_hidden else None
         return ForwardOut(logits=out.logits[0].float(), hidden=hidden)
 
-    def _is_chain(self, positions: torch.Tensor, n: int) -> bool:
-        """Do these tokens continue the cache as a plain chain, rows equal to positions?"""
+    def _continues_rows(self, positions: torch.Tensor, n: int) -> bool:
+        """Will every row still hold its own index as position (cache rows 0..cache_len-1 do, and these tokens
+        take positions cache_len..cache_len+n-1)? Then the model's own row-based masks are right."""
         if not self._rows_are_positions:
             return False
         start = self.cache_len
-        return bool(positions[0] == start) and (n == 1 or bool(positions[-1] == start + n - 1))
+        if n == 1:
+            return int(positions[0]) == start
+        return bool(torch.equal(positions, torch.arange(start, start + n)))
 
     def _masks(self, mask: torch.Tensor, positions: torch.Tensor):
         """Additive [1, 1, N, cache_len + N] mask per layer type: the given mask, narrowed by each type's window
