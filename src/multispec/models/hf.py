@@ -104,7 +104,7 @@ class HFBackend:
     def _masks(self, mask: torch.Tensor, positions: torch.Tensor):
         """Additive [1, 1, N, cache_len + N] mask per layer type: the given mask, narrowed by each type's window
         measured in positions. One tensor when the model has one layer type, else a dict type -> mask."""
-        keys = torch.cat([self._pos.to(self.device), positions])  # [cache_len + N]
+        keys = torch.cat([self._pos.to(self.device), positions]) if self.layout.windows else None  # [cache_len+N]
         masks = {}
         for kind in self.layout.distinct_types:
             allowed = mask
