@@ -125,17 +125,11 @@ def _load_model(path: str, device: torch.device, dtype: torch.dtype) -> torch.nn
 
 
 def _check_supported(model: torch.nn.Module, path: str) -> None:
-    """The backend computes logits as output_embeddings(base_model(x).last_hidden_state); refuse models where that
-    differs from the model's own logits (final soft-capping, scaling), rather than decode them wrongly."""
-    head = model.get_output_embeddings()
-    check(head is not None and hasattr(model, "base_model") and model.base_model is not model,
-          f"{path}: unsupported model (no separate output embedding / base model)")
-    ids = torch.tensor([[1, 2]], device=next(model.parameters()).device)
-    with torch.inference_mode():
-        full = model(input_ids=ids).logits.float()
-        ours = head(model.base_model(input_ids=ids).last_hidden_state).float()
-    check(torch.allclose(full, ours, atol=1e-3, rtol=1e-3),
-          f"{path}: unsupported model: its logits are not the output embedding of its last hidden state")
+    """Refuse, in one line, what the backends cannot decode exactly: recurrent / linear-attention caches, and any
+    model whose cached, tree-masked forwards disagree with its own full forward (see models/probe.py)."""
+    from multispec.models.probe import probe_model
+
+    probe_model(model, path)
 
 
 def _first_line(e: BaseException) -> str:

@@ -9,16 +9,26 @@ from multispec.models.base import Backend, ForwardOut, causal_mask, forward_chai
 BACKENDS = ("hf", "fast")
 
 
-def make_backend(model: torch.nn.Module, kind: str = "hf") -> Backend:
-    """A fresh backend (with its own empty cache) over a loaded model."""
+def make_backend(model: torch.nn.Module, kind: str = "hf", max_len: int | None = None) -> Backend:
+    """A fresh backend (with its own empty cache) over a loaded model. max_len: the fast backend's cache rows
+    (size it to prompt + max_new_tokens + one round's tree; default the model's position limit, at most 4096, plus
+    256); the transformers backend's cache grows as needed and ignores it."""
     check(kind in BACKENDS, f"unknown backend {kind!r}; choose one of {', '.join(BACKENDS)}")
     if kind == "fast":
-        from multispec.models.fast_llama import FastLlamaBackend
+        from multispec.models.fast import FastBackend
 
-        return FastLlamaBackend(model)
+        return FastBackend(model, max_len=max_len)
     from multispec.models.hf import HFBackend
 
     return HFBackend(model)
 
 
-__all__ = ["Backend", "ForwardOut", "causal_mask", "forward_chain", "make_backend", "BACKENDS"]
+def tree_refusal(model: torch.nn.Module) -> str | None:
+    """Why tree methods cannot run on this model (attention by cache row, e.g. ALiBi), or None: for refusing a tree
+    method before generation starts. Only chain methods (ar, sd) run on such a model."""
+    from multispec.models.layout import attention_layout
+
+    return attention_layout(model.config).tree_refusal
+
+
+__all__ = ["Backend", "ForwardOut", "causal_mask", "forward_chain", "make_backend", "tree_refusal", "BACKENDS"]

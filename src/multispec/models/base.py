@@ -4,6 +4,8 @@ The engine and proposers talk to a model through four calls:
 - `forward(tokens, positions, mask, want_hidden)`: append `tokens` after the cached rows and return their logits
   (and last hidden states). `mask` is bool [N, cache_len + N]: row i says which cached rows and which of the new
   tokens token i attends to. Prefill, one-token decode, a chain and a whole token tree are all this one call.
+  `mask=None` means a plain causal chain after all cached rows: the cheap path (no mask built for a 1-token decode).
+- `max_positions`: the model's position limit (int), or None when it has none.
 - `keep(indices)`: keep only these cache rows, in this order (a gather, then a crop): how a round keeps the prefix
   plus the accepted path and drops the rest.
 - `cache_len`, `reset()`.
@@ -30,6 +32,7 @@ class Backend(Protocol):
     vocab_size: int
     hidden_size: int
     device: torch.device
+    max_positions: int | None
 
     @property
     def cache_len(self) -> int: ...
@@ -37,7 +40,8 @@ class Backend(Protocol):
     def reset(self) -> None: ...
 
     def forward(
-        self, tokens: torch.Tensor, positions: torch.Tensor, mask: torch.Tensor, want_hidden: bool = False
+        self, tokens: torch.Tensor, positions: torch.Tensor, mask: torch.Tensor | None = None,
+        want_hidden: bool = False
     ) -> ForwardOut: ...
 
     def keep(self, indices: torch.Tensor) -> None: ...

@@ -1,18 +1,25 @@
-"""A backend for any transformers causal LM (AutoModelForCausalLM), through the public cache and 4D-mask APIs.
+"""A backend for any attention-only transformers causal LM (AutoModelForCausalLM), through its own forward.
 
-Supported: transformers 5.x (tested with 5.23): `DynamicCache` whose `layers[i].keys/values` are
-[B, heads, seq, head_dim] tensors, a custom 4D additive mask passed as `attention_mask` (used as-is), and explicit
-`position_ids`. Models whose cache layers are not plain dynamic layers (sliding-window or hybrid caches) are refused.
+Supported: transformers 5.x (tested with 5.23). The cache is a plain `DynamicCache()` (every layer a `DynamicLayer`
+holding all rows, [B, heads, seq, head_dim]) and the backend records the position of every row. Sliding-window and
+chunked layers (Mistral, Gemma 2/3, gpt-oss, Llama 4, ...) keep all rows too; their window is applied in the mask, by
+position distance, one 4D additive mask per layer type (a dict when the model mixes types, as transformers 5.x
+accepts). So keeping a tree path is the same gather for every layer, and tree rows never confuse a window.
+
+Logits are the model's own output (final soft-cap, logit scaling, whatever its `forward` does); the last hidden
+state is the input of its output embedding, caught by a hook only when asked for.
+
+Models whose attention depends on cache rows rather than positions (ALiBi by row, GPT-Neo local layers) run plain
+chains only; a tree forward is refused with one line before any token is produced.
 """
 from __future__ import annotations
 
 import torch
 from transformers import DynamicCache
-from transformers.cache_utils import DynamicLayer
 
 from multispec.errors import MultispecError
 from multispec.models.base import ForwardOut
-from multispec.tree import additive_mask
+from multispec.models.layout import AttentionLayout, attention_layout
 
 
 class HFBackend:
@@ -20,62 +27,121 @@ class HFBackend:
 
     name = "hf"
 
-    def __init__(self, model: torch.nn.Module):
+    def __init__(self, model: torch.nn.Module, layout: AttentionLayout | None = None):
         self.model = model.eval()
         self.config = model.config
+        self.layout = layout or attention_layout(model.config)
+        self.max_positions = self.layout.max_positions
         self.device = next(model.parameters()).device
         self.dtype = next(model.parameters()).dtype
-        self.vocab_size = int(model.get_output_embeddings().weight.shape[0])
-        self.hidden_size = int(model.get_output_embeddings().weight.shape[1])
-        self._base = model.base_model
         self._head = model.get_output_embeddings()
+        self.vocab_size = int(self._head.weight.shape[0])
+        self.hidden_size = int(self._head.weight.shape[1])
         self.cache: DynamicCache | None = None
-        self._len = 0
+        self._pos = torch.zeros(0, dtype=torch.long)  # position of each cache row (CPU: no device sync)
+        self._rows_are_positions = True  # row i holds position i (a plain chain): the model's own masks are right
         self.reset()
 
     @property
     def cache_len(self) -> int:
-        return self._len
+        return int(self._pos.shape[0])
 
     def reset(self) -> None:
-        self.cache = DynamicCache(config=self.config)
-        self._len = 0
+        self.cache = DynamicCache()  # plain layers only, whatever the config says: windows live in the mask
+        self._pos = self._pos[:0]
+        self._rows_are_positions = True
 
     @torch.inference_mode()
-    def forward(
-        self, tokens: torch.Tensor, positions: torch.Tensor, mask: torch.Tensor, want_hidden: bool = False
-    ) -> ForwardOut:
-        """tokens, positions: long [N]; mask: bool [N, cache_len + N]. Returns float32 logits [N, V]."""
-        n = tokens.shape[0]
-        assert mask.shape == (n, self._len + n), (mask.shape, self._len, n)
-        attn = additive_mask(mask.to(self.device), self.dtype)[None, None]  # [1, 1, N, cache+N]
-        out = self._base(
-            input_ids=tokens.to(self.device)[None],
-            position_ids=positions.to(self.device)[None],
-            attention_mask=attn,
-            past_key_values=self.cache,
-            use_cache=True,
-        )
-        hidden = out.last_hidden_state[0]  # [N, H]
-        logits = self._head(hidden).float()
-        self._len += n
-        return ForwardOut(logits=logits, hidden=hidden.float() if want_hidden else None)
+    def forward(self, tokens: torch.Tensor, positions: torch.Tensor, mask: torch.Tensor | None = None,
+                want_hidden: bool = False) -> ForwardOut:
+        """tokens, positions: long [N]; mask: bool [N, cache_len + N], or None for a plain causal chain after all
+        cached rows (the cheap path: the model builds its own mask, none at all for a 1-token decode).
+        Returns float32 logits [N, V] and, if asked, the last hidden state float32 [N, H]."""
+        n, start = tokens.shape[0], self.cache_len
+        positions = positions.cpu()
+        if self.max_positions is not None and int(positions.max()) >= self.max_positions:
+            raise MultispecError(f"position {int(positions.max())} is past the model's limit of "
+                                 f"{self.max_positions} positions (max_position_embeddings)")
+        contiguous = self._continues_rows(positions, n)
+        chain = contiguous and (mask is None or (self.layout.tree_refusal is not None and
+                                                 bool(torch.equal(mask.cpu(), _chain_mask(start, n, "cpu")))))
+        if chain:
+            attn = None
+        elif self.layout.tree_refusal:
+            raise MultispecError(f"tree methods are not supported for this model: {self.layout.tree_refusal}; "
+                                 "use method ar or sd")
+        else:
+            if mask is None:
+                mask = _chain_mask(start, n, self.device)
+            attn = self._masks(mask.to(self.device), positions.to(self.device))
+        captured = []
+        hook = self._head.register_forward_pre_hook(lambda _m, args: captured.append(args[0])) if want_hidden \
+            else None
+        try:
+            out = self.model(input_ids=tokens.to(self.device)[None], position_ids=positions.to(self.device)[None],
+                             attention_mask=attn, past_key_values=self.cache, use_cache=True)
+        finally:
+            if hook is not None:
+                hook.remove()
+        self._pos = torch.cat([self._pos, positions])
+        self._rows_are_positions = contiguous
+        if want_hidden and not captured:
+            raise MultispecError(f"{type(self.model).__name__} does not call its output embedding in forward, so "
+                                 "its last hidden state is not available (needed by heads); use a method without one")
+        hidden = captured[0][0].float() if want_hidden else None
+        return ForwardOut(logits=out.logits[0].float(), hidden=hidden)
+
+    def _continues_rows(self, positions: torch.Tensor, n: int) -> bool:
+        """Will every row still hold its own index as position (cache rows 0..cache_len-1 do, and these tokens
+        take positions cache_len..cache_len+n-1)? Then the model's own row-based masks are right."""
+        if not self._rows_are_positions:
+            return False
+        start = self.cache_len
+        if n == 1:
+            return int(positions[0]) == start
+        return bool(torch.equal(positions, torch.arange(start, start + n)))
+
+    def _masks(self, mask: torch.Tensor, positions: torch.Tensor):
+        """Additive [1, 1, N, cache_len + N] mask per layer type: the given mask, narrowed by each type's window
+        measured in positions. One tensor when the model has one layer type, else a dict type -> mask."""
+        keys = torch.cat([self._pos.to(self.device), positions]) if self.layout.windows else None  # [cache_len+N]
+        masks = {}
+        for kind in self.layout.distinct_types:
+            allowed = mask
+            w = self.layout.windows.get(kind)
+            if kind == "sliding_attention":
+                allowed = allowed & (positions[:, None] - keys[None, :] < w)
+            elif kind == "chunked_attention":
+                allowed = allowed & (positions[:, None] // w == keys[None, :] // w)
+            additive = torch.zeros(allowed.shape, dtype=self.dtype, device=self.device)
+            masks[kind] = additive.masked_fill_(~allowed, torch.finfo(self.dtype).min)[None, None]
+        return next(iter(masks.values())) if len(masks) == 1 else masks
 
     def keep(self, indices: torch.Tensor) -> None:
-        """Keep cache rows `indices` (long [K], increasing), dropping the rest: gather the tail, crop the cache."""
+        """Keep cache rows `indices` (long [K], increasing), dropping the rest: a crop when they are a prefix,
+        else the prefix plus a gather of the tail, in every layer alike."""
         idx = indices.tolist()
         first = 0
         while first < len(idx) and idx[first] == first:
             first += 1
-        if first == len(idx):  # pure crop
-            drop = self._len - len(idx)
-            if drop:
-                self.cache.crop(-drop)
-        else:
-            tail = torch.tensor(idx[first:], device=self.device)
-            for layer in self.cache.layers:
-                if type(layer) is not DynamicLayer:
-                    raise MultispecError(f"unsupported cache layer {type(layer).__name__}: only plain dynamic caches")
+        tail_cpu = torch.tensor(idx[first:], dtype=torch.long)
+        tail = tail_cpu.to(self.device)
+        for layer in self.cache.layers:
+            if getattr(layer, "keys", None) is None or layer.keys.numel() == 0:
+                continue
+            if first == len(idx):
+                layer.keys, layer.values = layer.keys[..., :first, :], layer.values[..., :first, :]
+            else:
                 layer.keys = torch.cat([layer.keys[..., :first, :], layer.keys.index_select(-2, tail)], dim=-2)
-                layer.values = torch.cat([layer.values[..., :first, :], layer.values.index_select(-2, tail)], dim=-2)
-        self._len = len(idx)
+                layer.values = torch.cat([layer.values[..., :first, :], layer.values.index_select(-2, tail)],
+                                         dim=-2)
+        self._pos = torch.cat([self._pos[:first], self._pos[tail_cpu]]) if first < len(idx) else self._pos[:first]
+        # rows are positions again when the kept rows hold positions 0..K-1 (a tree path kept onto its prefix)
+        k = len(idx)
+        self._rows_are_positions = k == 0 or (int(self._pos[-1]) == k - 1 and bool(torch.equal(self._pos,
+                                                                                             torch.arange(k))))
+
+
+def _chain_mask(start: int, n: int, device) -> torch.Tensor:
+    """bool [n, start + n]: every cached row plus the new tokens causally."""
+    return torch.ones(n, start + n, dtype=torch.bool, device=device).tril(diagonal=start)
