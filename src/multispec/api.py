@@ -219,6 +219,7 @@ def generate(pair: Pair, prompt: str | list[int], method: str = DEFAULT_METHOD, 
     max_new_tokens = _fit_context(pair, config, len(ids), max_new_tokens, warnings)
 
     uses_draft = config.name in NEEDS_DRAFT or (config.name == "auto" and "draft" in config.proposers)
+    _refuse_trees_where_inexact(pair, config, uses_draft)
     target = _backend(pair.target, backend, len(ids) + max_new_tokens, config)
     draft = _backend(pair.draft, backend, len(ids) + max_new_tokens, config) \
         if (pair.draft is not None and uses_draft) else None
@@ -244,6 +245,20 @@ def generate(pair: Pair, prompt: str | list[int], method: str = DEFAULT_METHOD, 
     if extra is not None:
         stats[config.name] = extra
     return GenerationResult(token_ids=token_ids, text=text, stats=stats, finish_reason=c.finish_reason)
+
+
+def _refuse_trees_where_inexact(pair: Pair, config, uses_draft: bool) -> None:
+    """Models whose attention depends on cache-row order or uses ALiBi by row (MPT, GPT-Neo local layers, Bloom,
+    Falcon-ALiBi) verify chains exactly but not token trees: refuse tree methods here, before any model runs
+    (`auto` keeps to chains for them, see policy_factory)."""
+    from multispec.models import tree_refusal
+
+    if not any(w > 1 for w in config.tree):
+        return
+    reason = tree_refusal(pair.target) or (tree_refusal(pair.draft) if uses_draft and pair.draft is not None
+                                           else None)
+    check(reason is None, f"method {config.name!r} drafts token trees, which this model cannot verify exactly "
+                          f"({reason}); use auto, sd, specdecpp, lookup or ar")
 
 
 def _integer(v, name: str) -> int | None:
@@ -319,11 +334,10 @@ def _backend(model: torch.nn.Module, kind: str, tokens: int, config):
 
     if kind != "fast":
         return make_backend(model, kind)
-    from multispec.models.fast_llama import FastLlamaBackend
 
     tree_nodes = 1 + (config.max_nodes if config.name == "auto" else
                       sum(math.prod(config.tree[:d + 1]) for d in range(len(config.tree))))
-    return FastLlamaBackend(model, max_len=tokens + tree_nodes + 1)
+    return make_backend(model, "fast", max_len=tokens + tree_nodes + 1)
 
 
 def _sampling(pair: Pair, temperature: float | None, top_k: int | None, top_p: float | None) -> SamplingConfig:

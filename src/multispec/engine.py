@@ -124,7 +124,7 @@ def _round_limit(target: Backend, remaining: int, target_init: bool) -> tuple[in
         if lt >= max_pos:
             return None
         depth = min(depth, max_pos - 1 - lt)
-    max_rows = getattr(target, "max_rows", None)
+    max_rows = getattr(target, "max_len", None)  # a static cache's rows (the fast backend)
     if max_rows is not None:
         if lt >= max_rows:
             return None

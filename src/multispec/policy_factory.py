@@ -16,8 +16,11 @@ def make_policy(config: MethodConfig, pair):
     if config.name == "auto":
         from multispec.drafting.auto import AutoPolicy
 
+        from multispec.models import tree_refusal
+
         proposers = tuple(p for p in config.proposers if p != "draft" or pair.draft is not None)
-        return AutoPolicy(proposers=proposers, max_nodes=config.max_nodes)
+        chains_only = any(m is not None and hasattr(m, "config") and tree_refusal(m) for m in (pair.target, pair.draft))
+        return AutoPolicy(proposers=proposers, max_nodes=config.max_nodes, max_width=1 if chains_only else 4)
     if config.name == "specdecpp":
         from multispec.heads.acceptance import load_head
 

@@ -69,9 +69,9 @@ def shadow_params(model: torch.nn.Module) -> int:
 
 def make_shadow_backend(model: torch.nn.Module, max_len: int = 2048):
     """The shadow's own backend: the static-cache fast backend (plain torch ops, no per-step allocation)."""
-    from multispec.models.fast_llama import FastLlamaBackend
+    from multispec.models.fast import FastBackend
 
-    return FastLlamaBackend(model, max_len=max_len)
+    return FastBackend(model, max_len=max_len)
 
 
 class ShadowBackend:
