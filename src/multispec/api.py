@@ -257,8 +257,8 @@ def _refuse_trees_where_inexact(pair: Pair, config, uses_draft: bool) -> None:
         return
     reason = tree_refusal(pair.target) or (tree_refusal(pair.draft) if uses_draft and pair.draft is not None
                                            else None)
-    check(reason is None, f"method {config.name!r} drafts token trees, which this model cannot verify exactly "
-                          f"({reason}); use auto, sd, specdecpp, lookup or ar")
+    check(reason is None, f"method {config.name!r} drafts token trees, and tree methods are not supported on this "
+                          f"model ({reason}); use auto, sd, specdecpp, lookup or ar")
 
 
 def _integer(v, name: str) -> int | None:
