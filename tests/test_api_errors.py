@@ -114,6 +114,7 @@ def test_cli_version_and_verifiers():
     assert r.returncode == 0 and multispec.__version__ in r.stdout
     r = _cli("verifiers", "--json")
     rows = json.loads(r.stdout)
-    assert [row["name"] for row in rows] == ["greedy", "sd", "mcns", "rrs", "rrs-wor", "kseq", "spechub", "greedy-md"]
+    assert [row["name"] for row in rows] == ["greedy", "sd", "mcns", "rrs", "rrs-wor", "kseq", "spechub", "greedy-md",
+                                             "ot"]
     assert {row["name"] for row in rows if not row["lossless"]} == {"mcns"}
     assert all(set(row) == {"name", "lossless", "drafts", "description"} for row in rows)
