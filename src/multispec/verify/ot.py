@@ -22,6 +22,7 @@ from that law, so the numbers checked by exact enumeration come from the code th
 """
 from __future__ import annotations
 
+import bisect
 import functools
 import math
 from dataclasses import dataclass
@@ -33,6 +34,7 @@ from multispec.errors import MultispecError, check
 from multispec.verify.base import EPS, NodeLaw, NodeResult, Plan, VerifierSpec, draw_iid, law_iid
 
 NEST_TOL = 1e-12  # nested intervals may overlap by rounding up to this much before the general sweep is used
+PADDED_PIECES = 8  # select_probs pads rows whose tokens have at most this many key pieces (vectorized)
 
 
 # ----------------------------------------------------------------------------------- the selection law r
@@ -141,34 +143,40 @@ def interval_start(length: np.ndarray, mass: np.ndarray, lo: float, hi: float, n
 
 
 def region_pieces(order: np.ndarray, q: np.ndarray, r: np.ndarray, lo: float, hi: float, n: int,
-                  force_sweep: bool = False) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+                  force_sweep: bool = False) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
     """Pieces (token long [P], lo float64 [P], hi float64 [P], slot long [P]: the piece's rank within its
     token) tiling [lo, hi] so that token z's keys have mean F' equal to r(z)/q(z).
 
     order: long [m], tokens with q > 0 by r/q descending (their q-mass is hi − lo, r-mass F(hi) − F(lo)).
     Each token in turn takes the shadow of its atom in the key measure left (docs/optimal.md §7.2); any
-    order is valid. The closed form (nested intervals) is tried with r/q ascending, then descending; if
-    neither nests, the general sweep runs.
+    order is valid. The closed form (nested intervals) is tried with r/q ascending, then descending. If
+    neither nests throughout, the order that nests longer gives its nested prefix in closed form and the
+    sequential sweep places the other tokens in the two intervals left.
     """
     if order.size == 0:
         return np.zeros(0, dtype=np.int64), np.zeros(0), np.zeros(0), np.zeros(0, dtype=np.int64)
+    best = (0, order[::-1], None)
     if not force_sweep:
         for o in (order[::-1], order):
-            nested = nested_pieces(o, q, r, lo, hi, n)
-            if nested is not None:
-                return nested
-    out = sweep_pieces(order[::-1], q, r, lo, hi, n)
-    tok = np.array([t for t, _, _ in out], dtype=np.int64)
-    seen: dict[int, int] = {}
-    slot = np.array([seen.setdefault(t, 0) + (seen.__setitem__(t, seen[t] + 1) or 0) for t in tok.tolist()],
-                    dtype=np.int64)
-    return tok, np.array([a for _, a, _ in out]), np.array([b for _, _, b in out]), slot
+            A, B, good = nested_intervals(o, q, r, lo, hi, n)
+            if good == o.size:
+                return nested_pieces(o, A, B)
+            if good > best[0]:
+                best = (good, o, (A[:good], B[:good]))
+    good, o, prefix = best
+    parts = [nested_pieces(o[:good], *prefix)] if good else []
+    left = [(lo, prefix[0][-1]), (prefix[1][-1], hi)] if good else [(lo, hi)]
+    tok, a, b = sweep_pieces(o[good:].tolist(), q, r, left, n)
+    rank: dict[int, int] = {}
+    slot = [rank.setdefault(t, 0) + (rank.__setitem__(t, rank[t] + 1) or 0) for t in tok]
+    parts.append((np.array(tok, dtype=np.int64), np.array(a), np.array(b), np.array(slot, dtype=np.int64)))
+    return tuple(np.concatenate(x) for x in zip(*parts))
 
 
-def nested_pieces(order, q, r, lo, hi, n):
-    """Closed form: the keys of the first j tokens of `order` form one interval [A_j, B_j] whose length is
-    their q-mass and whose F-mass is their r-mass; token j owns [A_j, A_{j-1}) and [B_{j-1}, B_j).
-    Returns pieces as in region_pieces (two per token), or None unless the intervals nest."""
+def nested_intervals(order, q, r, lo, hi, n):
+    """Closed form: the keys of the first j tokens of `order` as one interval [A_j, B_j] whose length is their
+    q-mass and whose F-mass is their r-mass. Returns (A, B, good): float64 [m] each, and the number of leading
+    tokens whose intervals nest (m when all do)."""
     L = np.cumsum(q[order])
     M = np.cumsum(r[order])
     L[-1] = hi - lo  # the whole region, exactly
@@ -176,60 +184,63 @@ def nested_pieces(order, q, r, lo, hi, n):
     A[-1] = lo
     B = A + L
     B[-1] = hi
-    if np.any(np.diff(A) > NEST_TOL) or np.any(np.diff(B) < -NEST_TOL):
-        return None
-    A = np.minimum.accumulate(A)
-    B = np.maximum.accumulate(B)
+    bad = np.flatnonzero((np.diff(A) > NEST_TOL) | (np.diff(B) < -NEST_TOL))
+    good = int(bad[0]) + 1 if bad.size else order.size
+    return np.minimum.accumulate(A), np.maximum.accumulate(B), good
+
+
+def nested_pieces(order, A, B):
+    """Token order[j] owns [A_j, A_{j-1}) and [B_{j-1}, B_j) (two pieces each; slot 0 and 1)."""
     A_prev = np.concatenate([[A[0]], A[:-1]])
     B_prev = np.concatenate([[A[0]], B[:-1]])
     slot = np.repeat(np.array([0, 1], dtype=np.int64), order.size)
     return np.concatenate([order, order]), np.concatenate([A, B_prev]), np.concatenate([A_prev, B]), slot
 
 
-def sweep_pieces(order, q, r, lo, hi, n):
-    """General shadow sweep: each token takes a window, contiguous in the remaining key measure, of length
-    q(z) and F-mass r(z). The remaining measure is a sorted list of intervals. O(m · intervals)."""
-    left = np.array([lo])
-    right = np.array([hi])
-    out = []
-    last = int(order[-1])
-    for t in order.tolist():
-        if left.size == 0:  # consumed by rounding before the last token
+def sweep_pieces(order: list[int], q: np.ndarray, r: np.ndarray, left: list[tuple[float, float]], n: int):
+    """General shadow sweep: each token takes a window, contiguous in the key measure left (a sorted list of
+    intervals), of length q(z) and F-mass r(z); the window's start solves a monotone equation (bisection).
+    Returns lists (token, lo, hi) of pieces. Pure Python scalars: O(tokens · (60 + intervals))."""
+    F = lambda x: 1.0 - (1.0 - min(x, 1.0)) ** n  # noqa: E731
+    iv = [list(x) for x in left if x[1] > x[0]]
+    tok, out_a, out_b = [], [], []
+    for idx, t in enumerate(order):
+        if not iv:  # consumed by rounding before the last token
             break
-        length, mass = q[t], r[t]
-        seg_len = right - left
-        cum_len = np.concatenate([[0.0], np.cumsum(seg_len)])
-        cum_f = np.concatenate([[0.0], np.cumsum(coverage(right, n) - coverage(left, n))])
+        length, mass = float(q[t]), float(r[t])
+        cum_len, cum_f = [0.0], [0.0]
+        for a, b in iv:
+            cum_len.append(cum_len[-1] + b - a)
+            cum_f.append(cum_f[-1] + F(b) - F(a))
         total = cum_len[-1]
 
-        def at(w):  # remaining-measure coordinate -> (segment index, key u, F-mass below)
-            i = np.clip(np.searchsorted(cum_len, w, side="right") - 1, 0, seg_len.size - 1)
-            u = np.minimum(left[i] + (w - cum_len[i]), right[i])
-            return i, u, cum_f[i] + coverage(u, n) - coverage(left[i], n)
+        def at(w):  # remaining-measure coordinate w -> (interval index, key u, F-mass below u)
+            i = min(max(bisect.bisect_right(cum_len, w) - 1, 0), len(iv) - 1)
+            u = min(iv[i][0] + (w - cum_len[i]), iv[i][1])
+            return i, u, cum_f[i] + F(u) - F(iv[i][0])
 
-        w_lo, w_hi = 0.0, max(total - length, 0.0)
-        for _ in range(100):  # F-mass of the window [w, w + length] decreases in w
+        if idx == len(order) - 1:  # the last token takes everything left
+            i0, u0, i1, u1 = 0, iv[0][0], len(iv) - 1, iv[-1][1]
+        else:
+            w_lo, w_hi = 0.0, max(total - length, 0.0)
+            for _ in range(64):  # the F-mass of the window [w, w + length] decreases in w
+                w = 0.5 * (w_lo + w_hi)
+                if at(min(w + length, total))[2] - at(w)[2] > mass:
+                    w_lo = w
+                else:
+                    w_hi = w
             w = 0.5 * (w_lo + w_hi)
-            if at(min(w + length, total))[2] - at(w)[2] > mass:
-                w_lo = w
-            else:
-                w_hi = w
-            if w_hi - w_lo <= 1e-17:
-                break
-        w = 0.5 * (w_lo + w_hi)
-        i0, u0, _ = at(w)
-        i1, u1, _ = at(min(w + length, total))
-        if t == last:  # the last token takes everything left
-            i0, u0, i1, u1 = 0, left[0], seg_len.size - 1, right[-1]
+            i0, u0, _ = at(w)
+            i1, u1, _ = at(min(w + length, total))
         for i in range(i0, i1 + 1):
-            a, b = (u0 if i == i0 else left[i]), (u1 if i == i1 else right[i])
+            a, b = (u0 if i == i0 else iv[i][0]), (u1 if i == i1 else iv[i][1])
             if b > a:
-                out.append((t, float(a), float(b)))
-        new_left = np.concatenate([left[:i0 + 1], [u1], left[i1 + 1:]])
-        new_right = np.concatenate([right[:i0], [u0], right[i1:]])
-        keep = new_right > new_left
-        left, right = new_left[keep], new_right[keep]
-    return out
+                tok.append(t)
+                out_a.append(a)
+                out_b.append(b)
+        rest = iv[:i0] + [[iv[i0][0], u0], [u1, iv[i1][1]]] + iv[i1 + 1:]
+        iv = [x for x in rest if x[1] > x[0]]
+    return tok, out_a, out_b
 
 
 # ----------------------------------------------------------------------------------- one position
@@ -244,13 +255,14 @@ class OTSelection:
     """Everything `ot` needs at one position.
 
     p: target float64 [V]; q: draft float64 [V]; r: selection law float64 [V] (as realized by the pieces);
-    lo, hi: float64 [V, K], token z's keys are uniform on the union of [lo[z, i], hi[z, i]) (empty pieces
-    have lo = hi); n: number of drafts.
+    start long [V+1], lo, hi float64 [P]: token z's keys are uniform on the union of its pieces
+    [lo[i], hi[i]) for i in start[z]:start[z+1] (CSR); n: number of drafts.
     """
 
     p: np.ndarray
     q: np.ndarray
     r: np.ndarray
+    start: np.ndarray
     lo: np.ndarray
     hi: np.ndarray
     n: int
@@ -260,18 +272,40 @@ class OTSelection:
         """Σ min(p, r): the acceptance rate of `ot` at this position (= α*)."""
         return float(np.minimum(self.p, self.r).sum())
 
+    def piece_lengths(self) -> np.ndarray:
+        """Total key length of each token, float64 [V] (equals q when the pieces tile [0, 1])."""
+        counts = np.diff(self.start)
+        return np.bincount(np.repeat(np.arange(counts.size), counts), weights=self.hi - self.lo,
+                           minlength=counts.size)
+
     def select_probs(self, drafts: np.ndarray, chunk: int = 4096) -> np.ndarray:
         """P(draft j has the smallest key), float64 [B, k], for drafts long [B, k] (tokens with q > 0).
 
         The integrand f_j(u) Π_{i≠j} (1 − K_i(u)) is a polynomial of degree <= k − 1 between consecutive
         piece ends, so Gauss–Legendre with k nodes per segment integrates it exactly (segments of length 0,
-        from repeated ends, add 0).
+        from repeated ends, add 0). Rows whose tokens have few pieces are done together, padded; the others
+        one by one.
         """
         drafts = np.atleast_2d(drafts)
-        if drafts.shape[0] > chunk:
-            return np.concatenate([self.select_probs(drafts[i:i + chunk]) for i in range(0, drafts.shape[0], chunk)])
+        counts = self.start[drafts + 1] - self.start[drafts]  # [B, k]
+        out = np.empty(drafts.shape)
+        few = counts.max(1) <= PADDED_PIECES
+        rows = np.flatnonzero(few)
+        for i in range(0, rows.size, chunk):
+            sub = rows[i:i + chunk]
+            out[sub] = self._padded(drafts[sub], int(counts[sub].max()))
+        for b in np.flatnonzero(~few):
+            out[b] = self._one_row(drafts[b])
+        return out
+
+    def _padded(self, drafts: np.ndarray, width: int) -> np.ndarray:
+        """select_probs for drafts long [B, k] whose tokens have <= width pieces, vectorized."""
         b, k = drafts.shape
-        lo, hi = self.lo[drafts], self.hi[drafts]  # [B, k, K]
+        first = self.start[drafts][:, :, None] + np.arange(width)  # [B, k, K]
+        valid = first < self.start[drafts + 1][:, :, None]
+        idx = np.where(valid, first, 0)
+        lo = np.where(valid, self.lo[idx] if self.lo.size else 0.0, 0.0)  # empty pieces [0, 0)
+        hi = np.where(valid, self.hi[idx] if self.hi.size else 0.0, 0.0)
         qs = self.q[drafts]  # [B, k]
         ends = np.concatenate([lo.reshape(b, -1), hi.reshape(b, -1), np.zeros((b, 1)), np.ones((b, 1))], 1)
         ends.sort(axis=1)  # [B, E]
@@ -290,6 +324,31 @@ class OTSelection:
         for j in range(k):
             others = np.prod(np.delete(surv, j, axis=1), axis=1)  # [B, G]
             out[:, j] = np.einsum("bg,bg->b", w, dens[:, j] * others)
+        return out
+
+    def _one_row(self, drafts: np.ndarray) -> np.ndarray:
+        """select_probs for one row, drafts long [k], any number of pieces: O(P log P + P k^2)."""
+        k = drafts.size
+        pieces = [(self.lo[self.start[x]:self.start[x + 1]], self.hi[self.start[x]:self.start[x + 1]])
+                  for x in drafts.tolist()]
+        edges = np.unique(np.concatenate([a for a, _ in pieces] + [b for _, b in pieces] + [np.array([0.0, 1.0])]))
+        seg = np.diff(edges)  # [S]
+        dens = np.zeros((k, seg.size))
+        for j, (a, b) in enumerate(pieces):
+            cover = np.zeros(edges.size)
+            np.add.at(cover, np.searchsorted(edges, a), 1.0)
+            np.add.at(cover, np.searchsorted(edges, b), -1.0)
+            qx = self.q[drafts[j]]
+            dens[j] = np.cumsum(cover)[:-1] / qx if qx > 0 else 0.0
+        k_start = np.concatenate([np.zeros((k, 1)), np.cumsum(dens * seg, 1)[:, :-1]], 1)  # K_j at segment starts
+        nodes, weights = gauss_legendre(k)
+        x = (nodes + 1) / 2  # [G] in [0, 1]
+        surv = np.clip(1.0 - (k_start[:, :, None] + dens[:, :, None] * seg[None, :, None] * x), 0.0, 1.0)
+        w = seg[:, None] * weights[None, :] / 2  # [S, G]
+        out = np.empty(k)
+        for j in range(k):
+            others = np.prod(np.delete(surv, j, axis=0), axis=0)  # [S, G]
+            out[j] = float(np.sum(w * dens[j][:, None] * others))
         return out
 
     def node_law(self, drafts: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -330,12 +389,11 @@ def ot_selection(p, q, n: int, force_sweep: bool = False) -> OTSelection:
         tok, lo, hi, slot = (np.concatenate([x, y]) for x, y in zip(pa, ph))
     # the selection law realized by the pieces (the optimal r up to rounding): what stage 2 must use
     r = np.bincount(tok, weights=coverage(hi, n) - coverage(lo, n), minlength=p.size)
-    width = int(slot.max()) + 1 if slot.size else 1
-    lo_k = np.zeros((p.size, width))
-    hi_k = np.zeros((p.size, width))
-    lo_k[tok, slot] = lo
-    hi_k[tok, slot] = hi
-    return OTSelection(p=p, q=q, r=r, lo=lo_k, hi=hi_k, n=n)
+    start = np.concatenate([[0], np.cumsum(np.bincount(tok, minlength=p.size))])
+    at = start[tok] + slot  # CSR position of each piece: its token's block, then its rank
+    lo_csr, hi_csr = np.empty(tok.size), np.empty(tok.size)
+    lo_csr[at], hi_csr[at] = lo, hi
+    return OTSelection(p=p, q=q, r=r, start=start, lo=lo_csr, hi=hi_csr, n=n)
 
 
 # ----------------------------------------------------------------------------------- the VerifierSpec
