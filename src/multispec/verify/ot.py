@@ -40,11 +40,12 @@ PADDED_PIECES = 8  # select_probs pads rows whose tokens have at most this many 
 # ----------------------------------------------------------------------------------- the selection law r
 def ipow(x, n: int):
     """x ** n for an integer n >= 0 by repeated multiplication (numpy's float pow is several times slower)."""
-    out = np.ones_like(x) if isinstance(x, np.ndarray) else 1.0
-    base = x
+    if n == 0:
+        return np.ones_like(x) if isinstance(x, np.ndarray) else 1.0
+    out, base = None, x
     while n:
         if n & 1:
-            out = out * base
+            out = base if out is None else out * base
         n >>= 1
         if n:
             base = base * base
@@ -66,7 +67,6 @@ def selection_law(p: np.ndarray, q: np.ndarray, n: int) -> tuple[np.ndarray, np.
     idx = np.flatnonzero(q > 0)
     order = idx[np.argsort(-(p[idx] / q[idx]))]  # p/q descending (the order within ties does not matter)
     qs, ps = q[order], p[order]
-    cum_q = np.concatenate([[0.0], np.cumsum(qs)])
     cum_p = np.concatenate([[0.0], np.cumsum(ps)])
     tail_q = np.concatenate([np.cumsum(qs[::-1])[::-1], [0.0]])  # q(H_k), summed from the end (no 1 − x)
     k = int(np.argmax(cum_p - (1.0 - ipow(tail_q, n))))  # optimal cut: A = order[:k], H = order[k:]
@@ -143,13 +143,15 @@ def interval_start(length: np.ndarray, mass: np.ndarray, lo: float, hi: float, n
 
 
 def region_pieces(order: np.ndarray, q: np.ndarray, r: np.ndarray, lo: float, hi: float, n: int,
-                  force_sweep: bool = False) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+                  force_sweep: bool = False, ascending_first: bool = True
+                  ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
     """Pieces (token long [P], lo float64 [P], hi float64 [P], slot long [P]: the piece's rank within its
     token) tiling [lo, hi] so that token z's keys have mean F' equal to r(z)/q(z).
 
     order: long [m], tokens with q > 0 by r/q descending (their q-mass is hi − lo, r-mass F(hi) − F(lo)).
     Each token in turn takes the shadow of its atom in the key measure left (docs/optimal.md §7.2); any
-    order is valid. The closed form (nested intervals) is tried with r/q ascending, then descending. If
+    order is valid. The closed form (nested intervals) is tried with r/q ascending and descending (the
+    first one tried: ascending_first; A nests mostly descending, H ascending, on LLM pairs). If
     neither nests throughout, the order that nests longer gives its nested prefix in closed form and the
     sequential sweep places the other tokens in the two intervals left.
     """
@@ -157,7 +159,7 @@ def region_pieces(order: np.ndarray, q: np.ndarray, r: np.ndarray, lo: float, hi
         return np.zeros(0, dtype=np.int64), np.zeros(0), np.zeros(0), np.zeros(0, dtype=np.int64)
     best = (0, order[::-1], None)
     if not force_sweep:
-        for o in (order[::-1], order):
+        for o in ((order[::-1], order) if ascending_first else (order, order[::-1])):
             A, B, good = nested_intervals(o, q, r, lo, hi, n)
             if good == o.size:
                 return nested_pieces(o, A, B)
@@ -256,7 +258,8 @@ class OTSelection:
 
     p: target float64 [V]; q: draft float64 [V]; r: selection law float64 [V] (as realized by the pieces);
     start long [V+1], lo, hi float64 [P]: token z's keys are uniform on the union of its pieces
-    [lo[i], hi[i]) for i in start[z]:start[z+1] (CSR); n: number of drafts.
+    [lo[i], hi[i]) for i in start[z]:start[z+1] (CSR); n: number of drafts; swept: tokens with more than
+    two pieces, which only the sequential sweep makes (a cost diagnostic).
     """
 
     p: np.ndarray
@@ -266,6 +269,7 @@ class OTSelection:
     lo: np.ndarray
     hi: np.ndarray
     n: int
+    swept: int = 0  # tokens with more than 2 key pieces: placed by the sequential sweep (0: closed form only)
 
     @property
     def acceptance(self) -> float:
@@ -384,7 +388,7 @@ def ot_selection(p, q, n: int, force_sweep: bool = False) -> OTSelection:
     else:
         r, order, k = selection_law(p, q, n)
         a = float(q[order[:k]].sum())
-        pa = region_pieces(order[:k], q, r, 0.0, a, n, force_sweep)
+        pa = region_pieces(order[:k], q, r, 0.0, a, n, force_sweep, ascending_first=False)
         ph = region_pieces(order[k:], q, r, a, 1.0, n, force_sweep)
         tok, lo, hi, slot = (np.concatenate([x, y]) for x, y in zip(pa, ph))
     # the selection law realized by the pieces (the optimal r up to rounding): what stage 2 must use
@@ -393,7 +397,8 @@ def ot_selection(p, q, n: int, force_sweep: bool = False) -> OTSelection:
     at = start[tok] + slot  # CSR position of each piece: its token's block, then its rank
     lo_csr, hi_csr = np.empty(tok.size), np.empty(tok.size)
     lo_csr[at], hi_csr[at] = lo, hi
-    return OTSelection(p=p, q=q, r=r, start=start, lo=lo_csr, hi=hi_csr, n=n)
+    swept = int(np.count_nonzero(np.diff(start) > 2))  # closed-form tokens have <= 2 pieces (a lower bound)
+    return OTSelection(p=p, q=q, r=r, start=start, lo=lo_csr, hi=hi_csr, n=n, swept=swept)
 
 
 # ----------------------------------------------------------------------------------- the VerifierSpec
@@ -437,16 +442,20 @@ class OTVerifierSpec(VerifierSpec):
 
     def verify(self, p: torch.Tensor, q: torch.Tensor, drafts: torch.Tensor,
                generator: torch.Generator | None) -> NodeResult:
-        """Sample from `law`: the accepted draft (or none), then an independent residual token.
+        """Sample from `law`: the accepted draft or none, then (if none) the new token from the residual.
         drafts: long [B, n] i.i.d. from q. Returns NodeResult (token, accepted long [B])."""
         node = self.law(p.double(), q.double(), drafts)
         reject = (1.0 - node.accept.sum(-1, keepdim=True)).clamp_min(0.0)  # [B, 1]
         choice = torch.multinomial(torch.cat([node.accept, reject], 1), 1, generator=generator).squeeze(1)
-        mass = node.residual.sum(-1, keepdim=True)
-        residual = torch.where(mass > 0, node.residual / torch.where(mass > 0, mass, torch.ones_like(mass)),
-                               p.double())
-        new = torch.multinomial(residual, 1, generator=generator).squeeze(1).to(drafts.device)
         n = drafts.shape[1]
+        new = torch.zeros(drafts.shape[0], dtype=torch.long)
+        rows = torch.nonzero(choice == n).flatten()
+        if rows.numel():  # the new token, only where no draft is accepted
+            res = node.residual[rows]
+            mass = res.sum(-1, keepdim=True)
+            res = torch.where(mass > 0, res / torch.where(mass > 0, mass, torch.ones_like(mass)), p[rows].double())
+            new[rows] = torch.multinomial(res, 1, generator=generator).squeeze(1)
+        new = new.to(drafts.device)
         accepted = torch.where(choice < n, choice, torch.full_like(choice, -1)).to(drafts.device)
         token = torch.where(accepted >= 0, drafts.gather(1, accepted.clamp_min(0)[:, None]).squeeze(1), new)
         return NodeResult(token=token, accepted=accepted)
