@@ -29,6 +29,7 @@ from dataclasses import dataclass
 
 import numpy as np
 import torch
+from scipy.optimize import brentq
 
 from multispec.errors import MultispecError, check
 from multispec.verify.base import EPS, NodeLaw, NodeResult, Plan, VerifierSpec, draw_iid, law_iid
@@ -201,7 +202,7 @@ def nested_pieces(order, A, B):
 
 def sweep_pieces(order: list[int], q: np.ndarray, r: np.ndarray, left: list[tuple[float, float]], n: int):
     """General shadow sweep: each token takes a window, contiguous in the key measure left (a sorted list of
-    intervals), of length q(z) and F-mass r(z); the window's start solves a monotone equation (bisection).
+    intervals), of length q(z) and F-mass r(z); the window's start solves a monotone equation (Brent).
     Returns lists (token, lo, hi) of pieces. Pure Python scalars: O(tokens · (60 + intervals))."""
     F = lambda x: 1.0 - (1.0 - min(x, 1.0)) ** n  # noqa: E731
     iv = [list(x) for x in left if x[1] > x[0]]
@@ -224,14 +225,14 @@ def sweep_pieces(order: list[int], q: np.ndarray, r: np.ndarray, left: list[tupl
         if idx == len(order) - 1:  # the last token takes everything left
             i0, u0, i1, u1 = 0, iv[0][0], len(iv) - 1, iv[-1][1]
         else:
-            w_lo, w_hi = 0.0, max(total - length, 0.0)
-            for _ in range(64):  # the F-mass of the window [w, w + length] decreases in w
-                w = 0.5 * (w_lo + w_hi)
-                if at(min(w + length, total))[2] - at(w)[2] > mass:
-                    w_lo = w
-                else:
-                    w_hi = w
-            w = 0.5 * (w_lo + w_hi)
+            w_hi = max(total - length, 0.0)
+            phi = lambda w: at(min(w + length, total))[2] - at(w)[2] - mass  # noqa: E731  decreasing in w
+            if w_hi <= 0 or phi(0.0) <= 0:
+                w = 0.0
+            elif phi(w_hi) >= 0:
+                w = w_hi
+            else:
+                w = brentq(phi, 0.0, w_hi, xtol=1e-17, rtol=4 * np.finfo(float).eps)
             i0, u0, _ = at(w)
             i1, u1, _ = at(min(w + length, total))
         for i in range(i0, i1 + 1):
