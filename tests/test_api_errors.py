@@ -115,7 +115,7 @@ def test_cli_version_and_verifiers():
     r = _cli("verifiers", "--json")
     rows = json.loads(r.stdout)
     assert [row["name"] for row in rows] == ["greedy", "sd", "mcns", "rrs", "rrs-wor", "kseq", "spechub", "greedy-md",
-                                             "block", "traversal"]
+                                             "ot", "block", "traversal"]
     assert {row["name"] for row in rows if not row["lossless"]} == {"mcns"}
     assert all(set(row) == {"name", "kind", "lossless", "drafts", "shapes", "draft_law", "description", "source"}
                for row in rows)

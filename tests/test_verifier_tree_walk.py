@@ -109,7 +109,7 @@ def _fixed_tree(spec):
     return best[1:]
 
 
-@pytest.mark.parametrize("name", ["rrs-wor", "kseq", "spechub", "greedy-md"])
+@pytest.mark.parametrize("name", ["rrs-wor", "kseq", "spechub", "greedy-md", "ot"])
 def test_walk_sampling_matches_its_exact_law(name):
     spec = REGISTRY[name]
     tree, tokens, p, q = _fixed_tree(spec)

@@ -301,7 +301,7 @@ def test_missing_routing_keeps_output_but_loses_acceptance():
 
 # ----------------------------------------------------------------------------------- registry and API
 def test_registry_names_and_flags():
-    assert list(REGISTRY) == ["greedy", "sd", "mcns", "rrs", "rrs-wor", "kseq", "spechub", "greedy-md"]
+    assert list(REGISTRY) == ["greedy", "sd", "mcns", "rrs", "rrs-wor", "kseq", "spechub", "greedy-md", "ot"]
     for name, spec in REGISTRY.items():
         row = spec.describe()
         assert set(row) == {"name", "lossless", "drafts", "description"}

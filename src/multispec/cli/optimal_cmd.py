@@ -30,6 +30,7 @@ MAX_PROMPT_TOKENS = 512
 VERIFIER_OPTIMUM = {
     "sd": ("opt_n1", 1), "mcns": (None, None), "rrs": ("opt_iid", None), "kseq": ("opt_iid", None),
     "rrs-wor": ("opt_wor", None), "spechub": ("opt_hub", 2), "greedy-md": ("opt_greedy", None),
+    "ot": ("opt_iid", None),
 }
 
 
@@ -163,6 +164,7 @@ def position_rates(lt: np.ndarray, ld: np.ndarray, temperature: float, drafts: t
     """All rates at one position. lt, ld: target/draft logits float [V]. Returns {(column, n): (value, se)}."""
     from multispec.optimal import naive_acceptance, optimal_acceptance_greedy, verifier_acceptance
     from multispec.optimal.acceptance import optimal_acceptance_all_n
+    from multispec.optimal.verifiers import ot_measured_acceptance
 
     p, q = softmax(lt.astype(np.float64) / temperature), softmax(ld.astype(np.float64) / temperature)
     big = np.maximum(p, q)
@@ -188,6 +190,8 @@ def position_rates(lt: np.ndarray, ld: np.ndarray, temperature: float, drafts: t
         r[("naive", n)] = (naive_acceptance(p, q, n), 0.0)
         for name in ("mcns", "rrs", "kseq", "greedy-md"):
             r[(name, n)] = (verifier_acceptance(name, p, q, n).value, 0.0)
+        est = ot_measured_acceptance(p, q, n, samples=mc_samples, generator=generator)  # measured, not exact
+        r[("ot", n)] = (est.value, est.stderr or 0.0)
     return r
 
 
@@ -234,6 +238,7 @@ def summarize(per_position: list[dict], temperature: float, drafts: tuple[int, .
 COLUMNS = [("opt_iid", "α* iid"), ("opt_wor", "α* w/o"), ("opt_greedy", "α* greedy"), ("rrs", "RRS"),
            ("kseq", "K-SEQ"), ("rrs-wor", "RRS-wor (MC)"), ("spechub", "SpecHub"), ("greedy-md", "greedy-md"),
            ("sd", "SD n=1"), ("mcns", "MCNS (lossy)"), ("naive", "naive iid")]
+COLUMNS.insert(6, ("ot", "OT (MC)"))  # after RRS-wor: measured acceptance of the optimal i.i.d. verifier
 
 
 def cell(row: dict, key: str) -> str:
@@ -277,6 +282,7 @@ def plot(rows: list[dict], path: Path, title: str) -> None:
     fig, axes = plt.subplots(1, len(ns), figsize=(5 * len(ns), 4), sharey=True, squeeze=False)
     styles = {"rrs": ("opt_iid", "C0"), "kseq": ("opt_iid", "C1"), "rrs-wor": ("opt_wor", "C2"),
               "spechub": ("opt_hub", "C3"), "greedy-md": ("opt_greedy", "C4")}
+    styles["ot"] = ("opt_iid", "C5")
     for ax, n in zip(axes[0], ns):
         sub = sorted((r for r in rows if r["n"] == n), key=lambda r: r["temperature"])
         ts = [r["temperature"] for r in sub]

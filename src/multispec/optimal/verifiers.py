@@ -23,7 +23,7 @@ from multispec.optimal.acceptance import (
     optimal_acceptance_hub,
 )
 
-VERIFIERS = ("sd", "mcns", "rrs", "rrs-wor", "kseq", "spechub", "greedy-md", "greedy")
+VERIFIERS = ("sd", "mcns", "rrs", "rrs-wor", "kseq", "spechub", "greedy-md", "greedy", "ot")
 EXACT_WOR_TUPLES = 5_000  # enumerate RRS-wor's draft law up to this many ordered tuples
 EPS = 1e-12  # residual mass below this keeps the current target (SPEC §1 convention 5, as in verify.base)
 
@@ -120,6 +120,20 @@ def rrs_wor_acceptance(p: np.ndarray, q: np.ndarray, n: int, samples: int = 4096
                     f"monte carlo: {samples} draft tuples, production draw/plan, coins exact")
 
 
+def ot_measured_acceptance(p: np.ndarray, q: np.ndarray, n: int, samples: int = 4096,
+                           generator: torch.Generator | None = None) -> Estimate:
+    """`ot` measured: Monte Carlo over i.i.d. draft tuples from q, the production law per tuple (coins exact)."""
+    from multispec.verify.ot import ot_selection
+
+    sel = ot_selection(p, q, n)
+    if generator is None:
+        generator = torch.Generator().manual_seed(0)
+    drafts = torch.multinomial(torch.from_numpy(q), samples * n, replacement=True, generator=generator)
+    acc = np.array([sel.node_law(d)[0].sum() for d in drafts.view(samples, n).numpy()])
+    return Estimate(float(acc.mean()), float(acc.std(ddof=1) / math.sqrt(samples)) if samples > 1 else 0.0,
+                    False, f"monte carlo: {samples} draft tuples, production law of ot")
+
+
 def verifier_acceptance(name: str, p, q, n: int, samples: int = 4096,
                         generator: torch.Generator | None = None) -> Estimate:
     """Acceptance rate (P(output token is a draft)) of registry verifier `name` at one position.
@@ -149,6 +163,11 @@ def verifier_acceptance(name: str, p, q, n: int, samples: int = 4096,
         check(n <= p.size, f"greedy-md needs n <= vocabulary size {p.size}, got n = {n}")
         return Estimate(optimal_acceptance_greedy(p, q, n), None, True,
                         "closed form: p(T) + Σ_{y∉T} min(p, q_T)")
+    if name == "ot":
+        from multispec.verify.ot import ot_selection
+
+        return Estimate(ot_selection(p, q, n).acceptance, None, True,
+                        "closed form: Σ min(p, r), r the realized selection law")
     if name == "greedy":
         check(n <= p.size, f"greedy needs n <= vocabulary size {p.size}, got n = {n}")
         hit = int(np.argmax(p)) in set(greedy_top(q, n).tolist())
@@ -161,7 +180,7 @@ def verifier_acceptance(name: str, p, q, n: int, samples: int = 4096,
 def verifier_optimum(name: str, p, q, n: int) -> float | None:
     """Optimal acceptance of the draft law that verifier `name` uses (None for the lossy mcns).
 
-    sd: n = 1 (1 − TV); rrs, kseq: i.i.d.; rrs-wor: without replacement; spechub: hub pair;
+    sd: n = 1 (1 − TV); rrs, kseq, ot: i.i.d.; rrs-wor: without replacement; spechub: hub pair;
     greedy-md: P3 greedy drafts; greedy: deterministic top-n drafts, p(top-n of q).
     """
     check(name in VERIFIERS, f"unknown verifier {name!r}; valid names: {', '.join(VERIFIERS)}")
@@ -169,7 +188,7 @@ def verifier_optimum(name: str, p, q, n: int) -> float | None:
         return None
     if name == "sd":
         return optimal_acceptance(p, q, 1)
-    if name in ("rrs", "kseq"):
+    if name in ("rrs", "kseq", "ot"):
         return optimal_acceptance(p, q, n, replacement=True)
     if name == "rrs-wor":
         return optimal_acceptance(p, q, n, replacement=False)

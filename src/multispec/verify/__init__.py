@@ -7,12 +7,14 @@ from __future__ import annotations
 
 from multispec.errors import check
 from multispec.verify import greedy, greedy_md, kseq, mcns, rrs, rrs_wor, sd, spechub
+from multispec.verify import ot
 from multispec.verify.base import NodeLaw, NodeResult, Plan, VerifierSpec
 
 REGISTRY: dict[str, VerifierSpec] = {
     spec.name: spec
     for spec in (greedy.SPEC, sd.SPEC, mcns.SPEC, rrs.SPEC, rrs_wor.SPEC, kseq.SPEC, spechub.SPEC, greedy_md.SPEC)
 }
+REGISTRY[ot.SPEC.name] = ot.SPEC  # optimal transport, i.i.d. drafts (docs/optimal.md §7)
 
 
 def get_verifier(name: str) -> VerifierSpec:
