@@ -70,7 +70,9 @@ def _next_token_law(model, prompt, temperature) -> np.ndarray:
 
 
 def _generate(pair, prompt, method, options, temperature, seed):
-    return multispec.generate(pair, prompt, method=method, max_new_tokens=1, temperature=temperature, seed=seed,
+    # two new tokens: rounds never draft past the token budget, so with one the round would be a plain target
+    # step whatever the verifier; with two the first round drafts depth 1 and the verifier decides the first token
+    return multispec.generate(pair, prompt, method=method, max_new_tokens=2, temperature=temperature, seed=seed,
                               backend="fast", **options)
 
 

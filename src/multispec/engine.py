@@ -117,7 +117,10 @@ def _round_limit(target: Backend, remaining: int, target_init: bool) -> tuple[in
     one more token fits. The root (the newest committed token) sits at position cache_len; a node at depth d at
     cache_len + d (target-initialized rounds: the root is already cached, at cache_len - 1)."""
     lt = target.cache_len - (1 if target_init else 0)
-    depth = remaining - 1 if not target_init else remaining
+    # Draft-initialized rounds commit at most depth + 1 tokens, and a shallower tree leaves their (lossless) law
+    # unchanged. Target-initialized rounds pick the longest accepted chain (P1), so their depth is part of the
+    # method's law: only the context bounds it, and the output is cut at the budget instead.
+    depth = remaining - 1 if not target_init else 1 << 30
     nodes = 1 << 30
     max_pos = getattr(target, "max_positions", None)
     if max_pos is not None:

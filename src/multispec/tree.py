@@ -110,8 +110,14 @@ class Tree:
         return sum(1 for d in self.depths if d <= depth)
 
     def truncate(self, depth: int) -> "Tree":
-        """The tree cut after `depth`: its first level_end(depth) nodes."""
-        return Tree(self.parents[: self.level_end(depth)])
+        """The tree cut after `depth`: its first level_end(depth) nodes. Its ancestor mask is the top-left block
+        of this tree's (SPEC §3.5), shared rather than rebuilt."""
+        n = self.level_end(depth)
+        if n == len(self.parents):
+            return self
+        tree = Tree(self.parents[:n])
+        tree.__dict__["ancestor_mask"] = self.ancestor_mask[:n, :n]  # cached_property's slot
+        return tree
 
     def path_to(self, node: int) -> tuple[int, ...]:
         """Node indices from the root to `node`, both included."""

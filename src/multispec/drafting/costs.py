@@ -108,17 +108,26 @@ def calibrate(backends: list, budget_s: float, reps: int = 3) -> list[list[float
         b.keep(torch.arange(ctx))
         return dt
 
+    def room(b) -> int:  # tokens that still fit after the cached rows (positions, static cache rows)
+        limits = [x for x in (getattr(b, "max_positions", None), getattr(b, "max_len", None)) if x]
+        return min(limits) - b.cache_len if limits else 1 << 30
+
+    fits = min(room(b) for b in backends)
+    if fits < 1:  # nothing more fits: the generation cannot go on anyway; any positive costs will do
+        return [[1.0] * len(BUCKETS) for _ in backends]
     for b in backends:
         run(b, 1)
     best = [[float("inf")] * len(BUCKETS) for _ in backends]
     start = time.perf_counter()
-    reached = len(BUCKETS)
+    reached = sum(1 for n in BUCKETS if n <= fits)  # sizes past the context are extrapolated
     for rep in range(reps):
         for i, n in enumerate(BUCKETS[:reached]):
             if rep > 0 and time.perf_counter() - start > budget_s:
                 break
             if rep == 0 and i > 1 and time.perf_counter() - start > budget_s / reps:
                 reached = i
+                break
+            if i >= reached:
                 break
             for j, b in enumerate(backends):
                 best[j][i] = min(best[j][i], run(b, n))
