@@ -33,6 +33,7 @@ DECAY = 0.95  # per round: about the last 20 rounds carry the estimates
 PRIOR_WEIGHT = 2.0
 SHRINK = 3.0  # pseudo-observations pulling a depth's estimate towards the pooled one for its rank
 PROBE_PERIODS = (8, 16, 32, 64)
+SCALE_RATE = 0.2  # how fast measured forward times correct the calibrated costs within a generation
 MARGIN = 0.03  # speculate only when predicted to beat plain decoding by this much: never slower comes first
 CONF_EDGES = (0.05, 0.1, 0.2, 0.3, 0.5, 0.7, 0.9, 0.97)  # buckets of the draft's probability of its own token
 DEFAULT_OVERHEAD = {"round_s": 4e-4, "level_s": 3e-4}
@@ -163,6 +164,8 @@ class AutoPolicy(FixedTree):
         self.realised: dict[str, list[float]] = defaultdict(lambda: [0.0, 0.0, 0.0, 0])  # tokens, s, pred tps, n
         self.round_log: list[tuple[int, float]] = []  # (draft levels, overhead seconds) for the overhead fit
         self._greedy = None
+        self.scale = {"t1": 1.0, "tn": 1.0, "d": 1.0}
+        self.scale_version = 0
         self.current: RoundPlan | None = None
         self.round_conf = []
         self._pending = 1
@@ -214,6 +217,22 @@ class AutoPolicy(FixedTree):
                 self.probe_level = 0
         return best
 
+    # ------------------------------------------------------------------ costs corrected online
+    def _t(self, n: int) -> float:
+        """Predicted seconds of a target forward of n tokens: the calibrated curve times what this generation's
+        own forwards measured against it (one factor for single-token steps, one for multi-token verification:
+        the ratio between them is what decides whether speculation pays, and load changes it)."""
+        return self.costs.target(n) * (self.scale["t1"] if n == 1 else self.scale["tn"])
+
+    def _d(self, n: int) -> float:
+        return self.costs.draft(n) * self.scale["d"] if self.costs.draft is not None else 0.0
+
+    def _learn(self, key: str, predicted: float, measured: float) -> None:
+        if predicted > 0 and measured > 0:
+            ratio = min(3.0, max(1 / 3, measured / predicted))
+            self.scale[key] = (1 - SCALE_RATE) * self.scale[key] + SCALE_RATE * self.scale[key] * ratio
+            self.scale_version += 1
+
     # ------------------------------------------------------------------ chains stopped token by token
     def start_round(self) -> None:
         self.round_conf: list[float] = []
@@ -234,10 +253,10 @@ class AutoPolicy(FixedTree):
             reach *= self._conf_rate(cf)
             expected += reach
         c = self.costs
-        t_now = (c.draft(self._pending) + (depth - 1) * c.draft(1) + c.target(depth + 1) + self.overhead["round_s"]
+        t_now = (self._d(self._pending) + (depth - 1) * self._d(1) + self._t(depth + 1) + self.overhead["round_s"]
                  + depth * self.overhead["level_s"])
         nxt = self._conf_rate(conf)  # confidence is persistent: the next token looks like this one
-        t_next = t_now + c.draft(1) + c.target(depth + 2) - c.target(depth + 1) + self.overhead["level_s"]
+        t_next = t_now + self._d(1) + self._t(depth + 2) - self._t(depth + 1) + self.overhead["level_s"]
         return (expected + reach * nxt) / t_next > expected / t_now
 
     def _conf_rate(self, conf: float) -> float:
@@ -247,12 +266,12 @@ class AutoPolicy(FixedTree):
         return (num + PRIOR_WEIGHT * prior) / (den + PRIOR_WEIGHT)
 
     def _ar_plan(self) -> RoundPlan:
-        t = self.costs.target(1) + self.overhead["round_s"]
+        t = self._t(1) + self.overhead["round_s"]
         return RoundPlan(_ROOT, "none", label="ar", predicted_tps=1.0 / t)
 
     def _draft_plan(self, pending: int) -> RoundPlan:
         self._pending = pending
-        key = (self.draft_acc.version, pending)
+        key = (self.draft_acc.version, pending, self.scale_version)
         if self._plan_cache.get("key") == key:
             return self._plan_cache["plan"]
         if self._greedy is None or self._greedy[0] != self.draft_acc.version:  # the tree only changes with acceptance
@@ -260,9 +279,9 @@ class AutoPolicy(FixedTree):
             self._greedy = (self.draft_acc.version,
                             *greedy_tree(lambda d, r: rates[d][r], self.max_nodes, self.max_depth, self.max_width))
         _, nodes, reach = self._greedy
-        c_draft = [0.0] + [self.costs.draft(n) for n in range(1, self.max_nodes + 1)]
-        c_target = [0.0] + [self.costs.target(n) for n in range(1, self.max_nodes + 2)]
-        base = self.costs.draft(pending) + self.overhead["round_s"]  # the first draft forward feeds the pending chain
+        c_draft = [0.0] + [self._d(n) for n in range(1, self.max_nodes + 1)]
+        c_target = [0.0] + [self._t(n) for n in range(1, self.max_nodes + 2)]
+        base = self._d(pending) + self.overhead["round_s"]  # the first draft forward feeds the pending chain
         best_n, best_tps = 1, -1.0
         expected, fed_sum, deepest = 1.0, 0.0, 0
         sizes = [0] * (self.max_depth + 2)
@@ -298,7 +317,7 @@ class AutoPolicy(FixedTree):
         for k in range(1, len(tokens) + 1):
             reach *= rates[k][n]
             expected += reach
-            t = self.costs.target(k + 1) + self.overhead["round_s"]
+            t = self._t(k + 1) + self.overhead["round_s"]
             if expected / t > best_tps:
                 best_k, best_tps = k, expected / t
         chain = tuple(tokens[:best_k])
@@ -318,11 +337,17 @@ class AutoPolicy(FixedTree):
         if self.costs is not None:
             n = len(tree)
             self.costs.observe("target", self.costs.target(n), times["target_fwd_s"])
+            self._learn("t1" if n == 1 else "tn", self._t(n), times["target_fwd_s"])
             if times.get("proposer") == "draft":
-                self.costs.observe("draft", self.draft_time(tree, times["pending"]), times["draft_s"])
+                raw = self.draft_time(tree, times["pending"])
+                self.costs.observe("draft", raw, times["draft_s"])
+                self._learn("d", raw * self.scale["d"], times["draft_s"])
             levels = tree.max_depth if times.get("proposer") == "draft" else 0
             forward = times["target_fwd_s"] + (times["draft_s"] if levels else 0.0)
-            self.round_log.append((levels, max(0.0, times["round_s"] - forward)))
+            other = max(0.0, times["round_s"] - forward)
+            self.round_log.append((levels, other))
+            if levels == 0:  # per-round overhead, learned as it goes
+                self.overhead["round_s"] += SCALE_RATE * (other - self.overhead["round_s"])
         if plan.proposer == "none" or len(tree) == 1:
             return
         acc = self.draft_acc if plan.proposer == "draft" else self.lookup_acc
@@ -367,7 +392,7 @@ class AutoPolicy(FixedTree):
                           "realised_tokens_per_s": tokens / secs if secs > 0 else None,
                           "predicted_tokens_per_s": pred / n if n else None}
         return {"plans": plans, "costs": None if self.costs is None else self.costs.summary(),
-                "overhead": dict(self.overhead)}
+                "overhead": dict(self.overhead), "cost_correction": dict(self.scale)}
 
     def _fit_overheads(self) -> None:
         ar = sorted(o for lv, o in self.round_log if lv == 0)

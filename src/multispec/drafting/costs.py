@@ -6,10 +6,9 @@ budget (2 s), extrapolating the sizes it did not reach. Costs between buckets ar
 
 The result is cached per (backend, model, device, dtype, threads, CPU) in this process and on disk
 ($MULTISPEC_CACHE_DIR or ~/.cache/multispec), so only the first run on a machine pays for it. During a generation
-the model is frozen, and in this process it stays as first measured or loaded (so that plans, and with them a
-seeded sampled output, are the same for every call of the process); after each generation the forwards actually
-timed are compared with the predictions, and when they drift by more than DRIFT the costs on disk move towards
-what was measured, for the next process.
+`auto` corrects it online from the forwards it times (drafting/auto.py); after each generation the forwards
+actually timed are compared with the calibrated predictions, and when they drift by more than DRIFT the cached
+costs (in memory and on disk) move part of the way towards what was measured.
 """
 from __future__ import annotations
 
@@ -24,7 +23,7 @@ import torch
 
 BUCKETS = (1, 2, 4, 8, 16, 32, 64)
 CALIBRATION_BUDGET_S = 2.0
-DRIFT = 0.3  # relative error of the predictions over one generation that triggers an update of the cache
+DRIFT = 0.1  # relative error of the predictions over one generation that triggers an update of the cache
 BLEND = 0.5  # how far an update moves the cached costs towards the measured ones
 _MEMORY: dict[str, dict] = {}
 
@@ -178,7 +177,7 @@ def update_after_generation(model: CostModel, overhead: dict | None = None) -> b
     entry = {"target": [s * scale.get("target", 1.0) for s in model.target.seconds],
              "draft": None if model.draft is None else [s * scale.get("draft", 1.0) for s in model.draft.seconds],
              "overhead": overhead}
-    _store(model.key, entry, memory=False)
+    _store(model.key, entry)
     return moved
 
 
