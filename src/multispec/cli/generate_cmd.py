@@ -5,6 +5,7 @@ import sys
 import click
 
 from multispec.cli import cli
+from multispec.cli.method_options import collect_method_options, method_options
 from multispec.errors import check
 from multispec.methods import DEFAULT_METHOD, METHODS
 
@@ -18,26 +19,7 @@ SEED_MAX = 2**63 - 1
 @click.option("--target", help="Target model: local Hugging Face directory (default: the embedded default pair).")
 @click.option("--draft", help="Draft model sharing the target's vocabulary.")
 @click.option("--method", type=click.Choice(METHODS), default=DEFAULT_METHOD, show_default=True)
-@click.option("--k", type=int, help="sd: draft tokens per round (default 4); lookup: at most this many (10).")
-@click.option("--heuristic", is_flag=True, default=None, help="sd: adjust k like transformers (+2 / -1).")
-@click.option("--confidence", type=float, help="sd / dynamic: stop drafting once the draft's probability of its "
-              "newest token is below this (transformers' assistant_confidence_threshold, e.g. 0.4).")
-@click.option("--entropy", type=float, help="sd / dynamic: stop drafting once AdaEDL's acceptance bound "
-              "1 - sqrt(H(q)) is below this.")
-@click.option("--ngram", type=int, help="lookup: longest n-gram matched in the context (3).")
-@click.option("--proposers", help="auto: draft,lookup (default both), or one of them.")
-@click.option("--max-nodes", type=int, help="auto: the largest tree it may draft (32).")
-@click.option("--tree", help="mcsd / ti-mcsd: tree shape, e.g. 4,2,2,1 (ti-mcsd: 2,4,3,1,1).")
-@click.option("--verifier", help="sd / specdecpp: sd or block; mcsd / dynamic: verifier name, e.g. traversal (see `multispec verifiers`).")
-@click.option("--width", type=int, help="ti-mcsd / dynamic: first-level width W.")
-@click.option("--depth", type=int, help="dynamic: maximum draft depth.")
-@click.option("--target-init", is_flag=True, default=None, help="dynamic: level 1 from the target (lossy if W>=2).")
-@click.option("--decision-model", type=click.Path(), help="dynamic: decision-model directory.")
-@click.option("--beta", type=float, help="dynamic: stop when every chain's predicted acceptance < beta (0.4).")
-@click.option("--head", type=click.Path(), help="specdecpp: acceptance-head directory.")
-@click.option("--threshold", type=float, help="specdecpp: stop when P(some rejection) > h (0.7).")
-@click.option("--k-min", type=int, help="specdecpp: minimum draft length (2).")
-@click.option("--k-max", type=int, help="specdecpp: maximum draft length (20).")
+@method_options
 @click.option("--temperature", type=float, help="0 means greedy. Default: the target's generation_config.json "
               "(its temperature/top-k/top-p if it sets do_sample, else greedy).")
 @click.option("--top-k", type=int)
@@ -56,25 +38,18 @@ SEED_MAX = 2**63 - 1
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object: the stats plus `text`.")
 @click.option("--baseline", is_flag=True, help="Also run plain decoding (ar) on the same settings and report the "
               "speedup over it.")
-def generate_command(prompt, prompt_file, target, draft, method, k, heuristic, confidence, entropy, ngram, proposers,
-                     max_nodes, tree, verifier, width, depth, target_init, decision_model, beta, head, threshold,
-                     k_min, k_max, temperature, top_k, top_p, seed, max_new_tokens, stop, device, dtype, backend,
-                     threads, stream, as_json, baseline):
+def generate_command(prompt, prompt_file, target, draft, method, temperature, top_k, top_p, seed, max_new_tokens,
+                     stop, device, dtype, backend, threads, stream, as_json, baseline, **method_kw):
     """Generate a continuation of PROMPT with speculative decoding ('-': read it from stdin)."""
     from multispec.api import _stops, generate, load_pair, resolve_device
     from multispec.methods import build_method
     from multispec.sampling import SamplingConfig
     from multispec.threads import set_threads
-    from multispec.tree import parse_shape
 
     # every check that needs no model first (STYLE 2.9)
     prompt = _read_prompt(prompt, prompt_file)
     check(prompt != "", "the prompt is empty")
-    options = dict(k=k, heuristic=heuristic, confidence=confidence, entropy=entropy, ngram=ngram, proposers=proposers,
-                   max_nodes=max_nodes, tree=parse_shape(tree) if tree else None, verifier=verifier,
-                   width=width, depth=depth, target_init=target_init, decision_model=decision_model, beta=beta,
-                   head=head, threshold=threshold, k_min=k_min, k_max=k_max)
-    options = {key: v for key, v in options.items() if v is not None}
+    options = collect_method_options(method_kw)
     SamplingConfig(temperature=1.0 if temperature is None else temperature, top_k=top_k, top_p=top_p)
     config = build_method(method, **options)
     stops = _stops(list(stop))

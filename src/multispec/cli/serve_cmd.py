@@ -4,6 +4,7 @@ from pathlib import Path
 import click
 
 from multispec.cli import cli
+from multispec.cli.method_options import collect_method_options, method_options
 from multispec.errors import check
 from multispec.methods import METHODS
 
@@ -13,19 +14,7 @@ from multispec.methods import METHODS
 @click.option("--draft", help="Draft model sharing the target's vocabulary.")
 @click.option("--method", type=click.Choice(METHODS), default=None,
               help="Decoding method (default: multispec.generate's default).")
-@click.option("--k", type=int, help="sd: draft tokens per round.")
-@click.option("--heuristic", is_flag=True, default=None, help="sd: adjust k like transformers (+2 / -1).")
-@click.option("--tree", help="mcsd / ti-mcsd: tree shape, e.g. 4,2,2,1.")
-@click.option("--verifier", help="mcsd / dynamic: verifier name (see `multispec verifiers`).")
-@click.option("--width", type=int, help="ti-mcsd / dynamic: first-level width W.")
-@click.option("--depth", type=int, help="dynamic: maximum draft depth.")
-@click.option("--target-init", is_flag=True, default=None, help="dynamic: level 1 from the target (lossy if W>=2).")
-@click.option("--decision-model", type=click.Path(), help="dynamic: decision-model directory.")
-@click.option("--beta", type=float, help="dynamic: stop threshold on predicted acceptance.")
-@click.option("--head", type=click.Path(), help="specdecpp: acceptance-head directory.")
-@click.option("--threshold", type=float, help="specdecpp: stop when P(some rejection) > h.")
-@click.option("--k-min", type=int, help="specdecpp: minimum draft length.")
-@click.option("--k-max", type=int, help="specdecpp: maximum draft length.")
+@method_options
 @click.option("--host", default="127.0.0.1", show_default=True, help="Interface to listen on (0.0.0.0: all).")
 @click.option("--port", type=click.IntRange(0, 65535), default=8000, show_default=True)
 @click.option("--served-model-name", help="The `model` id clients use (default: the target directory's name).")
@@ -43,17 +32,11 @@ from multispec.methods import METHODS
 @click.option("--threads", type=click.IntRange(min=1), help="torch CPU threads per op (default: torch's choice).")
 @click.option("--log-level", type=click.Choice(["critical", "error", "warning", "info", "debug"]), default="info",
               show_default=True)
-def serve_command(target, draft, method, k, heuristic, tree, verifier, width, depth, target_init, decision_model,
-                  beta, head, threshold, k_min, k_max, host, port, served_model_name, max_concurrent, max_queue,
-                  request_timeout, chat_template, device, dtype, backend, threads, log_level):
+def serve_command(target, draft, method, host, port, served_model_name, max_concurrent, max_queue, request_timeout,
+                  chat_template, device, dtype, backend, threads, log_level, **method_kw):
     """Serve the pair over HTTP with the OpenAI API: /v1/completions, /v1/chat/completions, /v1/models,
     /health, /metrics."""
-    from multispec.tree import parse_shape
-
-    options = dict(k=k, heuristic=heuristic, tree=parse_shape(tree) if tree else None, verifier=verifier,
-                   width=width, depth=depth, target_init=target_init, decision_model=decision_model, beta=beta,
-                   head=head, threshold=threshold, k_min=k_min, k_max=k_max)
-    options = {key: v for key, v in options.items() if v is not None}
+    options = collect_method_options(method_kw)
     if method is not None:
         from multispec.methods import build_method
 

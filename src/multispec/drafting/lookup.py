@@ -12,15 +12,10 @@ from __future__ import annotations
 import torch
 
 
-def lookup_proposal(context: list[int], max_tokens: int, max_ngram: int = 3, min_ngram: int = 1) -> list[int]:
-    """Up to `max_tokens` tokens that followed the latest earlier occurrence of the context's last n-gram
-    (longest n first). [] when nothing matches. context: token ids, oldest first."""
-    return lookup_with_n(context, max_tokens, max_ngram, min_ngram)[0]
-
-
 def lookup_with_n(context: list[int], max_tokens: int, max_ngram: int = 3,
                   min_ngram: int = 1) -> tuple[list[int], int]:
-    """`lookup_proposal` and the length n of the n-gram it matched (0 when nothing matched)."""
+    """Up to `max_tokens` tokens that followed the latest earlier occurrence of the context's last n-gram (longest
+    n first, n >= min_ngram), and that n; ([], 0) when nothing matches. context: token ids, oldest first."""
     n_ctx = len(context)
     if max_tokens <= 0 or n_ctx < 2:
         return [], 0

@@ -6,7 +6,6 @@ generation (STYLE §2.12).
 """
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
 from typing import Callable
 
@@ -194,8 +193,3 @@ def _expand(parent_q: torch.Tensor, new_tokens: torch.Tensor) -> torch.Tensor:
     per = max(1, new_tokens.shape[0] // max(1, parent_q.shape[0]))
     return parent_q.repeat_interleave(per, dim=0)[: new_tokens.shape[0]]
 
-
-def entropy_bound(q: torch.Tensor, gamma: float = 1.0) -> float:
-    """AdaEDL's lower bound 1 - sqrt(gamma * H(q)) for one law q: float [V]."""
-    h = float(-(q * q.clamp_min(1e-30).log()).sum())
-    return 1.0 - math.sqrt(max(0.0, gamma * h))
