@@ -215,12 +215,16 @@ class VerifierSpec:
 
     def plan(self, p: torch.Tensor, q: torch.Tensor, drafts: torch.Tensor) -> Plan:
         """p: target float [B, V]; q: draft float [B, V]; drafts: long [B, n]. Returns the Plan."""
+        self.check_inputs(p, q, drafts)
+        return self.plan_fn(p, q, drafts)
+
+    def check_inputs(self, p: torch.Tensor, q: torch.Tensor, drafts: torch.Tensor) -> None:
+        """MultispecError unless p, q are [B, V] alike and drafts [B, n] with n drafts supported."""
         check(p.dim() == 2 and p.shape == q.shape,
               f"p (target) and q (draft) must both be [B, V], got {tuple(p.shape)} and {tuple(q.shape)}")
         check(drafts.dim() == 2 and drafts.shape[0] == p.shape[0],
               f"drafts must be [B, n] with B = {p.shape[0]}, got {tuple(drafts.shape)}")
         self.check_drafts(drafts.shape[1])
-        return self.plan_fn(p, q, drafts)
 
     def verify(self, p: torch.Tensor, q: torch.Tensor, drafts: torch.Tensor,
                generator: torch.Generator | None) -> NodeResult:

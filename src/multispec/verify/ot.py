@@ -31,7 +31,7 @@ import numpy as np
 import torch
 from scipy.optimize import brentq
 
-from multispec.errors import MultispecError, check
+from multispec.errors import MultispecError
 from multispec.verify.base import EPS, NodeLaw, NodeResult, Plan, VerifierSpec, draw_iid, law_iid
 
 NEST_TOL = 1e-12  # nested intervals may overlap by rounding up to this much before the general sweep is used
@@ -424,17 +424,10 @@ class OTVerifierSpec(VerifierSpec):
     def plan(self, p: torch.Tensor, q: torch.Tensor, drafts: torch.Tensor) -> Plan:
         return _no_plan(p, q, drafts)
 
-    def _checked(self, p: torch.Tensor, q: torch.Tensor, drafts: torch.Tensor) -> None:
-        check(p.dim() == 2 and p.shape == q.shape,
-              f"p (target) and q (draft) must both be [B, V], got {tuple(p.shape)} and {tuple(q.shape)}")
-        check(drafts.dim() == 2 and drafts.shape[0] == p.shape[0],
-              f"drafts must be [B, n] with B = {p.shape[0]}, got {tuple(drafts.shape)}")
-        self.check_drafts(drafts.shape[1])
-
     def law(self, p: torch.Tensor, q: torch.Tensor, drafts: torch.Tensor) -> NodeLaw:
         """Exact law of `verify` for fixed drafts. p: target float [B, V]; q: draft float [B, V];
         drafts: long [B, n]. Returns NodeLaw (accept [B, n], residual [B, V]) in p's dtype."""
-        self._checked(p, q, drafts)
+        self.check_inputs(p, q, drafts)
         d = drafts.cpu().numpy()
         parts = [ot_selection(p[a], q[a], d.shape[1]).node_law(d[a:b]) for a, b in _row_groups(p, q)]
         accept = torch.from_numpy(np.concatenate([x for x, _ in parts])).to(p.dtype).to(p.device)
