@@ -40,7 +40,7 @@ def _fresh_rows(model, ids: list[int]) -> torch.Tensor:
     """float [L, H, len(ids), D]: the shadow's K rows after feeding `ids` as one plain chain."""
     b = make_shadow_backend(model, max_len=256)
     forward_chain(b, torch.tensor(ids))
-    return b.k_cache[:, :, :len(ids)].clone()
+    return torch.stack(b.k_cache)[:, :, :len(ids)].clone()
 
 
 @pytest.mark.parametrize("method,options", [("sd", {"k": 3}), ("mcsd", {"tree": "2,2,1"}), ("ar", {}),
@@ -63,7 +63,7 @@ def test_engine_outputs_unchanged_and_cache_in_step(method, options, temperature
         if shadowed:
             assert shadow.cache_len == t.inner.cache_len  # keep() applied to both
             seq = (PROMPT + new)[:shadow.cache_len]  # the last round may run past max_new: compare what is known
-            assert torch.allclose(shadow.k_cache[:, :, :len(seq)], _fresh_rows(model, seq), atol=1e-5)
+            assert torch.allclose(torch.stack(shadow.k_cache)[:, :, :len(seq)], _fresh_rows(model, seq), atol=1e-5)
             t.reset()
             assert shadow.cache_len == 0 == t.cache_len
     assert outs[0] == outs[1]
@@ -85,7 +85,7 @@ def test_broken_keep_is_caught():
                              SamplingConfig(temperature=1.0), 12, 0, set())
     seq = (PROMPT + new)[:shadow.cache_len]
     assert shadow.cache_len == t.inner.cache_len
-    assert not torch.allclose(shadow.k_cache[:, :, :len(seq)], _fresh_rows(model, seq), atol=1e-5)
+    assert not torch.allclose(torch.stack(shadow.k_cache)[:, :, :len(seq)], _fresh_rows(model, seq), atol=1e-5)
 
 
 @pytest.mark.parametrize("temperature", [0.0, 1.0])
@@ -103,7 +103,7 @@ def test_hf_assisted_hook_outputs_unchanged(temperature):
     assert plain == shadowed
     n = shadow.cache_len  # the rows transformers kept, fed in order: the prompt and the committed tokens
     assert len(PROMPT) <= n <= len(PROMPT) + len(shadowed)
-    assert torch.allclose(shadow.k_cache[:, :, :n], _fresh_rows(model, (PROMPT + shadowed)[:n]), atol=1e-5)
+    assert torch.allclose(torch.stack(shadow.k_cache)[:, :, :n], _fresh_rows(model, (PROMPT + shadowed)[:n]), atol=1e-5)
 
 
 def test_bench_run_is_labelled_and_lossless(tmp_path):

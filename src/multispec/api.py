@@ -29,6 +29,7 @@ class Pair:
     tokenizer: object
     target_path: str
     draft_path: str | None
+    compile: bool = False  # generate's default backend: "compiled" when True, else "hf"
 
     @property
     def device(self) -> torch.device:
@@ -36,12 +37,16 @@ class Pair:
 
 
 def load_pair(target: str | None = None, draft: str | None = None, device: str | None = None,
-              dtype: str | torch.dtype | None = None) -> Pair:
+              dtype: str | torch.dtype | None = None, compile: bool = False) -> Pair:
     """Load a target/draft pair from local Hugging Face directories (or hub names where a hub is reachable).
 
     target=None and draft=None load the embedded default pair. The draft must share the target's vocabulary.
     device: default "cuda" when available, else "cpu". dtype: default float32 on CPU, bfloat16 on CUDA.
+    compile=True: `generate` runs on the compiled fast backend unless told otherwise (backend="compiled": the
+    static-cache backend with its steps torch.compile'd; each step size compiles on first use, with a line on
+    stderr; Llama-family models only, checked here). On this project's CPU it is not faster overall (README).
     """
+    check(isinstance(compile, bool), f"compile must be True or False, got {compile!r}")
     if target is None:
         check(draft is None, "a draft was given without a target; give both, or neither for the default pair")
         target, draft = DEFAULT_PAIR_DIR / "target", DEFAULT_PAIR_DIR / "draft"
@@ -65,8 +70,14 @@ def load_pair(target: str | None = None, draft: str | None = None, device: str |
             check(d_tok.get_vocab() == tokenizer.get_vocab(),
                   "draft and target tokenizers differ (same size, different tokens); use a draft trained with the "
                   "target's tokenizer")
+    if compile:
+        from multispec.models.fast import FastNet
+
+        for m in (t_model, d_model):
+            if m is not None:
+                FastNet.of(m)  # refuses, in one line, a model the fast backend cannot run
     return Pair(target=t_model, draft=d_model, tokenizer=tokenizer, target_path=str(target),
-                draft_path=None if draft is None else str(draft))
+                draft_path=None if draft is None else str(draft), compile=compile)
 
 
 def resolve_device(device: str | torch.device | None) -> torch.device:
@@ -174,12 +185,14 @@ SEED_LIMIT = 2**63  # seeds are integers in [0, 2**63)
 def generate(pair: Pair, prompt: str | list[int], method: str = DEFAULT_METHOD, max_new_tokens: int = 128,
              temperature: float | None = None, top_k: int | None = None, top_p: float | None = None,
              seed: int | None = None,
-             stop: str | list[str] | None = None, stream: Callable[[str], None] | None = None, backend: str = "hf",
+             stop: str | list[str] | None = None, stream: Callable[[str], None] | None = None, backend: str | None = None,
              **method_options) -> GenerationResult:
     """Generate with `method` (auto, ar, sd, mcsd, ti-mcsd, dynamic, specdecpp, lookup). Method options: k,
     heuristic, confidence, entropy, tree, verifier, width, depth, decision_model, beta, head, threshold, k_min,
     k_max, ngram, proposers, max_nodes. stream(text_delta) is called as text is committed; the deltas add up to
     `result.text` exactly (text that could begin a stop string is held back until it is known not to).
+    backend: "hf" (any transformers causal LM), "fast" (static cache, Llama family) or "compiled" (the fast backend,
+    compiled); default "compiled" for a pair loaded with compile=True, else "hf".
 
     The default, `auto`, picks every round between no speculation, prompt lookup and a draft chain or tree from
     acceptance and forward costs measured on this machine, so that it is not slower than plain decoding.
@@ -211,7 +224,7 @@ def generate(pair: Pair, prompt: str | list[int], method: str = DEFAULT_METHOD, 
     seed = _seed(seed)
     stops = _stops(stop)
     check(stream is None or callable(stream), f"stream must be a callable taking a text delta, got {stream!r}")
-    check(backend in ("hf", "fast"), f"unknown backend {backend!r}; choose one of hf, fast")
+    backend = _backend_name(pair, backend)
     ids = _encode(pair, prompt)
     if config.name in NEEDS_DRAFT:
         check(pair.draft is not None, f"method {config.name!r} needs a draft model; load the pair with a draft")
@@ -332,12 +345,24 @@ def _backend(model: torch.nn.Module, kind: str, tokens: int, config):
     round's largest tree (the last round may draft past the end)."""
     from multispec.models import make_backend
 
-    if kind != "fast":
+    if kind == "hf":
         return make_backend(model, kind)
 
     tree_nodes = 1 + (config.max_nodes if config.name == "auto" else
                       sum(math.prod(config.tree[:d + 1]) for d in range(len(config.tree))))
-    return make_backend(model, "fast", max_len=tokens + tree_nodes + 1)
+    return make_backend(model, kind, max_len=tokens + tree_nodes + 1)
+
+
+def _backend_name(pair: Pair, backend) -> str:
+    """The backend to run: `backend` checked, or the pair's default (compiled when loaded with compile=True)."""
+    from multispec.models import BACKENDS
+
+    if backend is None:
+        return "compiled" if pair.compile else "hf"
+    check(backend in BACKENDS, f"unknown backend {backend!r}; choose one of {', '.join(BACKENDS)}")
+    check(not (pair.compile and backend == "hf"),
+          "backend 'hf' asked for on a pair loaded with compile=True; compiling applies to the fast backend")
+    return backend
 
 
 def _sampling(pair: Pair, temperature: float | None, top_k: int | None, top_p: float | None) -> SamplingConfig:

@@ -30,8 +30,10 @@ SEED_MAX = 2**63 - 1
 @click.option("--stop", multiple=True, help="Stop string (repeatable); the output ends before it.")
 @click.option("--device", help="cpu, cuda or cuda:N (default: cuda when available, else cpu).")
 @click.option("--dtype", type=click.Choice(["float32", "bfloat16", "float16"]))
-@click.option("--backend", type=click.Choice(["hf", "fast"]), default="hf", show_default=True,
-              help="hf: any transformers causal LM; fast: static-cache Llama-family backend.")
+@click.option("--backend", type=click.Choice(["hf", "fast", "compiled"]),
+              help="hf (default): any transformers causal LM; fast: static-cache Llama-family backend; compiled: "
+              "the fast backend with torch.compile'd steps (each step size compiles on first use).")
+@click.option("--compile", "compile_", is_flag=True, help="Same as --backend compiled.")
 @click.option("--threads", type=click.IntRange(min=1), help="torch CPU threads (default: the free cores, at most 4; "
               "1 on a busy machine, with a warning).")
 @click.option("--stream", is_flag=True, help="Print text as it is committed.")
@@ -39,7 +41,7 @@ SEED_MAX = 2**63 - 1
 @click.option("--baseline", is_flag=True, help="Also run plain decoding (ar) on the same settings and report the "
               "speedup over it.")
 def generate_command(prompt, prompt_file, target, draft, method, temperature, top_k, top_p, seed, max_new_tokens,
-                     stop, device, dtype, backend, threads, stream, as_json, baseline, **method_kw):
+                     stop, device, dtype, backend, compile_, threads, stream, as_json, baseline, **method_kw):
     """Generate a continuation of PROMPT with speculative decoding ('-': read it from stdin)."""
     from multispec.api import _stops, generate, load_pair, resolve_device
     from multispec.methods import build_method
@@ -54,6 +56,9 @@ def generate_command(prompt, prompt_file, target, draft, method, temperature, to
     config = build_method(method, **options)
     stops = _stops(list(stop))
     resolve_device(device)
+    check(not (compile_ and backend not in (None, "compiled")),
+          f"--compile runs the compiled fast backend; it cannot be combined with --backend {backend}")
+    backend = "compiled" if compile_ else (backend or "hf")
     # warn before loading when the flag is known: an explicit temperature, or lossy at every temperature
     warned = not config.lossless_at(temperature) if temperature is not None else \
         not (config.lossless_at(0.0) or config.lossless_at(1.0))

@@ -6,18 +6,19 @@ import torch
 from multispec.errors import check
 from multispec.models.base import Backend, ForwardOut, causal_mask, forward_chain
 
-BACKENDS = ("hf", "fast")
+BACKENDS = ("hf", "fast", "compiled")  # compiled: the fast backend, its steps torch.compile'd
 
 
 def make_backend(model: torch.nn.Module, kind: str = "hf", max_len: int | None = None) -> Backend:
     """A fresh backend (with its own empty cache) over a loaded model. max_len: the fast backend's cache rows
     (size it to prompt + max_new_tokens + one round's tree; default the model's position limit, at most 4096, plus
-    256); the transformers backend's cache grows as needed and ignores it."""
+    256); the transformers backend's cache grows as needed and ignores it. "compiled" is the fast backend with its
+    steps of up to 64 tokens compiled (models/fast_compile.py; each step size compiles on first use)."""
     check(kind in BACKENDS, f"unknown backend {kind!r}; choose one of {', '.join(BACKENDS)}")
-    if kind == "fast":
+    if kind in ("fast", "compiled"):
         from multispec.models.fast import FastBackend
 
-        return FastBackend(model, max_len=max_len)
+        return FastBackend(model, max_len=max_len, compile=kind == "compiled")
     from multispec.models.hf import HFBackend
 
     return HFBackend(model)

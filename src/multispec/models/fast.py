@@ -8,7 +8,9 @@ cache is one preallocated tensor per layer written at explicit rows, so keeping 
 (Medusa-style compaction onto the prefix) and nothing is ever reallocated. Sliding / chunked layers keep every row;
 their window is applied in the mask by position distance, as in the transformers backend.
 
-Runs eagerly (CPU or GPU). Not done yet: capturing bucketed shapes in CUDA graphs / torch.compile.
+Two parts: `FastNet`, the stateless step (one per loaded model, kept on it, so compiled code outlives a
+generation), and `FastBackend`, one run's cache. `compile=True` runs steps of up to 64 tokens through
+`torch.compile`d code at a few fixed sizes (models/fast_compile.py); eager otherwise.
 """
 from __future__ import annotations
 
@@ -27,53 +29,79 @@ DEFAULT_ROWS = 4096
 TREE_SLACK = 256  # default rows past the position limit: a round's tree rows sit after the committed chain
 
 
-class FastBackend:
-    name = "fast"
+class FastNet:
+    """The step of one loaded model as plain tensor ops over its own modules, with no state of its own: the cache
+    comes in as arguments, so one FastNet (and its compiled code) serves every backend over the model."""
 
-    def __init__(self, model: torch.nn.Module, max_len: int | None = None):
-        """max_len: cache rows; size it to prompt + max_new_tokens + one round's tree. Default: the model's position
-        limit (at most 4096) plus TREE_SLACK rows. max_positions: the most positions a chain can reach here, the
-        smaller of the config's limit and the cache rows."""
+    @classmethod
+    def of(cls, model: torch.nn.Module) -> "FastNet":
+        """The model's FastNet, made on first use and kept on the model."""
+        net = model.__dict__.get("_multispec_fast_net")
+        weight = model.get_input_embeddings().weight
+        if net is None or (net.device, net.dtype) != (weight.device, weight.dtype):  # made anew after model.to(...)
+            net = cls(model)
+            model.__dict__["_multispec_fast_net"] = net
+        return net
+
+    def __init__(self, model: torch.nn.Module):
         cfg = model.config
         check(cfg.model_type in FAMILIES,
               f"the fast backend supports {', '.join(SUPPORTED)} models, not {cfg.model_type!r}; use --backend hf")
         self.family = FAMILIES[cfg.model_type]
         self.layout = attention_layout(cfg)
         check(self.layout.tree_refusal is None, f"the fast backend cannot run this model: {self.layout.tree_refusal}")
-        self.model, self.cfg = model.eval(), cfg
+        model.eval()
         base = getattr(model, "model", None)
         check(all(hasattr(base, a) for a in ("embed_tokens", "layers", "norm", "rotary_emb")),
               f"the fast backend cannot read this {cfg.model_type} model's modules; use --backend hf")
         self.embed, self.layers, self.norm, self.rotary = base.embed_tokens, base.layers, base.norm, base.rotary_emb
-        self._head = model.get_output_embeddings()
-        check(self._head is not None and len(self.layers) == len(self.layout.layer_types),
+        self.head = model.get_output_embeddings()
+        check(self.head is not None and len(self.layers) == len(self.layout.layer_types),
               f"the fast backend cannot read this {cfg.model_type} model's layers; use --backend hf")
-        self.vocab_size, self.hidden_size = int(self._head.weight.shape[0]), int(self._head.weight.shape[1])
+        self.vocab_size, self.hidden_size = int(self.head.weight.shape[0]), int(self.head.weight.shape[1])
         self.n_heads = cfg.num_attention_heads
         self.n_kv = getattr(cfg, "num_key_value_heads", None) or self.n_heads
         self.head_dim = getattr(cfg, "head_dim", None) or self.hidden_size // self.n_heads
         self.device, self.dtype = self.embed.weight.device, self.embed.weight.dtype
-        self._rope_by_type = "layer_type" in inspect.signature(self.rotary.forward).parameters
+        self.rope_by_type = "layer_type" in inspect.signature(self.rotary.forward).parameters
         self.embed_mult = getattr(cfg, "embedding_multiplier", None)
         self.residual_mult = getattr(cfg, "residual_multiplier", None)
         self.attn_softcap = getattr(cfg, "attn_logit_softcapping", None)
         self.final_softcap = getattr(cfg, "final_logit_softcapping", None)
         self.logits_div = getattr(cfg, "logits_scaling", None)
-        limit = self.layout.max_positions
-        self.max_len = int(max_len or min(DEFAULT_ROWS, limit or DEFAULT_ROWS) + TREE_SLACK)
-        self.max_positions = min(self.max_len, limit) if limit else self.max_len
-        shape = (len(self.layers), self.n_kv, self.max_len, self.head_dim)  # [L, H_kv, S, D]
-        self.k_cache = torch.zeros(shape, dtype=self.dtype, device=self.device)
-        self.v_cache = torch.zeros(shape, dtype=self.dtype, device=self.device)
-        self.pos = torch.zeros(self.max_len, dtype=torch.long, device=self.device)  # position of each row
-        self._len = 0
+        types = self.layout.distinct_types
+        self.mask_index = tuple(types.index(t) for t in self.layout.layer_types)  # layer -> its mask in `masks`
+        self.rope_index = self.mask_index if self.rope_by_type else (0,) * len(self.layers)
+        self.use_rope = tuple(getattr(layer.self_attn, "use_rope", True) for layer in self.layers)
+        self.name = type(model).__name__
+        self.compiled = {}  # device type -> fast_compile.CompiledStep
 
-    @property
-    def cache_len(self) -> int:
-        return self._len
+    def new_cache(self, rows: int) -> list[torch.Tensor]:
+        """One [H_kv, rows, D] tensor per layer. Separate tensors, not one [L, ...] tensor: a compiled step then writes
+        its rows in place (index_put on a whole input) instead of copying a functionalized layer view back."""
+        return [torch.zeros(self.n_kv, rows, self.head_dim, dtype=self.dtype, device=self.device)
+                for _ in self.layers]
 
-    def reset(self) -> None:
-        self._len = 0  # rows past cache_len are never attended to; no zeroing needed
+    def masks(self, mask: torch.Tensor | None, positions: torch.Tensor, keys: torch.Tensor, start: int,
+              n: int) -> tuple:
+        """One bool [1, N, total] mask per distinct layer type (layout order), or Nones (attend to every cached row:
+        a plain chain with no window). keys: the positions of cache rows [0, total)."""
+        types = self.layout.distinct_types
+        if mask is None:
+            if n == 1 and self.layout.windows == {}:
+                return (None,) * len(types)
+            mask = torch.ones(n, start + n, dtype=torch.bool, device=self.device).tril(diagonal=start)
+        else:
+            mask = mask.to(self.device)
+        out = []
+        for kind in types:
+            allowed, w = mask, self.layout.windows.get(kind)
+            if kind == "sliding_attention":
+                allowed = allowed & (positions[:, None] - keys[None, :] < w)
+            elif kind == "chunked_attention":
+                allowed = allowed & (positions[:, None] // w == keys[None, :] // w)
+            out.append(allowed[None])
+        return tuple(out)
 
     def _rotate(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
         """x: [H, N, D]; cos, sin: [N, R] with R <= D (partial rotary leaves the last D - R dims unrotated)."""
@@ -82,26 +110,6 @@ class FastBackend:
         half = r // 2
         rotated = torch.cat([-xr[..., half:], xr[..., :half]], dim=-1)
         return torch.cat([xr * cos + rotated * sin, rest], dim=-1) if rest.shape[-1] else xr * cos + rotated * sin
-
-    def _masks(self, mask: torch.Tensor | None, positions: torch.Tensor, start: int, n: int) -> dict:
-        """bool [1, N, total] per layer type, or None (attend to every cached row: a 1-token chain, no window)."""
-        total = start + n
-        if mask is None:
-            if n == 1 and self.layout.windows == {}:
-                return {t: None for t in self.layout.distinct_types}
-            mask = torch.ones(n, total, dtype=torch.bool, device=self.device).tril(diagonal=start)
-        else:
-            mask = mask.to(self.device)
-        keys = self.pos[:total]
-        out = {}
-        for kind in self.layout.distinct_types:
-            allowed, w = mask, self.layout.windows.get(kind)
-            if kind == "sliding_attention":
-                allowed = allowed & (positions[:, None] - keys[None, :] < w)
-            elif kind == "chunked_attention":
-                allowed = allowed & (positions[:, None] // w == keys[None, :] // w)
-            out[kind] = allowed[None]
-        return out
 
     def _attend(self, q, keys, values, mask, scale) -> torch.Tensor:
         """q: [Hq, N, D]; keys, values: [Hq, total, D]; mask: bool [1, N, total] or None. Returns [Hq, N, D]."""
@@ -132,6 +140,96 @@ class FastBackend:
             q, k = attn.q_norm(q), attn.k_norm(k)
         return q, k, v
 
+    def _ropes(self, positions: torch.Tensor) -> list:
+        """(cos, sin), each [N, R], per distinct layer type (one shared pair when the rotary module has no types)."""
+        probe = torch.empty(0, dtype=self.dtype, device=positions.device)
+        types = self.layout.distinct_types if self.rope_by_type else (None,)
+        out = []
+        for t in types:
+            cos, sin = self.rotary(probe, positions[None], t) if t is not None else self.rotary(probe, positions[None])
+            out.append((cos[0], sin[0]))
+        return out
+
+    def run(self, tokens: torch.Tensor, positions: torch.Tensor, rows: torch.Tensor, masks: tuple,
+            k_cache: list, v_cache: list, total: int | None = None, want_hidden: bool = False):
+        """Write the keys/values of `tokens` (long [N], at `positions`) into cache rows `rows` (long [N]) and return
+        (float32 logits [N, V], hidden [N, H] or None). k_cache, v_cache: per layer [H_kv, S, D] (new_cache).
+        Attention reads cache rows [0, total); total=None reads
+        the width of the masks (the compiled path, whose masks are never None)."""
+        n = tokens.shape[0]
+        total = masks[0].shape[-1] if total is None else total
+        ropes = self._ropes(positions)
+        x = self.embed(tokens)  # [N, H]
+        if self.embed_mult is not None:
+            x = x * self.embed_mult
+        group, block, mult = self.n_heads // self.n_kv, self.family.block, self.residual_mult
+        for i, layer in enumerate(self.layers):
+            attn = layer.self_attn
+            h = x if block == "post" else layer.input_layernorm(x)
+            q, k, v = self._qkv(attn, h, n)
+            if self.use_rope[i]:
+                cos, sin = ropes[self.rope_index[i]]
+                q, k = self._rotate(q, cos, sin), self._rotate(k, cos, sin)
+            k_cache[i][:, rows] = k
+            v_cache[i][:, rows] = v
+            keys, values = k_cache[i][:, :total], v_cache[i][:, :total]  # [Hkv, total, D]
+            if group > 1:
+                keys = keys.repeat_interleave(group, dim=0)
+                values = values.repeat_interleave(group, dim=0)
+            o = self._attend(q, keys, values, masks[self.mask_index[i]], attn.scaling)  # [Hq, N, D]
+            a = attn.o_proj(o.transpose(0, 1).reshape(n, self.n_heads * self.head_dim))
+            if block != "pre":
+                a = layer.post_attention_layernorm(a)
+            x = x + (a * mult if mult is not None else a)
+            if block == "pre":
+                m = layer.mlp(layer.post_attention_layernorm(x))
+            elif block == "sandwich":
+                m = layer.post_feedforward_layernorm(layer.mlp(layer.pre_feedforward_layernorm(x)))
+            else:
+                m = layer.post_feedforward_layernorm(layer.mlp(x))
+            x = x + (m * mult if mult is not None else m)
+        hidden = self.norm(x)
+        logits = self.head(hidden).float()
+        if self.logits_div is not None:
+            logits = logits / self.logits_div
+        if self.final_softcap is not None:
+            logits = torch.tanh(logits / self.final_softcap) * self.final_softcap
+        return logits, (hidden.float() if want_hidden else None)
+
+
+class FastBackend:
+    name = "fast"
+
+    def __init__(self, model: torch.nn.Module, max_len: int | None = None, compile: bool = False):
+        """max_len: cache rows; size it to prompt + max_new_tokens + one round's tree. Default: the model's position
+        limit (at most 4096) plus TREE_SLACK rows. max_positions: the most positions a chain can reach here, the
+        smaller of the config's limit and the cache rows. compile: run steps of up to 64 tokens compiled."""
+        self.net = net = FastNet.of(model)
+        self.layout, self.vocab_size, self.hidden_size = net.layout, net.vocab_size, net.hidden_size
+        self.device, self.dtype = net.device, net.dtype
+        limit = self.layout.max_positions
+        self.max_len = int(max_len or min(DEFAULT_ROWS, limit or DEFAULT_ROWS) + TREE_SLACK)
+        self.max_positions = min(self.max_len, limit) if limit else self.max_len
+        self.name = "compiled" if compile else "fast"  # cost caches and bench labels tell them apart
+        self.compiled = None
+        pad = 0
+        if compile:
+            from multispec.models.fast_compile import BUCKETS, compiled_step
+
+            self.compiled, pad = compiled_step(net), BUCKETS[-1]  # room to pad the last step up to a bucket
+        self.k_cache, self.v_cache = net.new_cache(self.max_len + pad), net.new_cache(self.max_len + pad)
+        if self.compiled is not None:
+            self.compiled.prepare_cache(self.k_cache, self.v_cache)
+        self.pos = torch.zeros(self.max_len + pad, dtype=torch.long, device=self.device)  # position of each row
+        self._len = 0
+
+    @property
+    def cache_len(self) -> int:
+        return self._len
+
+    def reset(self) -> None:
+        self._len = 0  # rows past cache_len are never attended to; no zeroing needed
+
     @torch.inference_mode()
     def forward(self, tokens: torch.Tensor, positions: torch.Tensor, mask: torch.Tensor | None = None,
                 want_hidden: bool = False) -> ForwardOut:
@@ -147,49 +245,27 @@ class FastBackend:
                                  f"{self.layout.max_positions} positions (max_position_embeddings)")
         tokens, positions = tokens.to(self.device), positions.to(self.device)
         self.pos[start:total] = positions
-        masks = self._masks(mask, positions, start, n)
-        pos2 = positions[None]
-        probe = torch.empty(0, dtype=self.dtype, device=self.device)
-        ropes = {t: self.rotary(probe, pos2, t) if self._rope_by_type else None for t in self.layout.distinct_types}
-        shared_rope = None if self._rope_by_type else self.rotary(probe, pos2)
-        x = self.embed(tokens)  # [N, H]
-        if self.embed_mult is not None:
-            x = x * self.embed_mult
-        group, block = self.n_heads // self.n_kv, self.family.block
-        for i, layer in enumerate(self.layers):
-            kind = self.layout.layer_types[i]
-            attn = layer.self_attn
-            h = x if block == "post" else layer.input_layernorm(x)
-            q, k, v = self._qkv(attn, h, n)
-            if getattr(attn, "use_rope", True):
-                cos, sin = ropes[kind] if self._rope_by_type else shared_rope  # [1, N, R]
-                q, k = self._rotate(q, cos[0], sin[0]), self._rotate(k, cos[0], sin[0])
-            self.k_cache[i, :, start:total] = k
-            self.v_cache[i, :, start:total] = v
-            keys, values = self.k_cache[i, :, :total], self.v_cache[i, :, :total]  # [Hkv, total, D]
-            if group > 1:
-                keys = keys.repeat_interleave(group, dim=0)
-                values = values.repeat_interleave(group, dim=0)
-            o = self._attend(q, keys, values, masks[kind], attn.scaling)  # [Hq, N, D]
-            a = attn.o_proj(o.transpose(0, 1).reshape(n, self.n_heads * self.head_dim))
-            if block != "pre":
-                a = layer.post_attention_layernorm(a)
-            x = x + (a * self.residual_mult if self.residual_mult is not None else a)
-            if block == "pre":
-                m = layer.mlp(layer.post_attention_layernorm(x))
-            elif block == "sandwich":
-                m = layer.post_feedforward_layernorm(layer.mlp(layer.pre_feedforward_layernorm(x)))
-            else:
-                m = layer.post_feedforward_layernorm(layer.mlp(x))
-            x = x + (m * self.residual_mult if self.residual_mult is not None else m)
-        hidden = self.norm(x)
+        if self.compiled is not None and self.compiled.takes(n):
+            logits, hidden = self.compiled(self, tokens, positions, mask, start, want_hidden)
+        else:
+            rows = torch.arange(start, total, device=self.device)
+            masks = self.net.masks(mask, positions, self.pos[:total], start, n)
+            logits, hidden = self.net.run(tokens, positions, rows, masks, self.k_cache, self.v_cache, total,
+                                          want_hidden)
         self._len = total
-        logits = self._head(hidden).float()
-        if self.logits_div is not None:
-            logits = logits / self.logits_div
-        if self.final_softcap is not None:
-            logits = torch.tanh(logits / self.final_softcap) * self.final_softcap
-        return ForwardOut(logits=logits, hidden=hidden.float() if want_hidden else None)
+        return ForwardOut(logits=logits, hidden=hidden)
+
+    def warm_up(self) -> None:
+        """Compile every bucket now (a no-op when eager or already compiled), leaving the cache empty."""
+        if self.compiled is None:
+            return
+        from multispec.models.fast_compile import BUCKETS
+
+        for b in BUCKETS:
+            if b not in self.compiled.seen and b < self.max_len:
+                self.reset()
+                self.forward(torch.zeros(b, dtype=torch.long), torch.arange(b))
+        self.reset()
 
     def keep(self, indices: torch.Tensor) -> None:
         """Keep cache rows `indices` (long [K], increasing): the rows after the common prefix are gathered and
@@ -201,7 +277,7 @@ class FastBackend:
         if first < len(idx):
             tail = torch.tensor(idx[first:], device=self.device)
             end = first + len(tail)
-            self.k_cache[:, :, first:end] = self.k_cache.index_select(2, tail)
-            self.v_cache[:, :, first:end] = self.v_cache.index_select(2, tail)
+            for cache in (*self.k_cache, *self.v_cache):
+                cache[:, first:end] = cache.index_select(1, tail)
             self.pos[first:end] = self.pos.index_select(0, tail)
         self._len = len(idx)

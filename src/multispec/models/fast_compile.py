@@ -1,0 +1,114 @@
+"""The fast backend's compiled steps: `torch.compile` of FastNet.run at a few fixed sizes.
+
+A step of N <= 64 tokens is padded up to the next bucket size (1, 2, 4, ..., 64) so that a handful of compiled
+graphs serve every round. Padding never touches results: padded tokens sit in cache rows past the real ones (rows a
+real token never attends to: its mask column is False), each padded token attends only to itself (so no row of
+softmax is empty and nothing non-finite reaches the cache), and the backend's cache length ends after the real
+tokens, so the next step overwrites the padded rows.
+
+CPU: the inductor C++ backend; the number of cache rows attended is a dynamic dimension, so one graph per bucket
+serves every context length. CUDA: `mode="reduce-overhead"` (CUDA graphs), which needs static shapes and
+addresses, so a step attends over every row of the cache (masked) and the cache tensors are marked static.
+Compiled code is cached by torch on disk ($TORCHINDUCTOR_CACHE_DIR, by default under multispec's cache folder),
+so a second process compiles much faster than the first.
+"""
+from __future__ import annotations
+
+import os
+import sys
+import time
+
+import torch
+import torch.nn.functional as F
+
+BUCKETS = (1, 2, 4, 8, 16, 32, 64)
+
+
+def bucket(n: int) -> int:
+    """The smallest bucket size >= n (n <= BUCKETS[-1])."""
+    return next(b for b in BUCKETS if b >= n)
+
+
+def compiled_step(net) -> "CompiledStep":
+    """The net's compiled step for its device, made once and kept on the net."""
+    key = net.device.type
+    if key not in net.compiled:
+        net.compiled[key] = CompiledStep(net)
+    return net.compiled[key]
+
+
+class CompiledStep:
+    def __init__(self, net):
+        _configure_torch()
+        self.net = net
+        self.full_width = net.device.type == "cuda"  # CUDA graphs: static shapes, so attend over every cache row
+        mode = "reduce-overhead" if self.full_width else None
+        self.fn = torch.compile(net.run, fullgraph=True, dynamic=False, mode=mode)
+        self.seen: set = set()
+        self.compile_seconds = 0.0
+
+    def takes(self, n: int) -> bool:
+        return n <= BUCKETS[-1]
+
+    def prepare_cache(self, k_cache: list, v_cache: list) -> None:
+        for t in (*k_cache, *v_cache):
+            if self.full_width:
+                torch._dynamo.mark_static_address(t)  # CUDA graphs replay in place on these buffers
+            else:
+                torch._dynamo.mark_dynamic(t, 1)  # cache rows differ from run to run: one graph for all
+
+    def __call__(self, backend, tokens: torch.Tensor, positions: torch.Tensor, mask: torch.Tensor | None,
+                 start: int, want_hidden: bool):
+        """Run N real tokens as a bucket-sized step. Returns (logits [N, V], hidden [N, H] or None)."""
+        n = tokens.shape[0]
+        b = bucket(n)
+        pad, total, dev = b - n, start + b, backend.device
+        width = backend.k_cache[0].shape[1] if self.full_width else total
+        # Fresh tensors every call (never the caller's): dynamo guards on how a tensor was made (inference mode or
+        # not), and a caller's tensor of exactly bucket size would otherwise compile the bucket a second time.
+        tok = torch.zeros(b, dtype=torch.long, device=dev)
+        tok[:n] = tokens
+        pos = torch.empty(b, dtype=torch.long, device=dev)
+        pos[:n] = positions
+        pos[n:] = positions[-1]  # padding at the last real position: a valid rotary angle, inside every window
+        backend.pos[start:total] = pos
+        full = torch.zeros(b, width, dtype=torch.bool, device=dev)
+        if mask is None:
+            full[:n, :start] = True
+            full[:n, start:start + n] = torch.ones(n, n, dtype=torch.bool, device=dev).tril()
+        else:
+            full[:n, :start + n] = mask.to(dev)
+        full[n:, start + n:total] = torch.eye(pad, dtype=torch.bool, device=dev)  # padding attends to itself only
+        masks = self.net.masks(full, pos, backend.pos[:width], start, b)
+        if not self.full_width:
+            for m in masks:
+                torch._dynamo.mark_dynamic(m, 2)
+        rows = torch.arange(start, total, device=dev)
+        first = b not in self.seen
+        if first:
+            began = time.perf_counter()
+            print(f"multispec: compiling the fast backend's {b}-token step for {self.net.name} (first use)",
+                  file=sys.stderr, flush=True)
+        # hidden states always come out (one graph per bucket, not two); dropped here when not wanted
+        logits, hidden = self.fn(tok, pos, rows, masks, backend.k_cache, backend.v_cache, None, True)
+        hidden = hidden if want_hidden else None
+        if first:
+            self.seen.add(b)
+            self.compile_seconds += time.perf_counter() - began
+        if self.full_width:  # a CUDA graph's outputs are overwritten by its next replay
+            return logits[:n].clone(), (None if hidden is None else hidden[:n].clone())
+        return logits[:n], (None if hidden is None else hidden[:n])
+
+
+def _configure_torch() -> None:
+    """One graph per bucket, per model, per device: more than dynamo's default of 8 recompiles per function.
+    Compiled artifacts go to a lasting folder unless the user chose one."""
+    import torch._dynamo
+
+    limit = 8 * len(BUCKETS) * 2
+    for name in ("recompile_limit", "cache_size_limit"):
+        if getattr(torch._dynamo.config, name, limit) < limit:
+            setattr(torch._dynamo.config, name, limit)
+    if "TORCHINDUCTOR_CACHE_DIR" not in os.environ:
+        root = os.environ.get("MULTISPEC_CACHE_DIR") or os.path.join(os.path.expanduser("~"), ".cache", "multispec")
+        os.environ["TORCHINDUCTOR_CACHE_DIR"] = os.path.join(root, "inductor")
