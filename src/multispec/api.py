@@ -43,8 +43,9 @@ def load_pair(target: str | None = None, draft: str | None = None, device: str |
     target=None and draft=None load the embedded default pair. The draft must share the target's vocabulary.
     device: default "cuda" when available, else "cpu". dtype: default float32 on CPU, bfloat16 on CUDA.
     compile=True: `generate` runs on the compiled fast backend unless told otherwise (backend="compiled": the
-    static-cache backend with its steps torch.compile'd; each step size compiles on first use, with a line on
-    stderr; Llama-family models only, checked here). On this project's CPU it is not faster overall (README).
+    static-cache backend with its steps torch.compile'd; Llama-family models only, checked here). Every step size
+    is compiled here, at load, with a line on stderr each (minutes the first time on a CPU; torch caches the
+    compiled code on disk, so later loads take seconds). On this project's CPU it is not faster overall (README).
     """
     check(isinstance(compile, bool), f"compile must be True or False, got {compile!r}")
     if target is None:
@@ -71,11 +72,13 @@ def load_pair(target: str | None = None, draft: str | None = None, device: str |
                   "draft and target tokenizers differ (same size, different tokens); use a draft trained with the "
                   "target's tokenizer")
     if compile:
-        from multispec.models.fast import FastNet
+        from multispec.models import make_backend
 
-        for m in (t_model, d_model):
-            if m is not None:
-                FastNet.of(m)  # refuses, in one line, a model the fast backend cannot run
+        models = [m for m in (t_model, d_model) if m is not None]
+        for m in models:
+            make_backend(m, "fast", max_len=1)  # refuses, in one line, a model the fast backend cannot run
+        for m in models:
+            make_backend(m, "compiled", max_len=128).warm_up()  # every step size now, not mid-generation
     return Pair(target=t_model, draft=d_model, tokenizer=tokenizer, target_path=str(target),
                 draft_path=None if draft is None else str(draft), compile=compile)
 

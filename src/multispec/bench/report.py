@@ -85,7 +85,10 @@ def summarize(records: list[dict]) -> list[dict]:
 
 def _backend(label: str) -> str:
     """The backend of a method label ('sd:k=4,backend=fast' -> 'fast'; hf-assisted and plain labels -> 'hf')."""
-    return "fast" if "backend=fast" in label else "hf"
+    for kind in ("fast", "compiled"):
+        if f"backend={kind}" in label:
+            return kind
+    return "hf"
 
 
 def _aggregate(key: tuple, rs: list[dict]) -> dict:
@@ -179,6 +182,10 @@ def markdown(results: dict, summary: list[dict]) -> str:
         lines.append(f"- step cost at {cost.get('context')} tokens of context: target "
                      f"{cost['target_step_s'] * 1e3:.2f} ms, draft {cost['draft_step_s'] * 1e3:.2f} ms, "
                      f"ratio c = {cost['cost_ratio']:.3f}")
+        for kind, c in (cost.get("backends") or {}).items():
+            if kind != "hf" and c.get("cost_ratio") is not None:
+                lines.append(f"- step cost on the {kind} backend: target {c['target_step_s'] * 1e3:.2f} ms, draft "
+                             f"{c['draft_step_s'] * 1e3:.2f} ms, ratio c = {c['cost_ratio']:.3f}")
     for b in results.get("hf_best", []):
         rates = ", ".join(f"{k}: {v:.1f}" for k, v in b["tokens_per_s"].items())
         lines.append(f"- hf-assisted:best on {b['dataset']} at T={b['temperature']:g}: num_assistant_tokens="

@@ -110,7 +110,8 @@ def run_bench(target: str | None = None, draft: str | None = None, datasets: lis
     shadow = _Shadow(shadow_target, pair, longest + max_new_tokens) if shadow_target is not None else None
 
     # 3. cost ratio, once
-    cost = step_costs(pair, shadow=shadow) if pair.draft is not None else {
+    kinds = ["hf", *dict.fromkeys(s.backend for s in specs if s.backend != "hf")]
+    cost = step_costs(pair, shadow=shadow, kinds=kinds) if pair.draft is not None else {
         "target_step_s": None, "draft_step_s": None, "cost_ratio": None}
     runners = {s.label: _make_runner(s, pair, eos, shadow) for s in specs}
     rss_base = _maxrss_mb()
@@ -290,10 +291,14 @@ def _make_runner(spec: MethodSpec, pair, eos: set[int], shadow: _Shadow | None =
 
     config = spec.config
     target = make_backend(pair.target, spec.backend)
+    if spec.backend == "compiled":
+        target.warm_up()  # every step size compiled before any timing
     if shadow is not None:
         target = shadow.wrap(target)
     uses_draft = config.name in NEEDS_DRAFT or (config.name == "auto" and "draft" in config.proposers)
     draft = make_backend(pair.draft, spec.backend) if (uses_draft and pair.draft is not None) else None
+    if draft is not None and spec.backend == "compiled":
+        draft.warm_up()
     policy = make_policy(config, pair)
 
     def run_engine(ids, sampling, max_new, seed, knob):
@@ -373,9 +378,11 @@ def _sweep_hf(run, probe: list[list[int]], sampling, max_new, seed, on_cuda) -> 
             "probe_prompts": len(probe)}
 
 
-def step_costs(pair, context: int = COST_CONTEXT, steps: int = COST_STEPS, shadow: _Shadow | None = None) -> dict:
+def step_costs(pair, context: int = COST_CONTEXT, steps: int = COST_STEPS, shadow: _Shadow | None = None,
+               kinds: list[str] | None = None) -> dict:
     """Median seconds of one 1-token decode step of each model at `context` tokens of cached context, on each
-    backend (hf, and fast where the model is Llama-family); cost_ratio = draft / target (SPEC §1 c_ratio). The
+    backend of `kinds` (default hf and fast; a backend the model cannot run is left out); cost_ratio = draft /
+    target (SPEC §1 c_ratio). The
     top-level keys are the hf backend's; per-backend figures are under "backends". With `shadow`, the target's
     step includes the shadow's forward (as in every shadowed generation)."""
     from multispec.errors import MultispecError
@@ -386,7 +393,8 @@ def step_costs(pair, context: int = COST_CONTEXT, steps: int = COST_STEPS, shado
     vocab = int(pair.target.get_output_embeddings().weight.shape[0])
     ids = torch.randint(1, vocab, (context + 1,), generator=g)
     per_backend = {}
-    for kind in BACKENDS:
+    for kind in kinds or ["hf", "fast"]:
+        assert kind in BACKENDS, kind
         out = {}
         try:
             backends = {name: make_backend(model, kind) for name, model in (("target", pair.target),

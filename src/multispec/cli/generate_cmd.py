@@ -32,7 +32,7 @@ SEED_MAX = 2**63 - 1
 @click.option("--dtype", type=click.Choice(["float32", "bfloat16", "float16"]))
 @click.option("--backend", type=click.Choice(["hf", "fast", "compiled"]),
               help="hf (default): any transformers causal LM; fast: static-cache Llama-family backend; compiled: "
-              "the fast backend with torch.compile'd steps (each step size compiles on first use).")
+              "the fast backend with torch.compile'd steps (compiled at load: minutes the first time on a CPU).")
 @click.option("--compile", "compile_", is_flag=True, help="Same as --backend compiled.")
 @click.option("--threads", type=click.IntRange(min=1), help="torch CPU threads (default: the free cores, at most 4; "
               "1 on a busy machine, with a warning).")
@@ -68,7 +68,7 @@ def generate_command(prompt, prompt_file, target, draft, method, temperature, to
     if warning:
         click.echo(f"warning: {warning}", err=True)
 
-    pair = load_pair(target=target, draft=draft, device=device, dtype=dtype)
+    pair = load_pair(target=target, draft=draft, device=device, dtype=dtype, compile=backend == "compiled")
     if baseline:  # untimed first calls, so that neither timed run pays the one-off start-up costs
         for m in (method, "ar"):
             generate(pair, prompt, method=m, max_new_tokens=2, temperature=temperature, seed=0, backend=backend,

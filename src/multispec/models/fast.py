@@ -262,7 +262,7 @@ class FastBackend:
         from multispec.models.fast_compile import BUCKETS
 
         for b in BUCKETS:
-            if b not in self.compiled.seen and b < self.max_len:
+            if b not in self.compiled.seen and b <= self.max_positions:
                 self.reset()
                 self.forward(torch.zeros(b, dtype=torch.long), torch.arange(b))
         self.reset()

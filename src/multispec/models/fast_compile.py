@@ -72,13 +72,7 @@ class CompiledStep:
         pos[:n] = positions
         pos[n:] = positions[-1]  # padding at the last real position: a valid rotary angle, inside every window
         backend.pos[start:total] = pos
-        full = torch.zeros(b, width, dtype=torch.bool, device=dev)
-        if mask is None:
-            full[:n, :start] = True
-            full[:n, start:start + n] = torch.ones(n, n, dtype=torch.bool, device=dev).tril()
-        else:
-            full[:n, :start + n] = mask.to(dev)
-        full[n:, start + n:total] = torch.eye(pad, dtype=torch.bool, device=dev)  # padding attends to itself only
+        full = self.padded_mask(mask, n, b, start, width, dev)
         masks = self.net.masks(full, pos, backend.pos[:width], start, b)
         if not self.full_width:
             for m in masks:
@@ -98,6 +92,20 @@ class CompiledStep:
         if self.full_width:  # a CUDA graph's outputs are overwritten by its next replay
             return logits[:n].clone(), (None if hidden is None else hidden[:n].clone())
         return logits[:n], (None if hidden is None else hidden[:n])
+
+
+    @staticmethod
+    def padded_mask(mask: torch.Tensor | None, n: int, b: int, start: int, width: int, dev) -> torch.Tensor:
+        """bool [b, width]: the real tokens' mask (None: a causal chain after the cached rows) in the top-left
+        corner, False over the padding's columns; each padded token sees only itself."""
+        full = torch.zeros(b, width, dtype=torch.bool, device=dev)
+        if mask is None:
+            full[:n, :start] = True
+            full[:n, start:start + n] = torch.ones(n, n, dtype=torch.bool, device=dev).tril()
+        else:
+            full[:n, :start + n] = mask.to(dev)
+        full[n:, start + n:start + b] = torch.eye(b - n, dtype=torch.bool, device=dev)
+        return full
 
 
 def _configure_torch() -> None:
