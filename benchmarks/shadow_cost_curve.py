@@ -17,7 +17,7 @@ import torch
 from multispec.api import load_pair
 from multispec.bench.runner import environment
 from multispec.models import causal_mask, forward_chain
-from multispec.models.fast_llama import FastLlamaBackend
+from multispec.models import make_backend
 from multispec.models.shadow import make_shadow_backend, shadow_model
 
 CONTEXT, SIZES = 200, (1, 2, 3, 4, 5, 6, 8)
@@ -49,8 +49,8 @@ def main() -> None:
     ids = torch.randint(1, vocab, (CONTEXT + max(SIZES),), generator=torch.Generator().manual_seed(0))
     result = {"meta": environment(pair, None), "context": CONTEXT, "shape": args.shape,
               "shadow": curve(make_shadow_backend(shadow_model(args.shape, vocab), 1024), ids),
-              "target": curve(FastLlamaBackend(pair.target, 1024), ids),
-              "draft": curve(FastLlamaBackend(pair.draft, 1024), ids)}
+              "target": curve(make_backend(pair.target, "fast", max_len=1024), ids),
+              "draft": curve(make_backend(pair.draft, "fast", max_len=1024), ids)}
     Path(args.out).write_text(json.dumps(result, indent=1) + "\n")
     for k in ("shadow", "target", "draft"):
         print(k, {n: f"{1000 * v:.1f} ms" for n, v in result[k]["cpu_s"].items()})

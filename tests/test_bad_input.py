@@ -256,3 +256,21 @@ def test_cli_optimal_checks_out_and_vocabularies_before_any_model(capsys, tmp_pa
     code, _, err = run_cli(capsys, *common, "--draft", str(dirs["draft_other_vocab"]), "--out",
                            str(tmp_path / "r.json"))
     assert_one_line_error(code, err, "vocabularies differ")
+
+
+# ----------------------------------------------------------------------------------- the compiled backend's flags
+def test_compile_flag_must_be_a_bool(dirs):
+    with pytest.raises(MultispecError, match="compile must be True or False"):
+        multispec.load_pair(target=str(dirs["target"]), compile="yes")
+
+
+def test_hf_backend_on_a_compiled_pair_is_refused(pair):
+    from dataclasses import replace
+
+    with pytest.raises(MultispecError, match="compiling applies to the fast backend"):
+        multispec.generate(replace(pair, compile=True), "def", backend="hf", max_new_tokens=2)
+
+
+def test_cli_compile_with_another_backend_is_refused(capsys, dirs):
+    code, _, err = run_cli(capsys, "generate", "def", "--target", str(dirs["target"]), "--compile", "--backend", "hf")
+    assert_one_line_error(code, err, "--compile")

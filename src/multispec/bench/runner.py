@@ -211,12 +211,15 @@ def _limits(limit, datasets: list[str]) -> dict:
 
 
 def _compare_with_ar(records: list[dict]) -> None:
-    """Greedy records get same_as_ar (token-identical to ar's output on the same prompt and repeat) and
-    first_diff (index of the first differing token, None when identical); output_ids become a sha1."""
+    """Greedy records get same_as_ar (token-identical to ar's output on the same prompt and repeat; the first
+    ar in the run where several backends run it) and first_diff (index of the first differing token, None when
+    identical); output_ids become a sha1."""
     import hashlib
 
-    ar = {(r["dataset"], r["prompt_index"], r["repeat"]): r["output_ids"] for r in records
-          if r["method_name"] == "ar" and r["temperature"] == 0}
+    ar: dict = {}
+    for r in records:
+        if r["method_name"] == "ar" and r["temperature"] == 0:
+            ar.setdefault((r["dataset"], r["prompt_index"], r["repeat"]), r["output_ids"])
     for r in records:
         ref = ar.get((r["dataset"], r["prompt_index"], r["repeat"])) if r["temperature"] == 0 else None
         ids = r.pop("output_ids")
