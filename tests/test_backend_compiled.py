@@ -108,3 +108,25 @@ def test_greedy_generation_identical_to_eager(target, draft, method, options):
                                  SamplingConfig(0.0), 40, 0, set(), policy=default_policy(config))
         outs.append(ids)
     assert outs[0] == outs[1]
+
+
+def test_full_width_path_matches_eager(target):
+    """The CUDA-graph layout (every cache row attended, masked; static shapes), run on the CPU."""
+    eager, comp = _both(target, max_len=120)
+    comp.compiled = CompiledStep(comp.net, full_width=True)
+    rows = comp.k_cache[0].shape[1]
+    comp.k_cache, comp.v_cache = comp.net.new_cache(rows), comp.net.new_cache(rows)  # not marked dynamic
+    comp.compiled.prepare_cache(comp.k_cache, comp.v_cache)
+    g = torch.Generator().manual_seed(2)
+    prompt = torch.randint(0, VOCAB, (PROMPT,), generator=g)
+    forward_chain(eager, prompt), forward_chain(comp, prompt)
+    for n in (1, 5, 1):
+        toks = torch.randint(0, VOCAB, (n,), generator=g)
+        assert _gap(forward_chain(eager, toks, want_hidden=True), forward_chain(comp, toks, want_hidden=True)) < TOL
+    tree = Tree.from_shape((2, 1, 1))
+    toks = torch.randint(0, VOCAB, (len(tree),), generator=g)
+    start = eager.cache_len
+    outs = [be.forward(toks, tree.position_ids(start), tree.attention_mask(start), want_hidden=True)
+            for be in (eager, comp)]
+    assert _gap(*outs) < TOL
+    assert comp.compiled.seen == {1, 8}

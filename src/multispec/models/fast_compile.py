@@ -38,11 +38,13 @@ def compiled_step(net) -> "CompiledStep":
 
 
 class CompiledStep:
-    def __init__(self, net):
+    def __init__(self, net, full_width: bool | None = None):
+        """full_width: attend over every cache row (static shapes, as CUDA graphs need); default on CUDA only."""
         _configure_torch()
         self.net = net
-        self.full_width = net.device.type == "cuda"  # CUDA graphs: static shapes, so attend over every cache row
-        mode = "reduce-overhead" if self.full_width else None
+        on_cuda = net.device.type == "cuda"
+        self.full_width = on_cuda if full_width is None else full_width
+        mode = "reduce-overhead" if on_cuda else None
         self.fn = torch.compile(net.run, fullgraph=True, dynamic=False, mode=mode)
         self.seen: set = set()
         self.compile_seconds = 0.0
