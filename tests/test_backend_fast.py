@@ -125,3 +125,17 @@ def test_no_mask_chain_and_cache_size():
         assert torch.allclose(a.logits, b.logits, atol=TOL)
     with pytest.raises(MultispecError, match="max_len"):
         forward_chain(cheap, torch.arange(8))
+
+
+@pytest.mark.parametrize("kind", ["hf", "fast"])
+def test_prefill_with_last_logits_only(kind):
+    """forward_chain(last_only=True) skips the output layer for all but the last row: that row's logits and every
+    later step equal a full prefill's."""
+    model = tiny_llama(vocab=64, hidden=32, layers=2, heads=4, kv_heads=2, seed=5)
+    full, last = make_backend(model, kind), make_backend(model, kind)
+    prompt = torch.randint(0, 64, (12,), generator=torch.Generator().manual_seed(0))
+    a, b = forward_chain(full, prompt), forward_chain(last, prompt, last_only=True)
+    assert a.logits.shape == (12, 64) and b.logits.shape == (1, 64)
+    assert torch.allclose(a.logits[-1], b.logits[-1], atol=1e-6)
+    step = torch.tensor([3])
+    assert torch.allclose(forward_chain(full, step).logits, forward_chain(last, step).logits, atol=1e-6)

@@ -78,7 +78,7 @@ def generate_ids(
     if draft is not None:
         draft.reset()
         if len(prompt) > 1:
-            forward_chain(draft, torch.tensor(prompt[:-1], dtype=torch.long))
+            forward_chain(draft, torch.tensor(prompt[:-1], dtype=torch.long), last_only=True)
     state = _prefill(target, prompt, method)
     policy.prepare(target, draft, target.cache_len)
     c.t_prefill = time.perf_counter() - start
@@ -175,10 +175,10 @@ class _State:
 def _prefill(target: Backend, prompt: list[int], method: MethodConfig) -> _State:
     ids = torch.tensor(prompt, dtype=torch.long)
     if method.target_init:
-        out = forward_chain(target, ids)
+        out = forward_chain(target, ids, last_only=True)
         return _State(pending=[prompt[-1]], history=list(prompt), p_next=None, rank_next=out.logits[-1])
     if len(prompt) > 1:
-        forward_chain(target, ids[:-1])
+        forward_chain(target, ids[:-1], last_only=True)
     return _State(pending=[prompt[-1]], history=list(prompt))
 
 

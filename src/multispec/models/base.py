@@ -9,10 +9,14 @@ The engine and proposers talk to a model through four calls:
 - `keep(indices)`: keep only these cache rows, in this order (a gather, then a crop): how a round keeps the prefix
   plus the accepted path and drops the rest.
 - `cache_len`, `reset()`.
+- optionally a `last_only` keyword of `forward`: True asks for the last token's logits only (the output layer
+  skipped for the other rows where the backend can; logits[-1] is read either way) — what a prefill needs (for a
+  300-token prompt the output layer is most of a small model's prefill).
 Validity comes from the mask and the positions, never from zeroed memory.
 """
 from __future__ import annotations
 
+import inspect
 from dataclasses import dataclass
 from typing import Protocol
 
@@ -53,9 +57,13 @@ def causal_mask(cache_len: int, n: int) -> torch.Tensor:
     return torch.cat([torch.ones(n, cache_len, dtype=torch.bool), tail], dim=1)
 
 
-def forward_chain(backend: Backend, tokens: torch.Tensor, want_hidden: bool = False) -> ForwardOut:
-    """Append a plain chain of tokens (prefill or decode). tokens: long [N]."""
+def forward_chain(backend: Backend, tokens: torch.Tensor, want_hidden: bool = False,
+                  last_only: bool = False) -> ForwardOut:
+    """Append a plain chain of tokens (prefill or decode). tokens: long [N]. last_only: only the last row's logits
+    are read (logits[-1]); a backend that can skip the others' output layer does ([1, V]), others return all."""
     start = backend.cache_len
     n = tokens.shape[0]
     positions = torch.arange(start, start + n)
+    if last_only and n > 1 and "last_only" in inspect.signature(backend.forward).parameters:
+        return backend.forward(tokens, positions, causal_mask(start, n), want_hidden, last_only=True)
     return backend.forward(tokens, positions, causal_mask(start, n), want_hidden)

@@ -151,11 +151,13 @@ class FastNet:
         return out
 
     def run(self, tokens: torch.Tensor, positions: torch.Tensor, rows: torch.Tensor, masks: tuple,
-            k_cache: list, v_cache: list, total: int | None = None, want_hidden: bool = False):
+            k_cache: list, v_cache: list, total: int | None = None, want_hidden: bool = False,
+            last_only: bool = False):
         """Write the keys/values of `tokens` (long [N], at `positions`) into cache rows `rows` (long [N]) and return
         (float32 logits [N, V], hidden [N, H] or None). k_cache, v_cache: per layer [H_kv, S, D] (new_cache).
         Attention reads cache rows [0, total); total=None reads
-        the width of the masks (the compiled path, whose masks are never None)."""
+        the width of the masks (the compiled path, whose masks are never None). last_only: the output layer on
+        the last row only (a prefill)."""
         n = tokens.shape[0]
         total = masks[0].shape[-1] if total is None else total
         ropes = self._ropes(positions)
@@ -188,7 +190,7 @@ class FastNet:
             else:
                 m = layer.post_feedforward_layernorm(layer.mlp(x))
             x = x + (m * mult if mult is not None else m)
-        hidden = self.norm(x)
+        hidden = self.norm(x[-1:] if last_only else x)
         logits = self.head(hidden).float()
         if self.logits_div is not None:
             logits = logits / self.logits_div
@@ -232,9 +234,10 @@ class FastBackend:
 
     @torch.inference_mode()
     def forward(self, tokens: torch.Tensor, positions: torch.Tensor, mask: torch.Tensor | None = None,
-                want_hidden: bool = False) -> ForwardOut:
+                want_hidden: bool = False, last_only: bool = False) -> ForwardOut:
         """tokens, positions: long [N]; mask: bool [N, cache_len + N], or None for a plain causal chain after all
-        cached rows. Returns float32 logits [N, V] (the model's own final transforms applied)."""
+        cached rows. Returns float32 logits [N, V] (the model's own final transforms applied); last_only: the last
+        row's only ([1, V]; hidden [1, H])."""
         n, start = tokens.shape[0], self._len
         total = start + n
         if total > self.max_len:
@@ -247,11 +250,13 @@ class FastBackend:
         self.pos[start:total] = positions
         if self.compiled is not None and self.compiled.takes(n):
             logits, hidden = self.compiled(self, tokens, positions, mask, start, want_hidden)
+            if last_only:
+                logits, hidden = logits[-1:], (None if hidden is None else hidden[-1:])
         else:
             rows = torch.arange(start, total, device=self.device)
             masks = self.net.masks(mask, positions, self.pos[:total], start, n)
             logits, hidden = self.net.run(tokens, positions, rows, masks, self.k_cache, self.v_cache, total,
-                                          want_hidden)
+                                          want_hidden, last_only)
         self._len = total
         return ForwardOut(logits=logits, hidden=hidden)
 

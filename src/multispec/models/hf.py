@@ -14,6 +14,8 @@ chains only; a tree forward is refused with one line before any token is produce
 """
 from __future__ import annotations
 
+import inspect
+
 import torch
 from transformers import DynamicCache
 
@@ -37,6 +39,8 @@ class HFBackend:
         self._head = model.get_output_embeddings()
         self.vocab_size = int(self._head.weight.shape[0])
         self.hidden_size = int(self._head.weight.shape[1])
+        # transformers' causal LMs take logits_to_keep (output layer on the last rows only); custom code may not
+        self._keeps_logits = "logits_to_keep" in inspect.signature(model.forward).parameters
         self.cache: DynamicCache | None = None
         self._pos = torch.zeros(0, dtype=torch.long)  # position of each cache row (CPU: no device sync)
         self._rows_are_positions = True  # row i holds position i (a plain chain): the model's own masks are right
@@ -53,10 +57,12 @@ class HFBackend:
 
     @torch.inference_mode()
     def forward(self, tokens: torch.Tensor, positions: torch.Tensor, mask: torch.Tensor | None = None,
-                want_hidden: bool = False) -> ForwardOut:
+                want_hidden: bool = False, last_only: bool = False) -> ForwardOut:
         """tokens, positions: long [N]; mask: bool [N, cache_len + N], or None for a plain causal chain after all
         cached rows (the cheap path: the model builds its own mask, none at all for a 1-token decode).
-        Returns float32 logits [N, V] and, if asked, the last hidden state float32 [N, H]."""
+        Returns float32 logits [N, V] and, if asked, the last hidden state float32 [N, H]; last_only: the last
+        row's only ([1, V], [1, H]), the output layer skipped for the others (where the model takes
+        logits_to_keep; otherwise every row, of which the caller reads the last)."""
         n, start = tokens.shape[0], self.cache_len
         positions = positions.cpu()
         if self.max_positions is not None and int(positions.max()) >= self.max_positions:
@@ -79,7 +85,8 @@ class HFBackend:
             else None
         try:
             out = self.model(input_ids=tokens.to(self.device)[None], position_ids=positions.to(self.device)[None],
-                             attention_mask=attn, past_key_values=self.cache, use_cache=True)
+                             attention_mask=attn, past_key_values=self.cache, use_cache=True,
+                             **({"logits_to_keep": 1} if last_only and self._keeps_logits else {}))
         finally:
             if hook is not None:
                 hook.remove()

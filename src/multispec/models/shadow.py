@@ -13,6 +13,7 @@ target's cache length.
 """
 from __future__ import annotations
 
+import inspect
 import re
 
 import torch
@@ -96,10 +97,12 @@ class ShadowBackend:
         self.shadow.reset()
 
     def forward(self, tokens: torch.Tensor, positions: torch.Tensor, mask: torch.Tensor | None,
-                want_hidden: bool = False) -> ForwardOut:
+                want_hidden: bool = False, last_only: bool = False) -> ForwardOut:
         """As `Backend.forward`: tokens, positions long [N]; mask bool [N, cache_len + N] (or whatever the wrapped
         backend accepts; it is passed to both unchanged)."""
         self.shadow.forward(tokens, positions, mask)
+        if last_only and "last_only" in inspect.signature(self.inner.forward).parameters:
+            return self.inner.forward(tokens, positions, mask, want_hidden, last_only=True)
         return self.inner.forward(tokens, positions, mask, want_hidden)
 
     def keep(self, indices: torch.Tensor) -> None:
