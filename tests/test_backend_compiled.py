@@ -130,3 +130,12 @@ def test_full_width_path_matches_eager(target):
             for be in (eager, comp)]
     assert _gap(*outs) < TOL
     assert comp.compiled.seen == {1, 8}
+
+
+def test_cost_cache_keys_tell_models_and_modes_apart(target, draft):
+    """auto's cost cache is keyed by backend kind and model: the fast backends expose the model they run."""
+    from multispec.drafting.costs import model_key
+
+    keys = {model_key(make_backend(m, kind, max_len=8), make_backend(m, kind, max_len=8).model)
+            for m in (target, draft) for kind in ("fast", "compiled")}
+    assert len(keys) == 4

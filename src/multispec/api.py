@@ -187,8 +187,8 @@ SEED_LIMIT = 2**63  # seeds are integers in [0, 2**63)
 
 def generate(pair: Pair, prompt: str | list[int], method: str = DEFAULT_METHOD, max_new_tokens: int = 128,
              temperature: float | None = None, top_k: int | None = None, top_p: float | None = None,
-             seed: int | None = None,
-             stop: str | list[str] | None = None, stream: Callable[[str], None] | None = None, backend: str | None = None,
+             seed: int | None = None, stop: str | list[str] | None = None,
+             stream: Callable[[str], None] | None = None, backend: str | None = None,
              **method_options) -> GenerationResult:
     """Generate with `method` (auto, ar, sd, mcsd, ti-mcsd, dynamic, specdecpp, lookup). Method options: k,
     heuristic, confidence, entropy, tree, verifier, width, depth, decision_model, beta, head, threshold, k_min,

@@ -206,6 +206,7 @@ class FastBackend:
         """max_len: cache rows; size it to prompt + max_new_tokens + one round's tree. Default: the model's position
         limit (at most 4096) plus TREE_SLACK rows. max_positions: the most positions a chain can reach here, the
         smaller of the config's limit and the cache rows. compile: run steps of up to 64 tokens compiled."""
+        self.model = model  # auto's cost cache is keyed by the model (drafting/costs.model_key)
         self.net = net = FastNet.of(model)
         self.layout, self.vocab_size, self.hidden_size = net.layout, net.vocab_size, net.hidden_size
         self.device, self.dtype = net.device, net.dtype

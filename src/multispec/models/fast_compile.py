@@ -16,10 +16,8 @@ from __future__ import annotations
 
 import os
 import sys
-import time
 
 import torch
-import torch.nn.functional as F
 
 BUCKETS = (1, 2, 4, 8, 16, 32, 64)
 
@@ -46,8 +44,7 @@ class CompiledStep:
         self.full_width = on_cuda if full_width is None else full_width
         mode = "reduce-overhead" if on_cuda else None
         self.fn = torch.compile(net.run, fullgraph=True, dynamic=False, mode=mode)
-        self.seen: set = set()
-        self.compile_seconds = 0.0
+        self.seen: set = set()  # buckets compiled so far
 
     def takes(self, n: int) -> bool:
         return n <= BUCKETS[-1]
@@ -80,21 +77,16 @@ class CompiledStep:
             for m in masks:
                 torch._dynamo.mark_dynamic(m, 2)
         rows = torch.arange(start, total, device=dev)
-        first = b not in self.seen
-        if first:
-            began = time.perf_counter()
+        if b not in self.seen:
             print(f"multispec: compiling the fast backend's {b}-token step for {self.net.name} (first use)",
                   file=sys.stderr, flush=True)
+            self.seen.add(b)
         # hidden states always come out (one graph per bucket, not two); dropped here when not wanted
         logits, hidden = self.fn(tok, pos, rows, masks, backend.k_cache, backend.v_cache, None, True)
         hidden = hidden if want_hidden else None
-        if first:
-            self.seen.add(b)
-            self.compile_seconds += time.perf_counter() - began
         if self.full_width:  # a CUDA graph's outputs are overwritten by its next replay
             return logits[:n].clone(), (None if hidden is None else hidden[:n].clone())
         return logits[:n], (None if hidden is None else hidden[:n])
-
 
     @staticmethod
     def padded_mask(mask: torch.Tensor | None, n: int, b: int, start: int, width: int, dev) -> torch.Tensor:
