@@ -9,9 +9,11 @@ from helpers import tiny_llama
 from multispec.engine import default_policy, generate_ids
 from multispec.methods import build_method
 from multispec.models import forward_chain, make_backend
-from multispec.models.fast_compile import BUCKETS, CompiledStep
+from multispec.models.fast_compile import BUCKETS, CompiledStep, has_cpp_compiler
 from multispec.sampling import SamplingConfig
 from multispec.tree import Tree
+
+pytestmark = pytest.mark.skipif(not has_cpp_compiler(), reason="torch inductor needs a C++ compiler on the CPU")
 
 TOL = 1e-5
 VOCAB = 64

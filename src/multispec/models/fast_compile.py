@@ -15,9 +15,12 @@ so a second process compiles much faster than the first.
 from __future__ import annotations
 
 import os
+import shutil
 import sys
 
 import torch
+
+from multispec.errors import check
 
 BUCKETS = (1, 2, 4, 8, 16, 32, 64)
 
@@ -41,6 +44,9 @@ class CompiledStep:
         _configure_torch()
         self.net = net
         on_cuda = net.device.type == "cuda"
+        check(on_cuda or has_cpp_compiler(), "the compiled backend needs a C++ compiler on the CPU (torch inductor "
+                                             "builds its kernels with g++ or clang++); install one or use the fast "
+                                             "backend")
         self.full_width = on_cuda if full_width is None else full_width
         mode = "reduce-overhead" if on_cuda else None
         self.fn = torch.compile(net.run, fullgraph=True, dynamic=False, mode=mode)
@@ -100,6 +106,11 @@ class CompiledStep:
             full[:n, :start + n] = mask.to(dev)
         full[n:, start + n:start + b] = torch.eye(b - n, dtype=torch.bool, device=dev)
         return full
+
+
+def has_cpp_compiler() -> bool:
+    """Whether inductor's C++ backend can build kernels here ($CXX, else g++, c++ or clang++ on the PATH)."""
+    return any(shutil.which(c) for c in (os.environ.get("CXX"), "g++", "c++", "clang++") if c)
 
 
 def _configure_torch() -> None:
