@@ -141,3 +141,22 @@ def test_cost_cache_keys_tell_models_and_modes_apart(target, draft):
     keys = {model_key(make_backend(m, kind, max_len=8), make_backend(m, kind, max_len=8).model)
             for m in (target, draft) for kind in ("fast", "compiled")}
     assert len(keys) == 4
+
+
+def test_warm_up_compiles_no_step_that_attends_to_one_row(target, monkeypatch):
+    """dynamo specialises a dimension of size 1, so a bucket first compiled attending to a single cache row would be
+    compiled again by the first real step; warm_up steps attend to at least 3 rows."""
+    from multispec.models.fast_compile import bucket
+
+    widths = []
+    real = CompiledStep.__call__
+
+    def spy(self, backend, tokens, positions, mask, start, want_hidden):
+        widths.append(start + bucket(tokens.shape[0]))
+        return real(self, backend, tokens, positions, mask, start, want_hidden)
+
+    monkeypatch.setattr(CompiledStep, "__call__", spy)
+    backend = make_backend(target, "compiled", max_len=100)
+    backend.compiled.seen.clear()  # warm every bucket again (compiled already: fast)
+    backend.warm_up()
+    assert len(widths) == len(BUCKETS) and min(widths) >= 3 and backend.cache_len == 0

@@ -268,9 +268,12 @@ class FastBackend:
         from multispec.models.fast_compile import BUCKETS
 
         for b in BUCKETS:
-            if b not in self.compiled.seen and b <= self.max_positions:
-                self.reset()
-                self.forward(torch.zeros(b, dtype=torch.long), torch.arange(b))
+            if b not in self.compiled.seen and b + 2 <= self.max_positions:
+                # after two (zero) cached rows: a step that attends to a single row would compile a graph
+                # specialised to width 1 (dynamo specialises sizes 0 and 1), which real steps never reuse
+                self._len = 2
+                self.pos[:2] = torch.arange(2)
+                self.forward(torch.zeros(b, dtype=torch.long), torch.arange(2, 2 + b))
         self.reset()
 
     def keep(self, indices: torch.Tensor) -> None:
