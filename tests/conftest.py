@@ -3,7 +3,18 @@ threads make the many tiny tensor ops of these tests several times slower."""
 import sys
 from pathlib import Path
 
+import pytest
 import torch
 
 sys.path.insert(0, str(Path(__file__).parent))  # tests import their shared helpers (helpers, engine_utils, ...)
 torch.set_num_threads(1)
+
+
+@pytest.fixture(autouse=True)
+def _one_thread():
+    """One thread for every test, also after a test that changed it (the CLI's load-aware `set_threads`, a test
+    asking for torch's default), restored afterwards."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)

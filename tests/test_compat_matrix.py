@@ -60,7 +60,6 @@ def _one_line(err: pytest.ExceptionInfo) -> str:
 
 @pytest.mark.parametrize("name", sorted(ARCHS))
 def test_architecture(name):
-    torch.set_num_threads(1)
     target = build(name)
     if name in REFUSED:
         with pytest.raises(MultispecError) as err:

@@ -8,7 +8,6 @@ import time
 
 import httpx
 import pytest
-import torch
 
 openai = pytest.importorskip("openai")
 uvicorn = pytest.importorskip("uvicorn")
@@ -56,7 +55,6 @@ def _eventually(condition, tries: int = 500) -> bool:
 
 @pytest.fixture(scope="module")
 def pair(tmp_path_factory):
-    torch.set_num_threads(1)
     paths = save_tiny_pair(tmp_path_factory.mktemp("serve_pair"))
     return load_pair(target=str(paths["target"]), draft=str(paths["draft"]), device="cpu")
 

@@ -33,13 +33,6 @@ Q[2] = torch.tensor([0.5, 0.0, 0.5], dtype=torch.float64)  # a draft with a zero
 P_GREEDY = torch.nn.functional.one_hot(torch.tensor([2, 0, 1]), V).double()  # processed greedy target
 
 
-@pytest.fixture(autouse=True, scope="module")
-def _one_thread():
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
-
 
 def widths(name: str) -> tuple[int, int]:
     return {"sd": (1, 1), "spechub": (2, 2), "greedy": (2, 1)}.get(name, (2, 2))

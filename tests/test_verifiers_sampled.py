@@ -75,14 +75,6 @@ def _configs() -> list[tuple[str, torch.Tensor, torch.Tensor, int]]:
             ("one-hot-q", _t([0.2, 0.3, 0.5]), _t([0.0, 0.0, 1.0]), 2)]
 
 
-@pytest.fixture(autouse=True, scope="module")
-def _one_thread():
-    """Vectorised ops on 1e5 small rows run faster on one thread than on a shared, busy pair of cores."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
-
 
 CONFIGS = _configs()
 CASES = []

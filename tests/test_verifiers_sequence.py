@@ -25,13 +25,6 @@ from multispec.verify.sequence import SEQUENCE_REGISTRY, get_sequence_verifier
 REGIMES = ("random", "disjoint", "equal", "onehot", "holes")
 
 
-@pytest.fixture(autouse=True, scope="module")
-def _one_thread():
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
-
 
 class Toy:
     """p(.|prefix) (target) and q(.|prefix) (draft) over V tokens, float64, fixed per (regime, seed, prefix)."""
