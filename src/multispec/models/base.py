@@ -57,6 +57,11 @@ def causal_mask(cache_len: int, n: int) -> torch.Tensor:
     return torch.cat([torch.ones(n, cache_len, dtype=torch.bool), tail], dim=1)
 
 
+def takes_last_only(backend) -> bool:
+    """Whether the backend's forward takes the optional `last_only` keyword (wrappers and test doubles may not)."""
+    return "last_only" in inspect.signature(backend.forward).parameters
+
+
 def forward_chain(backend: Backend, tokens: torch.Tensor, want_hidden: bool = False,
                   last_only: bool = False) -> ForwardOut:
     """Append a plain chain of tokens (prefill or decode). tokens: long [N]. last_only: only the last row's logits
@@ -64,6 +69,6 @@ def forward_chain(backend: Backend, tokens: torch.Tensor, want_hidden: bool = Fa
     start = backend.cache_len
     n = tokens.shape[0]
     positions = torch.arange(start, start + n)
-    if last_only and n > 1 and "last_only" in inspect.signature(backend.forward).parameters:
+    if last_only and n > 1 and takes_last_only(backend):
         return backend.forward(tokens, positions, causal_mask(start, n), want_hidden, last_only=True)
     return backend.forward(tokens, positions, causal_mask(start, n), want_hidden)

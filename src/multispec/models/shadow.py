@@ -13,13 +13,12 @@ target's cache length.
 """
 from __future__ import annotations
 
-import inspect
 import re
 
 import torch
 
 from multispec.errors import check
-from multispec.models.base import ForwardOut, causal_mask
+from multispec.models.base import ForwardOut, causal_mask, takes_last_only
 
 HEAD_DIM = 64
 SHAPE_RE = re.compile(r"^\s*(\d+)\s*[xX]\s*(\d+)\s*$")
@@ -101,7 +100,7 @@ class ShadowBackend:
         """As `Backend.forward`: tokens, positions long [N]; mask bool [N, cache_len + N] (or whatever the wrapped
         backend accepts; it is passed to both unchanged)."""
         self.shadow.forward(tokens, positions, mask)
-        if last_only and "last_only" in inspect.signature(self.inner.forward).parameters:
+        if last_only and takes_last_only(self.inner):
             return self.inner.forward(tokens, positions, mask, want_hidden, last_only=True)
         return self.inner.forward(tokens, positions, mask, want_hidden)
 
