@@ -106,7 +106,9 @@ def main(argv: list[str] | None = None) -> dict:
         return saved
     torch.set_num_threads(args.threads)
 
-    from multispec.api import _encode, generate, load_pair
+    from multispec.api import generate, load_pair
+    from multispec.loading import vocab_rows
+    from multispec.text import encode_prompt
     from multispec.bench.runner import environment
     from multispec.data import load_prompts, truncate_ids
 
@@ -116,7 +118,7 @@ def main(argv: list[str] | None = None) -> dict:
     prompts = []
     for ds in ("humaneval", "alpaca"):
         for p in load_prompts(ds, args.data_dir, limit=args.prompts):
-            ids, _ = truncate_ids(_encode(pair, p.text), 512, pair.tokenizer.bos_token_id)
+            ids, _ = truncate_ids(encode_prompt(pair.tokenizer, vocab_rows(pair.target), p.text), 512, pair.tokenizer.bos_token_id)
             prompts.append((ds, p.id, ids))
     records = []
     for label, method, opts in table:  # warm-up, untimed
@@ -133,9 +135,9 @@ def main(argv: list[str] | None = None) -> dict:
                     "method": label, "method_name": method, "options": {k: str(v) for k, v in opts.items()},
                     "dataset": ds, "category": ds, "prompt_id": pid, "temperature": temp,
                     "new_tokens": s["new_tokens"], "seconds": s["seconds"], "target_calls": s["target_calls"],
-                    "draft_calls": s["draft_calls"], "rounds": s["rounds"], "accepted": s["accepted_tokens"],
+                    "draft_calls": s["draft_calls"], "rounds": s["rounds"], "accepted": s["num_accepted_draft_tokens"],
                     # stats carry the rate, not the depth; a generation that accepted nothing counts depth 0 (rare)
-                    "drafted_depth": (s["accepted_tokens"] / s["acceptance_rate"]) if s["acceptance_rate"] else 0,
+                    "drafted_depth": s["num_draft_tokens"],
                     "prefill_s": s["prefill_s"], "draft_s": s["draft_s"], "verify_s": s["verify_s"],
                     "cache_s": s["cache_s"], "lossless": s["lossless"],
                     "loglik": target_loglik(pair.target, ids, r.token_ids), "token_ids": r.token_ids,

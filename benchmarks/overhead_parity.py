@@ -23,12 +23,14 @@ from pathlib import Path
 
 import torch
 
-from multispec.api import _encode, _eos_ids, load_pair
+from multispec.api import load_pair
+from multispec.loading import eos_ids, vocab_rows
+from multispec.text import encode_prompt
 from multispec.bench.hf_assisted import hf_assisted_generate
 from multispec.bench.runner import environment
 from multispec.data import load_prompts
-from multispec.engine import generate_ids
-from multispec.methods import build_method
+from multispec.decoding.engine import generate_ids
+from multispec.decoding.methods import build_method
 from multispec.models import make_backend
 from multispec.sampling import SamplingConfig
 
@@ -83,7 +85,7 @@ def make_runners(pair, eos: set[int], max_new: int) -> dict:
             draft = make_backend(pair.draft, backend) if cfg.name != "ar" else None
 
             def run(ids, target=target, draft=draft, cfg=cfg):
-                new, c, _ = generate_ids(target, draft, ids, cfg, GREEDY, max_new, 0, eos)
+                new, c = generate_ids(target, draft, ids, cfg, GREEDY, max_new, 0, eos)
                 return new, {"rounds": c.rounds, "target_calls": c.target_calls, "draft_calls": c.draft_calls,
                              "accepted": c.accepted, "prefill_s": c.t_prefill, "draft_s": c.t_draft,
                              "verify_s": c.t_verify, "cache_s": c.t_cache}
@@ -115,7 +117,7 @@ def make_runners(pair, eos: set[int], max_new: int) -> dict:
 
 
 def breakdown(pair, eos, prompts, max_new) -> dict:
-    """Per-round seconds of each part of a multispec round, from timing proxies and the engine's Counters."""
+    """Per-round seconds of each part of a multispec round, from timing proxies and the engine's Metrics."""
     rows = {}
     for backend in ("hf", "fast"):
         for name, cfg in (("ar", build_method("ar")), ("sd:k=4", build_method("sd", k=4))):
@@ -128,7 +130,7 @@ def breakdown(pair, eos, prompts, max_new) -> dict:
             tot = {"wall": 0.0, "prefill": 0.0, "draft": 0.0, "verify": 0.0, "cache": 0.0, "rounds": 0, "tokens": 0}
             for ids in prompts:
                 t0 = time.perf_counter()
-                new, c, _ = generate_ids(target, draft, ids, cfg, GREEDY, max_new, 0, eos)
+                new, c = generate_ids(target, draft, ids, cfg, GREEDY, max_new, 0, eos)
                 tot["wall"] += time.perf_counter() - t0
                 tot["prefill"] += c.t_prefill
                 tot["draft"] += c.t_draft
@@ -181,8 +183,8 @@ def main() -> None:
     args = ap.parse_args()
     torch.set_num_threads(1)
     pair = load_pair(f"{args.pair}/target", f"{args.pair}/draft", device="cpu", dtype="float32")
-    eos = _eos_ids(pair)
-    prompts = [_encode(pair, p.text) for p in load_prompts("humaneval", args.data_dir, limit=args.limit,
+    eos = eos_ids(pair)
+    prompts = [encode_prompt(pair.tokenizer, vocab_rows(pair.target), p.text) for p in load_prompts("humaneval", args.data_dir, limit=args.limit,
                                                            offset=args.offset)]
     runners = make_runners(pair, eos, args.max_new_tokens)
     for run in runners.values():  # warm-up, untimed

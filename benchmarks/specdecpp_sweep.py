@@ -88,7 +88,7 @@ def environment() -> dict:
             "commit": commit, "argv": sys.argv}
 
 
-COUNTS = ("new_tokens", "target_calls", "drafted_tokens", "accepted_tokens", "rounds", "seconds")  # summed
+COUNTS = ("new_tokens", "target_calls", "drafted_tokens", "num_accepted_draft_tokens", "rounds", "seconds")  # summed
 
 
 def with_rates(row: dict) -> dict:
@@ -96,7 +96,7 @@ def with_rates(row: dict) -> dict:
     n = max(1, row["new_tokens"])
     return {**row, "tokens_per_s": row["new_tokens"] / row["seconds"],
             "tau": row["new_tokens"] / max(1, row["target_calls"]),
-            "discard_rate": (row["drafted_tokens"] - row["accepted_tokens"]) / n,
+            "discard_rate": (row["drafted_tokens"] - row["num_accepted_draft_tokens"]) / n,
             "verification_rate": row["target_calls"] / n,
             "mean_draft_len": row["drafted_tokens"] / max(1, row["rounds"]) if row["method"] != "ar" else 0.0}
 

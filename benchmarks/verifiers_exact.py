@@ -21,7 +21,7 @@ import numpy as np
 import torch
 
 import multispec
-import multispec.engine as engine
+import multispec.decoding.engine as engine
 from multispec.bench.runner import environment
 from multispec.data import load_prompts
 from multispec.verify.sequence import get_sequence_verifier

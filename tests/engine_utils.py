@@ -8,8 +8,8 @@ import torch
 from scipy import stats
 
 from helpers import tiny_llama
-from multispec.engine import generate_ids
-from multispec.methods import build_method
+from multispec.decoding.engine import generate_ids
+from multispec.decoding.methods import build_method
 from multispec.models import make_backend
 from multispec.sampling import SamplingConfig, process_logits
 
@@ -38,10 +38,10 @@ def run(target, draft, prompt, method, sampling, n_new, seed=0, **options):
     config = build_method(method, **options)
     t = make_backend(target)
     d = make_backend(draft) if config.name != "ar" else None
-    from multispec.engine import default_policy
+    from multispec.decoding.methods import build_policy
 
-    policy = options.pop("_policy", None) or default_policy(config)
-    ids, counters, _ = generate_ids(t, d, prompt, config, sampling, n_new, seed, set(), policy=policy)
+    policy = options.pop("_policy", None) or build_policy(config)
+    ids, counters = generate_ids(t, d, prompt, config, sampling, n_new, seed, set(), policy=policy)
     return ids, counters
 
 

@@ -23,7 +23,7 @@ def pair(pair_dirs):
 def test_generate_api_returns_tokens_text_and_stats(pair):
     result = multispec.generate(pair, "def f(x):", method="mcsd", max_new_tokens=12, temperature=0.0)
     assert len(result.token_ids) <= 12 and isinstance(result.text, str)
-    for key in ("new_tokens", "target_calls", "draft_calls", "tau", "acceptance_rate", "seconds", "tokens_per_s",
+    for key in ("new_tokens", "target_calls", "draft_calls", "tau", "draft_acceptance_rate", "seconds", "tokens_per_s",
                 "method", "lossless"):
         assert key in result.stats
     assert result.stats["lossless"] is True and result.stats["method"] == "mcsd"

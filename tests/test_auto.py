@@ -14,9 +14,9 @@ from memo_backend import MemoBackend
 from multispec.drafting.auto import Acceptance, AutoPolicy, greedy_tree, to_tree
 from multispec.drafting.costs import BUCKETS, CostCurve, CostModel, calibrate, get_cost_model
 from multispec.drafting.lookup import NgramIndex, lookup_with_n
-from multispec.drafting.policies import RoundPlan
-from multispec.engine import generate_ids
-from multispec.methods import build_method
+from multispec.drafting.protocol import RoundPlan
+from multispec.decoding.engine import generate_ids
+from multispec.decoding.methods import build_method
 from multispec.models import make_backend
 from multispec.sampling import SamplingConfig
 from multispec.tree import Tree
@@ -115,7 +115,7 @@ def test_auto_without_a_draft_model_uses_lookup_only():
     target, _ = tiny_pair(vocab=12, seed=2, noise=0.3)
     prompt = [1, 5, 3, 1, 5, 3, 1]
     config = build_method("auto")
-    ids, c, _ = generate_ids(make_backend(target), None, prompt, config, GREEDY, 30, 0, set())
+    ids, c = generate_ids(make_backend(target), None, prompt, config, GREEDY, 30, 0, set())
     assert ids == greedy_reference(target, prompt, 30)
     assert c.draft_calls == 0
 
@@ -145,11 +145,11 @@ def _counts(method: str, n: int, forced: bool) -> np.ndarray:
     config = build_method(method)
     counts = np.zeros(V ** L, dtype=np.int64)
     policies = [AutoPolicy(forced_plans=_forced(k)) for k in range(4)] if forced else None
-    from multispec.engine import default_policy
+    from multispec.decoding.methods import build_policy
 
     for seed in range(n):
-        policy = policies[seed % 4] if forced else default_policy(config)
-        ids, _, _ = generate_ids(t, d if method != "lookup" else None, PROMPT, config, T1, L, seed, set(),
+        policy = policies[seed % 4] if forced else build_policy(config)
+        ids, _ = generate_ids(t, d if method != "lookup" else None, PROMPT, config, T1, L, seed, set(),
                                  policy=policy)
         counts[np.ravel_multi_index(ids[:L], (V,) * L)] += 1
     return counts
@@ -175,7 +175,7 @@ def test_lookup_keeps_the_target_law():
 def test_lookup_with_a_broken_verifier_fails_the_same_test(monkeypatch):
     """Broken variant: verify lookup tokens against a uniform draft law instead of the point mass they were
     drawn from (a wrong q in the acceptance ratio and residual). The same chi-square test must catch it."""
-    import multispec.engine as engine
+    import multispec.decoding.engine as engine
 
     real = engine.one_hot_law
     monkeypatch.setattr(engine, "one_hot_law", lambda tokens, vocab, n: real(tokens, vocab, n) * 0 + 1.0 / vocab)
@@ -185,12 +185,12 @@ def test_lookup_with_a_broken_verifier_fails_the_same_test(monkeypatch):
 def test_rounds_never_draft_past_the_token_budget():
     target, draft = tiny_pair(vocab=12, seed=2, noise=0.3)
     config = build_method("sd", k=1000)
-    from multispec.engine import default_policy
+    from multispec.decoding.methods import build_policy
 
-    policy = default_policy(config)
+    policy = build_policy(config)
     depths = []
-    end_round = policy.end_round
-    policy.end_round = lambda accepted, drafted: (depths.append(drafted), end_round(accepted, drafted))
-    ids, c, _ = generate_ids(make_backend(target), make_backend(draft), [1, 2, 3], config, GREEDY, 16, 0, set(),
+    observe = policy.observe
+    policy.observe = lambda outcome: (depths.append(outcome.depth), observe(outcome))
+    ids, c = generate_ids(make_backend(target), make_backend(draft), [1, 2, 3], config, GREEDY, 16, 0, set(),
                              policy=policy)
     assert len(ids) == 16 and max(depths) <= 15

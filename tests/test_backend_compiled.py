@@ -6,8 +6,9 @@ import pytest
 import torch
 
 from helpers import tiny_llama
-from multispec.engine import default_policy, generate_ids
-from multispec.methods import build_method
+from multispec.decoding.engine import generate_ids
+from multispec.decoding.methods import build_policy
+from multispec.decoding.methods import build_method
 from multispec.models import forward_chain, make_backend
 from multispec.models.fast_compile import BUCKETS, CompiledStep, has_cpp_compiler
 from multispec.sampling import SamplingConfig
@@ -106,8 +107,8 @@ def test_greedy_generation_identical_to_eager(target, draft, method, options):
     config = build_method(method, **options)
     for kind in ("fast", "compiled"):
         d = make_backend(draft, kind, max_len=200) if method != "ar" else None
-        ids, _, _ = generate_ids(make_backend(target, kind, max_len=200), d, [1, 2, 3], config,
-                                 SamplingConfig(0.0), 40, 0, set(), policy=default_policy(config))
+        ids, _ = generate_ids(make_backend(target, kind, max_len=200), d, [1, 2, 3], config,
+                                 SamplingConfig(0.0), 40, 0, set(), policy=build_policy(config))
         outs.append(ids)
     assert outs[0] == outs[1]
 

@@ -40,8 +40,9 @@ def test_random_llama_parity(kv_heads):
 
 def test_greedy_generation_identical_to_hf_backend():
     from engine_utils import tiny_pair
-    from multispec.engine import default_policy, generate_ids
-    from multispec.methods import build_method
+    from multispec.decoding.engine import generate_ids
+    from multispec.decoding.methods import build_policy
+    from multispec.decoding.methods import build_method
 
     target, draft = tiny_pair(vocab=48, seed=2)
     for method, options in (("ar", {}), ("sd", {"k": 3}), ("mcsd", {"tree": (3, 2, 1)}), ("ti-mcsd", {"tree": (2, 2, 1)})):
@@ -49,8 +50,8 @@ def test_greedy_generation_identical_to_hf_backend():
         for kind in ("hf", "fast"):
             config = build_method(method, **options)
             d = make_backend(draft, kind) if method != "ar" else None
-            ids, _, _ = generate_ids(make_backend(target, kind), d, [1, 2, 3], config, SamplingConfig(0.0), 30, 0,
-                                     set(), policy=default_policy(config))
+            ids, _ = generate_ids(make_backend(target, kind), d, [1, 2, 3], config, SamplingConfig(0.0), 30, 0,
+                                     set(), policy=build_policy(config))
             outs.append(ids)
         assert outs[0] == outs[1], method
 
@@ -86,8 +87,9 @@ def test_family_parity_and_greedy_identity(name):
     import copy
 
     from compat_archs import build
-    from multispec.engine import default_policy, generate_ids
-    from multispec.methods import build_method
+    from multispec.decoding.engine import generate_ids
+    from multispec.decoding.methods import build_policy
+    from multispec.decoding.methods import build_method
 
     target = build(name)
     assert _compare(target) < TOL
@@ -101,8 +103,8 @@ def test_family_parity_and_greedy_identity(name):
         for kind in ("hf", "fast"):
             config = build_method(method, **options)
             d = make_backend(draft, kind) if method != "ar" else None
-            ids, _, _ = generate_ids(make_backend(target, kind), d, [5, 17, 3, 42], config, SamplingConfig(0.0), 20,
-                                     0, set(), policy=default_policy(config))
+            ids, _ = generate_ids(make_backend(target, kind), d, [5, 17, 3, 42], config, SamplingConfig(0.0), 20,
+                                     0, set(), policy=build_policy(config))
             outs.append(ids)
         assert outs[0] == outs[1], method
 

@@ -12,7 +12,8 @@ import pytest
 import torch
 
 from compat_archs import ARCHS, CHAIN_ONLY, REFUSED, WINDOW, build
-from multispec.api import Pair, _check_supported, generate
+from multispec.api import Pair, generate
+from multispec.loading import check_supported
 from multispec.errors import MultispecError
 
 PROMPT = [5, 17, 3, 42, 9, 28, 11, 60]
@@ -63,10 +64,10 @@ def test_architecture(name):
     target = build(name)
     if name in REFUSED:
         with pytest.raises(MultispecError) as err:
-            _check_supported(target, name)
+            check_supported(target, name)
         assert "unsupported" in _one_line(err)
         return
-    _check_supported(target, name)
+    check_supported(target, name)
     pair = _pair(target, _near_copy(target))
 
     def run(method, temperature=0.0, **options):
@@ -111,5 +112,5 @@ def test_probe_refuses_row_ordered_attention_it_was_not_told_about(monkeypatch, 
     real = layout.attention_layout
     monkeypatch.setattr(probe, "attention_layout", lambda c: dataclasses.replace(real(c), tree_refusal=None))
     with pytest.raises(MultispecError) as err:
-        _check_supported(build(name), name)
+        check_supported(build(name), name)
     assert "tree logits disagree" in _one_line(err)

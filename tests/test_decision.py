@@ -6,13 +6,13 @@ import pytest
 import torch
 
 from engine_utils import greedy_reference, tiny_pair
-from multispec.engine import generate_ids
+from multispec.decoding.engine import generate_ids
 from multispec.errors import MultispecError
 from multispec.heads.decision import (DecisionModel, load_decision_model, save_decision_model, type1_sizes,
                                       type2_features)
-from multispec.methods import build_method
+from multispec.decoding.methods import build_method
 from multispec.models import make_backend
-from multispec.policy_factory import make_policy
+from multispec.decoding.methods import build_policy
 from multispec.sampling import SamplingConfig
 
 GREEDY = SamplingConfig(temperature=0.0)
@@ -82,9 +82,9 @@ def _run_dynamic(tmp_path, kind, beta, width=3, depth=4, target_init=False, n_ne
     save_decision_model(DecisionModel(kind, 16 if kind == 1 else 11, type1_sizes(16) if kind == 1 else (44,)), path)
     config = build_method("dynamic", width=width, depth=depth, decision_model=str(path), beta=beta,
                           target_init=target_init)
-    policy = make_policy(config, SimpleNamespace(draft=draft))
+    policy = build_policy(config, SimpleNamespace(draft=draft))
     prompt = [1, 3, 5, 7]
-    ids, c, _ = generate_ids(make_backend(target), make_backend(draft), prompt, config, GREEDY, n_new, 0, set(),
+    ids, c = generate_ids(make_backend(target), make_backend(draft), prompt, config, GREEDY, n_new, 0, set(),
                              policy=policy)
     return ids, c, greedy_reference(target, prompt, n_new)
 
@@ -109,8 +109,8 @@ def test_beta_one_stops_after_one_level_and_beta_zero_never(tmp_path, kind):
 
 
 def test_training_loop_keeps_best_epoch_and_saves(tmp_path):
-    from multispec.heads.decision_data import DataConfig
-    from multispec.heads.train_decision import TrainConfig, train_decision
+    from multispec.training.decision_data import DataConfig
+    from multispec.training.train_decision import TrainConfig, train_decision
 
     g = torch.Generator().manual_seed(0)
     m, h = 400, 16
@@ -134,7 +134,7 @@ def test_training_loop_keeps_best_epoch_and_saves(tmp_path):
 
 
 def test_position_data_shapes():
-    from multispec.heads.decision_data import position_data
+    from multispec.training.decision_data import position_data
 
     target, draft = tiny_pair(vocab=16, seed=1)
     ids = [1, 2, 3, 4, 5, 6, 7]

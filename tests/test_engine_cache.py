@@ -4,8 +4,9 @@ import pytest
 import torch
 
 from engine_utils import tiny_pair
-from multispec.engine import default_policy, generate_ids
-from multispec.methods import build_method
+from multispec.decoding.engine import generate_ids
+from multispec.decoding.methods import build_policy
+from multispec.decoding.methods import build_method
 from multispec.models import make_backend
 from multispec.models.base import forward_chain
 from multispec.sampling import SamplingConfig
@@ -48,7 +49,7 @@ def test_caches_match_fresh_forward_after_every_round(method, options, temperatu
 
     config = build_method(method, **options)
     generate_ids(target, draft, prompt, config, SamplingConfig(temperature=temperature), 30, 0, set(),
-                 on_tokens=check_round, policy=default_policy(config))
+                 on_tokens=check_round, policy=build_policy(config))
     assert len(rounds) >= 3
     worst = max(max(r) for r in rounds)
     assert worst < TOL, rounds

@@ -33,7 +33,7 @@ def test_every_lossless_method_equals_target_greedy(vocab):
 
 
 def test_ti_mcsd_wide_is_reported_lossy():
-    from multispec.methods import build_method
+    from multispec.decoding.methods import build_method
 
     assert build_method("ti-mcsd", tree=(2, 4, 3, 1, 1)).lossless is False
     assert build_method("ti-mcsd", tree=(1, 4, 3, 1, 1)).lossless is True
@@ -42,7 +42,7 @@ def test_ti_mcsd_wide_is_reported_lossy():
 
 def test_greedy_uses_the_greedy_verifier(monkeypatch):
     """At temperature 0 the verifier name does not matter: drafting takes the top-n and verification is greedy."""
-    import multispec.engine as engine
+    import multispec.decoding.engine as engine
 
     seen = []
     real, real_greedy = engine.get_sequence_verifier, engine.walk_tree_greedy

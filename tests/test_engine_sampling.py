@@ -11,8 +11,9 @@ import pytest
 
 from engine_utils import chi_square_pvalue, exact_joint, tiny_pair
 from memo_backend import MemoBackend
-from multispec.engine import default_policy, generate_ids
-from multispec.methods import build_method
+from multispec.decoding.engine import generate_ids
+from multispec.decoding.methods import build_policy
+from multispec.decoding.methods import build_method
 from multispec.sampling import SamplingConfig
 
 V, L, N = 8, 3, 20_000
@@ -50,9 +51,9 @@ def sample_counts(method, options, sampling, n=N, policy_factory=None):
     d = None if method == "ar" else MemoBackend(draft, _MEMO.setdefault("d", {}))  # ar: target only
     config = build_method(method, **options)
     counts = np.zeros(V ** L, dtype=np.int64)
-    policy = policy_factory() if policy_factory else default_policy(config)
+    policy = policy_factory() if policy_factory else build_policy(config)
     for seed in range(n):
-        ids, _, _ = generate_ids(t, d, PROMPT, config, sampling, L, seed, set(), policy=policy)
+        ids, _ = generate_ids(t, d, PROMPT, config, sampling, L, seed, set(), policy=policy)
         counts[np.ravel_multi_index(ids[:L], (V,) * L)] += 1
     return counts
 

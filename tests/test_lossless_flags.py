@@ -49,7 +49,7 @@ class IdTokenizer:
 @pytest.fixture(scope="module")
 def pair(tmp_path_factory):
     from multispec.heads.acceptance import AcceptanceHead, save_head
-    from multispec.policy_factory import HEAD_DIRNAME
+    from multispec.decoding.methods import HEAD_DIRNAME
 
     target = tiny_llama(vocab=V, hidden=16, layers=1, heads=2, kv_heads=1, seed=3, scale=8.0)
     draft = tiny_llama(vocab=V, hidden=16, layers=1, heads=2, kv_heads=1, seed=11, scale=8.0)

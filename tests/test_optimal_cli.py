@@ -4,7 +4,7 @@ import pytest
 import torch
 
 from multispec.cli import main
-from multispec.cli.optimal_cmd import (
+from multispec.optimal.report import (
     ALPACA_TEMPLATE,
     OptimalRunConfig,
     load_prompts,

@@ -17,7 +17,7 @@ from helpers import save_tiny_pair  # noqa: E402
 from multispec import generate, load_pair  # noqa: E402
 from multispec.api import GenerationResult  # noqa: E402
 from multispec.serve import ServeSettings, create_app  # noqa: E402
-from multispec.serve.streaming import StopHoldback  # noqa: E402
+from multispec.text import StopStrings, Streamer  # noqa: E402
 
 NAME = "tiny"
 PROMPTS = ["def f(x):", "for n in range(2):\n    print("]
@@ -355,12 +355,29 @@ def test_request_timeout_cancels_and_answers_504(pair):
 
 
 def test_stop_holdback_never_sends_a_split_stop_and_adds_up():
-    h = StopHoldback(["END"])
-    sent = [h.push(d) for d in ("abc E", "N", "xEN", "D tail")]
-    assert sent == ["abc ", "", "ENx", ""]
-    assert "".join(sent) + h.finish("abc ENx") == "abc ENx"
-    plain = StopHoldback(None)
-    assert [plain.push(d) for d in ("a", "b")] == ["a", "b"] and plain.finish("abc") == "c"
+    """The one stop-string matcher (generate's, relayed as is by the server): a stop split across rounds is never
+    half-sent, and the deltas add up to the final text."""
+
+    class CharTok:  # one character per token id
+        def decode(self, ids, skip_special_tokens=True):
+            return "".join(map(chr, ids))
+
+    stops = StopStrings(CharTok(), ["END"])
+    sent = []
+    streamer = Streamer(stops, sent.append)
+    ids = []
+    for chunk in ("abc E", "N", "xEN", "D tail"):
+        ids += [ord(c) for c in chunk]
+        streamer.on_tokens(ids)
+    text, kept = stops.final(ids)
+    streamer.flush(text)
+    assert sent == ["abc ", "ENx"] and "".join(sent) == text == "abc ENx"
+    assert stops.cut_ids(ids) == len("abc ENxEND") and "".join(map(chr, kept)) == text
+    plain = StopStrings(CharTok(), [])
+    out = []
+    s2 = Streamer(plain, out.append)
+    s2.on_tokens([97]), s2.on_tokens([97, 98]), s2.flush("abc")
+    assert out == ["a", "b", "c"] and plain.cut_ids([97]) is None
 
 
 def test_generate_cli_reads_stdin_and_prompt_file_and_prints_finish_reason(tmp_path, pair):

@@ -6,9 +6,9 @@ import torch
 
 from engine_utils import tiny_pair
 from multispec.bench.hf_assisted import hf_assisted_generate
-from multispec.engine import generate_ids
+from multispec.decoding.engine import generate_ids
 from multispec.errors import MultispecError
-from multispec.methods import build_method
+from multispec.decoding.methods import build_method
 from multispec.models import forward_chain, make_backend
 from multispec.models.shadow import (ShadowBackend, make_shadow_backend, parse_shadow_shape, shadow_hook,
                                      shadow_label, shadow_model)
@@ -58,7 +58,7 @@ def test_engine_outputs_unchanged_and_cache_in_step(method, options, temperature
             shadow = make_shadow_backend(model, max_len=256)
             t = ShadowBackend(t, shadow)
         d = make_backend(draft) if config.name != "ar" else None
-        new, c, _ = generate_ids(t, d, PROMPT, config, sampling, 12, 5, set())
+        new, c = generate_ids(t, d, PROMPT, config, sampling, 12, 5, set())
         outs.append(new)
         if shadowed:
             assert shadow.cache_len == t.inner.cache_len  # keep() applied to both
@@ -81,7 +81,7 @@ def test_broken_keep_is_caught():
     model = shadow_model("2x64", VOCAB)
     shadow = make_shadow_backend(model, max_len=256)
     t = Cropping(make_backend(target), shadow)
-    new, _, _ = generate_ids(t, make_backend(draft), PROMPT, build_method("mcsd", tree="3,2,1"),
+    new, _ = generate_ids(t, make_backend(draft), PROMPT, build_method("mcsd", tree="3,2,1"),
                              SamplingConfig(temperature=1.0), 12, 0, set())
     seq = (PROMPT + new)[:shadow.cache_len]
     assert shadow.cache_len == t.inner.cache_len

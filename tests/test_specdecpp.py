@@ -12,9 +12,9 @@ from multispec.api import Pair, generate
 from multispec.drafting.policies import ThresholdStop
 from multispec.errors import MultispecError
 from multispec.heads.acceptance import AcceptanceHead, load_head, save_head, weighted_bce
-from multispec.heads.acceptance_data import AcceptanceData
-from multispec.heads.common import binary_kl, reliability_diagram
-from multispec.heads.train_acceptance import TrainConfig, save_trained, train_head
+from multispec.training.acceptance_data import AcceptanceData
+from multispec.training.common import binary_kl, reliability_diagram
+from multispec.training.train_acceptance import TrainConfig, save_trained, train_head
 
 H = 16  # tiny_pair's hidden size
 
@@ -143,8 +143,8 @@ def test_specdecpp_sampling_is_lossless():
 
     def factory():
         policy = ThresholdStop(head.predict, threshold=0.5, k_min=1, k_max=4)
-        end_round = policy.end_round
-        policy.end_round = lambda accepted, drafted: (lengths.append(drafted), end_round(accepted, drafted))
+        observe = policy.observe
+        policy.observe = lambda outcome: (lengths.append(outcome.depth), observe(outcome))
         return policy
 
     counts = sample_counts("specdecpp", {"threshold": 0.5, "k_min": 1, "k_max": 4}, SAMPLINGS["T1"], n=20_000,
@@ -179,7 +179,7 @@ def test_training_lowers_the_loss_and_saves_a_loadable_head(tmp_path):
     data = synthetic_data()
     config = TrainConfig(out=str(tmp_path / "head"), epochs=8, lr=3e-3, batch_size=64, w_rej=6.0, depth=2)
     untrained = AcceptanceHead(H, 2)
-    from multispec.heads.train_acceptance import evaluate, split_by_prompt
+    from multispec.training.train_acceptance import evaluate, split_by_prompt
 
     test = split_by_prompt(data, config.val_frac, config.test_frac, config.seed)["test"]
     before = evaluate(untrained, data.features[test], data.labels[test], 6.0)
@@ -206,7 +206,7 @@ def test_reliability_bins():
 def test_train_config_is_validated():
     with pytest.raises(MultispecError, match="--w-rej"):
         TrainConfig(out="x", w_rej=0)
-    from multispec.heads.acceptance_data import DataConfig
+    from multispec.training.acceptance_data import DataConfig
 
     with pytest.raises(MultispecError, match="--mix"):
         DataConfig(target="t", draft="d", sources=("stdlib",), mix=1.5)

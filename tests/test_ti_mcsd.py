@@ -17,8 +17,9 @@ from helpers import tiny_llama
 from memo_backend import MemoBackend
 from multispec.drafting.policies import AnyChainAbove
 from multispec.drafting.ti_distortion import first_token_law, first_token_tv
-from multispec.engine import default_policy, generate_ids
-from multispec.methods import build_method
+from multispec.decoding.engine import generate_ids
+from multispec.decoding.methods import build_policy
+from multispec.decoding.methods import build_method
 from multispec.models import forward_chain, make_backend
 from multispec.sampling import SamplingConfig
 from multispec.tree import Tree
@@ -132,9 +133,9 @@ def test_first_token_law_matches_the_engine():
     config = build_method("ti-mcsd", tree=tree)
     t, d = MemoBackend(target), MemoBackend(draft)
     counts = np.zeros(6, dtype=np.int64)
-    policy = default_policy(config)
+    policy = build_policy(config)
     for seed in range(3000):
-        ids, _, _ = generate_ids(t, d, prompt, config, sampling, 1, seed, set(), policy=policy)
+        ids, _ = generate_ids(t, d, prompt, config, sampling, 1, seed, set(), policy=policy)
         counts[ids[0]] += 1
     assert chi_square_pvalue(counts, law.out.numpy()) > 1e-3
     assert chi_square_pvalue(counts, law.p.numpy()) < 1e-3
@@ -209,7 +210,7 @@ def test_dynamic_verifies_only_drafted_nodes_with_the_sliced_max_mask(monkeypatc
     policy = AnyChainAbove(max_tree, lambda h, q: torch.rand(h.shape[0], generator=gen), beta=0.7)
     t = _Recorder(make_backend(target))
     prompt = [1, 2, 3, 4]
-    ids, c, _ = generate_ids(t, make_backend(draft), prompt, config, GREEDY, 40, 0, set(), policy=policy)
+    ids, c = generate_ids(t, make_backend(draft), prompt, config, GREEDY, 40, 0, set(), policy=policy)
     if not target_init:  # W = 3 with a target-drawn level 1 is lossy, even greedy
         assert ids == greedy_reference(target, prompt, 40)
     verify_calls = t.calls[1:]  # the first call is the prefill

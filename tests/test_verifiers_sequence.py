@@ -256,7 +256,7 @@ def test_one_level_equals_the_node_verifiers():
 
 
 def test_methods_take_the_sequence_verifiers_where_their_shapes_fit():
-    from multispec.methods import build_method
+    from multispec.decoding.methods import build_method
 
     assert build_method("sd", k=6, verifier="block").verifier == "block"
     assert build_method("specdecpp", verifier="block").verifier == "block"

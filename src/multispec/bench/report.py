@@ -2,9 +2,11 @@
 
 A results dict has `meta` (device, versions, commit, command), `settings`, optional `cost` (step-cost ratio),
 `hf_best`, `memory_metric`, and `records`: one dict per timed generation with at least method, method_name,
-options, dataset, category, temperature, new_tokens, seconds; optionally target_calls, draft_calls, rounds,
-accepted, drafted_depth, prefill_s, draft_s, verify_s, cache_s, peak_mem_mb, same_as_ar, lossless, num_drafts
-(rounds that drafted) and accepted_per_pos (per drafted depth d, the rounds that accepted a token at depth d).
+options, dataset, category, temperature, new_tokens, seconds; optionally the other keys of the one metrics record
+(`decoding.metrics.Metrics.stats()`: target_calls, draft_calls, rounds, num_spec_steps, num_draft_tokens,
+num_accepted_draft_tokens, accepted_per_position, prefill_s, draft_s, verify_s, cache_s, ...) and peak_mem_mb,
+same_as_ar, lossless. Records written before that schema (accepted, drafted_depth, num_drafts, accepted_per_pos) are
+read under the new names (`upgrade_record`).
 
 `write_outputs(out, results)` writes results.json, results.md, speedup.png and, when some method was run at several
 values of one numeric option (threshold, k, num_assistant_tokens, ...), pareto.png. `render(results, out)` writes all
@@ -55,11 +57,21 @@ def shadow_label_of(results: dict) -> str | None:
     return shadow.get("label") if shadow else None
 
 
+_OLD_KEYS = {"accepted": "num_accepted_draft_tokens", "drafted_depth": "num_draft_tokens", "num_drafts": "num_spec_steps",
+             "accepted_per_pos": "accepted_per_position"}
+
+
+def upgrade_record(r: dict) -> dict:
+    """A record in the current schema: keys of records written before the one metrics record renamed."""
+    return {_OLD_KEYS.get(k, k): v for k, v in r.items()} if any(k in r for k in _OLD_KEYS) else r
+
+
 def summarize(records: list[dict]) -> list[dict]:
     """One row per (method, dataset, temperature) with category None, plus one per category where a data set's
     records have several categories. Ratios are of sums (tokens/s = Σ new tokens / Σ seconds, etc.)."""
     groups: dict[tuple, list[dict]] = defaultdict(list)
     cats: dict[str, set] = defaultdict(set)
+    records = [upgrade_record(r) for r in records]
     for r in records:
         cats[r["dataset"]].add(r.get("category"))
     for r in records:
@@ -109,8 +121,8 @@ def _aggregate(key: tuple, rs: list[dict]) -> dict:
         "prompts": len({r.get("prompt_id", i) for i, r in enumerate(rs)}), "generations": len(rs),
         "new_tokens": new, "seconds": secs, "tokens_per_s": ratio(new, secs), "speedup": None, "speedup_vs_hf_ar": None,
         "tau": ratio(new, total("target_calls")),
-        "acceptance_rate": ratio(total("accepted"), total("drafted_depth")),
-        "accepted_per_call": ratio(total("accepted"), total("target_calls")),
+        "acceptance_rate": ratio(total("num_accepted_draft_tokens"), total("num_draft_tokens")),
+        "accepted_per_call": ratio(total("num_accepted_draft_tokens"), total("target_calls")),
         "prefill_frac": ratio(total("prefill_s"), secs), "draft_frac": ratio(total("draft_s"), secs),
         "verify_frac": ratio(total("verify_s"), secs), "cache_frac": ratio(total("cache_s"), secs),
         "peak_mem_mb": max(peaks) if peaks else None,
@@ -123,13 +135,13 @@ def _aggregate(key: tuple, rs: list[dict]) -> dict:
 def _acceptance_by_position(rs: list[dict]) -> dict:
     """vLLM's spec-decode metrics over records: mean acceptance length 1 + accepted / drafting rounds (the bonus
     token counted) and, per drafted depth d, the fraction of drafting rounds that accepted a token at depth d."""
-    drafts = sum(r.get("num_drafts") or 0 for r in rs)
-    if not drafts or any(r.get("accepted_per_pos") is None for r in rs):
+    drafts = sum(r.get("num_spec_steps") or 0 for r in rs)
+    if not drafts or any(r.get("accepted_per_position") is None for r in rs):
         return {"mean_acceptance_length": None, "accepted_per_position": None}
-    depth = max(len(r["accepted_per_pos"]) for r in rs)
-    per_pos = [sum(r["accepted_per_pos"][d] for r in rs if d < len(r["accepted_per_pos"])) / drafts
+    depth = max(len(r["accepted_per_position"]) for r in rs)
+    per_pos = [sum(r["accepted_per_position"][d] for r in rs if d < len(r["accepted_per_position"])) / drafts
                for d in range(depth)]
-    return {"mean_acceptance_length": 1 + sum(r["accepted"] for r in rs) / drafts,
+    return {"mean_acceptance_length": 1 + sum(r["num_accepted_draft_tokens"] for r in rs) / drafts,
             "accepted_per_position": per_pos}
 
 

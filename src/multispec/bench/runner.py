@@ -2,7 +2,7 @@
 
 Order of work (each step fails before the slower ones start):
 1. parse and validate the method specs, the sampling settings and the data sets (no model yet);
-2. load the pair, tokenize every prompt once (BOS-prefixed, `api._encode`), truncate long ones; with
+2. load the pair, tokenize every prompt once (as `generate` does, `text.encode_prompt`), truncate long ones; with
    `shadow_target`, build the random shadow model (models/shadow.py) that runs beside every target forward;
 3. measure the draft/target step-cost ratio once (shadow included);
 4. warm up each method (untimed); tune `hf-assisted:best` on the first prompts of each data set and temperature;
@@ -28,7 +28,7 @@ from multispec.bench.hf_assisted import hf_assisted_generate
 from multispec.bench.specs import HF_ASSISTED, HF_BEST_SWEEP, MethodSpec, parse_method_specs
 from multispec.data import load_prompts, truncate_ids
 from multispec.errors import check
-from multispec.methods import NEEDS_DRAFT
+from multispec.decoding.methods import HEAD_DIRNAME, get_method
 from multispec.paths import writable_dir
 from multispec.models.shadow import parse_shadow_shape
 from multispec.sampling import SamplingConfig
@@ -51,8 +51,9 @@ def run_bench(target: str | None = None, draft: str | None = None, datasets: lis
     shadow_target: 'LAYERSxHIDDEN' (e.g. '12x768'): every target forward (engine methods and hf-assisted alike) also
     runs a random Llama of that shape, so that step costs are a larger model's while acceptance stays the pair's;
     every output says so (settings.shadow_target.label)."""
-    from multispec.api import _encode, _eos_ids, load_pair
     from multispec.bench.report import write_outputs
+    from multispec.loading import eos_ids, load_pair, vocab_rows
+    from multispec.text import encode_prompt
 
     # 1. everything that can be checked without a model
     specs = methods if isinstance(methods, list) and all(isinstance(s, MethodSpec) for s in methods) \
@@ -75,17 +76,15 @@ def run_bench(target: str | None = None, draft: str | None = None, datasets: lis
     for d, ps in prompts.items():
         check(ps, f"{d}: no prompts selected (offset {offset}, limit {limit})")
     if pair is None and target is None and draft is None:  # the embedded default pair, draft included
-        from multispec.api import DEFAULT_PAIR_DIR
+        from multispec.loading import DEFAULT_PAIR_DIR
 
         draft = str(DEFAULT_PAIR_DIR / "draft")
     draft_path = pair.draft_path if pair is not None else draft
-    needs_draft = any(s.name in NEEDS_DRAFT or s.name == HF_ASSISTED for s in specs)
+    needs_draft = any(s.name == HF_ASSISTED or get_method(s.name).needs_draft for s in specs)
     check(not needs_draft or draft_path is not None or (pair is not None and pair.draft is not None),
           "every method but ar needs a draft model: pass --draft")
     for s in specs:
         if s.name == "specdecpp" and s.config.head is None:
-            from multispec.policy_factory import HEAD_DIRNAME
-
             check(draft_path is not None and (Path(draft_path) / HEAD_DIRNAME).is_dir(),
                   f"{s.label}: no acceptance head: give head=PATH in the spec, or put one in the draft's directory "
                   f"as {HEAD_DIRNAME}/")
@@ -95,7 +94,8 @@ def run_bench(target: str | None = None, draft: str | None = None, datasets: lis
 
     # 2. models and token ids
     if pair is None:
-        wants_draft = needs_draft or any(s.name == "auto" for s in specs)
+        wants_draft = needs_draft or any(s.config is not None and get_method(s.name).drafts_with_model(s.config)
+                                         for s in specs)
         if target is None:  # the embedded default pair
             pair = load_pair(device=device, dtype=dtype)
         else:
@@ -103,8 +103,9 @@ def run_bench(target: str | None = None, draft: str | None = None, datasets: lis
     bos = pair.tokenizer.bos_token_id
     encoded = {}
     for d, ps in prompts.items():
-        encoded[d] = [truncate_ids(_encode(pair, p.text), max_prompt_tokens, bos) for p in ps]
-    eos = _eos_ids(pair)
+        encoded[d] = [truncate_ids(encode_prompt(pair.tokenizer, vocab_rows(pair.target), p.text), max_prompt_tokens,
+                                   bos) for p in ps]
+    eos = eos_ids(pair)
     on_cuda = pair.device.type == "cuda"
     longest = max(len(ids) for v in encoded.values() for ids, _ in v)
     shadow = _Shadow(shadow_target, pair, longest + max_new_tokens) if shadow_target is not None else None
@@ -283,35 +284,20 @@ def _make_runner(spec: MethodSpec, pair, eos: set[int], shadow: _Shadow | None =
                     handle.remove()
             accepted = max(0, c.new_tokens - c.target_calls)
             return new, {"new_tokens": c.new_tokens, "target_calls": c.target_calls, "draft_calls": c.draft_calls,
-                         "rounds": c.target_calls, "accepted": accepted, "drafted_depth": c.draft_calls,
-                         "drafted_tokens": c.draft_calls, "prefill_s": None, "draft_s": None, "verify_s": None,
-                         "cache_s": None, "num_assistant_tokens": n, "hf_effective": c.effective}
+                         "rounds": c.target_calls, "num_accepted_draft_tokens": accepted,
+                         "num_draft_tokens": c.draft_calls, "drafted_tokens": c.draft_calls, "prefill_s": None,
+                         "draft_s": None, "verify_s": None, "cache_s": None, "num_assistant_tokens": n,
+                         "hf_effective": c.effective}
         return run_hf
 
-    from multispec.engine import generate_ids
-    from multispec.models import make_backend
-    from multispec.policy_factory import make_policy
+    from multispec.decoding.decoder import Decoder
 
-    config = spec.config
-    target = make_backend(pair.target, spec.backend)
-    if spec.backend == "compiled":
-        target.warm_up()  # every step size compiled before any timing
-    if shadow is not None:
-        target = shadow.wrap(target)
-    uses_draft = config.name in NEEDS_DRAFT or (config.name == "auto" and "draft" in config.proposers)
-    draft = make_backend(pair.draft, spec.backend) if (uses_draft and pair.draft is not None) else None
-    if draft is not None and spec.backend == "compiled":
-        draft.warm_up()
-    policy = make_policy(config, pair)
+    decoder = Decoder(pair, spec.config, spec.backend, wrap_target=shadow.wrap if shadow is not None else None)
 
     def run_engine(ids, sampling, max_new, seed, knob):
-        new, c, seconds = generate_ids(target, draft, ids, config, sampling, max_new, seed, eos, policy=policy)
-        extra = policy.report()
-        return new, {"auto": _auto_summary(extra)} | {"new_tokens": c.new_tokens, "target_calls": c.target_calls, "draft_calls": c.draft_calls,
-                     "rounds": c.rounds, "accepted": c.accepted, "drafted_depth": c.drafted_depth,
-                     "drafted_tokens": c.drafted_tokens, "prefill_s": c.t_prefill, "draft_s": c.t_draft,
-                     "verify_s": c.t_verify, "cache_s": c.t_cache, "engine_s": seconds,
-                     "num_drafts": c.num_drafts, "accepted_per_pos": list(c.accepted_per_pos)}
+        new, metrics = decoder.run(ids, sampling, max_new, seed)
+        stats = decoder.stats(metrics, sampling)
+        return new, {**metrics.stats(), "engine_s": metrics.seconds, "auto": _auto_summary(stats.get("auto"))}
     return run_engine
 
 

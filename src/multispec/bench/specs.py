@@ -6,7 +6,7 @@
     hf-assisted:best
 
 Tree shapes use '-' between levels (',' separates options). Values are parsed as int, then float, else kept as
-text. Every spec is validated by `multispec.methods.build_method` (or the hf-assisted rules) before any model loads.
+text. Every spec is validated by `multispec.decoding.methods.build_method` (or the hf-assisted rules) before any model loads.
 """
 from __future__ import annotations
 
@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 
 from multispec.errors import MultispecError, check
 from multispec.models import BACKENDS
-from multispec.methods import METHODS, MethodConfig, build_method
+from multispec.decoding.methods import MethodConfig, build_method, method_names
 
 HF_ASSISTED = "hf-assisted"
 HF_BEST_SWEEP = (1, 2, 3, 4, 6, 8)
@@ -55,7 +55,7 @@ def parse_method_spec(text: str) -> MethodSpec:
     text = text.strip()
     name, _, rest = text.partition(":")
     name = name.strip()
-    known = (*METHODS, HF_ASSISTED)
+    known = (*method_names(), HF_ASSISTED)
     check(name in known, f"method spec {text!r}: unknown method {name!r}; choose one of {', '.join(known)}")
     options: dict = {}
     flags: list[str] = []

@@ -7,7 +7,7 @@ import click
 from multispec.cli import cli
 from multispec.cli.method_options import collect_method_options, method_options
 from multispec.errors import check
-from multispec.methods import DEFAULT_METHOD, METHODS
+from multispec.decoding.methods import DEFAULT_METHOD, method_names
 
 SEED_MAX = 2**63 - 1
 
@@ -18,7 +18,7 @@ SEED_MAX = 2**63 - 1
               "(PROMPT '-' reads it from stdin).")
 @click.option("--target", help="Target model: local Hugging Face directory (default: the embedded default pair).")
 @click.option("--draft", help="Draft model sharing the target's vocabulary.")
-@click.option("--method", type=click.Choice(METHODS), default=DEFAULT_METHOD, show_default=True)
+@click.option("--method", type=click.Choice(method_names()), default=DEFAULT_METHOD, show_default=True)
 @method_options
 @click.option("--temperature", type=float, help="0 means greedy. Default: the target's generation_config.json "
               "(its temperature/top-k/top-p if it sets do_sample, else greedy).")
@@ -43,8 +43,9 @@ SEED_MAX = 2**63 - 1
 def generate_command(prompt, prompt_file, target, draft, method, temperature, top_k, top_p, seed, max_new_tokens,
                      stop, device, dtype, backend, compile_, threads, stream, as_json, baseline, **method_kw):
     """Generate a continuation of PROMPT with speculative decoding ('-': read it from stdin)."""
-    from multispec.api import _stops, generate, load_pair, resolve_device
-    from multispec.methods import build_method
+    from multispec.api import generate, load_pair, resolve_device
+    from multispec.decoding.methods import build_method
+    from multispec.validate import stop_strings
     from multispec.sampling import SamplingConfig
     from multispec.threads import set_threads
 
@@ -54,7 +55,7 @@ def generate_command(prompt, prompt_file, target, draft, method, temperature, to
     options = collect_method_options(method_kw)
     SamplingConfig(temperature=1.0 if temperature is None else temperature, top_k=top_k, top_p=top_p)
     config = build_method(method, **options)
-    stops = _stops(list(stop))
+    stops = stop_strings(list(stop))
     resolve_device(device)
     check(not (compile_ and backend not in (None, "compiled")),
           f"--compile runs the compiled fast backend; it cannot be combined with --backend {backend}")
@@ -120,7 +121,7 @@ def _summary(s: dict, finish_reason: str) -> str:
     if "speedup" in s and s["speedup"] is not None:
         line += f", {s['speedup']:.2f}x plain decoding ({s['baseline_tokens_per_s']:.1f} tok/s)"
     if s["method"] != "ar":
-        acc = "n/a" if s["acceptance_rate"] is None else f"{s['acceptance_rate']:.2f}"
+        acc = "n/a" if s["draft_acceptance_rate"] is None else f"{s['draft_acceptance_rate']:.2f}"
         line += f"; {s['tau']:.2f} tokens per target call, draft acceptance {acc}"
     line += f"; finished by {finish_reason}"
     if s["temperature"] != 0:

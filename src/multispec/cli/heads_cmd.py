@@ -41,8 +41,8 @@ def train_acceptance_command(target, draft, prompt_files, datasets, data_dir, n_
     """Generate training data with the target, label it with both models, train the acceptance head."""
     import torch
 
-    from multispec.heads.acceptance_data import DataConfig
-    from multispec.heads.train_acceptance import TrainConfig, train_acceptance
+    from multispec.training.acceptance_data import DataConfig
+    from multispec.training.train_acceptance import TrainConfig, train_acceptance
 
     data_config = DataConfig(target=str(target), draft=str(draft), sources=tuple(datasets) + tuple(prompt_files),
                              n_prompts=n_prompts, max_new_tokens=max_new_tokens, temperature=temperature,
@@ -83,8 +83,8 @@ def train_decision_command(kind, target, draft, datasets, prompt_files, data_dir
     """Generate data with the target and draft, train a P1 decision model (SPEC §6.3), save the best epoch."""
     import torch
 
-    from multispec.heads.decision_data import DataConfig
-    from multispec.heads.train_decision import TrainConfig, train_decision
+    from multispec.training.decision_data import DataConfig
+    from multispec.training.train_decision import TrainConfig, train_decision
 
     sources = tuple(datasets) + tuple(prompt_files) or ("humaneval-train", "alpaca-train")
     data_config = DataConfig(target=str(target), draft=str(draft), sources=sources, n_prompts=n_prompts,

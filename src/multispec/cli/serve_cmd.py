@@ -6,13 +6,13 @@ import click
 from multispec.cli import cli
 from multispec.cli.method_options import collect_method_options, method_options
 from multispec.errors import check
-from multispec.methods import METHODS
+from multispec.decoding.methods import method_names
 
 
 @cli.command("serve")
 @click.option("--target", help="Target model: local Hugging Face directory (default: the embedded default pair).")
 @click.option("--draft", help="Draft model sharing the target's vocabulary.")
-@click.option("--method", type=click.Choice(METHODS), default=None,
+@click.option("--method", type=click.Choice(method_names()), default=None,
               help="Decoding method (default: multispec.generate's default).")
 @method_options
 @click.option("--host", default="127.0.0.1", show_default=True, help="Interface to listen on (0.0.0.0: all).")
@@ -38,7 +38,7 @@ def serve_command(target, draft, method, host, port, served_model_name, max_conc
     /health, /metrics."""
     options = collect_method_options(method_kw)
     if method is not None:
-        from multispec.methods import build_method
+        from multispec.decoding.methods import build_method
 
         config = build_method(method, **options)  # fail fast, before the models load
         if not config.lossless:
@@ -52,19 +52,18 @@ def serve_command(target, draft, method, host, port, served_model_name, max_conc
         torch.set_num_threads(threads)
     import uvicorn
 
-    from multispec.api import generate, load_pair
+    from multispec.api import load_pair
     from multispec.serve import ServeSettings, create_app
 
     pair = load_pair(target=target, draft=draft, device=device, dtype=dtype)
-    bos = pair.tokenizer.bos_token_id
-    # One short generation with the server's settings: it checks the method against the pair (and its trained
-    # models) before the port opens, and warms the first call up.
-    warm = generate(pair, [bos if bos is not None else 0], max_new_tokens=2, temperature=0.0, backend=backend,
-                    **({} if method is None else {"method": method}), **options)
     name = served_model_name or Path(pair.target_path).name
     settings = ServeSettings(model_name=name, method=method, method_options=options, backend=backend,
                              max_concurrent=max_concurrent, max_queue=max_queue, request_timeout=request_timeout,
                              chat_template=template)
+    app = create_app(pair, settings)  # builds the workers' Decoders: the method is checked against the pair here
+    bos = pair.tokenizer.bos_token_id
+    # One short generation before the port opens: it warms the first call up.
+    warm = app.state.scheduler.decoder.generate([bos if bos is not None else 0], max_new_tokens=2, temperature=0.0)
     click.echo(f"serving {name} ({warm.stats['method']}{'' if warm.stats['lossless'] else ', LOSSY'}) on "
                f"http://{host}:{port}/v1", err=True)
-    uvicorn.run(create_app(pair, settings), host=host, port=port, log_level=log_level)
+    uvicorn.run(app, host=host, port=port, log_level=log_level)

@@ -26,7 +26,7 @@ from collections import Counter, defaultdict
 
 from multispec.drafting.costs import CostModel, get_cost_model, update_after_generation
 from multispec.drafting.lookup import NgramIndex
-from multispec.drafting.policies import FixedTree, RoundPlan
+from multispec.drafting.protocol import DraftPolicyBase, RoundOutcome, RoundPlan
 from multispec.tree import Tree
 
 DECAY = 0.95  # per round: about the last 20 rounds carry the estimates
@@ -137,13 +137,12 @@ _ROOT = Tree.chain(0)
 _CHAINS = [Tree.chain(k) for k in range(65)]
 
 
-class AutoPolicy(FixedTree):
+class AutoPolicy(DraftPolicyBase):
     """See the module docstring. proposers: which proposers may be used ("draft", "lookup")."""
 
     def __init__(self, proposers=("draft", "lookup"), max_nodes: int = 32, max_depth: int = 12,
                  max_width: int = 4, lookup_tokens: int = 10, max_ngram: int = 3, forced_plans=None,
                  cost_model: CostModel | None = None):
-        super().__init__(Tree.chain(0))
         self.proposers = tuple(proposers)
         self.max_nodes, self.max_depth, self.max_width = max_nodes, max_depth, max_width
         self.lookup_tokens, self.max_ngram = lookup_tokens, max_ngram
@@ -325,7 +324,8 @@ class AutoPolicy(FixedTree):
                          ngram=n)
 
     # ------------------------------------------------------------------ learning
-    def record(self, plan: RoundPlan, tree: Tree, path: tuple[int, ...], times: dict) -> None:
+    def observe(self, outcome: RoundOutcome) -> None:
+        plan, tree, path, times = outcome.plan, outcome.tree, outcome.path, outcome.times
         committed = len(path)  # accepted nodes + the token that ends the round
         key = "ar" if plan.proposer == "none" else plan.label.removesuffix(" (probe)")
         self.usage[key] += 1

@@ -1,4 +1,4 @@
-"""Draft policies: which tree to draft this round and when to stop growing it.
+"""Draft policies (the protocol is in drafting/protocol.py): which tree to draft this round and when to stop growing it.
 
 A policy reads draft-side state only (SPEC §10.9), so the stopping decision never depends on the target's accept
 coins and every lossless verifier stays lossless. Adaptive state lives here and resets at the start of each
@@ -6,77 +6,34 @@ generation (STYLE §2.12).
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
 from typing import Callable
 
 import torch
 
+from multispec.drafting.protocol import DraftPolicyBase, RoundOutcome, RoundPlan
 from multispec.tree import Tree
 
 
-@dataclass(frozen=True)
-class RoundPlan:
-    """What one round drafts. tree: the max tree (depth 0: no speculation, the target decodes one token).
-    proposer: "draft" (the draft model grows `tree`), "lookup" (`tokens` copied from the context, a chain) or
-    "none". label: a short name for stats; predicted_tps: the planner's expected tokens/s (auto only)."""
-
-    tree: Tree
-    proposer: str = "draft"
-    tokens: tuple[int, ...] = ()
-    label: str = ""
-    predicted_tps: float | None = None
-    ngram: int = 0  # lookup: the length of the matched n-gram
-
-
-class FixedTree:
-    """Draft the whole tree every round (sd with fixed k, mcsd, ti-mcsd)."""
+class FixedTree(DraftPolicyBase):
+    """Draft the whole max tree every round (sd with fixed k, mcsd, ti-mcsd); subclasses stop it early."""
 
     def __init__(self, tree: Tree):
         self.tree = tree
-
-    def reset(self) -> None:
-        pass
-
-    def prepare(self, target, draft, context_len: int) -> None:
-        """Called once per generation after the prefill (auto calibrates its cost model here)."""
 
     def round_tree(self) -> Tree:
         return self.tree
 
     def plan_round(self, history: list[int], pending: int) -> RoundPlan:
-        """This round's plan. history: prompt + committed tokens; pending: tokens the draft has not consumed."""
         tree = self.round_tree()
         return RoundPlan(tree, "draft" if tree.max_depth > 0 else "none")
 
-    def start_round(self) -> None:
-        pass
 
-    def keep_drafting(self, depth: int, parent_hidden: torch.Tensor, parent_q: torch.Tensor,
-                      new_tokens: torch.Tensor | None = None) -> bool:
-        """After drafting level `depth`: draft another? new_tokens: long [n] the tokens just drafted (children of
-        the parents whose laws are `parent_q`, in node order)."""
-        return True
-
-    def end_round(self, accepted: int, drafted: int) -> None:
-        pass
-
-    def record(self, plan: RoundPlan, tree: Tree, path: tuple[int, ...], times: dict) -> None:
-        """The round's outcome: the drafted tree, the accepted path, and its timings (auto learns from these)."""
-
-    def report(self) -> dict | None:
-        """Extra stats of this policy for the generation (auto: plans chosen, predicted vs realised speed)."""
-        return None
-
-    needs_hidden = False
-
-
-class LookupPolicy(FixedTree):
+class LookupPolicy(DraftPolicyBase):
     """Prompt lookup on its own (transformers' `prompt_lookup_num_tokens`): every round, the tokens that followed
     the latest earlier match of the context's last n-gram (n = max_ngram..1), up to k of them; a plain target
     step when nothing matches."""
 
     def __init__(self, k: int, max_ngram: int = 3):
-        super().__init__(Tree.chain(k))
         self.k, self.max_ngram = k, max_ngram
         self.reset()
 
@@ -106,8 +63,8 @@ class HeuristicK(FixedTree):
     def round_tree(self) -> Tree:
         return Tree.chain(self.k)
 
-    def end_round(self, accepted: int, drafted: int) -> None:
-        self.k = min(self.k + 2, self.k_max) if accepted == drafted else max(1, self.k - 1)
+    def observe(self, outcome: RoundOutcome) -> None:
+        self.k = min(self.k + 2, self.k_max) if outcome.accepted == outcome.depth else max(1, self.k - 1)
 
 
 class ThresholdStop(FixedTree):

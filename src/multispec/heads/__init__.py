@@ -1,2 +1,2 @@
-"""Trained stop models read by adaptive drafting: the SpecDec++ acceptance head (`acceptance`) and its data and
-training recipe (`acceptance_data`, `train_acceptance`); `common` holds helpers shared by every head."""
+"""Trained predictors read at run time by adaptive drafting: the SpecDec++ acceptance head (`acceptance`) and P1's
+decision models (`decision`). Their data generation and training live in `multispec.training`."""

@@ -25,8 +25,8 @@ from multispec.serve.protocol import (AssistantMessage, ChatChoice, ChatChunkCho
                                       ChatCompletionRequest, ChatCompletionResponse, CompletionChoice,
                                       CompletionRequest, CompletionResponse, Delta, ErrorBody, ErrorResponse,
                                       ModelCard, ModelList, SpecDecodeMetrics, Usage)
-from multispec.serve.scheduler import Job, QueueFull, Scheduler
-from multispec.serve.streaming import StopHoldback
+from multispec.serve.scheduler import Job, QueueFull, Scheduler, decoder_generate
+from multispec.text import encode_prompt
 
 log = logging.getLogger("multispec.serve")
 COMPLETION_DEFAULT_MAX_TOKENS = 16  # OpenAI's default for /v1/completions
@@ -62,11 +62,14 @@ def _error_json(e: APIError) -> JSONResponse:
 
 
 def create_app(pair, settings: ServeSettings, generate_fn=None) -> FastAPI:
-    """The ASGI app serving `pair`. generate_fn: multispec.generate unless given (tests pass a blocking one)."""
-    if generate_fn is None:
-        from multispec.api import generate as generate_fn
-    scheduler = Scheduler(pair, generate_fn, settings.method, settings.method_options, settings.backend,
-                          settings.max_concurrent, settings.max_queue)
+    """The ASGI app serving `pair`: one Decoder per worker, built here (the method and its trained models are
+    checked and read now, once). generate_fn(decoder, prompt_ids, **sampling) -> GenerationResult: the Decoder's
+    own `generate` unless given (tests pass a blocking one)."""
+    from multispec.decoding.decoder import Decoder
+    from multispec.decoding.methods import DEFAULT_METHOD
+
+    decoder = Decoder(pair, settings.method or DEFAULT_METHOD, settings.backend, **settings.method_options)
+    scheduler = Scheduler(decoder, settings.max_concurrent, settings.max_queue, generate_fn or decoder_generate)
     metrics = ServerMetrics(scheduler)
     app = FastAPI(title="multispec", summary="OpenAI-compatible server with lossless speculative decoding")
     app.state.scheduler, app.state.metrics, app.state.settings = scheduler, metrics, settings
@@ -176,18 +179,12 @@ class _Edge:
         return req
 
     def prompt_ids(self, prompt: str | list[int]) -> list[int]:
-        """As multispec.generate encodes a prompt: BOS (if the tokenizer has one) + the text's tokens."""
-        if isinstance(prompt, list):
-            if not prompt or not all(0 <= t < self.vocab for t in prompt):
-                raise APIError(400, f"prompt token ids must be a non-empty list in [0, {self.vocab})",
-                               param="prompt")
-            return list(prompt)
-        if prompt == "":
-            raise APIError(400, "the prompt is empty", param="prompt")
-        with self._lock:
-            ids = self.tokenizer(prompt, add_special_tokens=False)["input_ids"]
-        bos = self.tokenizer.bos_token_id
-        return ([bos] if bos is not None else []) + ids
+        """As multispec.generate encodes a prompt (text.encode_prompt)."""
+        try:
+            with self._lock:
+                return encode_prompt(self.tokenizer, self.vocab, prompt)
+        except MultispecError as e:
+            raise APIError(400, str(e), param="prompt") from None
 
     def chat_ids(self, req: ChatCompletionRequest) -> list[int]:
         """The messages rendered by the chat template (which places any BOS itself), then tokenized."""
@@ -307,23 +304,22 @@ class _Reply:
                 return _error_json(self._failure(kind, payload))
 
     async def sse(self):
-        """data: chunk lines, then data: [DONE]. Text past a stop string is never sent (StopHoldback); the deltas
-        concatenated equal the non-streamed text. A client that disconnects closes this generator: the run is
-        cancelled in `finally`."""
-        holdback = StopHoldback(self.job.stop)
+        """data: chunk lines, then data: [DONE]. The generation's own stream never passes a stop string and its
+        deltas add up to the final text (text.Streamer), so they are relayed as they come. A client that
+        disconnects closes this generator: the run is cancelled in `finally`."""
+        sent = ""
         ended = False
         try:
             if self.chat:
                 yield self._sse(self._chunk(Delta(role="assistant", content="")))
             async for kind, payload in self.events():
                 if kind == "text":
-                    out = holdback.push(payload)
-                    if out:
-                        yield self._sse(self._chunk(Delta(content=out) if self.chat else out))
+                    sent += payload
+                    yield self._sse(self._chunk(Delta(content=payload) if self.chat else payload))
                 elif kind == "done":
                     result = payload
                     usage, spec = self._finished(result)
-                    rest = holdback.finish(result.text)
+                    rest = result.text[len(sent):] if result.text.startswith(sent) else ""
                     if rest:
                         yield self._sse(self._chunk(Delta(content=rest) if self.chat else rest))
                     ids = result.token_ids if self.req.return_token_ids else None

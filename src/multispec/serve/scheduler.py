@@ -1,10 +1,11 @@
 """The scheduler: the one owner of generation state in the server.
 
-Admitted requests wait in a bounded queue for one of `max_concurrent` worker threads; each runs a whole
-`multispec.generate` call, which builds fresh backends (and so its own KV caches) over the shared weights, so the
-generations in flight interleave round by round (torch releases the GIL inside its ops) and every stream progresses.
-Memory is bounded by max_concurrent caches of at most the model's context. Beyond max_concurrent + max_queue
-requests, `submit` raises QueueFull (HTTP 429).
+Admitted requests wait in a bounded queue for one of `max_concurrent` worker threads. There is one Decoder per
+worker, built at start-up (`Decoder.spawn`: the method's trained models are read from disk once and shared), each
+owning its backends and KV caches over the shared weights; a worker takes a free Decoder for a whole generation, so
+the generations in flight interleave round by round (torch releases the GIL inside its ops) and every stream
+progresses. Memory is bounded by max_concurrent caches of at most the model's context. Beyond max_concurrent +
+max_queue requests, `submit` raises QueueFull (HTTP 429).
 
 Events flow from a generation thread to its request handler through an asyncio queue:
 ("text", delta) as text is committed, then exactly one of ("done", GenerationResult), ("cancelled", None),
@@ -15,6 +16,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import queue
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -63,14 +65,22 @@ class Run:
             pass
 
 
+def decoder_generate(decoder, prompt_ids: list[int], **kwargs):
+    """How a worker runs a job: the Decoder's own `generate` (tests pass a stand-in with this signature)."""
+    return decoder.generate(prompt_ids, **kwargs)
+
+
 class Scheduler:
-    def __init__(self, pair, generate_fn: Callable, method: str | None, method_options: dict, backend: str,
-                 max_concurrent: int, max_queue: int):
-        self.pair = pair
+    """decoder: the first Decoder (the others are spawned from it, one per worker). generate_fn(decoder, prompt_ids,
+    max_new_tokens=, temperature=, top_k=, top_p=, seed=, stop=, stream=) -> GenerationResult."""
+
+    def __init__(self, decoder, max_concurrent: int, max_queue: int, generate_fn: Callable = decoder_generate):
+        self.decoder = decoder
         self.generate_fn = generate_fn
-        self.method = method
-        self.method_options = dict(method_options)
-        self.backend = backend
+        self.decoders = [decoder] + [decoder.spawn() for _ in range(max_concurrent - 1)]  # one per worker
+        self._free: queue.SimpleQueue = queue.SimpleQueue()
+        for d in self.decoders:
+            self._free.put(d)
         self.max_concurrent = max_concurrent
         self.max_queue = max_queue
         self.waiting = 0
@@ -102,11 +112,13 @@ class Scheduler:
                     raise Cancelled()
                 run.emit("text", delta)
 
-            kwargs = {} if self.method is None else {"method": self.method}
-            result = self.generate_fn(self.pair, job.prompt_ids, max_new_tokens=job.max_tokens,
-                                      temperature=job.temperature, top_k=job.top_k, top_p=job.top_p, seed=job.seed,
-                                      stop=job.stop, stream=on_text, backend=self.backend, **kwargs,
-                                      **self.method_options)
+            decoder = self._free.get()  # never waits: at most max_concurrent jobs run at once
+            try:
+                result = self.generate_fn(decoder, job.prompt_ids, max_new_tokens=job.max_tokens,
+                                          temperature=job.temperature, top_k=job.top_k, top_p=job.top_p,
+                                          seed=job.seed, stop=job.stop, stream=on_text)
+            finally:
+                self._free.put(decoder)
             run.emit("done", result)
         except Cancelled:
             with self._lock:

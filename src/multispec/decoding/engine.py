@@ -1,5 +1,20 @@
 """The generation loop: propose -> forward tree -> verify -> keep path -> update policy -> record metrics.
 
+One draft-initialized round (`_di_round`), the data flowing down:
+
+    policy.plan_round(history, pending) ─► RoundPlan(tree, proposer)       drafting/protocol.py
+        │  proposer "draft": grow_tree(draft backend, ...) ─► tokens [N], q [N, V]   drafting/grow.py
+        │  proposer "lookup": a chain copied from the context, q = point masses      drafting/lookup.py
+        │  proposer "none": the root alone (a plain target step)
+        ▼
+    target.forward(tokens, positions, tree mask) ─► logits [N, V]           models/ (the one cache owner)
+        ▼
+    spec.verify(tree, tokens, p, q, generator) ─► (accepted path, next token)   verify/ (pure)
+        ▼
+    _keep(target / draft, tree, path) ─► both caches hold prompt + committed tokens
+        ▼
+    RoundOutcome ─► policy.observe(outcome), Metrics.count(outcome)         decoding/metrics.py
+
 Two round shapes share the loop:
 - draft-initialized (ar, sd, mcsd, dynamic, specdecpp): the root is the last committed token, which the target has
   not consumed; the target verifies [root, tree] in one call and the walk commits the accepted path plus one
@@ -16,10 +31,11 @@ from dataclasses import dataclass, field
 
 import torch
 
+from multispec.decoding.methods import MethodConfig
+from multispec.decoding.metrics import Metrics
 from multispec.drafting.grow import grow_tree
 from multispec.drafting.lookup import one_hot_law
-from multispec.drafting.policies import ConfidenceStop, EntropyStop, FixedTree, HeuristicK, LookupPolicy
-from multispec.methods import MethodConfig
+from multispec.drafting.protocol import DraftPolicy, RoundOutcome, RoundPlan
 from multispec.models.base import Backend, forward_chain
 from multispec.sampling import SamplingConfig, process_logits
 from multispec.tree import Tree
@@ -29,50 +45,26 @@ from multispec.verify.ti_chains import verify_chains
 from multispec.verify.tree_walk import walk_tree_greedy
 
 
-@dataclass
-class Counters:
-    """Raw counts and times of one generation; `stats()` turns them into the reported metrics."""
-
-    new_tokens: int = 0
-    target_calls: int = 0  # verification (or decode) forwards, prefill excluded
-    draft_calls: int = 0
-    rounds: int = 0
-    accepted: int = 0  # draft tokens accepted (target-drawn level-1 tokens excluded)
-    drafted_depth: int = 0  # sum over rounds of the depth of draft tokens in the tree
-    drafted_tokens: int = 0  # draft tokens sent to the target
-    t_draft: float = 0.0
-    t_verify: float = 0.0
-    t_cache: float = 0.0
-    t_prefill: float = 0.0
-    # vLLM's spec-decode metrics (vllm/v1/spec_decode/metrics.py): rounds that drafted, and per drafted depth d
-    # (index d - 1) how many rounds accepted a token at that depth.
-    num_drafts: int = 0
-    accepted_per_pos: list[int] = field(default_factory=list)
-    finish_reason: str = "length"  # "stop" (EOS or a stop string) or "length" (max_new_tokens)
-
-
-@dataclass
-class RoundOutcome:
-    committed: list[int]
-    accepted: int
-    depth: int
-
-
 def generate_ids(
     target: Backend, draft: Backend | None, prompt: list[int], method: MethodConfig, sampling: SamplingConfig,
-    max_new_tokens: int, seed: int | None, eos_ids: set[int], stop=None, on_tokens=None, policy=None,
-) -> tuple[list[int], Counters, float]:
-    """Run one generation. prompt: token ids (>= 1). stop(new_ids) -> int | None returns a cut length when a stop
-    string completed. on_tokens(new_ids_so_far) is called after each round (streaming). Returns the new token ids,
-    the counters and the wall seconds."""
+    max_new_tokens: int, seed: int | None, eos_ids: set[int], stop=None, on_tokens=None,
+    policy: DraftPolicy | None = None,
+) -> tuple[list[int], Metrics]:
+    """Run one generation on backends the caller built (the Decoder does). prompt: token ids (>= 1).
+    stop(new_ids) -> int | None returns a cut length when a stop string completed. on_tokens(new_ids_so_far) is
+    called after each round (streaming). policy: the method's draft policy (default: built from the registry
+    without trained models). Returns the new token ids and the metrics record."""
     seed = 0 if seed is None else seed
     gen_draft = torch.Generator().manual_seed(seed)
     gen_verify = torch.Generator().manual_seed(seed + 1_000_003)
-    policy = policy or default_policy(method)
+    if policy is None:
+        from multispec.decoding.methods import build_policy
+
+        policy = build_policy(method)
     policy.reset()
     # a sequence verifier (node walk, block or traversal); spec.draw is the draft law it needs
     spec = get_sequence_verifier("greedy" if sampling.greedy else method.verifier)
-    c = Counters()
+    c = Metrics()
     start = time.perf_counter()
     target.reset()
     if draft is not None:
@@ -91,11 +83,8 @@ def generate_ids(
             outcome = _ti_round(target, draft, state, policy, sampling, spec, gen_draft, gen_verify, c, limit)
         else:
             outcome = _di_round(target, draft, state, policy, sampling, spec, gen_draft, gen_verify, c, limit)
-        policy.end_round(outcome.accepted, outcome.depth)
-        c.rounds += 1
-        c.accepted += outcome.accepted
-        c.drafted_depth += outcome.depth
-        _count_positions(c, outcome)
+        policy.observe(outcome)
+        c.count(outcome)
         new.extend(outcome.committed)
         state.history.extend(outcome.committed)
         cut = _cut(new, max_new_tokens, eos_ids, stop)
@@ -108,7 +97,8 @@ def generate_ids(
     if on_tokens is not None:
         on_tokens(new)
     c.new_tokens = len(new)
-    return new, c, time.perf_counter() - start
+    c.seconds = time.perf_counter() - start
+    return new, c
 
 
 def _round_limit(target: Backend, remaining: int, target_init: bool) -> tuple[int, int] | None:
@@ -143,25 +133,6 @@ def _cap(tree: Tree, limit: tuple[int, int]) -> Tree:
     while len(tree) > nodes and tree.max_depth > 0:
         tree = tree.truncate(tree.max_depth - 1)
     return tree
-
-
-def default_policy(method: MethodConfig):
-    """The policy of methods that need no trained model: fixed tree, transformers' heuristic k for sd, the
-    training-free stopping rules, prompt lookup, auto (with the proposers the caller's backends allow)."""
-    if method.name == "auto":
-        from multispec.drafting.auto import AutoPolicy
-
-        return AutoPolicy(proposers=method.proposers, max_nodes=method.max_nodes)
-    if method.name == "lookup":
-        return LookupPolicy(len(method.tree), method.ngram)
-    if method.heuristic:
-        return HeuristicK(len(method.tree))
-    tree = Tree.from_shape(method.tree) if method.tree else Tree.chain(0)
-    if method.confidence is not None:
-        return ConfidenceStop(tree, method.confidence)
-    if method.entropy is not None:
-        return EntropyStop(tree, method.entropy)
-    return FixedTree(tree)
 
 
 @dataclass
@@ -228,10 +199,10 @@ def _di_round(target, draft, state, policy, sampling, spec, gen_draft, gen_verif
     c.t_draft += t1 - t0
     c.t_verify += t2 - t1
     c.t_cache += t3 - t2
-    policy.record(plan, d_tree, path, {"round_s": t3 - t0, "target_fwd_s": t_fwd, "draft_s": t1 - t0,
-                                       "pending": n_pending, "proposer": proposer})
-    return RoundOutcome(committed=[tok[u] for u in path[1:]] + [nxt], accepted=len(path) - 1,
-                        depth=d_tree.max_depth)
+    times = {"round_s": t3 - t0, "target_fwd_s": t_fwd, "draft_s": t1 - t0, "pending": n_pending,
+             "proposer": proposer}
+    return RoundOutcome(plan=plan, tree=d_tree, path=tuple(path), committed=[tok[u] for u in path[1:]] + [nxt],
+                        accepted=len(path) - 1, depth=d_tree.max_depth, times=times)
 
 
 def _keep(backend: Backend, tree: Tree, path, prefix_len: int) -> None:
@@ -243,7 +214,8 @@ def _keep(backend: Backend, tree: Tree, path, prefix_len: int) -> None:
 
 def _ti_round(target, draft, state, policy, sampling, spec, gen_draft, gen_verify, c, limit) -> RoundOutcome:
     t0 = time.perf_counter()
-    max_tree = policy.round_tree()
+    plan = policy.plan_round(state.history, len(state.pending))
+    max_tree = plan.tree
     if max_tree.max_depth > limit[0]:  # near the end of the budget or context: a shallower tree (level 1 stays)
         max_tree = max_tree.truncate(max(1, limit[0]))
     level1 = _draw_level1(state, len(max_tree.level(1)), sampling, gen_draft)
@@ -277,9 +249,11 @@ def _ti_round(target, draft, state, policy, sampling, spec, gen_draft, gen_verif
     state.p_next = verdict.residual if verdict.residual is not None else p[verdict.next_node]
     c.t_draft += t1 - t0
     c.t_verify += t2 - t1
-    c.t_cache += time.perf_counter() - t2
-    return RoundOutcome(committed=[int(d.tokens[u]) for u in path[1:]], accepted=verdict.accepted,
-                        depth=d.tree.max_depth - 1)
+    t3 = time.perf_counter()
+    c.t_cache += t3 - t2
+    times = {"round_s": t3 - t0, "target_fwd_s": t2 - t1, "draft_s": t1 - t0, "proposer": "draft"}
+    return RoundOutcome(plan=plan, tree=d.tree, path=tuple(path), committed=[int(d.tokens[u]) for u in path[1:]],
+                        accepted=verdict.accepted, depth=d.tree.max_depth - 1, times=times)
 
 
 def _draw_level1(state: _State, width: int, sampling: SamplingConfig, gen: torch.Generator) -> list[int]:
@@ -301,17 +275,6 @@ def _draft_law(spec):
     """Below level 1 of a target-initialized tree siblings are drafted without replacement (distinct candidates),
     the law the W = 1 tree walk (rrs-wor) verifies; greedy drafting takes the top-n."""
     return spec.draw if spec.name == "greedy" else get_verifier("rrs-wor").draw
-
-
-def _count_positions(c: Counters, outcome: RoundOutcome) -> None:
-    """vLLM-style per-position acceptance: one more draft round, and +1 at each depth its accepted path reached."""
-    if outcome.depth <= 0:
-        return
-    c.num_drafts += 1
-    if len(c.accepted_per_pos) < outcome.depth:
-        c.accepted_per_pos.extend([0] * (outcome.depth - len(c.accepted_per_pos)))
-    for d in range(outcome.accepted):
-        c.accepted_per_pos[d] += 1
 
 
 def _cut(new: list[int], max_new: int, eos_ids: set[int], stop) -> tuple[int, str] | None:

@@ -12,9 +12,9 @@ from typing import Callable
 import torch
 
 from multispec.errors import check
-from multispec.heads.common import progress
+from multispec.training.common import progress
 from multispec.heads.decision import TYPE2_FEATURES, DecisionModel, save_decision_model, type1_sizes
-from multispec.heads.decision_data import DataConfig, build_data
+from multispec.training.decision_data import DataConfig, build_data
 
 
 @dataclass(frozen=True)

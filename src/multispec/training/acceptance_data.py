@@ -28,7 +28,7 @@ from pathlib import Path
 import torch
 
 from multispec.errors import MultispecError, check
-from multispec.heads.common import encode_prompt, last_hidden, progress, sample_responses, teacher_forced_probs
+from multispec.training.common import encode_prompt, last_hidden, progress, sample_responses, teacher_forced_probs
 from multispec.sampling import SamplingConfig
 
 PROMPT_SOURCES = ("humaneval-train", "stdlib", "gsm8k")

@@ -17,8 +17,8 @@ import torch
 
 from multispec.errors import check
 from multispec.heads.acceptance import AcceptanceHead, save_head, weighted_bce
-from multispec.heads.acceptance_data import AcceptanceData, DataConfig
-from multispec.heads.common import binary_kl, progress, reliability_diagram
+from multispec.training.acceptance_data import AcceptanceData, DataConfig
+from multispec.training.common import binary_kl, progress, reliability_diagram
 
 
 @dataclass(frozen=True)
@@ -146,7 +146,7 @@ def train_acceptance(data_config: DataConfig, config: TrainConfig, data_dir: str
                      cache: str | None = None, gen_batch: int = 16, log=print) -> dict:
     """The whole recipe: load the pair, build (or reuse the cached) data, train, save. Returns the metrics."""
     from multispec.api import load_pair
-    from multispec.heads.acceptance_data import build_data, load_cached, load_prompts, save_data
+    from multispec.training.acceptance_data import build_data, load_cached, load_prompts, save_data
 
     data = load_cached(cache, data_config) if cache else None
     if data is None:

@@ -28,7 +28,7 @@ from typing import Callable
 import torch
 
 from multispec.errors import MultispecError, check
-from multispec.heads.common import encode_prompt, progress, sample_responses
+from multispec.training.common import encode_prompt, progress, sample_responses
 from multispec.heads.decision import type2_features
 from multispec.sampling import SamplingConfig, process_logits
 

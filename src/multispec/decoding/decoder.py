@@ -1,0 +1,213 @@
+"""The Decoder: one pair, one method, one backend kind, built once; then `run` token ids or `generate` text as often
+as you like. Everything that does not depend on the prompt is resolved at construction: the method's validated
+config, its trained models (read from disk once), its draft policy, the backends and their caches.
+
+    decoder = Decoder(pair, "mcsd", tree=(4, 2, 2, 1))
+    result = decoder.generate("def f(x):", max_new_tokens=64, temperature=0)   # text in, GenerationResult out
+    ids, metrics = decoder.run(prompt_ids, sampling, max_new_tokens=64, seed=0)  # token ids in and out
+
+A Decoder owns its caches, so it runs one generation at a time; `spawn()` gives another that shares the loaded
+trained models (the server keeps one per worker). `multispec.generate`, `multispec bench` and `multispec serve` all
+decode through this class.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Callable
+
+from multispec.decoding.engine import generate_ids
+from multispec.decoding.methods import MethodConfig, build_method, get_method
+from multispec.decoding.metrics import Metrics
+from multispec.errors import check
+from multispec.loading import Pair, eos_ids, max_positions, vocab_rows
+from multispec.sampling import SamplingConfig
+from multispec.text import StopStrings, Streamer, encode_prompt
+from multispec.validate import integer, real, seed_or_fresh, stop_strings
+
+
+@dataclass
+class GenerationResult:
+    """token_ids: the new tokens only. text: their decoding, cut before the first stop string. stats: see README.
+    finish_reason: "stop" (an EOS token or a stop string ended it), "length" (max_new_tokens, or the model's
+    context, reached) or "abort" (a partial result carried by an exception, see `Decoder.generate`).
+
+    When a stop string ends the output, `token_ids` are the tokens wholly before it: a token whose text straddles
+    the stop string's start is dropped from `token_ids`, while `text` keeps its part before the stop. So
+    decode(token_ids) == text, or a prefix of it short of that one token's head."""
+
+    token_ids: list[int]
+    text: str
+    stats: dict
+    finish_reason: str = "length"
+
+
+class Decoder:
+    """See the module docstring. method: a registered method name (options as keywords) or a built MethodConfig.
+    backend: "hf", "fast" or "compiled" (default: "compiled" for a pair loaded with compile=True, else "hf").
+    wrap_target(backend) -> backend: wraps the target backend (the bench's shadow target). loaded: the method's
+    trained models, already read (spawn passes them)."""
+
+    def __init__(self, pair: Pair, method: str | MethodConfig = "auto", backend: str | None = None, *,
+                 wrap_target: Callable | None = None, loaded: dict | None = None, **method_options):
+        check(isinstance(pair, Pair), f"pair must be a multispec Pair from load_pair(), got {type(pair).__name__}")
+        if isinstance(method, MethodConfig):
+            check(not method_options, "give method options to build_method, not beside a built MethodConfig")
+            self.config = method
+        else:
+            self.config = build_method(method, **method_options)
+        self.entry = get_method(self.config.name)
+        self.pair, self.backend, self.wrap_target = pair, _backend_name(pair, backend), wrap_target
+        check(not self.entry.needs_draft or pair.draft is not None,
+              f"method {self.config.name!r} needs a draft model; load the pair with a draft")
+        self.uses_draft = pair.draft is not None and self.entry.drafts_with_model(self.config)
+        _refuse_trees_where_inexact(pair, self.config, self.uses_draft)
+        self.loaded = loaded if loaded is not None else \
+            (self.entry.load(self.config, pair) if self.entry.load is not None else {})
+        self.policy = self.entry.make_policy(self.config, pair, self.loaded)
+        self.eos_ids = eos_ids(pair)
+        self.vocab_size = vocab_rows(pair.target)
+        models = [pair.target] + ([pair.draft] if pair.draft is not None and self.config.name != "ar" else [])
+        limits = [n for n in (max_positions(m) for m in models) if n is not None]
+        self.context = min(limits) if limits else None  # the model's positions; None when the configs say nothing
+        self._target = self._draft = None
+        self._rows = 0  # static-cache rows of the current fast/compiled backends
+        if self.backend == "compiled":
+            self._backends(1)
+            for b in (self._target, self._draft):
+                if b is not None:
+                    b.warm_up()  # every step size compiled now, not mid-generation
+
+    def spawn(self) -> "Decoder":
+        """Another Decoder of the same pair, method and backend, sharing the trained models read by this one."""
+        return Decoder(self.pair, self.config, self.backend, wrap_target=self.wrap_target, loaded=self.loaded)
+
+    # ------------------------------------------------------------------ token ids
+    def fit_context(self, prompt_len: int, max_new_tokens: int, warnings: list[str]) -> int:
+        """max_new_tokens that fits the context: refuse a prompt that fills it; cap max_new_tokens with a warning
+        (vLLM's behaviour)."""
+        limit = self.context
+        if limit is None:
+            return max_new_tokens
+        check(prompt_len < limit, f"the prompt has {prompt_len} tokens but the model has {limit} positions; "
+                                  f"shorten it to at most {limit - 1} tokens (e.g. keep its last ones)")
+        if prompt_len + max_new_tokens > limit:
+            warnings.append(f"max_new_tokens capped from {max_new_tokens} to {limit - prompt_len}: the prompt's "
+                            f"{prompt_len} tokens + {max_new_tokens} would pass the model's {limit} positions")
+            return limit - prompt_len
+        return max_new_tokens
+
+    def run(self, prompt_ids: list[int], sampling: SamplingConfig, max_new_tokens: int, seed: int,
+            stop=None, on_tokens=None) -> tuple[list[int], Metrics]:
+        """Decode up to max_new_tokens after prompt_ids (checked by the caller: see `generate`). stop(new_ids) ->
+        cut length or None; on_tokens(new_ids) after each round. Returns the new ids and the metrics record."""
+        target, draft = self._backends(len(prompt_ids) + max_new_tokens)
+        return generate_ids(target, draft, prompt_ids, self.config, sampling, max_new_tokens, seed, self.eos_ids,
+                            stop, on_tokens, self.policy)
+
+    def _backends(self, tokens: int):
+        """The backends, built once; a static cache (fast, compiled) is rebuilt larger when a run needs more rows
+        than it has: prompt + new tokens + one more round's largest tree (the last round may draft past the end)."""
+        from multispec.models import make_backend
+
+        if self.backend == "hf":
+            rows = 0
+        else:
+            rows = tokens + 1 + self.entry.max_tree_nodes(self.config) + 1
+        if self._target is None or rows > self._rows:
+            kw = {} if self.backend == "hf" else {"max_len": rows}
+            target = make_backend(self.pair.target, self.backend, **kw)
+            self._target = self.wrap_target(target) if self.wrap_target is not None else target
+            self._draft = make_backend(self.pair.draft, self.backend, **kw) if self.uses_draft else None
+            self._rows = rows
+        return self._target, self._draft
+
+    # ------------------------------------------------------------------ text
+    def sampling(self, temperature=None, top_k=None, top_p=None) -> SamplingConfig:
+        """The explicit settings, with what is left out taken from the target's generation config, as
+        transformers' `generate` does: its temperature, top_k and top_p when it sets do_sample, else greedy."""
+        temperature, top_k, top_p = real(temperature, "temperature"), integer(top_k, "top_k"), real(top_p, "top_p")
+        if temperature is None:
+            gc = getattr(self.pair.target, "generation_config", None)
+            if gc is None or not getattr(gc, "do_sample", False):
+                return SamplingConfig(temperature=0.0, top_k=top_k, top_p=top_p)
+            temperature = float(gc.temperature if gc.temperature is not None else 1.0)
+            top_k = top_k if top_k is not None else (gc.top_k or None)  # transformers' top_k 0 means off
+            top_p = top_p if top_p is not None else (gc.top_p if gc.top_p is not None and gc.top_p < 1.0 else None)
+        return SamplingConfig(temperature=temperature, top_k=top_k, top_p=top_p)
+
+    def generate(self, prompt, max_new_tokens: int = 128, temperature: float | None = None, top_k: int | None = None,
+                 top_p: float | None = None, seed: int | None = None, stop: str | list[str] | None = None,
+                 stream: Callable[[str], None] | None = None) -> GenerationResult:
+        """See `multispec.generate`: every input is checked before any model runs; a failure part-way raises with
+        `.partial`, the GenerationResult of the tokens committed so far (finish_reason "abort")."""
+        sampling = self.sampling(temperature, top_k, top_p)
+        max_new_tokens = integer(max_new_tokens, "max_new_tokens")
+        check(max_new_tokens is not None and max_new_tokens >= 1,
+              f"max_new_tokens must be an integer >= 1, got {max_new_tokens!r}")
+        seed = seed_or_fresh(seed)
+        stops = StopStrings(self.pair.tokenizer, stop_strings(stop))
+        check(stream is None or callable(stream), f"stream must be a callable taking a text delta, got {stream!r}")
+        ids = encode_prompt(self.pair.tokenizer, self.vocab_size, prompt)
+        warnings: list[str] = []
+        max_new_tokens = self.fit_context(len(ids), max_new_tokens, warnings)
+        streamer = Streamer(stops, stream)
+        try:
+            new, metrics = self.run(ids, sampling, max_new_tokens, seed, stops.cut_ids if stops else None,
+                                    streamer.on_tokens)
+        except BaseException as e:  # keep what was committed: the caller gets it as e.partial, then the error
+            new = list(streamer.latest)
+            e.partial = GenerationResult(token_ids=new, text=stops.decode(new),
+                                         stats={"seed": seed, "new_tokens": len(new), "warnings": warnings},
+                                         finish_reason="abort")
+            raise
+        text, token_ids = stops.final(new)
+        streamer.flush(text)
+        stats = self.stats(metrics, sampling)
+        stats.update(seed=seed, prompt_tokens=len(ids), max_new_tokens=max_new_tokens, warnings=warnings)
+        return GenerationResult(token_ids=token_ids, text=text, stats=stats, finish_reason=metrics.finish_reason)
+
+    def stats(self, metrics: Metrics, sampling: SamplingConfig) -> dict:
+        """The stats schema (README): what ran, then the metrics record, then the policy's own report (auto's plans
+        under stats["auto"])."""
+        c = self.config
+        stats = {
+            "method": c.name,
+            "lossless": c.lossless_at(sampling.temperature),
+            "verifier": ("greedy" if sampling.greedy else c.verifier) if c.name != "ar" else None,
+            "tree": list(c.tree),
+            "temperature": sampling.temperature,
+            "top_k": sampling.top_k,
+            "top_p": sampling.top_p,
+            "backend": self.backend,
+            **metrics.stats(),
+        }
+        extra = self.policy.report()
+        if extra is not None:
+            stats[c.name] = extra
+        return stats
+
+
+def _backend_name(pair: Pair, backend) -> str:
+    """The backend to run: `backend` checked, or the pair's default (compiled when loaded with compile=True)."""
+    from multispec.models import BACKENDS
+
+    if backend is None:
+        return "compiled" if pair.compile else "hf"
+    check(backend in BACKENDS, f"unknown backend {backend!r}; choose one of {', '.join(BACKENDS)}")
+    check(not (pair.compile and backend == "hf"),
+          "backend 'hf' asked for on a pair loaded with compile=True; compiling applies to the fast backend")
+    return backend
+
+
+def _refuse_trees_where_inexact(pair: Pair, config: MethodConfig, uses_draft: bool) -> None:
+    """Models whose attention depends on cache-row order or uses ALiBi by row (MPT, GPT-Neo local layers, Bloom,
+    Falcon-ALiBi) verify chains exactly but not token trees: refuse tree methods here, before any model runs
+    (`auto` keeps to chains for them, see its registry entry)."""
+    from multispec.models import tree_refusal
+
+    if not any(w > 1 for w in config.tree):
+        return
+    reason = tree_refusal(pair.target) or (tree_refusal(pair.draft) if uses_draft and pair.draft is not None
+                                           else None)
+    check(reason is None, f"method {config.name!r} drafts token trees, and tree methods are not supported on this "
+                          f"model ({reason}); use auto, sd, specdecpp, lookup or ar")

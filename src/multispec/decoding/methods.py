@@ -1,0 +1,374 @@
+"""The method registry: every decoding method is one `MethodEntry` — its options, whether it needs a draft, how it
+builds its validated `MethodConfig` (before any model runs, STYLE §2.9), which trained models it loads, and how it
+builds its draft policy. A new method is one `register(MethodEntry(...))` plus one policy (drafting/protocol.py).
+
+| method    | drafting                                          | verification                     | lossless |
+|-----------|---------------------------------------------------|----------------------------------|----------|
+| ar        | none (target only)                                | sample from the target           | yes      |
+| sd        | chain of k draft tokens (optionally heuristic k)  | `block` (default) or `sd`        | yes      |
+| mcsd      | draft-initialized static tree (default 4,2,2,1)   | `traversal` (default), any node verifier | per verifier |
+| ti-mcsd   | level 1 from the target, draft below (2,4,3,1,1)  | longest accepted chain (P1)      | only W=1 |
+|           |                                                   | (W=1: rrs-wor walk or traversal) |          |
+| dynamic   | fork tree (W,1,..,1) grown level by level, decision model may stop it | multi-draft verifier | per verifier |
+|           | (`traversal`; `block` when W = 1)                  |                                  |          |
+| specdecpp | chain up to k_max, acceptance head stops it       | single-draft `sd` or `block`     | yes      |
+| lookup    | chain copied from the context (prompt lookup), no draft model | `block`, q = one-hot | yes |
+| auto      | per round: no speculation, a lookup chain, or a draft tree chosen from measured acceptance and costs | `traversal` | yes |
+
+`sd` and `dynamic` also take a training-free stopping rule: `confidence=h` (stop when the draft's probability of its
+newest token is below h, transformers' assistant_confidence_threshold) or `entropy=h` (AdaEDL's entropy bound).
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Callable
+
+from multispec.errors import MultispecError, check
+
+DEFAULT_METHOD = "auto"  # the API's, the CLI's and the server's default method: change it here only
+AUTO_PROPOSERS = ("draft", "lookup")
+HEAD_DIRNAME = "acceptance_head"  # specdecpp looks for its head here, in the draft's directory
+
+@dataclass(frozen=True)
+class MethodConfig:
+    name: str
+    tree: tuple[int, ...] = ()  # max tree shape below the root; () for ar
+    verifier: str = "sd"
+    heuristic: bool = False
+    target_init: bool = False  # level 1 drawn from the target (ti-mcsd; dynamic with target_init)
+    decision_model: str | None = None
+    beta: float = 0.4
+    head: str | None = None
+    threshold: float = 0.7
+    k_min: int = 2
+    k_max: int = 20
+    confidence: float | None = None  # training-free stop: draft probability of the newest token below this
+    entropy: float | None = None  # training-free stop: AdaEDL entropy bound below this
+    ngram: int = 3  # lookup: longest n-gram matched
+    proposers: tuple[str, ...] = AUTO_PROPOSERS  # auto
+    max_nodes: int = 32  # auto: the largest tree it may draft
+    options: dict = field(default_factory=dict, compare=False)
+
+    @property
+    def width(self) -> int:
+        return self.tree[0] if self.tree else 0
+
+    @property
+    def lossless(self) -> bool:
+        """Lossless at every temperature (the conservative flag, used before the temperature is known)."""
+        return self.lossless_at(0.0) and self.lossless_at(1.0)
+
+    def lossless_at(self, temperature: float) -> bool:
+        """Whether the output law equals the processed target's at this temperature.
+
+        Temperature 0: the engine verifies every draft-initialized method greedily (argmax of p), so all of them are
+        lossless; target-initialized trees with W >= 2 are not (a level-1 token that is not the argmax can win by
+        a longer accepted chain). Temperature > 0: the verifier decides; `greedy` is the temperature-0 verifier and
+        commits argmax p, not a draw from p, so it is LOSSY there."""
+        from multispec.verify.sequence import get_sequence_verifier
+
+        if self.target_init:
+            return self.width == 1
+        if temperature == 0 or self.name == "ar":
+            return True
+        return self.verifier != "greedy" and get_sequence_verifier(self.verifier).lossless
+
+
+@dataclass(frozen=True)
+class MethodEntry:
+    """One decoding method.
+
+    name, options: the method's name and the option names it takes. build(options) -> MethodConfig: validate the
+    options (already stripped of None values) and fill in defaults. needs_draft: refused on a pair without a draft.
+    uses_draft(config): whether a run drafts with the draft model (default: needs_draft). load(config, pair) -> dict:
+    trained models read from disk, once per Decoder family (`Decoder.spawn` shares them). make_policy(config, pair,
+    loaded) -> DraftPolicy: a fresh policy (its adaptive state resets every generation). tree_nodes(config): the
+    most tree nodes one round may draft (sizes static caches; default: the full tree of config.tree)."""
+
+    name: str
+    options: frozenset
+    build: Callable[[dict], MethodConfig]
+    make_policy: Callable[[MethodConfig, object, dict], object]
+    needs_draft: bool = True
+    uses_draft: Callable[[MethodConfig], bool] | None = None
+    load: Callable[[MethodConfig, object], dict] | None = None
+    tree_nodes: Callable[[MethodConfig], int] | None = None
+    summary: str = ""
+
+    def drafts_with_model(self, config: MethodConfig) -> bool:
+        return self.uses_draft(config) if self.uses_draft is not None else self.needs_draft
+
+    def max_tree_nodes(self, config: MethodConfig) -> int:
+        if self.tree_nodes is not None:
+            return self.tree_nodes(config)
+        return sum(math.prod(config.tree[:d + 1]) for d in range(len(config.tree)))
+
+
+REGISTRY: dict[str, MethodEntry] = {}
+
+
+def register(entry: MethodEntry, replace: bool = False) -> MethodEntry:
+    """Add a method to the registry (generate, bench, serve and the CLI see it at once)."""
+    check(replace or entry.name not in REGISTRY, f"method {entry.name!r} is already registered")
+    REGISTRY[entry.name] = entry
+    return entry
+
+
+def unregister(name: str) -> None:
+    REGISTRY.pop(name, None)
+
+
+def method_names() -> tuple[str, ...]:
+    return tuple(REGISTRY)
+
+
+def get_method(name: str) -> MethodEntry:
+    check(isinstance(name, str), f"method must be a string, got {name!r}")
+    check(name in REGISTRY, f"unknown method {name!r}; choose one of {', '.join(REGISTRY)}")
+    return REGISTRY[name]
+
+
+def build_method(name: str, **options) -> MethodConfig:
+    """Validate `name` and its options; raise MultispecError naming the first problem."""
+    entry = get_method(name)
+    options = {k: v for k, v in options.items() if v is not None}
+    unknown = set(options) - entry.options
+    check(not unknown, f"method {name!r} does not take option(s) {', '.join(sorted(unknown))}; "
+                       f"it takes {', '.join(sorted(entry.options)) or 'none'}")
+    return entry.build(options)
+
+
+def build_policy(config: MethodConfig, pair=None, loaded: dict | None = None):
+    """The draft policy of `config`, loading its trained models unless `loaded` holds them. pair: the loaded Pair
+    (None in tests that drive the engine directly: then no trained models and every auto proposer is allowed)."""
+    entry = get_method(config.name)
+    if loaded is None:
+        loaded = entry.load(config, pair) if entry.load is not None else {}
+    return entry.make_policy(config, pair, loaded)
+
+
+# ---------------------------------------------------------------------------------------------- the methods
+def _build_ar(o: dict) -> MethodConfig:
+    return MethodConfig(name="ar", options=o)
+
+
+def _build_auto(o: dict) -> MethodConfig:
+    proposers = o.get("proposers", AUTO_PROPOSERS)
+    proposers = tuple(x.strip() for x in proposers.replace("+", ",").split(",")) \
+        if isinstance(proposers, str) else tuple(proposers)
+    bad = [x for x in proposers if x not in AUTO_PROPOSERS]
+    check(proposers and not bad, f"auto: proposers must be among {', '.join(AUTO_PROPOSERS)}, got {proposers!r}")
+    return MethodConfig(name="auto", verifier="traversal", proposers=proposers,
+                        max_nodes=_int(o.get("max_nodes", 32), "max_nodes", 1), options=o)
+
+
+def _build_lookup(o: dict) -> MethodConfig:
+    k = _int(o.get("k", 10), "k", 1)
+    return MethodConfig(name="lookup", tree=(1,) * k, verifier="block", ngram=_int(o.get("ngram", 3), "ngram", 1),
+                        options=o)
+
+
+def _build_sd(o: dict) -> MethodConfig:
+    confidence, entropy = _stop_rule(o)
+    k = _int(o.get("k", 4), "k", 1)
+    check(not (o.get("heuristic") and (confidence is not None or entropy is not None)),
+          "sd: choose one of heuristic, confidence, entropy")
+    # block by default: never worse than token-level sd in expectation, +10-12% MAL at k >= 6 (docs/results.md)
+    verifier = _chain_verifier(o.get("verifier", "block"), "sd")
+    return MethodConfig(name="sd", tree=(1,) * k, verifier=verifier, heuristic=bool(o.get("heuristic", False)),
+                        confidence=confidence, entropy=entropy, options=o)
+
+
+def _build_mcsd(o: dict) -> MethodConfig:
+    tree = _shape(o.get("tree", (4, 2, 2, 1)))
+    # traversal by default: +4.8% / +8.6% MAL over the rrs-wor walk at T = 1 on identical drafts (docs/results.md)
+    verifier = _verifier(o.get("verifier", "traversal"), tree)
+    return MethodConfig(name="mcsd", tree=tree, verifier=verifier, options=o)
+
+
+def _build_ti_mcsd(o: dict) -> MethodConfig:
+    tree = _shape(o.get("tree", (2, 4, 3, 1, 1)))
+    if "width" in o:
+        tree = (_int(o["width"], "width", 1),) + tree[1:]
+    check(len(tree) >= 2, "ti-mcsd needs a tree of depth >= 2 (level 1 comes from the target)")
+    verifier = o.get("verifier", "sd")  # "sd": P1's chains, or the rrs-wor walk below level 1 when W = 1
+    check(verifier == "sd" or (verifier == "traversal" and tree[0] == 1),
+          f"ti-mcsd takes verifier 'traversal' (below a single level-1 token, width 1) or none, got {verifier!r}"
+          f" with width {tree[0]}")
+    return MethodConfig(name="ti-mcsd", tree=tree, verifier=verifier, target_init=True, options=o)
+
+
+def _build_dynamic(o: dict) -> MethodConfig:
+    confidence, entropy = _stop_rule(o)
+    width = _int(o.get("width", 4), "width", 1)
+    depth = _int(o.get("depth", 5), "depth", 1)
+    beta = _prob(o.get("beta", 0.4), "beta")
+    target_init = bool(o.get("target_init", False))
+    tree = (width,) + (1,) * (depth - 1 + (1 if target_init else 0))
+    verifier = "sd" if target_init else _verifier(o.get("verifier", "rrs-wor"), tree)
+    dm = o.get("decision_model")
+    if dm is not None:
+        check(Path(dm).exists(), f"decision model not found: {dm}")
+        check(confidence is None and entropy is None, "dynamic: a decision model and a stopping rule "
+                                                      "(confidence / entropy) cannot be combined")
+    return MethodConfig(name="dynamic", tree=tree, verifier=verifier, target_init=target_init,
+                        decision_model=None if dm is None else str(dm), beta=beta, confidence=confidence,
+                        entropy=entropy, options=o)
+
+
+def _build_specdecpp(o: dict) -> MethodConfig:
+    k_min = _int(o.get("k_min", 2), "k_min", 1)
+    k_max = _int(o.get("k_max", 20), "k_max", k_min)
+    h = _prob(o.get("threshold", 0.7), "threshold")
+    head = o.get("head")
+    if head is not None:
+        check(Path(head).exists(), f"acceptance head not found: {head}")
+    verifier = _chain_verifier(o.get("verifier", "sd"), "specdecpp")
+    return MethodConfig(name="specdecpp", tree=(1,) * k_max, verifier=verifier,
+                        head=None if head is None else str(head), threshold=h, k_min=k_min, k_max=k_max, options=o)
+
+
+def _fixed_tree_policy(config: MethodConfig, pair, loaded: dict):
+    """The max tree every round, stopped early by a training-free rule when one is set (sd, mcsd, ti-mcsd, dynamic
+    without a decision model); transformers' heuristic k for sd:heuristic."""
+    from multispec.drafting.policies import ConfidenceStop, EntropyStop, FixedTree, HeuristicK
+    from multispec.tree import Tree
+
+    if config.heuristic:
+        return HeuristicK(len(config.tree))
+    tree = Tree.from_shape(config.tree) if config.tree else Tree.chain(0)
+    if config.confidence is not None:
+        return ConfidenceStop(tree, config.confidence)
+    if config.entropy is not None:
+        return EntropyStop(tree, config.entropy)
+    return FixedTree(tree)
+
+
+def _dynamic_policy(config: MethodConfig, pair, loaded: dict):
+    if "decision_model" not in loaded:
+        return _fixed_tree_policy(config, pair, loaded)
+    from multispec.drafting.policies import AnyChainAbove
+    from multispec.tree import Tree
+
+    return AnyChainAbove(Tree.from_shape(config.tree), loaded["decision_model"].predict, config.beta)
+
+
+def _load_decision_model(config: MethodConfig, pair) -> dict:
+    if config.decision_model is None:
+        return {}
+    from multispec.heads.decision import load_decision_model
+
+    return {"decision_model": load_decision_model(config.decision_model, device=_draft_device(pair))}
+
+
+def _load_head(config: MethodConfig, pair) -> dict:
+    from multispec.heads.acceptance import load_head
+
+    path = config.head
+    if path is None:
+        guess = Path(getattr(pair, "draft_path", None) or "") / HEAD_DIRNAME
+        check(guess.is_dir(), "specdecpp needs an acceptance head: pass head=PATH (--head PATH), or put one in the "
+                              f"draft's directory as {HEAD_DIRNAME}/")
+        path = str(guess)
+    return {"head": load_head(path, device=_draft_device(pair))}
+
+
+def _draft_device(pair):
+    return next(pair.draft.parameters()).device if pair is not None and pair.draft is not None else "cpu"
+
+
+def _specdecpp_policy(config: MethodConfig, pair, loaded: dict):
+    from multispec.drafting.policies import ThresholdStop
+
+    return ThresholdStop(loaded["head"].predict, config.threshold, config.k_min, config.k_max)
+
+
+def _lookup_policy(config: MethodConfig, pair, loaded: dict):
+    from multispec.drafting.policies import LookupPolicy
+
+    return LookupPolicy(len(config.tree), config.ngram)
+
+
+def _auto_policy(config: MethodConfig, pair, loaded: dict):
+    """auto with the proposers this pair allows: no draft model, no draft proposer; chains only on models whose
+    attention cannot verify trees exactly (models.tree_refusal)."""
+    from multispec.drafting.auto import AutoPolicy
+    from multispec.models import tree_refusal
+
+    if pair is None:
+        return AutoPolicy(proposers=config.proposers, max_nodes=config.max_nodes)
+    proposers = tuple(p for p in config.proposers if p != "draft" or pair.draft is not None)
+    chains_only = any(m is not None and hasattr(m, "config") and tree_refusal(m) for m in (pair.target, pair.draft))
+    return AutoPolicy(proposers=proposers, max_nodes=config.max_nodes, max_width=1 if chains_only else 4)
+
+
+for _entry in (
+    MethodEntry("auto", frozenset({"proposers", "max_nodes"}), _build_auto, _auto_policy, needs_draft=False,
+                uses_draft=lambda c: "draft" in c.proposers, tree_nodes=lambda c: c.max_nodes,
+                summary="per round: no speculation, a lookup chain or a draft tree, from measured acceptance and "
+                        "costs"),
+    MethodEntry("ar", frozenset(), _build_ar, _fixed_tree_policy, needs_draft=False,
+                summary="plain decoding (target only)"),
+    MethodEntry("sd", frozenset({"k", "heuristic", "confidence", "entropy", "verifier"}), _build_sd,
+                _fixed_tree_policy, summary="a chain of k draft tokens"),
+    MethodEntry("mcsd", frozenset({"tree", "verifier"}), _build_mcsd, _fixed_tree_policy,
+                summary="a draft-initialized static tree (P1)"),
+    MethodEntry("ti-mcsd", frozenset({"tree", "width", "verifier"}), _build_ti_mcsd, _fixed_tree_policy,
+                summary="level 1 from the target, the draft below (P1; LOSSY when W >= 2)"),
+    MethodEntry("dynamic", frozenset({"width", "depth", "verifier", "decision_model", "beta", "target_init",
+                                      "confidence", "entropy"}), _build_dynamic, _dynamic_policy,
+                load=_load_decision_model, summary="a fork tree grown level by level, a decision model may stop it"),
+    MethodEntry("specdecpp", frozenset({"head", "threshold", "k_min", "k_max", "verifier"}), _build_specdecpp,
+                _specdecpp_policy, load=_load_head, summary="a chain stopped by a trained acceptance head (P2)"),
+    MethodEntry("lookup", frozenset({"k", "ngram"}), _build_lookup, _lookup_policy, needs_draft=False,
+                summary="a chain copied from the context (prompt lookup), no draft model"),
+):
+    register(_entry)
+
+
+def _stop_rule(o: dict) -> tuple[float | None, float | None]:
+    confidence = None if o.get("confidence") is None else _prob(o["confidence"], "confidence")
+    entropy = None if o.get("entropy") is None else _prob(o["entropy"], "entropy")
+    check(confidence is None or entropy is None, "choose one stopping rule: confidence or entropy")
+    return confidence, entropy
+
+
+def _int(v, name: str, lo: int) -> int:
+    check(isinstance(v, int) and not isinstance(v, bool) and v >= lo, f"{name} must be an integer >= {lo}, got {v!r}")
+    return v
+
+
+def _prob(v, name: str) -> float:
+    check(isinstance(v, (int, float)) and 0 <= v <= 1, f"{name} must be in [0, 1], got {v!r}")
+    return float(v)
+
+
+def _shape(v) -> tuple[int, ...]:
+    from multispec.tree import Tree, parse_shape  # torch: imported when a method is built, not for `--help`
+
+    check(isinstance(v, (str, tuple, list)), f"tree must be a shape such as (4, 2, 2, 1) or '4,2,2,1', got {v!r}")
+    shape = parse_shape(v) if isinstance(v, str) else tuple(v)
+    Tree.from_shape(shape)
+    return shape
+
+
+def _verifier(name: str, tree: tuple[int, ...]) -> str:
+    """A node verifier (walked from the root) or a sequence verifier (block: chains; traversal: trees)."""
+    from multispec.verify.sequence import get_sequence_verifier
+
+    check(isinstance(name, str), f"verifier must be a name, got {name!r}")
+    spec = get_sequence_verifier(name)
+    try:
+        spec.check_widths(set(tree))
+    except MultispecError as e:
+        raise MultispecError(f"tree {','.join(map(str, tree))} does not suit verifier {name!r}: {e}") from None
+    return name
+
+
+def _chain_verifier(name, method: str) -> str:
+    """sd and specdecpp draft one chain: token-level `sd` or `block` verification."""
+    check(name in ("sd", "block"), f"method {method!r} verifies its chain with verifier 'sd' (token by token) "
+                                   f"or 'block' (jointly), got {name!r}")
+    return name

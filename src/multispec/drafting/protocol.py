@@ -1,0 +1,112 @@
+"""The draft-policy protocol: what the engine asks of a policy each round, and what it tells it back.
+
+One generation, as the engine drives it (decoding/engine.py):
+
+    policy.reset()                               # adaptive state starts afresh (STYLE §2.12)
+    policy.prepare(target, draft, context_len)   # once, after the prefill (auto calibrates its costs here)
+    every round:
+        plan = policy.plan_round(history, pending)        # which tree, from which proposer
+        policy.start_round()                              # then, while the draft grows the tree level by level:
+        policy.keep_drafting(depth, hidden, q, tokens)    #   draft another level?
+        ... the target verifies, the path is kept ...
+        policy.observe(outcome)                           # the round's outcome, once
+    policy.report()                              # extra stats for this generation, or None
+
+A policy reads draft-side state only (SPEC §10.9): its decisions never depend on the target's accept coins of the
+round being drafted, so every lossless verifier stays lossless whatever the policy decides.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Protocol
+
+import torch
+
+from multispec.tree import Tree
+
+
+@dataclass(frozen=True)
+class RoundPlan:
+    """What one round drafts. tree: the max tree (depth 0: no speculation, the target decodes one token).
+    proposer: "draft" (the draft model grows `tree`), "lookup" (`tokens` copied from the context, a chain) or
+    "none". label: a short name for stats; predicted_tps: the planner's expected tokens/s (auto only)."""
+
+    tree: Tree
+    proposer: str = "draft"
+    tokens: tuple[int, ...] = ()
+    label: str = ""
+    predicted_tps: float | None = None
+    ngram: int = 0  # lookup: the length of the matched n-gram
+
+
+@dataclass(frozen=True)
+class RoundOutcome:
+    """One round, as the engine reports it to the policy and to the metrics.
+    plan: the plan drafted (target-initialized rounds: the policy's tree as a plan). tree: the tree actually drafted
+    (a truncation of the plan's). path: accepted node indices from the root (0, ...). committed: the token ids the
+    round committed. accepted: draft tokens accepted. depth: the deepest drafted level of draft tokens.
+    times: seconds of the round's phases (round_s, target_fwd_s, draft_s) and pending / proposer."""
+
+    plan: RoundPlan
+    tree: Tree
+    path: tuple[int, ...]
+    committed: list[int]
+    accepted: int
+    depth: int
+    times: dict = field(default_factory=dict)
+
+
+class DraftPolicy(Protocol):
+    """See the module docstring for when each member is called."""
+
+    needs_hidden: bool  # keep_drafting reads the draft's hidden states (the backend then returns them)
+
+    def reset(self) -> None: ...
+
+    def prepare(self, target, draft, context_len: int) -> None: ...
+
+    def plan_round(self, history: list[int], pending: int) -> RoundPlan:
+        """history: prompt + committed tokens; pending: committed tokens the draft has not consumed yet."""
+        ...
+
+    def start_round(self) -> None: ...
+
+    def keep_drafting(self, depth: int, parent_hidden: torch.Tensor | None, parent_q: torch.Tensor,
+                      new_tokens: torch.Tensor | None = None) -> bool:
+        """After drafting level `depth` (>= 1): draft another? parent_hidden: float [n, H] draft hidden states at
+        the parents of the newest level (None unless needs_hidden); parent_q: float [n, V] their laws;
+        new_tokens: long [m] the newest level's tokens, children of those parents in node order."""
+        ...
+
+    def observe(self, outcome: RoundOutcome) -> None: ...
+
+    def report(self) -> dict | None: ...
+
+
+class DraftPolicyBase:
+    """Defaults for every member of DraftPolicy but plan_round: no state, draft the whole planned tree, nothing to
+    report. Subclass it and override what the policy decides."""
+
+    needs_hidden = False
+
+    def reset(self) -> None:
+        pass
+
+    def prepare(self, target, draft, context_len: int) -> None:
+        pass
+
+    def plan_round(self, history: list[int], pending: int) -> RoundPlan:
+        raise NotImplementedError
+
+    def start_round(self) -> None:
+        pass
+
+    def keep_drafting(self, depth: int, parent_hidden: torch.Tensor | None, parent_q: torch.Tensor,
+                      new_tokens: torch.Tensor | None = None) -> bool:
+        return True
+
+    def observe(self, outcome: RoundOutcome) -> None:
+        pass
+
+    def report(self) -> dict | None:
+        return None

@@ -1,0 +1,179 @@
+"""Loading a target/draft pair: devices, dtypes, weights, tokenizers, and the load-time checks that refuse what the
+backends cannot decode exactly (one line each, before any generation)."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+from multispec.errors import MultispecError, check
+
+DEFAULT_PAIR_DIR = Path(__file__).parent / "default_pair"
+_DTYPES = {"float32": torch.float32, "fp32": torch.float32, "bfloat16": torch.bfloat16, "bf16": torch.bfloat16,
+           "float16": torch.float16, "fp16": torch.float16}
+
+
+@dataclass
+class Pair:
+    """A target model, an optional draft model sharing its vocabulary, and their tokenizer."""
+
+    target: torch.nn.Module
+    draft: torch.nn.Module | None
+    tokenizer: object
+    target_path: str
+    draft_path: str | None
+    compile: bool = False  # generate's default backend: "compiled" when True, else "hf"
+
+    @property
+    def device(self) -> torch.device:
+        return next(self.target.parameters()).device
+
+
+def load_pair(target: str | None = None, draft: str | None = None, device: str | None = None,
+              dtype: str | torch.dtype | None = None, compile: bool = False) -> Pair:
+    """Load a target/draft pair from local Hugging Face directories (or hub names where a hub is reachable).
+
+    target=None and draft=None load the embedded default pair. The draft must share the target's vocabulary.
+    device: default "cuda" when available, else "cpu". dtype: default float32 on CPU, bfloat16 on CUDA.
+    compile=True: `generate` runs on the compiled fast backend unless told otherwise (backend="compiled": the
+    static-cache backend with its steps torch.compile'd; Llama-family models only, checked here). Every step size
+    is compiled here, at load, with a line on stderr each (minutes the first time on a CPU; torch caches the
+    compiled code on disk, so later loads take seconds). On this project's CPU it is not faster overall (README).
+    """
+    check(isinstance(compile, bool), f"compile must be True or False, got {compile!r}")
+    if target is None:
+        check(draft is None, "a draft was given without a target; give both, or neither for the default pair")
+        target, draft = DEFAULT_PAIR_DIR / "target", DEFAULT_PAIR_DIR / "draft"
+        check(target.is_dir() and draft.is_dir(),
+              f"the embedded default pair is not installed (expected {DEFAULT_PAIR_DIR}); pass --target/--draft")
+    device = resolve_device(device)
+    if isinstance(dtype, str):
+        check(dtype in _DTYPES, f"unknown dtype {dtype!r}; choose one of {', '.join(_DTYPES)}")
+        dtype = _DTYPES[dtype]
+    dtype = dtype or (torch.bfloat16 if device.type == "cuda" else torch.float32)
+    t_model = _load_model(str(target), device, dtype)
+    tokenizer = load_tokenizer(str(target))
+    d_model = None
+    if draft is not None:
+        d_model = _load_model(str(draft), device, dtype)
+        tv, dv = vocab_rows(t_model), vocab_rows(d_model)
+        check(tv == dv, f"draft and target vocabularies differ: the target has {tv} output tokens, the draft {dv}; "
+                        "speculative decoding needs one shared vocabulary")
+        d_tok = load_tokenizer(str(draft), required=False)
+        if d_tok is not None:
+            check(d_tok.get_vocab() == tokenizer.get_vocab(),
+                  "draft and target tokenizers differ (same size, different tokens); use a draft trained with the "
+                  "target's tokenizer")
+    if compile:
+        from multispec.models import make_backend
+
+        models = [m for m in (t_model, d_model) if m is not None]
+        for m in models:
+            make_backend(m, "fast", max_len=1)  # refuses, in one line, a model the fast backend cannot run
+        for m in models:
+            make_backend(m, "compiled", max_len=128).warm_up()  # every step size now, not mid-generation
+    return Pair(target=t_model, draft=d_model, tokenizer=tokenizer, target_path=str(target),
+                draft_path=None if draft is None else str(draft), compile=compile)
+
+
+def resolve_device(device: str | torch.device | None) -> torch.device:
+    """The device to load on: `device`, checked (cpu, cuda[:N] when CUDA is available, mps when available), or
+    CUDA when available, else the CPU. Raises MultispecError for anything else."""
+    if device is None:
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    check(isinstance(device, (str, torch.device)), f"device must be a string such as 'cpu' or 'cuda', got {device!r}")
+    try:
+        d = torch.device(device)
+    except (RuntimeError, ValueError):
+        raise MultispecError(f"unknown device {device!r}; use cpu, cuda or cuda:N") from None
+    check(d.type in ("cpu", "cuda", "mps"), f"device {str(device)!r} cannot run a model here; use cpu, cuda or cuda:N")
+    if d.type == "cuda":
+        check(torch.cuda.is_available(), f"device {str(device)!r} asked for, but CUDA is not available on this machine "
+                                         "(torch.cuda.is_available() is False); use cpu")
+        check(d.index is None or d.index < torch.cuda.device_count(),
+              f"device {str(device)!r}: this machine has {torch.cuda.device_count()} CUDA device(s)")
+    if d.type == "mps":
+        check(torch.backends.mps.is_available(), f"device {str(device)!r} asked for, but MPS is not available")
+    return d
+
+
+def _load_model(path: str, device: torch.device, dtype: torch.dtype) -> torch.nn.Module:
+    from transformers import AutoConfig, AutoModelForCausalLM
+    from transformers.utils import logging as hf_logging
+
+    p = Path(path)
+    if not p.exists() and (p.is_absolute() or path.startswith(".") or path.count("/") > 1):
+        raise MultispecError(f"model path not found: {path}")
+    try:
+        config = AutoConfig.from_pretrained(path)
+    except (OSError, ValueError) as e:
+        raise MultispecError(f"cannot load a model config from {path}: {str(e).splitlines()[0]}") from None
+    from safetensors import SafetensorError
+
+    verbosity, bars = hf_logging.get_verbosity(), hf_logging.is_progress_bar_enabled()
+    hf_logging.set_verbosity_error()
+    hf_logging.disable_progress_bar()  # no "Loading weights" bars on every run
+    try:
+        model = AutoModelForCausalLM.from_pretrained(path, dtype=dtype)
+    except ValueError as e:
+        if "Unrecognized configuration class" in str(e):
+            raise MultispecError(f"{path} is not a causal language model (config type {type(config).__name__} "
+                                 "has no AutoModelForCausalLM class)") from None
+        raise MultispecError(f"cannot load {path}: {_first_line(e)}") from None
+    except (OSError, SafetensorError, RuntimeError) as e:  # missing, truncated or corrupt weight files
+        raise MultispecError(f"cannot load {path}: {_first_line(e)}") from None
+    finally:
+        hf_logging.set_verbosity(verbosity)
+        if bars:
+            hf_logging.enable_progress_bar()
+    model = model.to(device).eval()
+    check_supported(model, path)
+    return model
+
+
+def check_supported(model: torch.nn.Module, path: str) -> None:
+    """Refuse, in one line, what the backends cannot decode exactly: recurrent / linear-attention caches, and any
+    model whose cached, tree-masked forwards disagree with its own full forward (see models/probe.py)."""
+    from multispec.models.probe import probe_model
+
+    probe_model(model, path)
+
+
+def _first_line(e: BaseException) -> str:
+    lines = str(e).strip().splitlines()
+    return lines[0] if lines else type(e).__name__
+
+
+def vocab_rows(model: torch.nn.Module) -> int:
+    return int(model.get_output_embeddings().weight.shape[0])
+
+
+def load_tokenizer(path: str, required: bool = True):
+    from transformers import AutoTokenizer
+
+    try:
+        return AutoTokenizer.from_pretrained(path)
+    except (OSError, ValueError, TypeError) as e:
+        if not required:
+            return None
+        raise MultispecError(f"cannot load a tokenizer from {path}: {str(e).splitlines()[0]}") from None
+
+
+def max_positions(model: torch.nn.Module) -> int | None:
+    """The model's number of positions from its config (max_position_embeddings, n_positions, ...), or None."""
+    cfg = getattr(model, "config", None)
+    cfg = cfg.get_text_config() if hasattr(cfg, "get_text_config") else cfg
+    for key in ("max_position_embeddings", "n_positions", "max_sequence_length", "seq_length"):
+        v = getattr(cfg, key, None)
+        if isinstance(v, int) and not isinstance(v, bool) and v > 0:
+            return v
+    return None
+
+
+def eos_ids(pair: Pair) -> set[int]:
+    eos = pair.target.generation_config.eos_token_id if pair.target.generation_config is not None else None
+    eos = eos if eos is not None else pair.tokenizer.eos_token_id
+    if eos is None:
+        return set()
+    return set(eos) if isinstance(eos, (list, tuple)) else {int(eos)}

@@ -1,0 +1,51 @@
+"""Checks of the values a caller passes (numbers, seeds, stop strings), shared by the API, the server and the CLI.
+Each returns the value in its canonical type or raises MultispecError with a one-line message."""
+from __future__ import annotations
+
+import numbers
+import secrets
+
+import numpy as np
+
+from multispec.errors import check
+
+SEED_LIMIT = 2**63  # seeds are integers in [0, 2**63)
+
+
+def integer(v, name: str) -> int | None:
+    """None, or an int from an int-like value (numpy integers too); bool and floats are refused."""
+    if v is None:
+        return None
+    check(isinstance(v, numbers.Integral) and not isinstance(v, (bool, np.bool_)),
+          f"{name} must be an integer, got {v!r}")
+    return int(v)
+
+
+def real(v, name: str) -> float | None:
+    """None, or a float from a real number (numpy scalars too); bool and strings are refused."""
+    if v is None:
+        return None
+    check(isinstance(v, numbers.Real) and not isinstance(v, (bool, np.bool_)), f"{name} must be a number, got {v!r}")
+    return float(v)
+
+
+def seed_or_fresh(seed) -> int:
+    """The seed to use: `seed` checked to lie in [0, 2**63), or a fresh random one when None."""
+    if seed is None:
+        return secrets.randbelow(SEED_LIMIT)
+    check(isinstance(seed, numbers.Integral) and not isinstance(seed, (bool, np.bool_)),
+          f"seed must be an integer, got {seed!r}")
+    check(0 <= int(seed) < SEED_LIMIT, f"seed must be in [0, 2**63), got {seed}")
+    return int(seed)
+
+
+def stop_strings(stop) -> list[str]:
+    """`stop` as a list of non-empty strings: a str is one stop string (not its characters)."""
+    if stop is None:
+        return []
+    stops = [stop] if isinstance(stop, str) else stop
+    check(isinstance(stops, (list, tuple)), f"stop must be a string or a list of strings, got {stop!r}")
+    for s in stops:
+        check(isinstance(s, str), f"stop strings must be strings, got {s!r}")
+        check(s != "", "a stop string is empty (it would match before any text); remove it")
+    return list(stops)
