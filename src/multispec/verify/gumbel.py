@@ -56,6 +56,7 @@ from multispec.tree import Tree
 from multispec.verify.keyed import PositionKeys, gumbel_max, gumbel_top
 
 Outcome = tuple[tuple[int, ...], int]
+_ROUNDING = 1e-15  # round_law drops stop masses below this (p - ranks when the draft always has the token)
 
 
 # ----------------------------------------------------------------------------------- the verifier
@@ -215,7 +216,7 @@ def round_law(tree: Tree, pq: Callable[[tuple[int, ...]], tuple[torch.Tensor, to
         kids = tree.children[node]
         ranks = coupled_ranks(p, q, len(kids)) if kids else np.zeros((p.shape[0], 0))
         stop = p - ranks.sum(1)
-        for y in np.flatnonzero(stop > 1e-300):
+        for y in np.flatnonzero(stop > _ROUNDING):
             key = prefix + (int(y),)
             law.setdefault(key, [0.0, len(prefix)])[0] += prob * float(stop[y])
         for x, r in zip(*np.nonzero(ranks > 0)):
