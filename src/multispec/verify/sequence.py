@@ -109,8 +109,9 @@ def node_walk(spec: VerifierSpec) -> SequenceVerifierSpec:
 
 
 def _keyed_only(q, n, generator):
-    raise MultispecError("the gumbel/gls verifiers draft with the noise of each position: call "
-                         "multispec.drafting.coupled.coupled_draw(q, n, keys), not draw(q, n, generator)")
+    raise MultispecError("the gumbel/gls verifiers draft with the noise of each position, which draw(q, n, "
+                         "generator) does not know: call multispec.drafting.coupled.coupled_draw(q, n, keys) "
+                         "(the engine does not pass position keys yet, issue 26; docs/reproducible.md §5)")
 
 
 def _no_plan(p, q, drafts):
