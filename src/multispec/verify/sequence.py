@@ -8,7 +8,10 @@ accepted path (node indices from the root 0) and the token that ends the round. 
 - the node walk (`tree_walk`) of any node verifier, under that verifier's name (sd, rrs-wor, kseq, ...);
 - `block`: block verification of a chain (Sun et al., ICLR 2025), drafts one per level from q;
 - `traversal`: traversal verification of a tree (Weng et al., NeurIPS 2025), siblings drafted without
-  replacement.
+  replacement;
+- `gumbel` (chains) and `gls` (trees): drafter-invariant verification (issue 26, `verify.gumbel`). These are
+  *keyed*: their last argument is a `keyed.PositionKeys` (seed and the absolute position each node draws), not
+  a torch.Generator, and their drafts come from `drafting.coupled.coupled_draw` with the same keys.
 
 `draft` is the node verifier whose `draw` is the draft law the sequence verifier needs; the engine drafts with it.
 """
@@ -24,6 +27,8 @@ from multispec.tree import Tree
 from multispec.verify import REGISTRY, get_verifier
 from multispec.verify.base import VerifierSpec
 from multispec.verify.block import block_law, verify_block
+from multispec.verify.gumbel import gumbel_chain_law, verify_gumbel
+from multispec.verify.rrs_wor import law_wor
 from multispec.verify.traversal import traversal_law, verify_traversal
 from multispec.verify.tree_walk import walk_tree, walk_tree_law
 
@@ -40,6 +45,8 @@ class SequenceVerifierSpec:
     draft: the node verifier whose draw is the draft law (and, for a node walk, the verifier walked).
     verify_fn(tree, tokens long [N], p float [N, V], q float [N, V], generator) -> (path, next_token).
     law_fn(tree, tokens, p, q) -> {(path, next_token): probability}, the exact law of verify_fn.
+    keyed: verify_fn's last argument is a keyed.PositionKeys instead of a generator, and `draw` cannot be used:
+        the engine drafts with drafting.coupled.coupled_draw(q, n, keys) (issue 26).
     """
 
     name: str
@@ -50,6 +57,7 @@ class SequenceVerifierSpec:
     verify_fn: VerifyFn
     law_fn: LawFn
     source: str = ""
+    keyed: bool = False
 
     @property
     def draw(self):
@@ -71,7 +79,8 @@ class SequenceVerifierSpec:
 
     def verify(self, tree: Tree, tokens: torch.Tensor, p: torch.Tensor, q: torch.Tensor,
                generator: torch.Generator | None) -> Outcome:
-        """Verify one drafted tree (B = 1). Shapes as in the class docstring."""
+        """Verify one drafted tree (B = 1). Shapes as in the class docstring. A keyed verifier takes a
+        keyed.PositionKeys in place of the generator (MultispecError otherwise)."""
         check(p.shape == q.shape and p.shape[0] == len(tree) == tokens.shape[0],
               f"tree of {len(tree)} nodes needs tokens [N], p and q [N, V]; got {tuple(tokens.shape)}, "
               f"{tuple(p.shape)}, {tuple(q.shape)}")
@@ -99,6 +108,31 @@ def node_walk(spec: VerifierSpec) -> SequenceVerifierSpec:
         source="node by node from the root (SPEC §4.7)")
 
 
+def _keyed_only(q, n, generator):
+    raise MultispecError("the gumbel/gls verifiers draft with the noise of each position, which draw(q, n, "
+                         "generator) does not know: call multispec.drafting.coupled.coupled_draw(q, n, keys) "
+                         "(the engine does not pass position keys yet, issue 26; docs/reproducible.md §5)")
+
+
+def _no_plan(p, q, drafts):
+    raise MultispecError("the gumbel/gls verifiers are sequence verifiers with position keys: no node plan")
+
+
+def _coupled_draft(name: str, drafts: int | str) -> VerifierSpec:
+    """The draft law of a keyed verifier. law_fn is its marginal (top-n Gumbel: n draws from q without
+    replacement); draw refuses to run without position keys."""
+    return VerifierSpec(
+        name=name, description="coupled drafts: top-n of log q + G(seed, position)", lossless=True,
+        drafts=drafts, draw_fn=_keyed_only, plan_fn=_no_plan, law_fn=law_wor,
+        draft_law="coupled: top-n of log q + G(seed, position) (drafting.coupled.coupled_draw; marginally "
+                  "without replacement from q)")
+
+
+def _gls_law(tree, tokens, p, q):
+    raise MultispecError("gls has no exact law for a fixed drafted tree (cousins share their depth's noise); "
+                         "use multispec.verify.gumbel.round_law")
+
+
 SEQUENCE_REGISTRY: dict[str, SequenceVerifierSpec] = {
     "block": SequenceVerifierSpec(
         name="block",
@@ -112,6 +146,20 @@ SEQUENCE_REGISTRY: dict[str, SequenceVerifierSpec] = {
                     "equals block on a chain",
         lossless=True, shapes="tree", draft=REGISTRY["rrs-wor"], verify_fn=verify_traversal,
         law_fn=traversal_law, source="Weng et al., NeurIPS 2025, arXiv 2505.12398"),
+    "gumbel": SequenceVerifierSpec(
+        name="gumbel",
+        description="drafter-invariant: accept a draft iff it is the target's Gumbel-max token under the "
+                    "position's keyed noise; the text is fixed by the seed whatever the draft",
+        lossless=True, shapes="chain", draft=_coupled_draft("gumbel", 1), verify_fn=verify_gumbel,
+        law_fn=gumbel_chain_law, keyed=True,
+        source="Daliri, Musco, Suresh, arXiv 2408.07978 (issue 26)"),
+    "gls": SequenceVerifierSpec(
+        name="gls",
+        description="drafter-invariant trees: siblings are the top-n of log q + G under the position's noise; "
+                    "the committed token is the target's Gumbel-max token whatever the tree",
+        lossless=True, shapes="tree", draft=_coupled_draft("gls", "any"), verify_fn=verify_gumbel,
+        law_fn=_gls_law, keyed=True,
+        source="Gumbel-max list sampling (NeurIPS 2025), target on one noise slot (issue 26)"),
 }
 
 

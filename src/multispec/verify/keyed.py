@@ -1,0 +1,139 @@
+"""Position-keyed randomness (issue 26, "a seed is a promise"): noise that is a pure function of
+(seed, absolute position, slot), whatever was drafted, batched or threaded.
+
+The token at absolute position t of a sequence (its index in prompt + output, which is also its position id in
+the model) is sampled with the noise of key (seed, t, slot 0). A key is mixed into one 64-bit integer by a fixed
+function (splitmix64, Steele et al. 2014, applied in turn to a domain tag, the seed, the position and the slot),
+which seeds a CPU torch.Generator (Mersenne Twister) that draws V float64 uniforms. So:
+
+- the noise of (seed, t, slot) depends on nothing else: not on how many tokens a round drafted, the tree shape,
+  the batch, the thread count or the process (a CPU generator seeded with an integer is reproducible; uniform
+  kernels draw serially on CPU);
+- token x's value depends only on x, not on V (the stream is consumed in token order: a prefix of V' < V tokens
+  sees the same first V' values);
+- distinct keys give independent noise (up to 64-bit hash collisions).
+
+Noise is always drawn on the CPU in float64 and moved to the caller's device, so a GPU run uses the same numbers.
+Nothing here touches the global RNG. Gumbel noise is G = -log(-log U); `gumbel_max(p, G)` = argmax(log p + G) is a
+draw from p (the Gumbel-max trick), the sampler whose draws the `gumbel` and `gls` verifiers reproduce.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Sequence
+
+import torch
+
+from multispec.errors import check
+
+MASK64 = (1 << 64) - 1
+_GOLDEN = 0x9E3779B97F4A7C15
+_DOMAIN = 0x6D756C7469737065  # "multispe": the tag of this scheme; a new scheme gets a new tag
+_PAD_KEY = -1e6  # below any finite log q + G: tokens with q = 0 follow the support, in index order
+
+
+def splitmix64(x: int) -> int:
+    """One step of splitmix64 (Steele, Lea, Flood 2014) on an unsigned 64-bit integer; returns one."""
+    z = (x + _GOLDEN) & MASK64
+    z = ((z ^ (z >> 30)) * 0xBF58476D1CE4E5B9) & MASK64
+    z = ((z ^ (z >> 27)) * 0x94D049BB133111EB) & MASK64
+    return z ^ (z >> 31)
+
+
+def position_key(seed: int, position: int, slot: int = 0) -> int:
+    """The 64-bit key of (seed, absolute position, slot): chained splitmix64 mixing. Pure; any int inputs
+    (negative ones are taken modulo 2**64)."""
+    h = splitmix64(_DOMAIN)
+    for part in (seed, position, slot):
+        h = splitmix64(h ^ (part & MASK64))
+    return h
+
+
+def keyed_uniform(seed: int | Sequence[int], positions: Sequence[int], vocab: int, slot: int = 0,
+                  device: torch.device | str | None = None) -> torch.Tensor:
+    """float64 [K, V] uniforms in (0, 1), row k keyed by (seed[k] or seed, positions[k], slot).
+
+    seed: one int for every row, or one per row (per-request seeds in a batch). positions: K absolute positions.
+    """
+    positions = [int(t) for t in positions]
+    seeds = [int(seed)] * len(positions) if isinstance(seed, int) else [int(s) for s in seed]
+    check(len(seeds) == len(positions), f"{len(seeds)} seeds for {len(positions)} positions")
+    check(vocab >= 1, f"vocabulary size must be >= 1, got {vocab}")
+    out = torch.empty(len(positions), vocab, dtype=torch.float64)
+    gen = torch.Generator()
+    for k, (s, t) in enumerate(zip(seeds, positions)):
+        gen.manual_seed(position_key(s, t, slot))
+        torch.rand(vocab, generator=gen, dtype=torch.float64, out=out[k])
+    out.clamp_(min=2.0 ** -60)  # U = 0 has probability 2^-53: map it into (0, 1) so G stays finite
+    return out if device is None else out.to(device)
+
+
+def keyed_gumbel(seed: int | Sequence[int], positions: Sequence[int], vocab: int, slot: int = 0,
+                 device: torch.device | str | None = None) -> torch.Tensor:
+    """float64 [K, V] standard Gumbel noise -log(-log U), row k keyed as in `keyed_uniform`."""
+    return -torch.log(-torch.log(keyed_uniform(seed, positions, vocab, slot, device)))
+
+
+@dataclass(frozen=True)
+class PositionKeys:
+    """The keys of B rows: seed (one for all rows) and positions (B absolute positions, ints), slot.
+
+    Row b's noise is keyed by (seed, positions[b], slot). For a drafted tree, positions[u] is the absolute
+    position of the token chosen AT node u, i.e. of u's children: root position + depth(u) + 1.
+    """
+
+    seed: int
+    positions: tuple[int, ...]
+    slot: int = 0
+
+    def __post_init__(self) -> None:
+        check(isinstance(self.seed, int) and not isinstance(self.seed, bool),
+              f"seed must be an int, got {self.seed!r}")
+        object.__setattr__(self, "positions", tuple(int(t) for t in self.positions))
+
+    def __len__(self) -> int:
+        return len(self.positions)
+
+    def row(self, b: int) -> "PositionKeys":
+        """The keys of row b alone (one position)."""
+        return PositionKeys(self.seed, (self.positions[b],), self.slot)
+
+    def gumbel(self, vocab: int, device: torch.device | str | None = None) -> torch.Tensor:
+        """float64 [B, V] Gumbel noise of every row (rows with equal positions get equal noise)."""
+        return keyed_gumbel(self.seed, self.positions, vocab, self.slot, device)
+
+
+def node_keys(tree, seed: int, root_position: int) -> PositionKeys:
+    """Per-node keys of a drafted tree (multispec.tree.Tree) whose root, the newest committed token, sits at
+    absolute position root_position: node u draws the token at root_position + depth(u) + 1, so siblings and
+    cousins share the noise of their depth."""
+    return PositionKeys(seed, tuple(root_position + d + 1 for d in tree.depths))
+
+
+def gumbel_max(p: torch.Tensor, gumbel: torch.Tensor) -> torch.Tensor:
+    """argmax(log p + G), a draw from p when G is standard Gumbel. p: float [B, V] (target or draft, processed);
+    gumbel: float64 [B, V]. Tokens with p = 0 are never chosen. Returns long [B]."""
+    scores = torch.where(p > 0, torch.log(p.double()), -torch.inf) + gumbel.to(p.device)
+    return scores.argmax(-1)
+
+
+def gumbel_top(q: torch.Tensor, n: int, gumbel: torch.Tensor) -> torch.Tensor:
+    """The n tokens of largest log q + G, best first (top-n Gumbel: marginally n draws from q without
+    replacement). Tokens with q = 0 come after q's support, lowest index first. q: float [B, V];
+    gumbel: float64 [B, V]. Returns long [B, n]."""
+    v = q.shape[-1]
+    check(1 <= n <= v, f"cannot take {n} distinct drafts from a vocabulary of {v} tokens")
+    pad = _PAD_KEY - torch.arange(v, dtype=torch.float64, device=q.device)  # [V]
+    scores = torch.where(q > 0, torch.log(q.double()) + gumbel.to(q.device), pad)
+    return scores.topk(n, dim=-1).indices
+
+
+def keyed_sample(p: torch.Tensor, keys: PositionKeys) -> torch.Tensor:
+    """Autoregressive sampling with position keys: row b draws argmax(log p[b] + G(seed, positions[b])).
+    p: float [B, V]. Returns long [B]. This is the sampler whose output `gumbel` and `gls` reproduce exactly."""
+    check(p.dim() == 2 and p.shape[0] == len(keys), f"p must be [B, V] with B = {len(keys)}, got {tuple(p.shape)}")
+    return gumbel_max(p, keys.gumbel(p.shape[-1], p.device))
+
+
+__all__ = ["PositionKeys", "gumbel_max", "gumbel_top", "keyed_gumbel", "keyed_sample", "keyed_uniform",
+           "node_keys", "position_key", "splitmix64"]
