@@ -74,15 +74,15 @@ class _Trie:
 
     def push(self, active: list[int], token: int) -> list[int]:
         """Append `token` to a sequence whose suffixes of length 1..depth-1 ending at its last token are `active`
-        (active[k]: the node of the suffix of length k + 1): count every suffix ending at the new token. Returns
-        the new active list. O(depth)."""
-        new = []
-        child = self._child(0, token)
-        self.count[child] += 1
-        new.append(child)
-        for node in active[: self.depth - 1]:
-            child = self._child(node, token)
-            self.count[child] += 1
+        (active[k]: the node of the suffix of length k + 1): count every suffix ending at the new token, up to
+        length depth. Returns the new active list (lengths 1..depth-1: those that can still grow). O(depth)."""
+        count, kids_of, new = self.count, self.kids, []
+        for node in [0] + active[: self.depth - 1]:  # the new suffixes: lengths 1..depth
+            kids = kids_of[node]
+            child = kids.get(token) if kids is not None else None
+            if child is None:
+                child = self._child(node, token)
+            count[child] += 1
             new.append(child)
         return new[: self.depth - 1]
 
