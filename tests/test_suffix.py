@@ -8,9 +8,11 @@ import tracemalloc
 import pytest
 import torch
 
-from multispec.drafting.suffix import ContextIndex, SuffixProposer, SuffixStore, _Trie, first_child_law
+from multispec.drafting.suffix import (ContextIndex, SuffixPolicy, SuffixProposer, SuffixStore, _Trie,
+                                       first_child_law)
 from multispec.errors import MultispecError
 from multispec.verify import REGISTRY
+from multispec.verify.traversal import traversal_law
 from multispec.verify.tree_walk import walk_tree_law
 
 
@@ -315,23 +317,71 @@ def test_memory_is_bounded_over_10k_requests():
 
 
 # ----------------------------------------------------------------- the draft law
-def test_first_child_law_is_lossless_and_reaches_every_sibling():
-    """Node walk + rrs-wor with q = one-hot of the first child: outcome (path to u, y) has probability
-    prod(p along the path) * p[u](y) for y not a child token of u, and 0 for a child token (it was routed)."""
+def stream_law_holds(law, tree, toks, p):
+    """Lossless: P(the stream starts with the tokens of path(u) then y) = prod(p along path(u)) * p[u](y), for every
+    node u and token y; an outcome that ends the round earlier continues with draws from the target."""
+    for u in range(len(tree)):
+        path = tree.path_to(u)
+        want_prefix = [toks[v] for v in path[1:]]
+        reach = math.prod(float(p[path[i - 1], toks[path[i]]]) for i in range(1, len(path)))
+        for y in range(p.shape[1]):
+            t, got = want_prefix + [y], 0.0
+            for (pa, nxt), prob in law.items():
+                s = [toks[v] for v in pa[1:]] + [nxt]
+                if s[:len(t)] == t:
+                    got += prob
+                elif t[:len(s)] == s:
+                    got += prob * math.prod(float(p[path[j], t[j]]) for j in range(len(s), len(t)))
+            assert math.isclose(got, reach * float(p[u, y]), abs_tol=1e-12)
+
+
+def test_first_child_law_is_lossless_and_the_walk_reaches_every_sibling():
+    """q = one-hot of the first child. Node walk + rrs-wor: lossless, and a node is accepted exactly when the
+    stream follows its path (expected accepted = sum of path probabilities, the most any verifier can give a
+    deterministic tree), because a residual token equal to a later sibling is routed into it. Traversal with the
+    same q: lossless, but a later sibling has no draft mass (Q = 0 once the first is deleted): fewer accepted."""
     torch.manual_seed(0)
     vocab = 6
     ctx = [1, 2, 3, 1, 2, 4, 1, 2, 5, 1, 2, 3, 3, 1, 2]
     prop = SuffixProposer(depth=8, max_match=2, factor=1.5, min_prob=0.0).propose(ctx, 6)
-    tree, tokens = prop.tree, torch.tensor(prop.tokens)
+    tree, tokens, toks = prop.tree, torch.tensor(prop.tokens), prop.tokens
     assert len(tree.children[0]) == 3  # three distinct siblings
     p = torch.softmax(torch.randn(len(tree), vocab, dtype=torch.float64), -1)
     q = first_child_law(tree, tokens, vocab).double()
-    law = walk_tree_law(tree, tokens, p, q, REGISTRY["rrs-wor"])
-    assert math.isclose(sum(law.values()), 1.0, rel_tol=1e-9)
-    for u in range(len(tree)):
-        path = tree.path_to(u)
-        reach = math.prod(float(p[path[i - 1], prop.tokens[path[i]]]) for i in range(1, len(path)))
-        kid_tokens = {prop.tokens[k] for k in tree.children[u]}
-        for y in range(vocab):
-            want = 0.0 if y in kid_tokens else reach * float(p[u, y])
-            assert math.isclose(law.get((path, y), 0.0), want, abs_tol=1e-12)
+    walk = walk_tree_law(tree, tokens, p, q, REGISTRY["rrs-wor"])
+    trav = traversal_law(tree, tokens, p, q)
+    for law in (walk, trav):
+        assert math.isclose(sum(law.values()), 1.0, rel_tol=1e-9)
+        stream_law_holds(law, tree, toks, p)
+    reach = [math.prod(float(p[a, toks[b]]) for a, b in zip(tree.path_to(u), tree.path_to(u)[1:]))
+             for u in range(len(tree))]
+    accepted = {name: sum(prob * (len(pa) - 1) for (pa, _), prob in law.items())
+                for name, law in (("walk", walk), ("traversal", trav))}
+    assert math.isclose(accepted["walk"], sum(reach[1:]), rel_tol=1e-9)
+    assert accepted["traversal"] < accepted["walk"] - 0.1
+    for u in range(len(tree)):  # the walk never ends a round on a token it drafted below u: it was routed
+        for kid in tree.children[u]:
+            assert walk.get((tree.path_to(u), toks[kid]), 0.0) == 0.0
+
+
+# ----------------------------------------------------------------- the policy
+def test_policy_plans_and_store_lifecycle():
+    store = SuffixStore(depth=16)
+    policy = SuffixPolicy(max_nodes=6, store=store, depth=16, max_match=8, factor=4.0, min_prob=0.0)
+    assert len(policy.round_tree()) == 7 and policy.round_tree().max_depth == 6  # the envelope of every plan
+    policy.reset()
+    history = [10, 11, 12, 13, 14, 10, 11]
+    plan = policy.plan_round(history, 1)
+    assert plan.proposer == "suffix" and plan.tokens == (12, 13, 14, 10, 11)
+    assert len(plan.tokens) == len(plan.tree) - 1 and len(plan.tree) <= 7
+    assert policy.plan_round([1, 2, 3], 1).proposer == "none"  # nothing repeats: a plain target step
+    history = [20, 21, 22, 23, 24, 25]
+    policy.plan_round(history, 1)
+    history += [26]  # the engine extends its history list in place; finish() reads it at the end
+    policy.reset()  # the next generation: the previous history goes to the store
+    assert len(store) == 1 and store.n_tokens == 7
+    plan = policy.plan_round([7, 21, 22, 23], 1)  # a new request: the store remembers 21 22 23 -> 24 25 26
+    assert plan.proposer == "suffix" and plan.tokens == (24, 25, 26) and plan.label == "suffix:store"
+    policy.finish()
+    policy.reset()
+    assert len(store) == 2  # finish() stored it once; reset() had nothing left to store

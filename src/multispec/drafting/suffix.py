@@ -38,6 +38,7 @@ from typing import Hashable
 
 import torch
 
+from multispec.drafting.policies import FixedTree, RoundPlan
 from multispec.errors import check
 from multispec.tree import Tree
 
@@ -227,6 +228,7 @@ class SuffixStore:
         self._trie = _Trie(depth)
         self._seqs: OrderedDict[Hashable, tuple[int, ...]] = OrderedDict()  # least recently used first
         self._tokens = 0
+        self._next_key = 0
         self._lock = threading.Lock()
 
     @property
@@ -243,17 +245,20 @@ class SuffixStore:
     def __contains__(self, key: Hashable) -> bool:
         return key in self._seqs
 
-    def add(self, key: Hashable, tokens: list[int] | tuple[int, ...]) -> None:
-        """Store `tokens` under `key` (replacing what `key` held) as the most recently used sequence, then evict
-        least recently used sequences until at most max_tokens tokens are held. O(len(tokens) * depth)."""
+    def add(self, key: Hashable | None, tokens: list[int] | tuple[int, ...]) -> Hashable:
+        """Store `tokens` under `key` (replacing what `key` held; None: a new key from the store's counter) as the
+        most recently used sequence, then evict least recently used sequences until at most max_tokens tokens are
+        held. Returns the key. O(len(tokens) * depth)."""
         tokens = tuple(tokens[-self.max_tokens :]) if tokens else ()
         with self._lock:
+            if key is None:
+                key, self._next_key = ("seq", self._next_key), self._next_key + 1
             old = self._seqs.pop(key, None)
             if old is not None:
                 self._trie.remove(old)
                 self._tokens -= len(old)
             if not tokens:
-                return
+                return key
             while self._seqs and self._tokens + len(tokens) > self.max_tokens:
                 _, evicted = self._seqs.popitem(last=False)
                 self._trie.remove(evicted)
@@ -261,6 +266,7 @@ class SuffixStore:
             self._trie.add(tokens)
             self._seqs[key] = tokens
             self._tokens += len(tokens)
+        return key
 
     def touch(self, key: Hashable) -> None:
         """Mark `key` most recently used (no-op if absent)."""
@@ -331,7 +337,7 @@ class SuffixProposer:
     """
 
     def __init__(self, store: SuffixStore | None = None, depth: int = 32, max_match: int = 16,
-                 factor: float = 1.0, offset: int = 0, min_prob: float = 0.1):
+                 factor: float = 2.0, offset: int = 0, min_prob: float = 0.1):
         check(1 <= max_match <= depth - 1, f"suffix: max_match must be in [1, depth - 1], got {max_match}")
         check(store is None or store.depth == depth, "suffix: the store's depth must equal the proposer's")
         check(factor >= 0 and 0.0 <= min_prob <= 1.0, "suffix: factor must be >= 0 and min_prob in [0, 1]")
@@ -363,6 +369,44 @@ class SuffixProposer:
             if other.expected_accepted > best.expected_accepted:
                 best = other
         return best
+
+
+class SuffixPolicy(FixedTree):
+    """Suffix speculation as a draft policy (no draft model): each round, the `SuffixProposer` tree for the
+    history, at most `max_nodes` draft nodes; a plain target step when nothing matches.
+
+    plan_round returns RoundPlan(tree, "suffix", tokens) with tokens[i] the token of node i + 1 (the root, the
+    last committed token, is not repeated: as for "lookup"). round_tree() is the envelope of every plan: a chain
+    of max_nodes (no plan has more nodes or more depth). The shared `store` (None: context only) is built once
+    per decoder; `finish(ids)` adds a finished request's prompt + output to it, and `reset()` (the start of the
+    next generation) adds the previous request's history if `finish` was not called."""
+
+    def __init__(self, max_nodes: int = 16, store: SuffixStore | None = None, depth: int = 32, max_match: int = 16,
+                 factor: float = 2.0, offset: int = 0, min_prob: float = 0.1):
+        check(max_nodes >= 1, f"suffix: max_nodes must be >= 1, got {max_nodes}")
+        super().__init__(Tree.chain(max_nodes))
+        self.max_nodes, self.store = max_nodes, store
+        self.proposer = SuffixProposer(store, depth, max_match, factor, offset, min_prob)
+        self._history: list[int] | None = None  # the current request's last seen history, until it is stored
+
+    def reset(self) -> None:
+        if self._history is not None:
+            self.finish(self._history)
+        self.proposer.reset()
+
+    def finish(self, ids: list[int] | None = None) -> None:
+        """Store a finished request's prompt + output (default: the history last seen by plan_round)."""
+        ids = self._history if ids is None else ids
+        if self.store is not None and ids:
+            self.store.add(None, ids)
+        self._history = None
+
+    def plan_round(self, history: list[int], pending: int) -> RoundPlan:
+        self._history = history
+        prop = self.proposer.propose(history, self.max_nodes)
+        if len(prop.tree) == 1:
+            return RoundPlan(Tree.chain(0), "none")
+        return RoundPlan(prop.tree, "suffix", prop.tokens[1:], label=f"suffix:{prop.source}")
 
 
 def first_child_law(tree: Tree, tokens: list[int] | tuple[int, ...] | torch.Tensor, vocab: int) -> torch.Tensor:
