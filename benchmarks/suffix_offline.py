@@ -181,7 +181,8 @@ def main() -> None:
             print(name, {k: round(v["tokens_per_call"], 3) for k, v in results.items() if k.startswith(name)},
                   file=sys.stderr)
 
-    meta = {"text": args.text, "problems": [r["task_id"] for r in rows], "tokens_prompt": sum(len(p) for p, _ in problems),
+    meta = {"text": args.text, "problems": [r["task_id"] for r in rows],
+            "tokens_prompt": sum(len(p) for p, _ in problems),
             "tokens_target": sum(len(t) for _, t in problems), "depth": args.depth, "max_match": args.max_match,
             "min_prob": args.min_prob, "lookup_ngram": args.lookup_ngram, "cpu": cpu_name(),
             "torch": torch.__version__, "python": sys.version.split()[0], "git_commit": git_commit(),
@@ -197,8 +198,10 @@ def main() -> None:
 def table(meta: dict, results: dict) -> str:
     lines = [f"HumanEval {meta['problems'][0]}..{meta['problems'][-1]}, continuation: {meta['text']} "
              f"({meta['tokens_target']} tokens), depth {meta['depth']}, max_match {meta['max_match']}, "
-             f"min_prob {meta['min_prob']}; tokens / call = committed tokens / target calls (accepted drafts + the bonus; greedy, simulated).", "",
-             "| proposer | setting | tokens / call | drafted / call | accepted / drafted | proposer µs / call | first call ms |",
+             f"min_prob {meta['min_prob']}; tokens / call = committed tokens / target calls "
+             "(accepted drafts + the bonus; greedy, simulated).", "",
+             "| proposer | setting | tokens / call | drafted / call | accepted / drafted | proposer µs / call "
+             "| first call ms |",
              "| --- | --- | ---: | ---: | ---: | ---: | ---: |"]
     for name, r in results.items():
         lines.append(f"| {name.split(' | ')[0]} | {r['setting']} | {r['tokens_per_call']:.3f} | "

@@ -169,7 +169,8 @@ def expand(trie: _Trie, match: int, m: int, root: int, max_nodes: int, max_depth
     Best-first: a node is popped before its children are pushed, and a child's score never exceeds its
     parent's, so the kept nodes form a subtree. Ties keep push order (parents in pop order, children in rank
     order), so the result is deterministic."""
-    heap: list[tuple[float, int, int, int, int, int, int]] = []  # (-score, order, trie node, out parent, token, depth, rank)
+    # heap entries: (-score, push order, trie node, parent's index in `kept`, token, depth, rank among siblings)
+    heap: list[tuple[float, int, int, int, int, int, int]] = []
     order = 0
 
     def push_kids(node: int, score: float, out_parent: int, depth: int) -> None:
