@@ -385,3 +385,42 @@ def test_policy_plans_and_store_lifecycle():
     policy.finish()
     policy.reset()
     assert len(store) == 2  # finish() stored it once; reset() had nothing left to store
+
+
+def test_suffix_rounds_on_a_backend_give_the_target_greedy_output():
+    """The contract the engine relies on, run by hand on the transformers backend: [root] + plan.tokens fed with
+    the plan tree's positions and mask, the greedy walk, keep the path. The output equals the target's own
+    greedy continuation, and some accepted paths go through a sibling other than the first."""
+    from helpers import tiny_llama
+    from multispec.models import forward_chain, make_backend
+    from multispec.verify.tree_walk import walk_tree_greedy
+
+    target = tiny_llama(vocab=16, hidden=16, layers=1, heads=2, kv_heads=1, seed=2, scale=1.5)
+    rng = random.Random(2)
+    prompt = [rng.randrange(16) for _ in range(40)]
+    n_new = 48
+    ids = list(prompt)
+    with torch.no_grad():
+        for _ in range(n_new):
+            ids.append(int(target(input_ids=torch.tensor([ids])).logits[0, -1].argmax()))
+    reference = ids[len(prompt):]
+
+    backend = make_backend(target)
+    forward_chain(backend, torch.tensor(prompt[:-1]), last_only=True)
+    policy = SuffixPolicy(max_nodes=8, factor=4.0, min_prob=0.0)
+    policy.reset()
+    history, accepted, off_first = list(prompt), 0, 0
+    while len(history) - len(prompt) < n_new:
+        plan = policy.plan_round(history, 1)
+        tree = plan.tree
+        tokens = history[-1:] + list(plan.tokens)
+        assert len(tokens) == len(tree)
+        lt = backend.cache_len
+        out = backend.forward(torch.tensor(tokens), tree.position_ids(lt), tree.attention_mask(lt))
+        path, nxt = walk_tree_greedy(tree, tokens, out.logits.argmax(-1).tolist())
+        backend.keep(tree.keep_indices(path, lt))
+        history += [tokens[u] for u in path[1:]] + [nxt]
+        accepted += len(path) - 1
+        off_first += any(tree.children[tree.parents[u]][0] != u for u in path[1:])
+    assert history[len(prompt):len(prompt) + n_new] == reference
+    assert accepted > 0 and off_first > 0
