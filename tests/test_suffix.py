@@ -59,12 +59,24 @@ def naive_scores(seqs, s, cap, min_prob):
     return out
 
 
-def dump(trie, node=0, prefix=()):
-    """{string: count} of every node below `node`."""
+def dump(trie, ref=0, prefix=()):
+    """{string: count} of every string below `ref`, lazy chains included."""
     out = {}
-    for token, child in (trie.kids[node] or {}).items():
-        out[prefix + (token,)] = trie.count[child]
+    for count, token, child in trie.children(ref):
+        out[prefix + (token,)] = count
         out.update(dump(trie, child, prefix + (token,)))
+    return out
+
+
+def naive_counts(seqs, depth):
+    """{string: occurrences} of every substring of length <= depth."""
+    out = {}
+    for s in seqs:
+        for j in range(len(s)):
+            for m in range(1, depth + 1):
+                if j + m <= len(s):
+                    w = tuple(s[j:j + m])
+                    out[w] = out.get(w, 0) + 1
     return out
 
 
@@ -145,13 +157,18 @@ def test_incremental_updates_equal_a_rebuild():
         full.update(ctx)
         assert dump(inc.trie) == dump(full.trie)
         assert inc.longest_match(8)[1] == full.longest_match(8)[1]
-        naive = {}
-        for j in range(len(ctx)):
-            for m in range(1, 10):
-                if j + m <= len(ctx):
-                    w = tuple(ctx[j:j + m])
-                    naive[w] = naive.get(w, 0) + 1
-        assert dump(full.trie) == naive
+        assert dump(full.trie) == naive_counts([ctx], 9)
+
+
+def test_novel_text_costs_constant_nodes_per_token():
+    rng = random.Random(7)
+    ctx = [rng.randrange(10_000) for _ in range(3_000)]
+    index = ContextIndex(depth=32)
+    index.update(ctx)
+    assert index.trie.n_nodes <= 2 * len(ctx)  # a materialised depth-32 trie would hold ~32 per token
+    full = dump(index.trie)
+    assert len(full) == len(naive_counts([ctx], 32))  # every substring is still there, most of them implicit
+    assert {w: c for w, c in full.items() if len(w) <= 3} == naive_counts([ctx], 3)
 
 
 def test_context_that_does_not_extend_is_reindexed():
@@ -236,7 +253,8 @@ def test_store_lru_eviction_and_cap():
     fresh = _Trie(6)
     for s in store._seqs.values():
         fresh.add(s)
-    assert dump(store._trie) == dump(fresh)  # removals leave exactly the trie of what is held
+    assert dump(store._trie) == dump(fresh) == naive_counts(store._seqs.values(), 6)  # removals leave what is held
+    assert store.n_nodes <= 6 * store.n_tokens  # a node left at count 1 by a removal stays a node (no re-folding)
     store.add("huge", list(range(250)))
     assert store.n_tokens == 100 and len(store) == 1 and store._seqs["huge"] == tuple(range(150, 250))
 
@@ -278,10 +296,7 @@ def test_store_threads():
         t.join()
     assert not errors, errors[0]
     assert store.n_tokens <= 2_000 and store.n_tokens == sum(len(v) for v in store._seqs.values())
-    fresh = _Trie(8)
-    for s in store._seqs.values():
-        fresh.add(s)
-    assert dump(store._trie) == dump(fresh)
+    assert dump(store._trie) == naive_counts(store._seqs.values(), 8)
 
 
 def test_determinism():
