@@ -5,6 +5,7 @@ One draft-initialized round (`_di_round`), the data flowing down:
     policy.plan_round(history, pending) ─► RoundPlan(tree, proposer)       drafting/protocol.py
         │  proposer "draft": grow_tree(draft backend, ...) ─► tokens [N], q [N, V]   drafting/grow.py
         │  proposer "lookup": a chain copied from the context, q = point masses      drafting/lookup.py
+    │  proposer "suffix": a tree from suffix tries, q = point masses           drafting/suffix.py
         │  proposer "none": the root alone (a plain target step)
         ▼
     target.forward(tokens, positions, tree mask) ─► logits [N, V]           models/ (the one cache owner)
@@ -36,6 +37,7 @@ from multispec.decoding.metrics import Metrics
 from multispec.drafting.grow import grow_tree
 from multispec.drafting.lookup import one_hot_law
 from multispec.drafting.protocol import DraftPolicy, RoundOutcome, RoundPlan
+from multispec.drafting.suffix import first_child_law
 from multispec.models.base import Backend, forward_chain
 from multispec.sampling import SamplingConfig, process_logits
 from multispec.tree import Tree
@@ -96,6 +98,7 @@ def generate_ids(
             on_tokens(new)
     if on_tokens is not None:
         on_tokens(new)
+    policy.finish(state.history)
     c.new_tokens = len(new)
     c.seconds = time.perf_counter() - start
     return new, c
@@ -168,6 +171,12 @@ def _di_round(target, draft, state, policy, sampling, spec, gen_draft, gen_verif
         q = None if sampling.greedy else one_hot_law(tokens, target.vocab_size, len(tokens))
         fed, root_index = 0, None
         c.drafted_tokens += len(chain)
+    elif proposer == "suffix":  # a tree from suffix structures: point masses on each node's first child
+        d_tree = max_tree  # _cap cuts whole levels of the BFS tree: a prefix of its nodes, tokens still aligned
+        tokens = torch.tensor(state.pending[-1:] + list(plan.tokens[:len(d_tree) - 1]), dtype=torch.long)
+        q = None if sampling.greedy else first_child_law(d_tree, tokens, target.vocab_size)
+        fed, root_index = 0, None
+        c.drafted_tokens += len(d_tree) - 1
     else:
         d = grow_tree(draft, state.pending, max_tree, [], 0, sampling, spec.draw, gen_draft, policy)
         d_tree, tokens, q, fed, root_index = d.tree, d.tokens, d.q, d.fed, d.root_index

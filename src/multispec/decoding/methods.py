@@ -304,6 +304,53 @@ def _auto_policy(config: MethodConfig, pair, loaded: dict):
     return AutoPolicy(proposers=proposers, max_nodes=config.max_nodes, max_width=1 if chains_only else 4)
 
 
+SUFFIX_STORE_TOKENS = 200_000  # the shared store's default cap (tokens); about 0.4 KB each (drafting/suffix.py)
+
+
+def _build_suffix(o: dict) -> MethodConfig:
+    max_nodes = _int(o.get("max_nodes", 16), "max_nodes", 1)
+    check(max_nodes <= 64, f"suffix: max_nodes must be at most 64 (one round's tree), got {max_nodes}")
+    factor = o.get("factor", 2.0)
+    check(isinstance(factor, (int, float)) and not isinstance(factor, bool) and factor > 0,
+          f"suffix: factor must be a number > 0, got {factor!r}")
+    _prob(o.get("min_prob", 0.1), "min_prob")
+    store = o.get("store")
+    if store is not None:
+        from multispec.drafting.suffix import SuffixStore
+
+        check(isinstance(store, SuffixStore), f"suffix: store must be a SuffixStore, got {type(store).__name__}")
+    else:
+        _int(o.get("store_tokens", SUFFIX_STORE_TOKENS), "store_tokens", 0)
+    # the node walk with rrs-wor and first-child point masses: lossless, and each sibling is reached with
+    # probability p(token), the most any lossless verifier gives a deterministic tree (traversal reaches fewer)
+    return MethodConfig(name="suffix", verifier="rrs-wor", max_nodes=max_nodes, options=o)
+
+
+def _load_suffix_store(config: MethodConfig, pair) -> dict:
+    """The store of past requests, shared by every Decoder spawned from one (the server's workers)."""
+    from multispec.drafting.suffix import SuffixStore
+
+    store = config.options.get("store")
+    if store is None:
+        cap = config.options.get("store_tokens", SUFFIX_STORE_TOKENS)
+        store = SuffixStore(max_tokens=cap) if cap > 0 else None
+    return {"store": store}
+
+
+def _suffix_policy(config: MethodConfig, pair, loaded: dict):
+    from multispec.drafting.suffix import SuffixPolicy
+    from multispec.models import tree_refusal
+
+    if pair is not None:
+        reason = tree_refusal(pair.target) if hasattr(pair.target, "config") else None
+        check(reason is None, f"method 'suffix' drafts token trees, and tree methods are not supported on this model "
+                              f"({reason}); use lookup")
+    store = loaded.get("store")
+    return SuffixPolicy(max_nodes=config.max_nodes, store=store, depth=store.depth if store is not None else 32,
+                        factor=float(config.options.get("factor", 2.0)),
+                        min_prob=float(config.options.get("min_prob", 0.1)))
+
+
 for _entry in (
     MethodEntry("auto", frozenset({"proposers", "max_nodes"}), _build_auto, _auto_policy, needs_draft=False,
                 uses_draft=lambda c: "draft" in c.proposers, tree_nodes=lambda c: c.max_nodes,
@@ -324,6 +371,9 @@ for _entry in (
                 _specdecpp_policy, load=_load_head, summary="a chain stopped by a trained acceptance head (P2)"),
     MethodEntry("lookup", frozenset({"k", "ngram"}), _build_lookup, _lookup_policy, needs_draft=False,
                 summary="a chain copied from the context (prompt lookup), no draft model"),
+    MethodEntry("suffix", frozenset({"max_nodes", "factor", "min_prob", "store_tokens", "store"}), _build_suffix,
+                _suffix_policy, needs_draft=False, load=_load_suffix_store, tree_nodes=lambda c: c.max_nodes,
+                summary="a token tree from suffix tries over the context and past requests, no draft model"),
 ):
     register(_entry)
 

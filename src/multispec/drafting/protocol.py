@@ -10,6 +10,7 @@ One generation, as the engine drives it (decoding/engine.py):
         policy.keep_drafting(depth, hidden, q, tokens)    #   draft another level?
         ... the target verifies, the path is kept ...
         policy.observe(outcome)                           # the round's outcome, once
+    policy.finish(history)                       # the generation is over: prompt + committed tokens
     policy.report()                              # extra stats for this generation, or None
 
 A policy reads draft-side state only (SPEC §10.9): its decisions never depend on the target's accept coins of the
@@ -28,8 +29,8 @@ from multispec.tree import Tree
 @dataclass(frozen=True)
 class RoundPlan:
     """What one round drafts. tree: the max tree (depth 0: no speculation, the target decodes one token).
-    proposer: "draft" (the draft model grows `tree`), "lookup" (`tokens` copied from the context, a chain) or
-    "none". label: a short name for stats; predicted_tps: the planner's expected tokens/s (auto only)."""
+    proposer: "draft" (the draft model grows `tree`), "lookup" (`tokens` copied from the context, a chain),
+    "suffix" (`tokens` of a whole tree from suffix structures, node order, root excluded) or "none". label: a short name for stats; predicted_tps: the planner's expected tokens/s (auto only)."""
 
     tree: Tree
     proposer: str = "draft"
@@ -80,6 +81,8 @@ class DraftPolicy(Protocol):
 
     def observe(self, outcome: RoundOutcome) -> None: ...
 
+    def finish(self, history: list[int]) -> None: ...
+
     def report(self) -> dict | None: ...
 
 
@@ -106,6 +109,9 @@ class DraftPolicyBase:
         return True
 
     def observe(self, outcome: RoundOutcome) -> None:
+        pass
+
+    def finish(self, history: list[int]) -> None:
         pass
 
     def report(self) -> dict | None:

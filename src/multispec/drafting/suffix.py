@@ -44,7 +44,7 @@ from typing import Hashable, Sequence
 
 import torch
 
-from multispec.drafting.policies import FixedTree, RoundPlan
+from multispec.drafting.protocol import DraftPolicyBase, RoundPlan
 from multispec.errors import check
 from multispec.tree import Tree
 
@@ -432,38 +432,30 @@ class SuffixProposer:
         return best
 
 
-class SuffixPolicy(FixedTree):
+class SuffixPolicy(DraftPolicyBase):
     """Suffix speculation as a draft policy (no draft model): each round, the `SuffixProposer` tree for the
     history, at most `max_nodes` draft nodes; a plain target step when nothing matches.
 
     plan_round returns RoundPlan(tree, "suffix", tokens) with tokens[i] the token of node i + 1 (the root, the
-    last committed token, is not repeated: as for "lookup"). round_tree() is the envelope of every plan: a chain
-    of max_nodes (no plan has more nodes or more depth). The shared `store` (None: context only) is built once
-    per decoder; `finish(ids)` adds a finished request's prompt + output to it, and `reset()` (the start of the
-    next generation) adds the previous request's history if `finish` was not called."""
+    last committed token, is not repeated: as for "lookup"). The shared `store` (None: context only) is built once
+    per decoder family (the registry's `load`, shared by spawned decoders); the engine calls `finish(ids)` after
+    each generation, which adds its prompt + output to the store."""
 
     def __init__(self, max_nodes: int = 16, store: SuffixStore | None = None, depth: int = 32, max_match: int = 16,
                  factor: float = 2.0, offset: int = 0, min_prob: float = 0.1):
         check(max_nodes >= 1, f"suffix: max_nodes must be >= 1, got {max_nodes}")
-        super().__init__(Tree.chain(max_nodes))
         self.max_nodes, self.store = max_nodes, store
         self.proposer = SuffixProposer(store, depth, max_match, factor, offset, min_prob)
-        self._history: list[int] | None = None  # the current request's last seen history, until it is stored
 
     def reset(self) -> None:
-        if self._history is not None:
-            self.finish(self._history)
         self.proposer.reset()
 
-    def finish(self, ids: list[int] | None = None) -> None:
-        """Store a finished request's prompt + output (default: the history last seen by plan_round)."""
-        ids = self._history if ids is None else ids
-        if self.store is not None and ids:
-            self.store.add(None, ids)
-        self._history = None
+    def finish(self, history: list[int]) -> None:
+        """Store a finished request's prompt + output for later requests."""
+        if self.store is not None and history:
+            self.store.add(None, list(history))
 
     def plan_round(self, history: list[int], pending: int) -> RoundPlan:
-        self._history = history
         prop = self.proposer.propose(history, self.max_nodes)
         if len(prop.tree) == 1:
             return RoundPlan(Tree.chain(0), "none")
