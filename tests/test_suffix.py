@@ -383,7 +383,6 @@ def test_first_child_law_is_lossless_and_the_walk_reaches_every_sibling():
 def test_policy_plans_and_store_lifecycle():
     store = SuffixStore(depth=16)
     policy = SuffixPolicy(max_nodes=6, store=store, depth=16, max_match=8, factor=4.0, min_prob=0.0)
-    assert len(policy.round_tree()) == 7 and policy.round_tree().max_depth == 6  # the envelope of every plan
     policy.reset()
     history = [10, 11, 12, 13, 14, 10, 11]
     plan = policy.plan_round(history, 1)
@@ -392,14 +391,14 @@ def test_policy_plans_and_store_lifecycle():
     assert policy.plan_round([1, 2, 3], 1).proposer == "none"  # nothing repeats: a plain target step
     history = [20, 21, 22, 23, 24, 25]
     policy.plan_round(history, 1)
-    history += [26]  # the engine extends its history list in place; finish() reads it at the end
-    policy.reset()  # the next generation: the previous history goes to the store
+    history += [26]
+    policy.finish(history)  # the engine, once the generation is over: prompt + output go to the store
+    policy.reset()
     assert len(store) == 1 and store.n_tokens == 7
     plan = policy.plan_round([7, 21, 22, 23], 1)  # a new request: the store remembers 21 22 23 -> 24 25 26
     assert plan.proposer == "suffix" and plan.tokens == (24, 25, 26) and plan.label == "suffix:store"
-    policy.finish()
     policy.reset()
-    assert len(store) == 2  # finish() stored it once; reset() had nothing left to store
+    assert len(store) == 1  # reset stores nothing: only finished generations enter the store
 
 
 def test_suffix_rounds_on_a_backend_give_the_target_greedy_output():
