@@ -17,7 +17,7 @@ def generate(pair: Pair, prompt: str | list[int], method: str = DEFAULT_METHOD, 
              temperature: float | None = None, top_k: int | None = None, top_p: float | None = None,
              seed: int | None = None, stop: str | list[str] | None = None,
              stream: Callable[[str], None] | None = None, backend: str | None = None,
-             **method_options) -> GenerationResult:
+             reproducible: bool | None = None, **method_options) -> GenerationResult:
     """Generate with `method` (auto, ar, sd, mcsd, ti-mcsd, dynamic, specdecpp, lookup, or any registered method).
     Method options: k, heuristic, confidence, entropy, tree, verifier, width, depth, decision_model, beta, head,
     threshold, k_min, k_max, ngram, proposers, max_nodes. stream(text_delta) is called as text is committed; the
@@ -33,7 +33,9 @@ def generate(pair: Pair, prompt: str | list[int], method: str = DEFAULT_METHOD, 
     temperature=None takes the sampling defaults of the target's generation_config.json, as transformers'
     `generate` does: its temperature, top_k and top_p when it sets do_sample, otherwise greedy (temperature 0).
     Explicit top_k / top_p override the file's. seed=None draws a fresh seed (as transformers and vLLM sample
-    afresh unless seeded); the seed used is `stats["seed"]`.
+    afresh unless seeded); the seed used is `stats["seed"]`. reproducible=True (T > 0): drafter-invariant
+    verification with noise keyed by (seed, position), so the text depends only on the target, the prompt, the
+    sampling settings and the seed, under every method but the target-initialized ones (docs/reproducible.md).
 
     Context: a prompt with as many tokens as the model has positions (config max_position_embeddings or
     n_positions, the smaller of target and draft) is refused; when prompt + max_new_tokens would pass that
@@ -43,4 +45,4 @@ def generate(pair: Pair, prompt: str | list[int], method: str = DEFAULT_METHOD, 
     """
     decoder = Decoder(pair, method, backend, **method_options)
     return decoder.generate(prompt, max_new_tokens=max_new_tokens, temperature=temperature, top_k=top_k,
-                            top_p=top_p, seed=seed, stop=stop, stream=stream)
+                            top_p=top_p, seed=seed, stop=stop, stream=stream, reproducible=reproducible)

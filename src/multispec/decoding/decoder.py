@@ -25,6 +25,11 @@ from multispec.text import StopStrings, Streamer, encode_prompt
 from multispec.validate import integer, real, seed_or_fresh, stop_strings
 
 
+# Whether a seeded sampling run verifies with position-keyed noise by default (the seed then fixes the text under
+# every method and plan). Decided by the measurement in docs/reproducible.md.
+REPRODUCIBLE_BY_DEFAULT = False
+
+
 @dataclass
 class GenerationResult:
     """token_ids: the new tokens only. text: their decoding, cut before the first stop string. stats: see README.
@@ -97,12 +102,13 @@ class Decoder:
         return max_new_tokens
 
     def run(self, prompt_ids: list[int], sampling: SamplingConfig, max_new_tokens: int, seed: int,
-            stop=None, on_tokens=None) -> tuple[list[int], Metrics]:
+            stop=None, on_tokens=None, reproducible: bool = False) -> tuple[list[int], Metrics]:
         """Decode up to max_new_tokens after prompt_ids (checked by the caller: see `generate`). stop(new_ids) ->
-        cut length or None; on_tokens(new_ids) after each round. Returns the new ids and the metrics record."""
+        cut length or None; on_tokens(new_ids) after each round; reproducible: see `generate`. Returns the new ids
+        and the metrics record."""
         target, draft = self._backends(len(prompt_ids) + max_new_tokens)
         return generate_ids(target, draft, prompt_ids, self.config, sampling, max_new_tokens, seed, self.eos_ids,
-                            stop, on_tokens, self.policy)
+                            stop, on_tokens, self.policy, reproducible)
 
     def _backends(self, tokens: int):
         """The backends, built once; a static cache (fast, compiled) is rebuilt larger when a run needs more rows
@@ -137,10 +143,11 @@ class Decoder:
 
     def generate(self, prompt, max_new_tokens: int = 128, temperature: float | None = None, top_k: int | None = None,
                  top_p: float | None = None, seed: int | None = None, stop: str | list[str] | None = None,
-                 stream: Callable[[str], None] | None = None) -> GenerationResult:
+                 stream: Callable[[str], None] | None = None, reproducible: bool | None = None) -> GenerationResult:
         """See `multispec.generate`: every input is checked before any model runs; a failure part-way raises with
         `.partial`, the GenerationResult of the tokens committed so far (finish_reason "abort")."""
         sampling = self.sampling(temperature, top_k, top_p)
+        reproducible = self.reproducible_mode(reproducible, seed, sampling)
         max_new_tokens = integer(max_new_tokens, "max_new_tokens")
         check(max_new_tokens is not None and max_new_tokens >= 1,
               f"max_new_tokens must be an integer >= 1, got {max_new_tokens!r}")
@@ -153,7 +160,7 @@ class Decoder:
         streamer = Streamer(stops, stream)
         try:
             new, metrics = self.run(ids, sampling, max_new_tokens, seed, stops.cut_ids if stops else None,
-                                    streamer.on_tokens)
+                                    streamer.on_tokens, reproducible)
         except BaseException as e:  # keep what was committed: the caller gets it as e.partial, then the error
             new = list(streamer.latest)
             e.partial = GenerationResult(token_ids=new, text=stops.decode(new),
@@ -162,18 +169,32 @@ class Decoder:
             raise
         text, token_ids = stops.final(new)
         streamer.flush(text)
-        stats = self.stats(metrics, sampling)
+        stats = self.stats(metrics, sampling, reproducible)
         stats.update(seed=seed, prompt_tokens=len(ids), max_new_tokens=max_new_tokens, warnings=warnings)
         return GenerationResult(token_ids=token_ids, text=text, stats=stats, finish_reason=metrics.finish_reason)
 
-    def stats(self, metrics: Metrics, sampling: SamplingConfig) -> dict:
-        """The stats schema (README): what ran, then the metrics record, then the policy's own report (auto's plans
-        under stats["auto"])."""
+    def reproducible_mode(self, reproducible: bool | None, seed, sampling: SamplingConfig) -> bool:
+        """Whether a run verifies with position-keyed noise (the text fixed by the seed whatever the method, plan
+        or batch). None: on when a seed is given and the method has the mode (REPRODUCIBLE_BY_DEFAULT)."""
+        check(reproducible is None or isinstance(reproducible, bool),
+              f"reproducible must be True, False or None, got {reproducible!r}")
+        has_mode = not self.config.target_init
+        if reproducible is None:
+            return REPRODUCIBLE_BY_DEFAULT and seed is not None and has_mode and not sampling.greedy
+        check(not reproducible or has_mode, f"method {self.config.name!r} draws level 1 from the target (P1's "
+                                            "longest chain): it has no reproducible mode")
+        return reproducible and not sampling.greedy
+
+    def stats(self, metrics: Metrics, sampling: SamplingConfig, reproducible: bool = False) -> dict:
+        """The stats schema (docs/architecture.md): what ran, then the metrics record, then the policy's own report
+        (auto's plans under stats["auto"])."""
         c = self.config
+        verifier = "greedy" if sampling.greedy else "gls" if reproducible else c.verifier
         stats = {
             "method": c.name,
             "lossless": c.lossless_at(sampling.temperature),
-            "verifier": ("greedy" if sampling.greedy else c.verifier) if c.name != "ar" else None,
+            "reproducible": reproducible,
+            "verifier": verifier if c.name != "ar" or reproducible else None,
             "tree": list(c.tree),
             "temperature": sampling.temperature,
             "top_k": sampling.top_k,

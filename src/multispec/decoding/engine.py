@@ -38,10 +38,12 @@ from multispec.drafting.grow import grow_tree
 from multispec.drafting.lookup import one_hot_law
 from multispec.drafting.protocol import DraftPolicy, RoundOutcome, RoundPlan
 from multispec.drafting.suffix import first_child_law
+from multispec.errors import check
 from multispec.models.base import Backend, forward_chain
 from multispec.sampling import SamplingConfig, process_logits
 from multispec.tree import Tree
 from multispec.verify import get_verifier
+from multispec.verify.keyed import node_keys
 from multispec.verify.sequence import get_sequence_verifier
 from multispec.verify.ti_chains import verify_chains
 from multispec.verify.tree_walk import walk_tree_greedy
@@ -50,12 +52,15 @@ from multispec.verify.tree_walk import walk_tree_greedy
 def generate_ids(
     target: Backend, draft: Backend | None, prompt: list[int], method: MethodConfig, sampling: SamplingConfig,
     max_new_tokens: int, seed: int | None, eos_ids: set[int], stop=None, on_tokens=None,
-    policy: DraftPolicy | None = None,
+    policy: DraftPolicy | None = None, reproducible: bool = False,
 ) -> tuple[list[int], Metrics]:
     """Run one generation on backends the caller built (the Decoder does). prompt: token ids (>= 1).
     stop(new_ids) -> int | None returns a cut length when a stop string completed. on_tokens(new_ids_so_far) is
     called after each round (streaming). policy: the method's draft policy (default: built from the registry
-    without trained models). Returns the new token ids and the metrics record."""
+    without trained models). reproducible (T > 0): drafter-invariant verification (`gls`, verify/gumbel.py) with
+    noise keyed by (seed, absolute position): the text then depends on the target, the prompt, the sampling
+    settings and the seed only, whatever the method, its plans or the batch. Returns the new token ids and the
+    metrics record."""
     seed = 0 if seed is None else seed
     gen_draft = torch.Generator().manual_seed(seed)
     gen_verify = torch.Generator().manual_seed(seed + 1_000_003)
@@ -64,8 +69,13 @@ def generate_ids(
 
         policy = build_policy(method)
     policy.reset()
-    # a sequence verifier (node walk, block or traversal); spec.draw is the draft law it needs
-    spec = get_sequence_verifier("greedy" if sampling.greedy else method.verifier)
+    # a sequence verifier (node walk, block, traversal or the keyed gls); spec.draw is the draft law it needs
+    keyed = reproducible and not sampling.greedy
+    spec = get_sequence_verifier("greedy" if sampling.greedy else "gls" if keyed else method.verifier)
+    if keyed:
+        check(not method.target_init, f"method {method.name!r} draws level 1 from the target (P1's longest chain): "
+                                      "it has no reproducible mode; use sd, mcsd, dynamic, lookup, suffix or auto")
+    key = seed if keyed else None
     c = Metrics()
     start = time.perf_counter()
     target.reset()
@@ -84,7 +94,7 @@ def generate_ids(
         if method.target_init:
             outcome = _ti_round(target, draft, state, policy, sampling, spec, gen_draft, gen_verify, c, limit)
         else:
-            outcome = _di_round(target, draft, state, policy, sampling, spec, gen_draft, gen_verify, c, limit)
+            outcome = _di_round(target, draft, state, policy, sampling, spec, gen_draft, gen_verify, c, limit, key)
         policy.observe(outcome)
         c.count(outcome)
         new.extend(outcome.committed)
@@ -156,7 +166,10 @@ def _prefill(target: Backend, prompt: list[int], method: MethodConfig) -> _State
     return _State(pending=[prompt[-1]], history=list(prompt))
 
 
-def _di_round(target, draft, state, policy, sampling, spec, gen_draft, gen_verify, c, limit) -> RoundOutcome:
+def _di_round(target, draft, state, policy, sampling, spec, gen_draft, gen_verify, c, limit,
+              key: int | None = None) -> RoundOutcome:
+    """key: the seed of a keyed verifier (gumbel / gls): node u of the tree rooted at position lt draws the noise
+    of (key, lt + depth(u) + 1) when drafting its children and when verifying them."""
     t0 = time.perf_counter()
     plan = policy.plan_round(state.history, len(state.pending))
     max_tree = _cap(plan.tree, limit)
@@ -178,7 +191,8 @@ def _di_round(target, draft, state, policy, sampling, spec, gen_draft, gen_verif
         fed, root_index = 0, None
         c.drafted_tokens += len(d_tree) - 1
     else:
-        d = grow_tree(draft, state.pending, max_tree, [], 0, sampling, spec.draw, gen_draft, policy)
+        keys = node_keys(max_tree, key, target.cache_len) if key is not None else None
+        d = grow_tree(draft, state.pending, max_tree, [], 0, sampling, spec.draw, gen_draft, policy, keys=keys)
         d_tree, tokens, q, fed, root_index = d.tree, d.tokens, d.q, d.fed, d.root_index
         c.draft_calls += d.draft_calls
         c.drafted_tokens += len(d_tree) - 1
@@ -192,7 +206,8 @@ def _di_round(target, draft, state, policy, sampling, spec, gen_draft, gen_verif
         path, nxt = walk_tree_greedy(d_tree, tok, out.logits.argmax(-1).tolist())
     else:
         p = process_logits(out.logits, sampling)
-        path, nxt = spec.verify(d_tree, tokens, p, torch.zeros_like(p) if q is None else q, gen_verify)
+        rng = node_keys(d_tree, key, lt) if key is not None else gen_verify
+        path, nxt = spec.verify(d_tree, tokens, p, torch.zeros_like(p) if q is None else q, rng)
     c.target_calls += 1
     t2 = time.perf_counter()
     _keep(target, d_tree, path, lt)

@@ -13,9 +13,11 @@ from typing import Callable, Protocol
 
 import torch
 
+from multispec.drafting.coupled import coupled_draw
 from multispec.models.base import Backend
 from multispec.sampling import SamplingConfig, process_logits
 from multispec.tree import Tree
+from multispec.verify.keyed import PositionKeys
 
 # draw(q [B, V], n, generator) -> long [B, n]: the draft law of the verifier in use
 DrawFn = Callable[[torch.Tensor, int, torch.Generator], torch.Tensor]
@@ -60,12 +62,15 @@ def grow_tree(
     generator: torch.Generator,
     policy: StopPolicy | None = None,
     want_hidden: bool = False,
+    keys: PositionKeys | None = None,
 ) -> Draft:
     """Draft `max_tree` (or a depth-truncation of it chosen by `policy`).
 
     pending: committed tokens the draft has not consumed; pending[-1] is the root (node 0).
     known_tokens: tokens of nodes 1..level_end(known_depth)-1, already chosen (e.g. by the target); [] if none.
     draw: the verifier's draft law. The drafted depth is at least known_depth + 1 when the max tree is deeper.
+    keys: position keys of max_tree's nodes (keyed.node_keys) for a keyed verifier (gumbel, gls): the children of
+    node u are then the top-n of log q + the noise of their position (coupled_draw), and `draw` is not used.
     """
     n_nodes = len(max_tree)
     tokens = torch.zeros(n_nodes, dtype=torch.long)
@@ -104,7 +109,9 @@ def grow_tree(
         for parent in rows:
             kids = max_tree.children[parent]
             if kids:
-                tokens[kids[0]:kids[-1] + 1] = draw(q[parent][None], len(kids), generator)[0]
+                drafted = coupled_draw(q[parent][None], len(kids), keys.row(parent)) if keys is not None \
+                    else draw(q[parent][None], len(kids), generator)
+                tokens[kids[0]:kids[-1] + 1] = drafted[0]
         depth += 1
         last = depth >= max_tree.max_depth
         if last or (policy is not None and not policy.keep_drafting(
