@@ -261,7 +261,7 @@ def test_refusals_through_the_client_and_server_stays_healthy(server):
 
 
 def _fake_stats() -> dict:
-    return {"method": "fake", "lossless": True, "num_spec_steps": 0, "num_draft_tokens": 0,
+    return {"method": "fake", "lossless": True, "reproducible": False, "num_spec_steps": 0, "num_draft_tokens": 0,
             "num_accepted_draft_tokens": 0, "mean_acceptance_length": None, "draft_acceptance_rate": None,
             "accepted_per_position": []}
 
@@ -410,3 +410,25 @@ def test_serve_cli_refuses_bad_settings_before_loading(tmp_path, capsys):
             main(argv + ["--target", str(tmp_path / "missing")])  # refused before this path is looked at
         err = capsys.readouterr().err
         assert e.value.code == 2 and words in err and "missing" not in err and len(err.strip().splitlines()) == 1
+
+
+def test_identical_seeded_requests_sent_concurrently_give_one_text(pair):
+    """auto's plans follow measured speed and differ between concurrent runs; with `reproducible` the seed alone
+    fixes the text (drafter-invariant verification), equal to the library's."""
+    s = ServerThread(create_app(pair, ServeSettings(model_name=NAME, max_concurrent=3)))
+    try:
+        body = {"prompt": PROMPTS[0], "max_tokens": 24, "temperature": 1.0, "seed": 42, "reproducible": True,
+                "return_token_ids": True}
+        out = []
+        threads = [threading.Thread(target=lambda: out.append(httpx.post(s.url + "/v1/completions", json=body,
+                                                                         timeout=120).json())) for _ in range(6)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(120)
+        ids = {tuple(r["choices"][0]["token_ids"]) for r in out}
+        ref = generate(pair, PROMPTS[0], method="ar", max_new_tokens=24, temperature=1.0, seed=42, reproducible=True)
+        assert len(out) == 6 and ids == {tuple(ref.token_ids)}
+        assert all(r["spec_decode"]["reproducible"] for r in out)
+    finally:
+        s.close()

@@ -27,6 +27,8 @@ SEED_MAX = 2**63 - 1
 @click.option("--seed", type=click.IntRange(0, SEED_MAX), help="Sampling seed (default: a fresh one, reported).")
 @click.option("--max-new-tokens", type=click.IntRange(min=1), default=128, show_default=True,
               help="Capped, with a warning, where prompt + new tokens would pass the model's positions.")
+@click.option("--reproducible/--no-reproducible", default=None, help="With --seed: verify with position-keyed noise "
+              "so that the seed alone fixes the text, whatever the method or its plans (docs/reproducible.md).")
 @click.option("--stop", multiple=True, help="Stop string (repeatable); the output ends before it.")
 @click.option("--device", help="cpu, cuda or cuda:N (default: cuda when available, else cpu).")
 @click.option("--dtype", type=click.Choice(["float32", "bfloat16", "float16"]))
@@ -41,7 +43,7 @@ SEED_MAX = 2**63 - 1
 @click.option("--baseline", is_flag=True, help="Also run plain decoding (ar) on the same settings and report the "
               "speedup over it.")
 def generate_command(prompt, prompt_file, target, draft, method, temperature, top_k, top_p, seed, max_new_tokens,
-                     stop, device, dtype, backend, compile_, threads, stream, as_json, baseline, **method_kw):
+                     reproducible, stop, device, dtype, backend, compile_, threads, stream, as_json, baseline, **method_kw):
     """Generate a continuation of PROMPT with speculative decoding ('-': read it from stdin)."""
     from multispec.api import generate, load_pair, resolve_device
     from multispec.decoding.methods import build_method
@@ -80,7 +82,7 @@ def generate_command(prompt, prompt_file, target, draft, method, temperature, to
     try:
         result = generate(pair, prompt, method=method, max_new_tokens=max_new_tokens, temperature=temperature,
                           top_k=top_k, top_p=top_p, seed=seed, stop=stops or None, stream=on_text, backend=backend,
-                          **options)
+                          reproducible=reproducible, **options)
     except BaseException as e:  # show what was committed before the failure (streaming showed it already)
         partial = getattr(e, "partial", None)
         if partial is not None and not on_text and not as_json and partial.text:
@@ -95,7 +97,8 @@ def generate_command(prompt, prompt_file, target, draft, method, temperature, to
         click.echo(f"warning: {w}", err=True)
     if baseline:
         base = generate(pair, prompt, method="ar", max_new_tokens=max_new_tokens, temperature=s["temperature"],
-                        top_k=s["top_k"], top_p=s["top_p"], seed=s["seed"], stop=stops or None, backend=backend)
+                        top_k=s["top_k"], top_p=s["top_p"], seed=s["seed"], stop=stops or None, backend=backend,
+                        reproducible=s["reproducible"])
         b_rate = base.stats["tokens_per_s"]
         s.update(baseline_tokens_per_s=b_rate,
                  speedup=s["tokens_per_s"] / b_rate if s["tokens_per_s"] and b_rate else None)
@@ -125,7 +128,7 @@ def _summary(s: dict, finish_reason: str) -> str:
         line += f"; {s['tau']:.2f} tokens per target call, draft acceptance {acc}"
     line += f"; finished by {finish_reason}"
     if s["temperature"] != 0:
-        line += f"; seed {s['seed']}"
+        line += f"; seed {s['seed']}" + (" (reproducible)" if s.get("reproducible") else "")
     return line
 
 

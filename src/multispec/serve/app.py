@@ -18,6 +18,7 @@ from fastapi.responses import JSONResponse, Response, StreamingResponse
 from pydantic import BaseModel, ValidationError
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
+from multispec.decoding.decoder import REPRODUCIBLE_BY_DEFAULT
 from multispec.errors import MultispecError
 from multispec.sampling import SamplingConfig
 from multispec.serve.metrics import ServerMetrics
@@ -218,8 +219,11 @@ class _Edge:
         except MultispecError as e:
             raise APIError(400, str(e)) from None
         seed = req.seed if req.seed is not None else secrets.randbelow(2**31)
+        # the library's default mode is decided by whether a seed was given, so the server keeps that distinction
+        reproducible = req.reproducible if req.reproducible is not None else (
+            REPRODUCIBLE_BY_DEFAULT and req.seed is not None)
         return Job(prompt_ids=ids, max_tokens=max_tokens, temperature=temperature, top_k=top_k, top_p=top_p,
-                   seed=seed, stop=req.stop)
+                   seed=seed, stop=req.stop, reproducible=reproducible)
 
 
 class _Reply:

@@ -2,7 +2,7 @@
 
 Requests forbid unknown fields and coerce nothing (strict types: "5" is not an integer), so a typo or a wrong type
 is a 400 naming the field rather than a silently ignored setting. Extensions beyond OpenAI's API: `top_k` and
-`return_token_ids` (vLLM's names) in requests; `spec_decode` (the per-request speculative metrics, vLLM's names)
+`return_token_ids` (vLLM's names) and `reproducible` in requests; `spec_decode` (the per-request speculative metrics, vLLM's names)
 and `token_ids` in responses.
 """
 from __future__ import annotations
@@ -38,6 +38,9 @@ class _SamplingFields(BaseModel):
     stream_options: StreamOptions | None = None
     user: StrictStr | None = None
     return_token_ids: StrictBool = False
+    # multispec: verify with position-keyed noise so that the seed fixes the text whatever the server's method
+    # chooses (None: the library's default, see multispec.generate)
+    reproducible: StrictBool | None = None
     # OpenAI options that multispec does not support: accepted only at their "off" values so that clients that
     # send the defaults explicitly work, refused otherwise (see app._refuse_unsupported).
     presence_penalty: StrictFloat | StrictInt = 0
@@ -105,6 +108,7 @@ class SpecDecodeMetrics(BaseModel):
 
     method: str
     lossless: bool
+    reproducible: bool
     num_spec_steps: int
     num_draft_tokens: int
     num_accepted_draft_tokens: int

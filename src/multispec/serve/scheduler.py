@@ -47,6 +47,7 @@ class Job:
     top_p: float | None
     seed: int
     stop: list[str] | None
+    reproducible: bool | None = None
 
 
 @dataclass
@@ -116,7 +117,8 @@ class Scheduler:
             try:
                 result = self.generate_fn(decoder, job.prompt_ids, max_new_tokens=job.max_tokens,
                                           temperature=job.temperature, top_k=job.top_k, top_p=job.top_p,
-                                          seed=job.seed, stop=job.stop, stream=on_text)
+                                          seed=job.seed, stop=job.stop, stream=on_text,
+                                          reproducible=job.reproducible)
             finally:
                 self._free.put(decoder)
             run.emit("done", result)
