@@ -1,8 +1,6 @@
 """`suffix` through the engine: lossless at T = 1 with trees of width >= 2 drawn from a store shared across
 generations (every generation's output joins the store, so later ones draft several continuations of the prompt),
 a broken variant caught, greedy identity, and the registry entry (one store per Decoder family)."""
-import dataclasses
-
 import numpy as np
 import pytest
 
@@ -44,8 +42,11 @@ def test_suffix_trees_from_a_shared_store_are_lossless_and_the_iid_variant_is_ca
     assert law_pvalue(counts, exact) > 1e-3
     # broken: siblings verified as if each were drawn i.i.d. from the first child's law (rrs instead of the
     # without-replacement walk): a rejected first sibling makes the second one certain
-    broken = dataclasses.replace(config, verifier="rrs")
-    bad, _ = _counts(3_000, broken, [])
+    import multispec.decoding.engine as engine
+    from multispec.verify.sequence import get_sequence_verifier
+
+    monkeypatch.setattr(engine, "_WALK", get_sequence_verifier("rrs"))
+    bad, _ = _counts(3_000, config, [])
     assert law_pvalue(bad, exact) < 1e-6
 
 
@@ -71,3 +72,26 @@ def test_suffix_options_are_checked():
                      ({"min_prob": 2}, "min_prob"), ({"store": "x"}, "SuffixStore"), ({"verifier": "rrs"}, "does not take")):
         with pytest.raises(MultispecError, match=msg):
             build_method("suffix", **bad)
+
+
+def test_auto_with_suffix_trees_keeps_the_target_law_and_uses_them():
+    """auto with the suffix proposer (cheap target steps: speculation predicted to pay) and a store shared across
+    generations: its suffix rounds are verified by the rrs-wor walk; the law stays the target's."""
+    from multispec.drafting.auto import AutoPolicy
+    from test_auto import _costs
+
+    target, _ = tiny_pair(vocab=V, seed=3, noise=0.6)
+    store = SuffixStore(max_tokens=50_000)
+    policy = AutoPolicy(proposers=("lookup", "suffix"), max_nodes=8, cost_model=_costs(1e-2, 1e-4, 1e-3),
+                        suffix_store=store)
+    labels = []
+    observe = policy.observe
+    policy.observe = lambda o: (labels.append(o.plan.proposer), observe(o))
+    config = build_method("auto", proposers="lookup,suffix")
+    memo: dict = {}
+    counts = np.zeros(V ** L, dtype=np.int64)
+    for seed in range(4_000):
+        ids, _ = generate_ids(MemoBackend(target, memo), None, PROMPT, config, T1, L, seed, set(), policy=policy)
+        counts[np.ravel_multi_index(ids[:L], (V,) * L)] += 1
+    assert labels.count("suffix") > 1_000
+    assert law_pvalue(counts, exact_joint(target, PROMPT, T1, L, V)) > 1e-3

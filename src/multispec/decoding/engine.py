@@ -207,7 +207,10 @@ def _di_round(target, draft, state, policy, sampling, spec, gen_draft, gen_verif
     else:
         p = process_logits(out.logits, sampling)
         rng = node_keys(d_tree, key, lt) if key is not None else gen_verify
-        path, nxt = spec.verify(d_tree, tokens, p, torch.zeros_like(p) if q is None else q, rng)
+        # a suffix tree (deterministic distinct siblings, first-child point masses) is verified by the rrs-wor
+        # node walk, which reaches sibling i with probability p(token i); keyed runs keep their gls
+        verifier = _WALK if proposer == "suffix" and key is None else spec
+        path, nxt = verifier.verify(d_tree, tokens, p, torch.zeros_like(p) if q is None else q, rng)
     c.target_calls += 1
     t2 = time.perf_counter()
     _keep(target, d_tree, path, lt)
@@ -227,6 +230,9 @@ def _di_round(target, draft, state, policy, sampling, spec, gen_draft, gen_verif
              "proposer": proposer}
     return RoundOutcome(plan=plan, tree=d_tree, path=tuple(path), committed=[tok[u] for u in path[1:]] + [nxt],
                         accepted=len(path) - 1, depth=d_tree.max_depth, times=times)
+
+
+_WALK = get_sequence_verifier("rrs-wor")
 
 
 def _keep(backend: Backend, tree: Tree, path, prefix_len: int) -> None:

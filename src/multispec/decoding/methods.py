@@ -28,7 +28,8 @@ from typing import Callable
 from multispec.errors import MultispecError, check
 
 DEFAULT_METHOD = "auto"  # the API's, the CLI's and the server's default method: change it here only
-AUTO_PROPOSERS = ("draft", "lookup")
+AUTO_PROPOSERS = ("draft", "lookup", "suffix")  # what auto may use
+DEFAULT_AUTO_PROPOSERS = ("draft", "lookup")
 HEAD_DIRNAME = "acceptance_head"  # specdecpp looks for its head here, in the draft's directory
 
 @dataclass(frozen=True)
@@ -47,7 +48,7 @@ class MethodConfig:
     confidence: float | None = None  # training-free stop: draft probability of the newest token below this
     entropy: float | None = None  # training-free stop: AdaEDL entropy bound below this
     ngram: int = 3  # lookup: longest n-gram matched
-    proposers: tuple[str, ...] = AUTO_PROPOSERS  # auto
+    proposers: tuple[str, ...] = DEFAULT_AUTO_PROPOSERS  # auto
     max_nodes: int = 32  # auto: the largest tree it may draft
     options: dict = field(default_factory=dict, compare=False)
 
@@ -155,7 +156,7 @@ def _build_ar(o: dict) -> MethodConfig:
 
 
 def _build_auto(o: dict) -> MethodConfig:
-    proposers = o.get("proposers", AUTO_PROPOSERS)
+    proposers = o.get("proposers", DEFAULT_AUTO_PROPOSERS)
     proposers = tuple(x.strip() for x in proposers.replace("+", ",").split(",")) \
         if isinstance(proposers, str) else tuple(proposers)
     bad = [x for x in proposers if x not in AUTO_PROPOSERS]
@@ -297,11 +298,19 @@ def _auto_policy(config: MethodConfig, pair, loaded: dict):
     from multispec.drafting.auto import AutoPolicy
     from multispec.models import tree_refusal
 
+    store = loaded.get("store")
     if pair is None:
-        return AutoPolicy(proposers=config.proposers, max_nodes=config.max_nodes)
+        return AutoPolicy(proposers=config.proposers, max_nodes=config.max_nodes, suffix_store=store)
     proposers = tuple(p for p in config.proposers if p != "draft" or pair.draft is not None)
     chains_only = any(m is not None and hasattr(m, "config") and tree_refusal(m) for m in (pair.target, pair.draft))
-    return AutoPolicy(proposers=proposers, max_nodes=config.max_nodes, max_width=1 if chains_only else 4)
+    if chains_only:  # suffix trees are trees
+        proposers = tuple(p for p in proposers if p != "suffix")
+    return AutoPolicy(proposers=proposers, max_nodes=config.max_nodes, max_width=1 if chains_only else 4,
+                      suffix_store=store)
+
+
+def _load_auto(config: MethodConfig, pair) -> dict:
+    return _load_suffix_store(config, pair) if "suffix" in config.proposers else {}
 
 
 SUFFIX_STORE_TOKENS = 200_000  # the shared store's default cap (tokens); about 0.4 KB each (drafting/suffix.py)
@@ -353,7 +362,7 @@ def _suffix_policy(config: MethodConfig, pair, loaded: dict):
 
 for _entry in (
     MethodEntry("auto", frozenset({"proposers", "max_nodes"}), _build_auto, _auto_policy, needs_draft=False,
-                uses_draft=lambda c: "draft" in c.proposers, tree_nodes=lambda c: c.max_nodes,
+                uses_draft=lambda c: "draft" in c.proposers, tree_nodes=lambda c: c.max_nodes, load=_load_auto,
                 summary="per round: no speculation, a lookup chain or a draft tree, from measured acceptance and "
                         "costs"),
     MethodEntry("ar", frozenset(), _build_ar, _fixed_tree_policy, needs_draft=False,

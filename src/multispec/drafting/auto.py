@@ -7,7 +7,8 @@ Inputs, all measured here and now:
 - the cost model (drafting/costs.py): seconds of a target / draft forward of n tokens, plus per-round and
   per-draft-level overheads learned from earlier generations.
 
-Plans: no speculation (one target step); a prompt-lookup chain of any length up to the match; or a draft tree
+Plans: no speculation (one target step); a prompt-lookup chain of any length up to the match; with proposer
+"suffix", a suffix tree from the context and past requests (depth chosen by predicted tokens/s); or a draft tree
 built greedily for the estimated acceptance (OPT-Tree's construction: repeatedly add the candidate node with the
 highest probability of being reached; since that probability only falls along a path and across ranks, every
 prefix of the order is itself a tree, so one pass gives the best tree of every size). A chain is the tree this
@@ -26,6 +27,7 @@ from collections import Counter, defaultdict
 
 from multispec.drafting.costs import CostModel, get_cost_model, update_after_generation
 from multispec.drafting.lookup import NgramIndex
+from multispec.drafting.suffix import SuffixProposer
 from multispec.drafting.protocol import DraftPolicyBase, RoundOutcome, RoundPlan
 from multispec.tree import Tree
 
@@ -37,6 +39,7 @@ SCALE_RATE = 0.2  # how fast measured forward times correct the calibrated costs
 MARGIN = 0.03  # speculate only when predicted to beat plain decoding by this much: never slower comes first
 CONF_EDGES = (0.05, 0.1, 0.2, 0.3, 0.5, 0.7, 0.9, 0.97)  # buckets of the draft's probability of its own token
 DEFAULT_OVERHEAD = {"round_s": 4e-4, "level_s": 3e-4}
+SUFFIX_PRIOR = 2.0  # pseudo-counts of the suffix calibration (starts at 1: scores taken at face value)
 
 
 class Acceptance:
@@ -142,12 +145,13 @@ class AutoPolicy(DraftPolicyBase):
 
     def __init__(self, proposers=("draft", "lookup"), max_nodes: int = 32, max_depth: int = 12,
                  max_width: int = 4, lookup_tokens: int = 10, max_ngram: int = 3, forced_plans=None,
-                 cost_model: CostModel | None = None):
+                 cost_model: CostModel | None = None, suffix_store=None):
         self.proposers = tuple(proposers)
         self.max_nodes, self.max_depth, self.max_width = max_nodes, max_depth, max_width
         self.lookup_tokens, self.max_ngram = lookup_tokens, max_ngram
         self.forced_plans = forced_plans  # tests: (history, round index) -> RoundPlan, replacing the choice
         self.fixed_costs = cost_model
+        self.suffix_store = suffix_store  # "suffix": the store of past requests shared by the Decoder family
         self.reset()
 
     def reset(self) -> None:
@@ -170,6 +174,10 @@ class AutoPolicy(DraftPolicyBase):
         self._pending = 1
         self.conf_acc = [[0.0, 0.0] for _ in range(len(CONF_EDGES) + 1)]
         self.ngrams = NgramIndex(self.max_ngram)
+        self.suffix = SuffixProposer(self.suffix_store, depth=self.suffix_store.depth) \
+            if self.suffix_store is not None else SuffixProposer()
+        self.suffix_calib = [SUFFIX_PRIOR, SUFFIX_PRIOR]  # decayed sums: accepted nodes, predicted (Σ scores)
+        self._suffix_predicted = 0.0
         self._plan_cache: dict = {}
 
     def prepare(self, target, draft, context_len: int) -> None:
@@ -193,6 +201,10 @@ class AutoPolicy(DraftPolicyBase):
             candidates.append(self._draft_plan(pending))
         if "lookup" in self.proposers:
             plan = self._lookup_plan(history)
+            if plan is not None:
+                candidates.append(plan)
+        if "suffix" in self.proposers:
+            plan = self._suffix_plan(history)
             if plan is not None:
                 candidates.append(plan)
         ar = candidates[0]
@@ -323,6 +335,28 @@ class AutoPolicy(DraftPolicyBase):
         return RoundPlan(_CHAINS[best_k] if best_k < len(_CHAINS) else Tree.chain(best_k), "lookup", chain, label=f"lookup {best_k}", predicted_tps=best_tps,
                          ngram=n)
 
+    def _suffix_plan(self, history: list[int]) -> RoundPlan | None:
+        """A suffix tree (drafting/suffix.py: frequencies of continuations in the context and past requests),
+        truncated to the depth with the best predicted tokens/s. A node's reach is its empirical frequency score
+        times a calibration factor learned online (accepted nodes / Σ predicted scores of drafted trees)."""
+        prop = self.suffix.propose(history, self.max_nodes)
+        if len(prop.tree) == 1:
+            return None
+        calib = self.suffix_calib[0] / self.suffix_calib[1]
+        tree, best = prop.tree, (0, -1.0, 0.0)
+        for d in range(1, tree.max_depth + 1):
+            n = tree.level_end(d)
+            predicted = sum(prop.scores[1:n])
+            tps = (1 + calib * predicted) / (self._t(n) + self.overhead["round_s"])
+            if tps > best[1]:
+                best = (d, tps, predicted)
+        d, tps, predicted = best
+        sub = tree if d == tree.max_depth else tree.truncate(d)
+        plan = RoundPlan(sub, "suffix", tuple(prop.tokens[1:len(sub)]), label=f"suffix {len(sub) - 1}",
+                         predicted_tps=tps)
+        self._suffix_predicted = predicted
+        return plan
+
     # ------------------------------------------------------------------ learning
     def observe(self, outcome: RoundOutcome) -> None:
         plan, tree, path, times = outcome.plan, outcome.tree, outcome.path, outcome.times
@@ -349,6 +383,10 @@ class AutoPolicy(DraftPolicyBase):
             if levels == 0:  # per-round overhead, learned as it goes
                 self.overhead["round_s"] += SCALE_RATE * (other - self.overhead["round_s"])
         if plan.proposer == "none" or len(tree) == 1:
+            return
+        if plan.proposer == "suffix":
+            self.suffix_calib = [DECAY * self.suffix_calib[0] + (len(path) - 1),
+                                 DECAY * self.suffix_calib[1] + self._suffix_predicted]
             return
         acc = self.draft_acc if plan.proposer == "draft" else self.lookup_acc
         acc.decay()
@@ -381,6 +419,10 @@ class AutoPolicy(DraftPolicyBase):
             return 0.0
         sizes = [len(tree.level(d)) for d in range(1, tree.max_depth)]
         return self.costs.draft(pending) + sum(self.costs.draft(s) for s in sizes)
+
+    def finish(self, history: list[int]) -> None:
+        if "suffix" in self.proposers and self.suffix_store is not None:
+            self.suffix_store.add(None, list(history))
 
     def report(self) -> dict:
         if self.costs is not None:
