@@ -1,0 +1,155 @@
+"""Cheap drafts (issue 25): a reduced draft vocabulary (logits equal the full layer's on the subset S and are -inf
+elsewhere, on prefill, tree and post-keep forwards, fast and hf backends), token-frequency files, and int8 draft
+weights (close to the float draft's logits, the source model untouched), with one-line refusals of bad input."""
+import pytest
+import torch
+
+from compat_archs import build
+from helpers import tiny_llama
+from multispec.errors import MultispecError
+from multispec.models import forward_chain, make_backend
+from multispec.models.int8 import is_int8, quantize_draft
+from multispec.models.reduced_vocab import subset_ids
+from multispec.token_freq import (TokenFrequencies, count_tokens, default_pair_frequencies, draft_vocab,
+                                  tokenizer_fingerprint)
+from multispec.tree import Tree
+
+V = 64
+TOL = 1e-5
+
+
+def _steps(backend, gen):
+    """Prefill, a tree forward, keep one path, one decode step: the logits (and hidden) of each."""
+    prompt = torch.randint(0, V, (9,), generator=gen)
+    outs = [forward_chain(backend, prompt, want_hidden=True)]
+    outs.append(forward_chain(backend, prompt[:3], last_only=True))
+    backend.keep(torch.arange(9))
+    tree = Tree.from_shape((3, 2, 1))
+    tokens = torch.randint(0, V, (len(tree),), generator=gen)
+    outs.append(backend.forward(tokens, tree.position_ids(9), tree.attention_mask(9), want_hidden=True))
+    backend.keep(tree.keep_indices(tree.paths[-2], 9))
+    outs.append(forward_chain(backend, torch.randint(0, V, (1,), generator=gen), want_hidden=True))
+    outs.append(forward_chain(backend, torch.randint(0, V, (4,), generator=gen)))
+    return outs
+
+
+def _check_restricted(model, kind, ids, tol=TOL):
+    full, cut = make_backend(model, kind), make_backend(model, kind)
+    cut.set_vocab_subset(ids)
+    a_outs = _steps(full, torch.Generator().manual_seed(0))
+    b_outs = _steps(cut, torch.Generator().manual_seed(0))
+    inside = torch.zeros(V, dtype=torch.bool)
+    inside[ids] = True
+    for a, b in zip(a_outs, b_outs):
+        assert b.logits.shape == a.logits.shape and b.logits.dtype == torch.float32
+        assert torch.isneginf(b.logits[:, ~inside]).all()
+        assert (a.logits[:, inside] - b.logits[:, inside]).abs().max() < tol
+        if a.hidden is not None:
+            assert (a.hidden - b.hidden).abs().max() < tol
+
+
+@pytest.mark.parametrize("kind", ["fast", "hf"])
+@pytest.mark.parametrize("tied", [False, True])
+def test_restricted_logits_equal_full_on_subset(kind, tied):
+    model = build("llama-tied" if tied else "llama")
+    ids = torch.tensor([40, 3, 17, 5, 63, 0, 22, 9, 31])
+    _check_restricted(model, kind, ids)
+
+
+def test_fast_backend_applies_the_models_final_transforms_on_the_subset():
+    _check_restricted(build("gemma2"), "fast", torch.arange(0, V, 3))  # final soft-cap, sandwich norms
+
+
+def test_hf_backend_refuses_a_subset_on_a_model_that_transforms_its_logits():
+    for name in ("gemma2", "granite"):
+        backend = make_backend(build(name), "hf")
+        with pytest.raises(MultispecError) as e:
+            backend.set_vocab_subset(torch.arange(8))
+        assert "\n" not in str(e.value) and "--backend fast" in str(e.value)
+
+
+@pytest.mark.parametrize("kind", ["fast", "hf"])
+def test_subset_can_be_replaced_and_removed(kind):
+    model = tiny_llama(vocab=V, seed=3)
+    backend, ref = make_backend(model, kind), make_backend(model, kind)
+    prompt = torch.randint(0, V, (5,), generator=torch.Generator().manual_seed(1))
+    want = forward_chain(ref, prompt).logits
+    backend.set_vocab_subset(torch.arange(10))
+    backend.set_vocab_subset(torch.tensor([4, 2]))
+    got = forward_chain(backend, prompt).logits
+    assert torch.isfinite(got[:, [2, 4]]).all() and torch.isfinite(got).sum() == 2 * len(prompt)
+    backend.reset()
+    backend.set_vocab_subset(None)
+    assert (forward_chain(backend, prompt).logits - want).abs().max() < TOL
+
+
+def test_draft_vocab_is_top_n_plus_prompt():
+    freq = TokenFrequencies("x", 8, (5, 0, 9, 9, 1, 0, 0, 2), "test")
+    assert freq.top(3).tolist() == [2, 3, 0]  # ties: the smaller id first
+    assert draft_vocab(freq, 2, [6, 3, 6]).tolist() == [2, 3, 6]
+    assert draft_vocab(freq, 8).tolist() == list(range(8))
+
+
+@pytest.mark.parametrize("n", [0, -1, 9, 2.5])
+def test_bad_draft_vocab_size_is_one_line(n):
+    freq = TokenFrequencies("x", 8, (1,) * 8, "test")
+    with pytest.raises(MultispecError) as e:
+        draft_vocab(freq, n)
+    assert "\n" not in str(e.value) and "[1, 8]" in str(e.value)
+
+
+def test_bad_subset_ids_are_one_line():
+    for ids in ([], [3, 64], [-1, 2]):
+        with pytest.raises(MultispecError) as e:
+            subset_ids(ids, V)
+        assert "\n" not in str(e.value)
+
+
+def test_frequency_file_round_trip_and_fingerprint(tmp_path):
+    from transformers import AutoTokenizer
+
+    from multispec.api import DEFAULT_PAIR_DIR
+
+    tok = AutoTokenizer.from_pretrained(DEFAULT_PAIR_DIR / "target")
+    freq = count_tokens(tok, ["def f(x):\n    return x + 1\n"] * 3, "test")
+    assert sum(freq.counts) == 3 * len(tok.encode("def f(x):\n    return x + 1\n", add_special_tokens=False))
+    freq.save(tmp_path / "f.json")
+    assert TokenFrequencies.load(tmp_path / "f.json") == freq
+    default = default_pair_frequencies()
+    default.check_tokenizer(tok)
+    assert default.vocab_size == 4096 and default.fingerprint == tokenizer_fingerprint(tok)
+    other = TokenFrequencies("0" * 64, 4096, default.counts, "test")
+    with pytest.raises(MultispecError, match="different tokenizer"):
+        other.check_tokenizer(tok)
+    (tmp_path / "bad.json").write_text("{")
+    with pytest.raises(MultispecError):
+        TokenFrequencies.load(tmp_path / "bad.json")
+
+
+@pytest.mark.parametrize("kind", ["fast", "hf"])
+def test_int8_draft_close_to_float_and_source_untouched(kind):
+    model = tiny_llama(vocab=V, hidden=64, seed=5, scale=4.0)
+    before = {k: v.clone() for k, v in model.state_dict().items()}
+    ref = forward_chain(make_backend(model, kind), torch.arange(12) % V).logits
+    make_backend(model, "fast")  # a FastNet cached on the model must not leak into the copy
+    q = quantize_draft(model)
+    assert is_int8(q.lm_head) and is_int8(q.model.layers[0].mlp.up_proj)
+    assert isinstance(model.lm_head, torch.nn.Linear) and not is_int8(model.lm_head)
+    assert all(torch.equal(v, model.state_dict()[k]) for k, v in before.items())
+    got = forward_chain(make_backend(q, kind), torch.arange(12) % V).logits
+    assert (got - ref).abs().max() < 0.05 * ref.abs().max()  # int8: loose
+    assert (forward_chain(make_backend(model, kind), torch.arange(12) % V).logits - ref).abs().max() < TOL
+
+
+@pytest.mark.parametrize("kind", ["fast", "hf"])
+def test_int8_with_reduced_vocab_equals_int8_on_subset(kind):
+    q = quantize_draft(tiny_llama(vocab=V, hidden=64, seed=6, scale=4.0))
+    _check_restricted(q, kind, torch.arange(1, V, 2))
+
+
+def test_quantize_refuses_other_devices_and_dtypes_in_one_line():
+    model = tiny_llama(vocab=V)
+    for bad, word in ((model.to(torch.bfloat16), "float32"), (tiny_llama(vocab=V).to("meta"), "CPU")):
+        with pytest.raises(MultispecError) as e:
+            quantize_draft(bad)
+        assert "\n" not in str(e.value) and word in str(e.value)
