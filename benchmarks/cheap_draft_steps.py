@@ -1,0 +1,321 @@
+"""Issue 25, a draft that costs almost nothing: the draft's step cost and its acceptance for a reduced draft
+vocabulary (models/reduced_vocab.py, the N most frequent tokens of a calibration text plus the prompt's tokens),
+int8 draft weights (models/int8.py), and both, against the full float draft.
+
+Step cost: one thread, the draft's forward of 1 token and of one 8-token tree level (8 siblings) after --context
+cached tokens, fast and hf backends; variants interleaved, median of --repeats after 3 untimed calls; each as a
+ratio to the full draft's, and c = draft step / the target's 1-token step on the same backend.
+
+Acceptance (computed offline, without the engine, exact for greedy chains): the target decodes HumanEval prompts
+greedily (--prompts, up to --new tokens or EOS); along that teacher-forced sequence each variant's draft argmax
+(over its subset S) is compared with the target's token. Greedy `sd` with k chained drafts then accepts the run of
+matches from each round's start (at most k) plus one target token; the mean accepted length is tokens per round
+(vLLM's 1 + accepted / drafts). At T=1, the per-token acceptance 1 - TV(p, q) = sum(min(p, q)) with q the variant's
+law (zero outside S), averaged over the same positions. Token frequencies come from the Python standard library
+(token_freq.calibration_texts), disjoint from HumanEval.
+
+    PYTHONPATH=src python benchmarks/cheap_draft_steps.py --pair ../shared/models/pycode-v1 \\
+        --out benchmarks/results/cheap_draft/steps.json
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import platform
+import statistics
+import subprocess
+import sys
+import time
+import warnings
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+
+ROOT = Path(__file__).resolve().parents[1]
+VOCABS = (512, 1024, 2048, 4096)
+TREE_WIDTH = 8
+
+
+def environment(args) -> dict:
+    import transformers
+
+    commit = subprocess.run(["git", "rev-parse", "HEAD"], cwd=ROOT, capture_output=True, text=True).stdout.strip()
+    dirty = subprocess.run(["git", "status", "--porcelain"], cwd=ROOT, capture_output=True, text=True).stdout.strip()
+    return {"commit": commit + ("-dirty" if dirty else ""), "torch": torch.__version__,
+            "transformers": transformers.__version__, "python": platform.python_version(),
+            "cpu": platform.processor() or platform.machine(), "threads": torch.get_num_threads(),
+            "command": " ".join(sys.argv), "config": vars(args)}
+
+
+def variants(draft, freq) -> dict:
+    """name -> (model, N or None)."""
+    from multispec.models.int8 import quantize_draft
+
+    q8 = quantize_draft(draft)
+    out = {"full": (draft, None)}
+    out.update({f"vocab{n}": (draft, n) for n in VOCABS})
+    out["int8"] = (q8, None)
+    out.update({f"int8+vocab{n}": (q8, n) for n in VOCABS})
+    return out
+
+
+def _subset(freq, n, prompt_ids):
+    from multispec.token_freq import draft_vocab
+
+    return None if n is None else draft_vocab(freq, n, prompt_ids)
+
+
+def _step(backend, ids, context, n) -> float:
+    """Seconds of one forward of n tokens after `context` cached rows (1: a chain step; n > 1: n siblings)."""
+    backend.keep(torch.arange(context))
+    mask = None
+    if n > 1:
+        mask = torch.zeros(n, context + n, dtype=torch.bool)
+        mask[:, :context] = True
+        mask[:, context:] = torch.eye(n, dtype=torch.bool)
+    positions = torch.full((n,), context, dtype=torch.long)
+    t0 = time.perf_counter()
+    backend.forward(ids[context:context + n], positions, mask)
+    return time.perf_counter() - t0
+
+
+def step_costs(target, draft, freq, context_ids, repeats: int) -> dict:
+    from multispec.models import forward_chain, make_backend
+
+    context = len(context_ids) - TREE_WIDTH
+    ids = torch.tensor(context_ids)
+    out = {}
+    for kind in ("fast", "hf"):
+        runs = {"target": make_backend(target, kind)}
+        for name, (model, n) in variants(draft, freq).items():
+            runs[name] = make_backend(model, kind)
+            runs[name].set_vocab_subset(_subset(freq, n, context_ids[:context]))
+        for b in runs.values():
+            forward_chain(b, ids[:context])
+        times = {(name, w): [] for name in runs for w in (1, TREE_WIDTH)}
+        names = list(runs)
+        for r in range(repeats + 3):
+            order = names if r % 2 else names[::-1]
+            for name in order:
+                for w in (1, TREE_WIDTH):
+                    if name == "target" and w > 1:
+                        continue
+                    dt = _step(runs[name], ids, context, w)
+                    if r >= 3:
+                        times[(name, w)].append(dt)
+        med = {k: statistics.median(v) for k, v in times.items() if v}
+        t1 = med[("target", 1)]
+        rows = {}
+        for name in names[1:]:
+            rows[name] = {"step1_us": med[(name, 1)] * 1e6, f"step{TREE_WIDTH}_us": med[(name, TREE_WIDTH)] * 1e6,
+                          "step1_vs_full": med[(name, 1)] / med[("full", 1)],
+                          f"step{TREE_WIDTH}_vs_full": med[(name, TREE_WIDTH)] / med[("full", TREE_WIDTH)],
+                          "c": med[(name, 1)] / t1}
+        out[kind] = {"target_step1_us": t1 * 1e6, "variants": rows,
+                     "subset_sizes": {name: (None if runs[name].vocab_subset is None else
+                                             runs[name].vocab_subset.size) for name in names[1:]}}
+    return out
+
+
+def greedy_target(target, prompt_ids, new: int, eos: int | None) -> list[int]:
+    from multispec.models import forward_chain, make_backend
+
+    backend = make_backend(target, "fast")
+    logits = forward_chain(backend, torch.tensor(prompt_ids), last_only=True).logits[-1]
+    out = []
+    for _ in range(new):
+        t = int(logits.argmax())
+        out.append(t)
+        if t == eos:
+            break
+        logits = forward_chain(backend, torch.tensor([t])).logits[-1]
+    return out
+
+
+def accepted_per_round(match: list[bool], k: int) -> list[int]:
+    """Tokens each greedy sd round yields along a per-position match sequence: the run of matches from the round's
+    start (at most k, and at most what is left) plus one target token."""
+    rounds, i, n = [], 0, len(match)
+    while i < n:
+        a = 0
+        while a < k and i + a < n - 1 and match[i + a]:
+            a += 1
+        rounds.append(a + 1)
+        i += a + 1
+    return rounds
+
+
+def acceptance(target, draft, freq, prompts: list[list[int]], new: int, eos, k: int) -> dict:
+    from multispec.models import forward_chain, make_backend
+
+    sequences, targets_p = [], []
+    for p in prompts:
+        gen = greedy_target(target, p, new, eos)
+        seq = torch.tensor(p + gen)
+        logits = forward_chain(make_backend(target, "fast"), seq).logits  # [L, V]
+        sequences.append((p, gen))
+        targets_p.append(torch.softmax(logits[len(p) - 1:len(seq) - 1], dim=-1))
+    out = {}
+    for name, (model, n) in variants(draft, freq).items():
+        rounds, matches, accept_t1, sizes = [], [], [], []
+        for (p, gen), probs in zip(sequences, targets_p):
+            backend = make_backend(model, "fast")
+            backend.set_vocab_subset(_subset(freq, n, p))
+            if backend.vocab_subset is not None:
+                sizes.append(backend.vocab_subset.size)
+            logits = forward_chain(backend, torch.tensor(p + gen)).logits[len(p) - 1:len(p) + len(gen) - 1]
+            match = (logits.argmax(-1) == torch.tensor(gen)).tolist()
+            matches += match
+            rounds += accepted_per_round(match, k)
+            q = torch.softmax(logits, dim=-1)
+            accept_t1 += torch.minimum(probs, q).sum(-1).tolist()
+        out[name] = {"mean_accepted_length": statistics.fmean(rounds), "greedy_match_rate": statistics.fmean(matches),
+                     "t1_acceptance": statistics.fmean(accept_t1),
+                     "mean_subset_size": statistics.fmean(sizes) if sizes else None}
+    full = out["full"]["mean_accepted_length"]
+    for row in out.values():
+        row["accepted_length_vs_full"] = row["mean_accepted_length"] / full
+    return {"k": k, "positions": sum(len(g) for _, g in sequences), "variants": out}
+
+
+def kernel_choice(draft, repeats: int) -> dict:
+    """The int8 kernel choice: one Linear of the draft's shapes, fp32 vs torch's dynamic int8
+    (quantize_dynamic) vs weight-only int8 (aten._weight_int8pack_mm), microseconds per call."""
+    from torch.ao.quantization import per_channel_dynamic_qconfig, quantize_dynamic
+
+    cfg = draft.config
+    h, f, v = cfg.hidden_size, cfg.intermediate_size, cfg.vocab_size
+    out = {}
+    for o, i in ((h, h), (f, h), (h, f), (v, h)):
+        lin = torch.nn.Linear(i, o, bias=False)
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            q = quantize_dynamic(torch.nn.Sequential(lin), {torch.nn.Linear: per_channel_dynamic_qconfig},
+                                 dtype=torch.qint8)[0]
+        w = lin.weight.detach()
+        scale = w.abs().amax(1) / 127
+        w8 = torch.round(w / scale[:, None]).to(torch.int8)
+        for n in (1, TREE_WIDTH):
+            x = torch.randn(n, i)
+            fns = {"fp32": lambda: F.linear(x, w), "int8_dynamic": lambda: q(x),
+                   "int8_weight_only": lambda: torch.ops.aten._weight_int8pack_mm(x, w8, scale)}
+            times = {name: [] for name in fns}
+            with torch.inference_mode():
+                for r in range(repeats + 3):
+                    for name, fn in fns.items():
+                        t0 = time.perf_counter()
+                        fn()
+                        if r >= 3:
+                            times[name].append(time.perf_counter() - t0)
+            out[f"{o}x{i} n={n}"] = {name: statistics.median(t) * 1e6 for name, t in times.items()}
+    return out
+
+
+def scatter_cost(draft, freq, repeats: int) -> dict:
+    """Microseconds of the subset head alone (compact [N, K]) and of widening it to [N, V] with -inf."""
+    from multispec.models.reduced_vocab import RestrictedHead
+
+    out = {}
+    for n_vocab in VOCABS:
+        head = RestrictedHead(draft.get_output_embeddings(), freq.top(n_vocab), draft.config.vocab_size)
+        for n in (1, TREE_WIDTH):
+            x = torch.randn(n, draft.config.hidden_size)
+            a, b = [], []
+            with torch.inference_mode():
+                for r in range(repeats + 3):
+                    t0 = time.perf_counter()
+                    c = head.compact(x)
+                    t1 = time.perf_counter()
+                    head.widen(c)
+                    t2 = time.perf_counter()
+                    if r >= 3:
+                        a.append(t1 - t0)
+                        b.append(t2 - t1)
+            out[f"K={n_vocab} n={n}"] = {"head_us": statistics.median(a) * 1e6, "widen_us": statistics.median(b) * 1e6}
+    return out
+
+
+def markdown(res: dict) -> str:
+    acc = res["acceptance"]["variants"]
+    lines = [f"# Cheap draft: step cost and acceptance ({Path(res['env']['config']['pair']).name})", "",
+             f"Command: `{res['env']['command']}` (commit {res['env']['commit']}, torch {res['env']['torch']}, "
+             f"{res['env']['threads']} thread). JSON: `steps.json`.", "",
+             f"Step: median of {res['env']['config']['repeats']} interleaved calls after a {res['env']['config']['context']}"
+             f"-token context; step{TREE_WIDTH} = one tree level of {TREE_WIDTH} siblings. vs full: the variant's step "
+             "over the full float draft's; c: the draft's 1-token step over the target's on the same backend. "
+             f"Acceptance: greedy sd, k={res['acceptance']['k']} chains, HumanEval "
+             f"{res['env']['config']['offset']}..{res['env']['config']['offset'] + res['env']['config']['prompts'] - 1}, "
+             f"{res['acceptance']['positions']} target tokens; T=1: mean 1 - TV(p, q).", ""]
+    for kind in ("fast", "hf"):
+        s = res["steps"][kind]
+        lines += [f"## {kind} backend (target 1-token step {s['target_step1_us']:.0f} us)", "",
+                  f"| variant | |S| (mean) | step1 us | vs full | step{TREE_WIDTH} us | vs full | c | accepted length "
+                  "| vs full | greedy match | T=1 accept | goal |",
+                  "|---|---|---|---|---|---|---|---|---|---|---|---|"]
+        for name, row in s["variants"].items():
+            a = acc[name]
+            goal = row["step1_vs_full"] <= 0.40 and a["accepted_length_vs_full"] >= 0.97
+            size = "V" if a["mean_subset_size"] is None else f"{a['mean_subset_size']:.0f}"
+            lines.append(f"| {name} | {size} | {row['step1_us']:.0f} | {row['step1_vs_full']:.2f} | "
+                         f"{row[f'step{TREE_WIDTH}_us']:.0f} | {row[f'step{TREE_WIDTH}_vs_full']:.2f} | "
+                         f"{row['c']:.3f} | {a['mean_accepted_length']:.3f} | {a['accepted_length_vs_full']:.3f} | "
+                         f"{a['greedy_match_rate']:.3f} | {a['t1_acceptance']:.3f} | {'yes' if goal else 'no'} |")
+        lines.append("")
+    lines += ["Goal: draft step <= 40% of the full draft's with mean accepted length within 3% of the full draft's.",
+              "", "## Output layer on a subset: head vs widening to full width (us)", "",
+              "| K, rows | subset head | widen to [N, V] |", "|---|---|---|"]
+    lines += [f"| {k} | {v['head_us']:.1f} | {v['widen_us']:.1f} |" for k, v in res["scatter"].items()]
+    lines += ["", "## Int8 kernel choice: one Linear of the draft's shapes (us)", "",
+              "| shape, rows | fp32 | int8 dynamic (quantize_dynamic) | int8 weight-only (_weight_int8pack_mm) |",
+              "|---|---|---|---|"]
+    lines += [f"| {k} | {v['fp32']:.1f} | {v['int8_dynamic']:.1f} | {v['int8_weight_only']:.1f} |"
+              for k, v in res["kernels"].items()]
+    return "\n".join(lines) + "\n"
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--pair", required=True, help="folder holding target/ and draft/")
+    ap.add_argument("--data", default=None, help="data folder (default: multispec's)")
+    ap.add_argument("--context", type=int, default=256)
+    ap.add_argument("--repeats", type=int, default=200)
+    ap.add_argument("--prompts", type=int, default=20)
+    ap.add_argument("--offset", type=int, default=0)
+    ap.add_argument("--new", type=int, default=128)
+    ap.add_argument("--k", type=int, default=4)
+    ap.add_argument("--calibration-mb", type=float, default=4.0)
+    ap.add_argument("--out", required=True)
+    args = ap.parse_args()
+    torch.set_num_threads(1)
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from multispec.data import load_prompts
+    from multispec.token_freq import calibration_texts, count_tokens
+
+    pair = Path(args.pair)
+    tok = AutoTokenizer.from_pretrained(pair / "target")
+    target = AutoModelForCausalLM.from_pretrained(pair / "target", dtype=torch.float32).eval()
+    draft = AutoModelForCausalLM.from_pretrained(pair / "draft", dtype=torch.float32).eval()
+    texts, source = calibration_texts(args.calibration_mb)
+    freq = count_tokens(tok, texts, source, vocab_size=draft.config.vocab_size)
+    bos = tok.bos_token_id
+    prompts = [([bos] if bos is not None else []) + tok(p.text, add_special_tokens=False)["input_ids"]
+               for p in load_prompts("humaneval", args.data, limit=args.prompts, offset=args.offset)]
+    context_ids = [t for p in prompts for t in p][:args.context + TREE_WIDTH]
+    res = {"env": environment(args), "calibration": {"source": source, "tokens": sum(freq.counts)}}
+    res["steps"] = step_costs(target, draft, freq, context_ids, args.repeats)
+    res["scatter"] = scatter_cost(draft, freq, args.repeats)
+    res["kernels"] = kernel_choice(draft, args.repeats)
+    eos = target.generation_config.eos_token_id
+    res["acceptance"] = acceptance(target, draft, freq, prompts, args.new, eos if isinstance(eos, int) else None,
+                                   args.k)
+    out = Path(args.out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(res, indent=1) + "\n")
+    out.with_suffix(".md").write_text(markdown(res))
+    print(markdown(res))
+
+
+if __name__ == "__main__":
+    main()
