@@ -229,12 +229,22 @@ class FastBackend:
         self._len = 0
         self.vocab_subset = None  # a reduced_vocab.RestrictedHead, or None: the full output layer
 
+    def extend_vocab_subset(self, ids) -> None:
+        """Add token ids `ids` (long [K]) to the vocabulary subset (gathering only the new rows); a no-op for the
+        full vocabulary. Call between forwards (a round's q must be the law it was drafted from)."""
+        if self.vocab_subset is not None:
+            self.vocab_subset = self.vocab_subset.extend(ids)
+
     def set_vocab_subset(self, ids) -> None:
         """Restrict the output layer to token ids `ids` (long [K], any order; None: the full vocabulary again).
         Logits stay [N, V], -inf outside the subset. The compiled path computes every row and masks them."""
         from multispec.models.reduced_vocab import RestrictedHead
 
-        self.vocab_subset = None if ids is None else RestrictedHead(self.net.head, ids, self.vocab_size)
+        if ids is None:
+            self.vocab_subset = None
+            return
+        rows = self.net.head if self.vocab_subset is None else self.vocab_subset.source  # read out once
+        self.vocab_subset = RestrictedHead(rows, ids, self.vocab_size)
 
     @property
     def cache_len(self) -> int:

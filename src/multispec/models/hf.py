@@ -47,6 +47,12 @@ class HFBackend:
         self.vocab_subset = None  # a reduced_vocab.RestrictedHead, or None: the model's own output layer
         self.reset()
 
+    def extend_vocab_subset(self, ids) -> None:
+        """Add token ids `ids` (long [K]) to the vocabulary subset (gathering only the new rows); a no-op for the
+        full vocabulary. Call between forwards (a round's q must be the law it was drafted from)."""
+        if self.vocab_subset is not None:
+            self.vocab_subset = self.vocab_subset.extend(ids)
+
     def set_vocab_subset(self, ids) -> None:
         """Restrict the output layer to token ids `ids` (long [K], any order; None: the model's own layer again).
         Logits stay [N, V], -inf outside the subset: the base model's last hidden state goes through the
@@ -66,7 +72,8 @@ class HFBackend:
         if getattr(self.model, "base_model", None) is None or self.model.base_model is self.model:
             raise MultispecError(f"{type(self.model).__name__} has no separate base model to take hidden states "
                                  "from, so its draft vocabulary cannot be reduced; use the full vocabulary")
-        self.vocab_subset = RestrictedHead(self._head, ids, self.vocab_size)
+        rows = self._head if self.vocab_subset is None else self.vocab_subset.source  # read out once
+        self.vocab_subset = RestrictedHead(rows, ids, self.vocab_size)
 
     @property
     def cache_len(self) -> int:

@@ -6,7 +6,9 @@ matmul over rows gathered once per subset. Logits come back at full width V with
 q = softmax(logits) (after the sampling transforms) is exactly the law the draft samples from, renormalised over
 S, with q = 0 outside S: every verifier runs unchanged and the output law still depends on the target alone.
 
-Backends take a subset with `set_vocab_subset(ids)` (fast and hf backends; None restores the full layer).
+Backends take a subset with `set_vocab_subset(ids)` (fast and hf backends; None restores the full layer) and grow
+it with `extend_vocab_subset(ids)` (only the new rows are gathered: cheap enough to add, between rounds, the tokens
+a generation has produced).
 Scattering [N, |S|] into [N, V] costs a few microseconds per step (benchmarks/results/cheap_draft/steps.md), so
 full width is what they return.
 """
@@ -29,34 +31,77 @@ def subset_ids(ids, vocab_size: int) -> torch.Tensor:
     return ids
 
 
-class RestrictedHead:
-    """The output layer on the rows S of the vocabulary. ids: long [K] sorted; the layer's rows for them are
-    gathered here, once (float rows, or int8 rows with their own scales for an int8 head, so the logits on S are
-    exactly the full layer's)."""
+class HeadRows:
+    """The rows of an output layer, ready to gather: float weight [V, H] (+ bias), or an int8 layer's int8 rows
+    with their per-row scales (read out once; gathering them never dequantizes)."""
 
-    def __init__(self, head: torch.nn.Module, ids, vocab_size: int):
-        self.vocab_size = vocab_size
-        self.ids = subset_ids(ids, vocab_size)
-        self.size = int(self.ids.numel())
+    def __init__(self, head: torch.nn.Module):
         if is_int8(head):
+            w = head.weight()  # quantized [V, H], per-row scales
+            self.int8, self.weight = w.int_repr(), None  # [V, H] int8
+            self.scales, self.zero_points = w.q_per_channel_scales(), w.q_per_channel_zero_points()
+            self.in_features = int(head.in_features)
+            bias = head.bias()
+        else:
+            self.int8, self.weight = None, head.weight.detach()
+            bias = getattr(head, "bias", None)
+        self.bias = None if bias is None else bias.detach()
+
+    def gather(self, ids: torch.Tensor):
+        """(rows, bias) for ids: float [K, H] or a per-row quantized qint8 [K, H]; bias [K] or None."""
+        bias = None if self.bias is None else self.bias.index_select(0, ids)
+        if self.int8 is None:
+            return self.weight.index_select(0, ids).contiguous(), bias
+        rows = torch._make_per_channel_quantized_tensor(self.int8.index_select(0, ids),
+                                                        self.scales.index_select(0, ids),
+                                                        self.zero_points.index_select(0, ids), 0)
+        return rows, bias
+
+
+class RestrictedHead:
+    """The output layer on the rows S of the vocabulary. ids: long [K], sorted (extend appends). The layer's rows
+    for them are gathered once (float rows, or int8 rows with their own scales for an int8 layer, so the logits on
+    S are exactly the full layer's)."""
+
+    def __init__(self, head: torch.nn.Module | HeadRows, ids, vocab_size: int):
+        self.source = head if isinstance(head, HeadRows) else HeadRows(head)
+        self.vocab_size = vocab_size
+        device = (self.source.weight if self.source.int8 is None else self.source.int8).device
+        self.ids = subset_ids(ids, vocab_size).to(device)
+        self._build(*self.source.gather(self.ids))
+
+    def _build(self, rows, bias) -> None:
+        self.size = int(self.ids.numel())
+        if self.source.int8 is None:
+            self.weight, self.bias, self.int8 = rows, bias, None
+        else:
             from torch.ao.nn.quantized.dynamic import Linear
 
-            w = head.weight()  # quantized [V, H], per-row scales
-            ids = self.ids.to(w.device)
-            rows = torch.quantize_per_channel(w.dequantize().index_select(0, ids),
-                                              w.q_per_channel_scales().index_select(0, ids),
-                                              w.q_per_channel_zero_points().index_select(0, ids), 0, torch.qint8)
-            bias = head.bias()
-            self.int8 = Linear(head.in_features, self.size, bias_=bias is not None, dtype=torch.qint8)
-            self.int8.set_weight_bias(rows, None if bias is None else bias.index_select(0, ids))
+            self.int8 = Linear(self.source.in_features, self.size, bias_=bias is not None, dtype=torch.qint8)
+            self.int8.set_weight_bias(rows, bias)
             self.weight = self.bias = None
+
+    def extend(self, ids) -> "RestrictedHead":
+        """This subset plus `ids`: gathers only the rows of ids not yet in S (appended, so ids are no longer
+        sorted); self when there are none. For S that grows during a generation (tokens the target produced)."""
+        ids = subset_ids(ids, self.vocab_size).to(self.ids.device)
+        new = ids[~torch.isin(ids, self.ids)]
+        if new.numel() == 0:
+            return self
+        out = object.__new__(RestrictedHead)
+        out.source, out.vocab_size, out.ids = self.source, self.vocab_size, torch.cat([self.ids, new])
+        rows, bias = self.source.gather(new)
+        if self.int8 is None:
+            out._build(torch.cat([self.weight, rows]), None if bias is None else torch.cat([self.bias, bias]))
         else:
-            self.int8 = None
-            ids = self.ids.to(head.weight.device)
-            self.weight = head.weight.detach().index_select(0, ids).contiguous()  # [K, H]
-            bias = getattr(head, "bias", None)
-            self.bias = None if bias is None else bias.detach().index_select(0, ids)
-        self.ids = ids
+            old = self.int8.weight()
+            rows = torch._make_per_channel_quantized_tensor(
+                torch.cat([old.int_repr(), rows.int_repr()]),
+                torch.cat([old.q_per_channel_scales(), rows.q_per_channel_scales()]),
+                torch.cat([old.q_per_channel_zero_points(), rows.q_per_channel_zero_points()]), 0)
+            old_bias = self.int8.bias()
+            out._build(rows, None if bias is None else torch.cat([old_bias, bias]))
+        return out
 
     def compact(self, hidden: torch.Tensor) -> torch.Tensor:
         """hidden: [N, H] (the output layer's input) -> logits [N, K] in the layer's dtype, before the model's own
