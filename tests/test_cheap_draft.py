@@ -153,3 +153,79 @@ def test_quantize_refuses_other_devices_and_dtypes_in_one_line():
         with pytest.raises(MultispecError) as e:
             quantize_draft(bad)
         assert "\n" not in str(e.value) and word in str(e.value)
+
+
+def test_cheap_draft_options_are_validated_in_one_line():
+    from multispec.models.cheap import CheapDraft
+
+    for kwargs in (dict(vocab=0), dict(vocab=True), dict(vocab=1.5), dict(dtype="int4"),
+                   dict(vocab=8, frequency_file="/nonexistent/freq.json")):
+        with pytest.raises(MultispecError) as e:
+            CheapDraft(**kwargs)
+        assert "\n" not in str(e.value)
+    assert not CheapDraft().active and CheapDraft(dtype="int8").active and CheapDraft(vocab=8).active
+
+
+def test_cheap_draft_on_the_default_pair():
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from multispec.api import DEFAULT_PAIR_DIR
+    from multispec.models.cheap import CheapDraft
+
+    tok = AutoTokenizer.from_pretrained(DEFAULT_PAIR_DIR / "target")
+    draft = AutoModelForCausalLM.from_pretrained(DEFAULT_PAIR_DIR / "draft", dtype=torch.float32)
+    cheap = CheapDraft(vocab=256, dtype="int8")
+    freq = cheap.frequencies(tok, vocab_size=4096)
+    assert freq == default_pair_frequencies()
+    prompt = tok("def fibonacci(n):", add_special_tokens=False)["input_ids"]
+    ids = cheap.subset(freq, prompt)
+    assert set(prompt) <= set(ids.tolist()) and set(freq.top(256).tolist()) <= set(ids.tolist())
+    model = cheap.draft_model(draft)
+    assert is_int8(model.lm_head) and not is_int8(draft.lm_head)
+    backend = make_backend(model, "fast")
+    backend.set_vocab_subset(ids)
+    logits = forward_chain(backend, torch.tensor(prompt)).logits
+    assert torch.isfinite(logits).sum(-1).eq(len(ids)).all()
+    with pytest.raises(MultispecError, match=r"\[1, 4096\]"):
+        CheapDraft(vocab=5000).frequencies(tok, vocab_size=4096)
+
+
+def test_cheap_draft_counts_frequencies_once_for_another_tokenizer(tmp_path, monkeypatch):
+    from transformers import AutoTokenizer
+
+    from helpers import save_tiny_pair
+    from multispec.models.cheap import CheapDraft
+
+    tok = AutoTokenizer.from_pretrained(save_tiny_pair(tmp_path / "pair")["target"])
+    monkeypatch.setenv("MULTISPEC_CACHE_DIR", str(tmp_path / "cache"))
+    monkeypatch.setattr("multispec.token_freq.calibration_texts", lambda: (["def f(x): return x\n"], "test"))
+    freq = CheapDraft(vocab=4).frequencies(tok)
+    assert freq.fingerprint == tokenizer_fingerprint(tok) and sum(freq.counts) > 0
+    monkeypatch.setattr("multispec.token_freq.calibration_texts", lambda: 1 / 0)  # the cached file is used
+    assert CheapDraft(vocab=4).frequencies(tok) == freq
+    assert len(list((tmp_path / "cache" / "token_freq").iterdir())) == 1
+
+
+@pytest.mark.parametrize("kind", ["fast", "hf"])
+@pytest.mark.parametrize("int8", [False, True])
+def test_extended_subset_equals_full_on_the_grown_subset(kind, int8):
+    model = tiny_llama(vocab=V, hidden=64, seed=7, scale=4.0)
+    model = quantize_draft(model) if int8 else model
+    full, cut = make_backend(model, kind), make_backend(model, kind)
+    cut.set_vocab_subset(torch.tensor([5, 1, 9]))
+    prompt = torch.randint(0, V, (7,), generator=torch.Generator().manual_seed(2))
+    forward_chain(full, prompt), forward_chain(cut, prompt)
+    before = cut.vocab_subset
+    cut.extend_vocab_subset(torch.tensor([9, 1]))  # nothing new: the same head
+    assert cut.vocab_subset is before
+    cut.extend_vocab_subset(torch.tensor([40, 9, 2, 40]))
+    assert sorted(cut.vocab_subset.ids.tolist()) == [1, 2, 5, 9, 40]
+    tree = Tree.from_shape((2, 2))
+    tokens = torch.randint(0, V, (len(tree),), generator=torch.Generator().manual_seed(3))
+    a = full.forward(tokens, tree.position_ids(7), tree.attention_mask(7)).logits
+    b = cut.forward(tokens, tree.position_ids(7), tree.attention_mask(7)).logits
+    inside = torch.zeros(V, dtype=torch.bool)
+    inside[[1, 2, 5, 9, 40]] = True
+    assert torch.isneginf(b[:, ~inside]).all() and (a[:, inside] - b[:, inside]).abs().max() < TOL
+    full.extend_vocab_subset(torch.tensor([3]))  # the full vocabulary stays full
+    assert full.vocab_subset is None
