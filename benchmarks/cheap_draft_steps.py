@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import platform
 import statistics
 import subprocess
@@ -45,6 +46,7 @@ def environment(args) -> dict:
     return {"commit": commit + ("-dirty" if dirty else ""), "torch": torch.__version__,
             "transformers": transformers.__version__, "python": platform.python_version(),
             "cpu": platform.processor() or platform.machine(), "threads": torch.get_num_threads(),
+            "load_average_1_5_15": os.getloadavg(),  # this machine is shared: step costs move with its load
             "command": " ".join(sys.argv), "config": vars(args)}
 
 
@@ -283,19 +285,22 @@ def scatter_cost(draft, freq, repeats: int) -> dict:
 
 
 def markdown(res: dict) -> str:
-    acc = res["acceptance"]["variants"]
-    lines = [f"# Cheap draft: step cost and acceptance ({Path(res['env']['config']['pair']).name})", "",
-             f"Command: `{res['env']['command']}` (commit {res['env']['commit']}, torch {res['env']['torch']}, "
-             f"{res['env']['threads']} thread). JSON: `steps.json`.", "",
-             f"Step: median of {res['env']['config']['repeats']} interleaved calls after a {res['env']['config']['context']}"
-             f"-token context; step{TREE_WIDTH} = one tree level of {TREE_WIDTH} siblings. vs full: the variant's step "
-             "over the full float draft's; c: the draft's 1-token step over the target's on the same backend. "
-             f"Acceptance: greedy sd, k={res['acceptance']['k']} chains, HumanEval "
-             f"{res['env']['config']['offset']}..{res['env']['config']['offset'] + res['env']['config']['prompts'] - 1}, "
-             f"{res['acceptance']['positions']} target tokens; T=1: mean 1 - TV(p, q). "
-             "`+seen`: S also grows with every token the target has produced (between rounds for the accepted "
-             "length; per token for the other columns); its step is that of the same N (S grows by the few "
-             "distinct new tokens: a gather of their rows when one appears).", ""]
+    acc = res["acceptance"]["variants"] if "acceptance" in res else None
+    env, cfg = res["env"], res["env"]["config"]
+    lines = [f"# Cheap draft: step cost and acceptance ({Path(cfg['pair']).name})", "",
+             f"Command: `{env['command']}` (commit {env['commit']}, torch {env['torch']}, {env['threads']} thread, "
+             f"{env['cpu']}). JSON: `{Path(cfg['out']).name}`.", "",
+             f"Step: median of {cfg['repeats']} interleaved calls after a {cfg['context']}-token context; "
+             f"step{TREE_WIDTH} = one tree level of {TREE_WIDTH} siblings. vs full: the variant's step over the full "
+             "float draft's; c: the draft's 1-token step over the target's on the same backend."]
+    if acc is not None:
+        a = res["acceptance"]
+        lines[-1] += (f" Acceptance: greedy sd, k={a['k']} chains, HumanEval {cfg['offset']}.."
+                      f"{cfg['offset'] + cfg['prompts'] - 1}, {a['positions']} target tokens; T=1: mean 1 - TV(p, q). "
+                      "`+seen`: S also grows with every token the target has produced (between rounds for the "
+                      "accepted length; per token for the other columns); its step is that of the same N (S grows "
+                      "by the few distinct new tokens: a gather of their rows when one appears).")
+    lines.append("")
     for kind in ("fast", "hf"):
         s = res["steps"][kind]
         lines += [f"## Step cost, {kind} backend (target 1-token step {s['target_step1_us']:.0f} us)", "",
@@ -308,6 +313,10 @@ def markdown(res: dict) -> str:
                          f"{row['c']:.3f} |")
         lines.append("")
     fast = res["steps"]["fast"]["variants"]
+    lines += [f"Load average (1, 5, 15 min) before: {res['env']['load_average_1_5_15']}, after the step costs: "
+              f"{res['load_average_after']}.", ""]
+    if acc is None:
+        return "\n".join(lines) + "\n"
     lines += ["## Acceptance (fast backend; the hf backend's logits agree within 1e-4)", "",
               "| variant | accepted length | vs full | greedy match | T=1 accept | target tokens in S | "
               "step1 vs full (fast) | goal |", "|---|---|---|---|---|---|---|---|"]
@@ -341,6 +350,7 @@ def main() -> None:
     ap.add_argument("--new", type=int, default=128)
     ap.add_argument("--k", type=int, default=4)
     ap.add_argument("--calibration-mb", type=float, default=4.0)
+    ap.add_argument("--no-acceptance", action="store_true", help="step costs only (a repeat run)")
     ap.add_argument("--out", required=True)
     args = ap.parse_args()
     torch.set_num_threads(1)
@@ -363,9 +373,11 @@ def main() -> None:
     res["steps"] = step_costs(target, draft, freq, context_ids, args.repeats)
     res["scatter"] = scatter_cost(draft, freq, args.repeats)
     res["kernels"] = kernel_choice(draft, args.repeats)
-    eos = target.generation_config.eos_token_id
-    res["acceptance"] = acceptance(target, draft, freq, prompts, args.new, eos if isinstance(eos, int) else None,
-                                   args.k)
+    res["load_average_after"] = os.getloadavg()
+    if not args.no_acceptance:
+        eos = target.generation_config.eos_token_id
+        res["acceptance"] = acceptance(target, draft, freq, prompts, args.new, eos if isinstance(eos, int) else None,
+                                       args.k)
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(res, indent=1) + "\n")
