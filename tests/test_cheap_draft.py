@@ -229,3 +229,61 @@ def test_extended_subset_equals_full_on_the_grown_subset(kind, int8):
     assert torch.isneginf(b[:, ~inside]).all() and (a[:, inside] - b[:, inside]).abs().max() < TOL
     full.extend_vocab_subset(torch.tensor([3]))  # the full vocabulary stays full
     assert full.vocab_subset is None
+
+
+class _SubsetMemo:
+    """A MemoBackend draft whose logits are cut to S exactly as set_vocab_subset cuts them (-inf outside S; the
+    tests above show the real backends do just this), so that 1e4 seeded generations stay cheap."""
+
+    def __init__(self, inner, ids):
+        self.inner, self.inside = inner, torch.zeros(inner.vocab_size, dtype=torch.bool)
+        self.inside[ids] = True
+
+    def __getattr__(self, name):
+        return getattr(self.inner, name)
+
+    def forward(self, *args, **kwargs):
+        out = self.inner.forward(*args, **kwargs)
+        out.logits = out.logits.masked_fill(~self.inside, float("-inf"))
+        return out
+
+
+def test_sd_with_a_reduced_draft_vocabulary_samples_the_target_law():
+    """The first tokens' law with a draft restricted to 3 of 8 tokens (q = 0 elsewhere) is the target's."""
+    import numpy as np
+
+    from engine_utils import chi_square_pvalue, exact_joint, tiny_pair
+    from memo_backend import MemoBackend
+    from multispec.engine import default_policy, generate_ids
+    from multispec.methods import build_method
+    from multispec.sampling import SamplingConfig
+
+    v, length, n, prompt = 8, 3, 6000, [1, 4, 2]
+    target, draft = tiny_pair(vocab=v, seed=3, noise=0.6)
+    sampling, config = SamplingConfig(temperature=1.0), build_method("sd", k=2, verifier="sd")
+    t, d = MemoBackend(target, {}), _SubsetMemo(MemoBackend(draft, {}), [1, 2, 6])
+    policy = default_policy(config)
+    counts = np.zeros(v ** length, dtype=np.int64)
+    for seed in range(n):
+        ids, _, _ = generate_ids(t, d, prompt, config, sampling, length, seed, set(), policy=policy)
+        counts[np.ravel_multi_index(ids[:length], (v,) * length)] += 1
+    probs = exact_joint(target, prompt, sampling, length, v)
+    assert chi_square_pvalue(counts, probs) > 1e-3  # the joint law of the first 3 tokens
+    assert chi_square_pvalue(counts.reshape(v, -1).sum(1), probs.reshape(v, -1).sum(1)) > 1e-3  # the first one
+
+
+@pytest.mark.parametrize("kind", ["fast", "hf"])
+def test_greedy_sd_with_a_cheap_draft_is_the_targets_greedy_output(kind):
+    from engine_utils import greedy_reference, tiny_pair
+    from multispec.engine import default_policy, generate_ids
+    from multispec.methods import build_method
+    from multispec.sampling import SamplingConfig
+
+    target, draft = tiny_pair(vocab=V, seed=4, noise=0.3)
+    prompt = [3, 17, 5, 40]
+    d = make_backend(quantize_draft(draft), kind)
+    d.set_vocab_subset(draft_vocab(TokenFrequencies("x", V, tuple(range(V)), "test"), 8, prompt))
+    config = build_method("sd", k=3)
+    ids, _, _ = generate_ids(make_backend(target, kind), d, prompt, config, SamplingConfig(temperature=0.0), 12, 0,
+                             set(), policy=default_policy(config))
+    assert ids == greedy_reference(target, prompt, 12)
