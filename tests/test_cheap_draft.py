@@ -142,9 +142,11 @@ def test_int8_draft_close_to_float_and_source_untouched(kind):
 
 
 @pytest.mark.parametrize("kind", ["fast", "hf"])
-def test_int8_with_reduced_vocab_equals_int8_on_subset(kind):
+def test_int8_with_reduced_vocab_is_int8_on_subset(kind):
+    """The subset multiplies the int8-valued rows in float32: the int8 layer's logits within its activation
+    rounding."""
     q = quantize_draft(tiny_llama(vocab=V, hidden=64, seed=6, scale=4.0))
-    _check_restricted(q, kind, torch.arange(1, V, 2))
+    _check_restricted(q, kind, torch.arange(1, V, 2), tol=0.05)  # logits ~2
 
 
 def test_quantize_refuses_other_devices_and_dtypes_in_one_line():
@@ -226,7 +228,7 @@ def test_extended_subset_equals_full_on_the_grown_subset(kind, int8):
     b = cut.forward(tokens, tree.position_ids(7), tree.attention_mask(7)).logits
     inside = torch.zeros(V, dtype=torch.bool)
     inside[[1, 2, 5, 9, 40]] = True
-    assert torch.isneginf(b[:, ~inside]).all() and (a[:, inside] - b[:, inside]).abs().max() < TOL
+    assert torch.isneginf(b[:, ~inside]).all() and (a[:, inside] - b[:, inside]).abs().max() < (0.05 if int8 else TOL)
     full.extend_vocab_subset(torch.tensor([3]))  # the full vocabulary stays full
     assert full.vocab_subset is None
 

@@ -4,8 +4,9 @@
 
 Why this and not torchao: torch 2.13 still ships eager dynamic quantization (it warns that it is deprecated in
 favour of torchao's `quantize_`), and it needs no new dependency; torchao (0.18 on PyPI) is the migration path when
-torch drops it. `torch.ops.aten._weight_int8pack_mm` (weight-only int8) exists too but is 5-20x slower than fp32 on
-CPU at these sizes (measured: benchmarks/results/cheap_draft/steps.md).
+torch drops it. `torch.ops.aten._weight_int8pack_mm` (weight-only int8) exists too but is 5-40x slower than fp32 on
+CPU at a small draft's sizes. Dynamic int8 costs ~15 us more per call than fp32 on 256-wide layers and halves a
+[8192, 256] output layer (benchmarks/results/cheap_draft/steps.md): it pays where the weights are large.
 
 Only a draft is quantized: losslessness comes from the target alone, and the verifier reads the q the quantized
 draft actually produced. The target is never touched (the draft is copied first). The embedding stays float

@@ -32,82 +32,58 @@ def subset_ids(ids, vocab_size: int) -> torch.Tensor:
 
 
 class HeadRows:
-    """The rows of an output layer, ready to gather: float weight [V, H] (+ bias), or an int8 layer's int8 rows
-    with their per-row scales (read out once; gathering them never dequantizes)."""
+    """The rows of an output layer, ready to gather: its float weight [V, H] (+ bias). An int8 layer's rows are
+    dequantized once (the int8 values times their row scales): a subset head of a few thousand rows is as fast in
+    float32 as in int8 (benchmarks/results/cheap_draft/steps.md), and a float gather makes growing S cheap, where
+    int8 rows would be packed again on every change."""
+
+    @classmethod
+    def of(cls, head: torch.nn.Module) -> "HeadRows":
+        """The layer's HeadRows, made on first use and kept on the layer (as FastNet is kept on its model): reading
+        an int8 layer's rows out of its packed form takes ~20 ms, once per draft rather than once per request."""
+        rows = head.__dict__.get("_multispec_head_rows")
+        device = torch.device("cpu") if is_int8(head) else head.weight.device  # int8 layers run on CPU only
+        if rows is None or rows.weight.device != device:
+            rows = cls(head)
+            head.__dict__["_multispec_head_rows"] = rows
+        return rows
 
     def __init__(self, head: torch.nn.Module):
         if is_int8(head):
-            w = head.weight()  # quantized [V, H], per-row scales
-            self.int8, self.weight = w.int_repr(), None  # [V, H] int8
-            self.scales, self.zero_points = w.q_per_channel_scales(), w.q_per_channel_zero_points()
-            self.in_features = int(head.in_features)
-            bias = head.bias()
+            self.weight, bias = head.weight().dequantize(), head.bias()  # [V, H] float32
         else:
-            self.int8, self.weight = None, head.weight.detach()
-            bias = getattr(head, "bias", None)
+            self.weight, bias = head.weight.detach(), getattr(head, "bias", None)
         self.bias = None if bias is None else bias.detach()
 
     def gather(self, ids: torch.Tensor):
-        """(rows, bias) for ids: float [K, H] or a per-row quantized qint8 [K, H]; bias [K] or None."""
+        """(rows [K, H], bias [K] or None) for ids: long [K]."""
         bias = None if self.bias is None else self.bias.index_select(0, ids)
-        if self.int8 is None:
-            return self.weight.index_select(0, ids).contiguous(), bias
-        rows = torch._make_per_channel_quantized_tensor(self.int8.index_select(0, ids),
-                                                        self.scales.index_select(0, ids),
-                                                        self.zero_points.index_select(0, ids), 0)
-        return rows, bias
+        return self.weight.index_select(0, ids).contiguous(), bias
 
 
 class RestrictedHead:
-    """The output layer on the rows S of the vocabulary. ids: long [K], sorted (extend appends). The layer's rows
-    for them are gathered once (float rows, or int8 rows with their own scales for an int8 layer, so the logits on
-    S are exactly the full layer's)."""
+    """The output layer on the rows S of the vocabulary. ids: long [K] sorted; the layer's rows for them are
+    gathered once, so the logits on S are the full layer's (an int8 layer's within its activation rounding: the
+    subset multiplies its int8-valued rows in float32)."""
 
     def __init__(self, head: torch.nn.Module | HeadRows, ids, vocab_size: int):
-        self.source = head if isinstance(head, HeadRows) else HeadRows(head)
+        self.source = head if isinstance(head, HeadRows) else HeadRows.of(head)
         self.vocab_size = vocab_size
-        device = (self.source.weight if self.source.int8 is None else self.source.int8).device
-        self.ids = subset_ids(ids, vocab_size).to(device)
-        self._build(*self.source.gather(self.ids))
-
-    def _build(self, rows, bias) -> None:
+        self.ids = subset_ids(ids, vocab_size).to(self.source.weight.device)
         self.size = int(self.ids.numel())
-        if self.source.int8 is None:
-            self.weight, self.bias, self.int8 = rows, bias, None
-        else:
-            from torch.ao.nn.quantized.dynamic import Linear
-
-            self.int8 = Linear(self.source.in_features, self.size, bias_=bias is not None, dtype=torch.qint8)
-            self.int8.set_weight_bias(rows, bias)
-            self.weight = self.bias = None
+        self.weight, self.bias = self.source.gather(self.ids)  # [K, H], [K] or None
 
     def extend(self, ids) -> "RestrictedHead":
-        """This subset plus `ids`: gathers only the rows of ids not yet in S (appended, so ids are no longer
-        sorted); self when there are none. For S that grows during a generation (tokens the target produced)."""
+        """This subset plus `ids` (a gather of the rows of S ∪ ids), or self when they are all in S already."""
         ids = subset_ids(ids, self.vocab_size).to(self.ids.device)
         new = ids[~torch.isin(ids, self.ids)]
         if new.numel() == 0:
             return self
-        out = object.__new__(RestrictedHead)
-        out.source, out.vocab_size, out.ids = self.source, self.vocab_size, torch.cat([self.ids, new])
-        rows, bias = self.source.gather(new)
-        if self.int8 is None:
-            out._build(torch.cat([self.weight, rows]), None if bias is None else torch.cat([self.bias, bias]))
-        else:
-            old = self.int8.weight()
-            rows = torch._make_per_channel_quantized_tensor(
-                torch.cat([old.int_repr(), rows.int_repr()]),
-                torch.cat([old.q_per_channel_scales(), rows.q_per_channel_scales()]),
-                torch.cat([old.q_per_channel_zero_points(), rows.q_per_channel_zero_points()]), 0)
-            old_bias = self.int8.bias()
-            out._build(rows, None if bias is None else torch.cat([old_bias, bias]))
-        return out
+        return RestrictedHead(self.source, torch.cat([self.ids, new]), self.vocab_size)
 
     def compact(self, hidden: torch.Tensor) -> torch.Tensor:
         """hidden: [N, H] (the output layer's input) -> logits [N, K] in the layer's dtype, before the model's own
         final transforms."""
-        if self.int8 is not None:
-            return self.int8(hidden)
         return F.linear(hidden, self.weight, self.bias)
 
     def widen(self, compact: torch.Tensor) -> torch.Tensor:
