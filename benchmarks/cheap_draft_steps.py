@@ -42,7 +42,8 @@ def environment(args) -> dict:
     import transformers
 
     commit = subprocess.run(["git", "rev-parse", "HEAD"], cwd=ROOT, capture_output=True, text=True).stdout.strip()
-    dirty = subprocess.run(["git", "status", "--porcelain"], cwd=ROOT, capture_output=True, text=True).stdout.strip()
+    dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=ROOT, capture_output=True,
+                           text=True).stdout.strip()  # untracked: this script's own earlier outputs
     return {"commit": commit + ("-dirty" if dirty else ""), "torch": torch.__version__,
             "transformers": transformers.__version__, "python": platform.python_version(),
             "cpu": platform.processor() or platform.machine(), "threads": torch.get_num_threads(),
