@@ -230,8 +230,9 @@ class FastBackend:
         self.vocab_subset = None  # a reduced_vocab.RestrictedHead, or None: the full output layer
 
     def extend_vocab_subset(self, ids) -> None:
-        """Add token ids `ids` (long [K]) to the vocabulary subset (gathering only the new rows); a no-op for the
-        full vocabulary. Call between forwards (a round's q must be the law it was drafted from)."""
+        """Add token ids `ids` (long [K]) to the vocabulary subset (a gather of its rows, ~0.3 ms for 1k rows; none
+        when nothing is new); a no-op for the full vocabulary. Call between rounds (a round's q must be the law it
+        was drafted from)."""
         if self.vocab_subset is not None:
             self.vocab_subset = self.vocab_subset.extend(ids)
 
