@@ -22,6 +22,7 @@ import torch.nn.functional as F
 from multispec.errors import MultispecError, check
 from multispec.models.base import ForwardOut
 from multispec.models.fast_families import FAMILIES
+from multispec.models.int8 import linear_shape
 from multispec.models.layout import attention_layout
 
 SUPPORTED = tuple(FAMILIES)
@@ -58,7 +59,7 @@ class FastNet:
         self.head = model.get_output_embeddings()
         check(self.head is not None and len(self.layers) == len(self.layout.layer_types),
               f"the fast backend cannot read this {cfg.model_type} model's layers; use --backend hf")
-        self.vocab_size, self.hidden_size = int(self.head.weight.shape[0]), int(self.head.weight.shape[1])
+        self.vocab_size, self.hidden_size = linear_shape(self.head)  # float or int8 (models/int8.py)
         self.n_heads = cfg.num_attention_heads
         self.n_kv = getattr(cfg, "num_key_value_heads", None) or self.n_heads
         self.head_dim = getattr(cfg, "head_dim", None) or self.hidden_size // self.n_heads
@@ -152,12 +153,13 @@ class FastNet:
 
     def run(self, tokens: torch.Tensor, positions: torch.Tensor, rows: torch.Tensor, masks: tuple,
             k_cache: list, v_cache: list, total: int | None = None, want_hidden: bool = False,
-            last_only: bool = False):
+            last_only: bool = False, head=None):
         """Write the keys/values of `tokens` (long [N], at `positions`) into cache rows `rows` (long [N]) and return
         (float32 logits [N, V], hidden [N, H] or None). k_cache, v_cache: per layer [H_kv, S, D] (new_cache).
         Attention reads cache rows [0, total); total=None reads
         the width of the masks (the compiled path, whose masks are never None). last_only: the output layer on
-        the last row only (a prefill)."""
+        the last row only (a prefill). head: the output layer to use instead of the model's (a
+        reduced_vocab.RestrictedHead's `compact`: logits [N, K] for a vocabulary subset)."""
         n = tokens.shape[0]
         total = masks[0].shape[-1] if total is None else total
         ropes = self._ropes(positions)
@@ -191,7 +193,7 @@ class FastNet:
                 m = layer.post_feedforward_layernorm(layer.mlp(x))
             x = x + (m * mult if mult is not None else m)
         hidden = self.norm(x[-1:] if last_only else x)
-        logits = self.head(hidden).float()
+        logits = (self.head if head is None else head)(hidden).float()
         if self.logits_div is not None:
             logits = logits / self.logits_div
         if self.final_softcap is not None:
@@ -225,6 +227,25 @@ class FastBackend:
             self.compiled.prepare_cache(self.k_cache, self.v_cache)
         self.pos = torch.zeros(self.max_len + pad, dtype=torch.long, device=self.device)  # position of each row
         self._len = 0
+        self.vocab_subset = None  # a reduced_vocab.RestrictedHead, or None: the full output layer
+
+    def extend_vocab_subset(self, ids) -> None:
+        """Add token ids `ids` (long [K]) to the vocabulary subset (a gather of its rows, ~0.3 ms for 1k rows; none
+        when nothing is new); a no-op for the full vocabulary. Call between rounds (a round's q must be the law it
+        was drafted from)."""
+        if self.vocab_subset is not None:
+            self.vocab_subset = self.vocab_subset.extend(ids)
+
+    def set_vocab_subset(self, ids) -> None:
+        """Restrict the output layer to token ids `ids` (long [K], any order; None: the full vocabulary again).
+        Logits stay [N, V], -inf outside the subset. The compiled path computes every row and masks them."""
+        from multispec.models.reduced_vocab import RestrictedHead
+
+        if ids is None:
+            self.vocab_subset = None
+            return
+        rows = self.net.head if self.vocab_subset is None else self.vocab_subset.source  # read out once
+        self.vocab_subset = RestrictedHead(rows, ids, self.vocab_size)
 
     @property
     def cache_len(self) -> int:
@@ -253,11 +274,16 @@ class FastBackend:
             logits, hidden = self.compiled(self, tokens, positions, mask, start, want_hidden)
             if last_only:
                 logits, hidden = logits[-1:], (None if hidden is None else hidden[-1:])
+            if self.vocab_subset is not None:
+                logits = self.vocab_subset.mask(logits)
         else:
             rows = torch.arange(start, total, device=self.device)
             masks = self.net.masks(mask, positions, self.pos[:total], start, n)
+            subset = self.vocab_subset
             logits, hidden = self.net.run(tokens, positions, rows, masks, self.k_cache, self.v_cache, total,
-                                          want_hidden, last_only)
+                                          want_hidden, last_only, None if subset is None else subset.compact)
+            if subset is not None:
+                logits = subset.widen(logits)
         self._len = total
         return ForwardOut(logits=logits, hidden=hidden)
 

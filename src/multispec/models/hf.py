@@ -21,6 +21,7 @@ from transformers import DynamicCache
 
 from multispec.errors import MultispecError
 from multispec.models.base import ForwardOut
+from multispec.models.int8 import linear_shape
 from multispec.models.layout import AttentionLayout, attention_layout
 
 
@@ -37,14 +38,43 @@ class HFBackend:
         self.device = next(model.parameters()).device
         self.dtype = next(model.parameters()).dtype
         self._head = model.get_output_embeddings()
-        self.vocab_size = int(self._head.weight.shape[0])
-        self.hidden_size = int(self._head.weight.shape[1])
+        self.vocab_size, self.hidden_size = linear_shape(self._head)  # float or int8 (models/int8.py)
         # transformers' causal LMs take logits_to_keep (output layer on the last rows only); custom code may not
         self._keeps_logits = "logits_to_keep" in inspect.signature(model.forward).parameters
         self.cache: DynamicCache | None = None
         self._pos = torch.zeros(0, dtype=torch.long)  # position of each cache row (CPU: no device sync)
         self._rows_are_positions = True  # row i holds position i (a plain chain): the model's own masks are right
+        self.vocab_subset = None  # a reduced_vocab.RestrictedHead, or None: the model's own output layer
         self.reset()
+
+    def extend_vocab_subset(self, ids) -> None:
+        """Add token ids `ids` (long [K]) to the vocabulary subset (a gather of its rows, ~0.3 ms for 1k rows; none
+        when nothing is new); a no-op for the full vocabulary. Call between rounds (a round's q must be the law it
+        was drafted from)."""
+        if self.vocab_subset is not None:
+            self.vocab_subset = self.vocab_subset.extend(ids)
+
+    def set_vocab_subset(self, ids) -> None:
+        """Restrict the output layer to token ids `ids` (long [K], any order; None: the model's own layer again).
+        Logits stay [N, V], -inf outside the subset: the base model's last hidden state goes through the
+        subset's rows of the output layer. Refused in one line for models that transform their logits after
+        that layer (soft-capping, scaling), whose forward this would bypass."""
+        if ids is None:
+            self.vocab_subset = None
+            return
+        from multispec.models.reduced_vocab import RestrictedHead
+
+        scaled = [a for a in ("final_logit_softcapping", "logits_scaling", "logit_scale", "output_multiplier_scale")
+                  if getattr(self.config, a, None) not in (None, 1, 1.0)]
+        if scaled:
+            raise MultispecError(f"a reduced draft vocabulary on the hf backend needs logits straight from the "
+                                 f"output layer; this {self.config.model_type} model applies {scaled[0]}: use "
+                                 f"--backend fast or the full vocabulary")
+        if getattr(self.model, "base_model", None) is None or self.model.base_model is self.model:
+            raise MultispecError(f"{type(self.model).__name__} has no separate base model to take hidden states "
+                                 "from, so its draft vocabulary cannot be reduced; use the full vocabulary")
+        rows = self._head if self.vocab_subset is None else self.vocab_subset.source  # read out once
+        self.vocab_subset = RestrictedHead(rows, ids, self.vocab_size)
 
     @property
     def cache_len(self) -> int:
@@ -80,6 +110,8 @@ class HFBackend:
             if mask is None:
                 mask = _chain_mask(start, n, self.device)
             attn = self._masks(mask.to(self.device), positions.to(self.device))
+        if self.vocab_subset is not None:
+            return self._forward_subset(tokens, positions, attn, want_hidden, last_only, contiguous)
         captured = []
         hook = self._head.register_forward_pre_hook(lambda _m, args: captured.append(args[0])) if want_hidden \
             else None
@@ -97,6 +129,20 @@ class HFBackend:
                                  "its last hidden state is not available (needed by heads); use a method without one")
         hidden = captured[0][0].float() if want_hidden else None
         return ForwardOut(logits=out.logits[0].float(), hidden=hidden)
+
+    def _forward_subset(self, tokens, positions, attn, want_hidden: bool, last_only: bool,
+                        contiguous: bool) -> ForwardOut:
+        """forward's path with a vocabulary subset: the base model, then the subset's rows of the output layer."""
+        out = self.model.base_model(input_ids=tokens.to(self.device)[None],
+                                    position_ids=positions.to(self.device)[None], attention_mask=attn,
+                                    past_key_values=self.cache, use_cache=True)
+        hidden = out.last_hidden_state[0]  # [N, H]
+        if last_only:
+            hidden = hidden[-1:]
+        logits = self.vocab_subset.widen(self.vocab_subset.compact(hidden))
+        self._pos = torch.cat([self._pos, positions])
+        self._rows_are_positions = contiguous
+        return ForwardOut(logits=logits, hidden=hidden.float() if want_hidden else None)
 
     def _continues_rows(self, positions: torch.Tensor, n: int) -> bool:
         """Will every row still hold its own index as position (cache rows 0..cache_len-1 do, and these tokens

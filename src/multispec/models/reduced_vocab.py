@@ -1,0 +1,96 @@
+"""A draft output layer over a subset S of the vocabulary (FR-Spec, 2025; SGLang's --speculative-token-map).
+
+A small draft spends much of its step in the output layer ([V, H] for one row of logits). Restricted to S (the N
+most frequent tokens of a calibration text, see token_freq.py, plus the prompt's tokens), the layer is a [|S|, H]
+matmul over rows gathered once per subset. Logits come back at full width V with -inf outside S, so the draft law
+q = softmax(logits) (after the sampling transforms) is exactly the law the draft samples from, renormalised over
+S, with q = 0 outside S: every verifier runs unchanged and the output law still depends on the target alone.
+
+Backends take a subset with `set_vocab_subset(ids)` (fast and hf backends; None restores the full layer) and grow
+it with `extend_vocab_subset(ids)` (a float gather of |S| rows: cheap enough to add, between rounds, the tokens a
+generation has produced). Scattering [N, |S|] into [N, V] costs 8 us for one row and 27 us for eight at |S| = 1k,
+0.5-1.5% of a small draft's step (benchmarks/results/cheap_draft/steps.md), so full width is what they return.
+"""
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+from multispec.errors import check
+from multispec.models.int8 import is_int8
+
+
+def subset_ids(ids, vocab_size: int) -> torch.Tensor:
+    """ids (any int sequence or tensor) as sorted unique long [K]; refused in one line when empty or out of
+    range [0, vocab_size)."""
+    ids = torch.as_tensor(ids, dtype=torch.long).flatten().unique()  # sorted
+    check(ids.numel() >= 1, "a draft vocabulary subset needs at least one token id")
+    check(int(ids[0]) >= 0 and int(ids[-1]) < vocab_size,
+          f"draft vocabulary ids must lie in [0, {vocab_size}); got {int(ids[0])}..{int(ids[-1])}")
+    return ids
+
+
+class HeadRows:
+    """The rows of an output layer, ready to gather: its float weight [V, H] (+ bias). An int8 layer's rows are
+    dequantized once (the int8 values times their row scales): a subset head of a few thousand rows is as fast in
+    float32 as in int8 (benchmarks/results/cheap_draft/steps.md), and a float gather makes growing S cheap, where
+    int8 rows would be packed again on every change."""
+
+    @classmethod
+    def of(cls, head: torch.nn.Module) -> "HeadRows":
+        """The layer's HeadRows, made on first use and kept on the layer (as FastNet is kept on its model): reading
+        an int8 layer's rows out of its packed form takes ~20 ms, once per draft rather than once per request."""
+        rows = head.__dict__.get("_multispec_head_rows")
+        device = torch.device("cpu") if is_int8(head) else head.weight.device  # int8 layers run on CPU only
+        if rows is None or rows.weight.device != device:
+            rows = cls(head)
+            head.__dict__["_multispec_head_rows"] = rows
+        return rows
+
+    def __init__(self, head: torch.nn.Module):
+        if is_int8(head):
+            self.weight, bias = head.weight().dequantize(), head.bias()  # [V, H] float32
+        else:
+            self.weight, bias = head.weight.detach(), getattr(head, "bias", None)
+        self.bias = None if bias is None else bias.detach()
+
+    def gather(self, ids: torch.Tensor):
+        """(rows [K, H], bias [K] or None) for ids: long [K]."""
+        bias = None if self.bias is None else self.bias.index_select(0, ids)
+        return self.weight.index_select(0, ids).contiguous(), bias
+
+
+class RestrictedHead:
+    """The output layer on the rows S of the vocabulary. ids: long [K] sorted; the layer's rows for them are
+    gathered once, so the logits on S are the full layer's (an int8 layer's within its activation rounding: the
+    subset multiplies its int8-valued rows in float32)."""
+
+    def __init__(self, head: torch.nn.Module | HeadRows, ids, vocab_size: int):
+        self.source = head if isinstance(head, HeadRows) else HeadRows.of(head)
+        self.vocab_size = vocab_size
+        self.ids = subset_ids(ids, vocab_size).to(self.source.weight.device)
+        self.size = int(self.ids.numel())
+        self.weight, self.bias = self.source.gather(self.ids)  # [K, H], [K] or None
+
+    def extend(self, ids) -> "RestrictedHead":
+        """This subset plus `ids` (a gather of the rows of S ∪ ids), or self when they are all in S already."""
+        ids = subset_ids(ids, self.vocab_size).to(self.ids.device)
+        new = ids[~torch.isin(ids, self.ids)]
+        if new.numel() == 0:
+            return self
+        return RestrictedHead(self.source, torch.cat([self.ids, new]), self.vocab_size)
+
+    def compact(self, hidden: torch.Tensor) -> torch.Tensor:
+        """hidden: [N, H] (the output layer's input) -> logits [N, K] in the layer's dtype, before the model's own
+        final transforms."""
+        return F.linear(hidden, self.weight, self.bias)
+
+    def widen(self, compact: torch.Tensor) -> torch.Tensor:
+        """compact: [N, K] -> float32 [N, V], -inf outside S."""
+        out = torch.full((compact.shape[0], self.vocab_size), float("-inf"), dtype=torch.float32,
+                         device=compact.device)
+        return out.index_copy_(1, self.ids, compact.float())
+
+    def mask(self, logits: torch.Tensor) -> torch.Tensor:
+        """Full logits [N, V] -> float32 [N, V] kept on S, -inf elsewhere (for paths that computed every row)."""
+        return self.widen(logits.index_select(1, self.ids))
