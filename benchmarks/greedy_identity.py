@@ -51,9 +51,9 @@ def main() -> None:
                                      **options).token_ids
             outputs[f"{label}/{i}"] = hashlib.sha1(repr(ids).encode()).hexdigest()[:16]
         print(f"{label}: done ({time.time() - started:.0f} s)", file=sys.stderr)
-    ar = {k.split("/")[1]: v for k, v in outputs.items() if k.startswith("ar/")}
+    ar = {k.rsplit("/", 1)[1]: v for k, v in outputs.items() if k.startswith("ar/")}
     same_as_ar = {label: sum(outputs[f"{label}/{i}"] == ar[str(i)] for i in range(len(prompts)))
-                  for label in dict.fromkeys(k.split("/")[0] for k in outputs)}
+                  for label in dict.fromkeys(k.rsplit("/", 1)[0] for k in outputs)}
     from multispec.bench.runner import environment
 
     record = {"meta": environment(pair, sys.argv), "prompts": len(prompts), "max_new_tokens": args.max_new_tokens,

@@ -256,18 +256,18 @@ def test_sd_with_a_reduced_draft_vocabulary_samples_the_target_law():
 
     from engine_utils import chi_square_pvalue, exact_joint, tiny_pair
     from memo_backend import MemoBackend
-    from multispec.engine import default_policy, generate_ids
-    from multispec.methods import build_method
+    from multispec.decoding.engine import generate_ids
+    from multispec.decoding.methods import build_method, build_policy
     from multispec.sampling import SamplingConfig
 
     v, length, n, prompt = 8, 3, 6000, [1, 4, 2]
     target, draft = tiny_pair(vocab=v, seed=3, noise=0.6)
     sampling, config = SamplingConfig(temperature=1.0), build_method("sd", k=2, verifier="sd")
     t, d = MemoBackend(target, {}), _SubsetMemo(MemoBackend(draft, {}), [1, 2, 6])
-    policy = default_policy(config)
+    policy = build_policy(config)
     counts = np.zeros(v ** length, dtype=np.int64)
     for seed in range(n):
-        ids, _, _ = generate_ids(t, d, prompt, config, sampling, length, seed, set(), policy=policy)
+        ids, _ = generate_ids(t, d, prompt, config, sampling, length, seed, set(), policy=policy)
         counts[np.ravel_multi_index(ids[:length], (v,) * length)] += 1
     probs = exact_joint(target, prompt, sampling, length, v)
     assert chi_square_pvalue(counts, probs) > 1e-3  # the joint law of the first 3 tokens
@@ -277,8 +277,8 @@ def test_sd_with_a_reduced_draft_vocabulary_samples_the_target_law():
 @pytest.mark.parametrize("kind", ["fast", "hf"])
 def test_greedy_sd_with_a_cheap_draft_is_the_targets_greedy_output(kind):
     from engine_utils import greedy_reference, tiny_pair
-    from multispec.engine import default_policy, generate_ids
-    from multispec.methods import build_method
+    from multispec.decoding.engine import generate_ids
+    from multispec.decoding.methods import build_method, build_policy
     from multispec.sampling import SamplingConfig
 
     target, draft = tiny_pair(vocab=V, seed=4, noise=0.3)
@@ -286,6 +286,6 @@ def test_greedy_sd_with_a_cheap_draft_is_the_targets_greedy_output(kind):
     d = make_backend(quantize_draft(draft), kind)
     d.set_vocab_subset(draft_vocab(TokenFrequencies("x", V, tuple(range(V)), "test"), 8, prompt))
     config = build_method("sd", k=3)
-    ids, _, _ = generate_ids(make_backend(target, kind), d, prompt, config, SamplingConfig(temperature=0.0), 12, 0,
-                             set(), policy=default_policy(config))
+    ids, _ = generate_ids(make_backend(target, kind), d, prompt, config, SamplingConfig(temperature=0.0), 12, 0,
+                             set(), policy=build_policy(config))
     assert ids == greedy_reference(target, prompt, 12)

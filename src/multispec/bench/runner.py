@@ -292,7 +292,8 @@ def _make_runner(spec: MethodSpec, pair, eos: set[int], shadow: _Shadow | None =
 
     from multispec.decoding.decoder import Decoder
 
-    decoder = Decoder(pair, spec.config, spec.backend, wrap_target=shadow.wrap if shadow is not None else None)
+    decoder = Decoder(pair, spec.config, spec.backend, wrap_target=shadow.wrap if shadow is not None else None,
+                      **spec.decoder_options)
 
     def run_engine(ids, sampling, max_new, seed, knob):
         new, metrics = decoder.run(ids, sampling, max_new, seed)

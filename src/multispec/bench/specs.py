@@ -3,7 +3,7 @@
     ar                                   sd:k=4                       sd:heuristic=1
     mcsd:tree=4-2-2-1,verifier=rrs-wor   ti-mcsd:tree=2-4-3-1-1       dynamic:width=4,depth=5,decision_model=PATH
     specdecpp:head=PATH,threshold=0.7    hf-assisted                  hf-assisted:num_assistant_tokens=6
-    hf-assisted:best
+    hf-assisted:best                     sd:k=4,draft_vocab=1024,draft_dtype=int8     auto:backend=fast
 
 Tree shapes use '-' between levels (',' separates options). Values are parsed as int, then float, else kept as
 text. Every spec is validated by `multispec.decoding.methods.build_method` (or the hf-assisted rules) before any model loads.
@@ -17,6 +17,7 @@ from multispec.models import BACKENDS
 from multispec.decoding.methods import MethodConfig, build_method, method_names
 
 HF_ASSISTED = "hf-assisted"
+DECODER_OPTIONS = ("draft_vocab", "draft_dtype")  # options of the Decoder (any method that drafts), not of a method
 HF_BEST_SWEEP = (1, 2, 3, 4, 6, 8)
 
 
@@ -33,6 +34,7 @@ class MethodSpec:
     hf_tokens: int | None = None
     hf_best: bool = False
     backend: str = "hf"
+    decoder_options: dict = field(default_factory=dict)  # draft_vocab / draft_dtype: the Decoder's, not the method's
 
     @property
     def lossless(self) -> bool:
@@ -74,12 +76,17 @@ def parse_method_spec(text: str) -> MethodSpec:
     check(not flags, f"method spec {text!r}: option(s) {', '.join(flags)} need a value (key=value)")
     backend = options.pop("backend", "hf")
     check(backend in BACKENDS, f"method spec {text!r}: unknown backend {backend!r}; choose one of {', '.join(BACKENDS)}")
+    decoder_options = {k: options.pop(k) for k in DECODER_OPTIONS if k in options}
     try:
         config = build_method(name, **options)
+        from multispec.models.cheap import CheapDraft
+
+        CheapDraft(vocab=decoder_options.get("draft_vocab"), dtype=decoder_options.get("draft_dtype"))
     except MultispecError as e:
         raise MultispecError(f"method spec {text!r}: {e}") from None
-    label_options = options if backend == "hf" else {**options, "backend": backend}
-    return MethodSpec(label=_label(name, label_options), name=name, options=options, config=config, backend=backend)
+    label_options = {**options, **decoder_options, **({} if backend == "hf" else {"backend": backend})}
+    return MethodSpec(label=_label(name, label_options), name=name, options=options, config=config, backend=backend,
+                      decoder_options=decoder_options)
 
 
 def _hf_spec(text: str, options: dict, flags: list[str]) -> MethodSpec:

@@ -5,7 +5,7 @@ import sys
 import click
 
 from multispec.cli import cli
-from multispec.cli.method_options import collect_method_options, method_options
+from multispec.cli.method_options import check_method_options, collect_method_options, method_options
 from multispec.errors import check
 from multispec.decoding.methods import DEFAULT_METHOD, method_names
 
@@ -46,7 +46,6 @@ def generate_command(prompt, prompt_file, target, draft, method, temperature, to
                      reproducible, stop, device, dtype, backend, compile_, threads, stream, as_json, baseline, **method_kw):
     """Generate a continuation of PROMPT with speculative decoding ('-': read it from stdin)."""
     from multispec.api import generate, load_pair, resolve_device
-    from multispec.decoding.methods import build_method
     from multispec.validate import stop_strings
     from multispec.sampling import SamplingConfig
     from multispec.threads import set_threads
@@ -56,7 +55,7 @@ def generate_command(prompt, prompt_file, target, draft, method, temperature, to
     check(prompt != "", "the prompt is empty")
     options = collect_method_options(method_kw)
     SamplingConfig(temperature=1.0 if temperature is None else temperature, top_k=top_k, top_p=top_p)
-    config = build_method(method, **options)
+    config = check_method_options(method, options)
     stops = stop_strings(list(stop))
     resolve_device(device)
     check(not (compile_ and backend not in (None, "compiled")),

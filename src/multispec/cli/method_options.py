@@ -24,6 +24,10 @@ _OPTIONS = [  # click decorators, in the order --help lists them
     click.option("--threshold", type=float, help="specdecpp: stop when P(some rejection) > h (0.7)."),
     click.option("--k-min", type=int, help="specdecpp: minimum draft length (2)."),
     click.option("--k-max", type=int, help="specdecpp: maximum draft length (20)."),
+    click.option("--draft-vocab", type=int, help="Any method drafting with the draft model: its output layer on the "
+                 "N most frequent tokens plus the prompt's (a cheaper draft; output unchanged)."),
+    click.option("--draft-dtype", type=click.Choice(["float32", "int8"]), help="int8: int8 draft weights (CPU; a "
+                 "cheaper draft; output unchanged)."),
 ]
 
 
@@ -42,3 +46,14 @@ def collect_method_options(kwargs: dict) -> dict:
     if "tree" in options:
         options["tree"] = parse_shape(options["tree"])
     return options
+
+
+def check_method_options(method: str | None, options: dict):
+    """Validate the method's options and the Decoder's draft options (draft_vocab, draft_dtype) before any model
+    loads; returns the MethodConfig (None when method is None: the default method with no options checked)."""
+    from multispec.decoding.methods import DEFAULT_METHOD, build_method
+    from multispec.models.cheap import CheapDraft
+
+    CheapDraft(vocab=options.get("draft_vocab"), dtype=options.get("draft_dtype"))
+    method_only = {k: v for k, v in options.items() if k not in ("draft_vocab", "draft_dtype")}
+    return build_method(method or DEFAULT_METHOD, **method_only)

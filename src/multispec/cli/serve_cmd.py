@@ -4,7 +4,7 @@ from pathlib import Path
 import click
 
 from multispec.cli import cli
-from multispec.cli.method_options import collect_method_options, method_options
+from multispec.cli.method_options import check_method_options, collect_method_options, method_options
 from multispec.errors import check
 from multispec.decoding.methods import method_names
 
@@ -37,10 +37,8 @@ def serve_command(target, draft, method, host, port, served_model_name, max_conc
     """Serve the pair over HTTP with the OpenAI API: /v1/completions, /v1/chat/completions, /v1/models,
     /health, /metrics."""
     options = collect_method_options(method_kw)
+    config = check_method_options(method, options)  # fail fast, before the models load
     if method is not None:
-        from multispec.decoding.methods import build_method
-
-        config = build_method(method, **options)  # fail fast, before the models load
         if not config.lossless:
             click.echo(f"warning: {method} with these settings is LOSSY: its output distribution differs from the "
                        "target's", err=True)

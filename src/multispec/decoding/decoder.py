@@ -50,10 +50,13 @@ class Decoder:
     """See the module docstring. method: a registered method name (options as keywords) or a built MethodConfig.
     backend: "hf", "fast" or "compiled" (default: "compiled" for a pair loaded with compile=True, else "hf").
     wrap_target(backend) -> backend: wraps the target backend (the bench's shadow target). loaded: the method's
-    trained models, already read (spawn passes them)."""
+    trained models, already read (spawn passes them). draft_vocab=N: the draft's output layer restricted to the
+    N most frequent tokens plus the prompt's (grown with every committed token); draft_dtype="int8": int8 draft
+    weights (CPU). Both only make the draft cheaper: the output law is the target's either way (models/cheap.py)."""
 
     def __init__(self, pair: Pair, method: str | MethodConfig = "auto", backend: str | None = None, *,
-                 wrap_target: Callable | None = None, loaded: dict | None = None, **method_options):
+                 wrap_target: Callable | None = None, loaded: dict | None = None, draft_vocab: int | None = None,
+                 draft_dtype: str | None = None, **method_options):
         check(isinstance(pair, Pair), f"pair must be a multispec Pair from load_pair(), got {type(pair).__name__}")
         if isinstance(method, MethodConfig):
             check(not method_options, "give method options to build_method, not beside a built MethodConfig")
@@ -65,6 +68,12 @@ class Decoder:
         check(not self.entry.needs_draft or pair.draft is not None,
               f"method {self.config.name!r} needs a draft model; load the pair with a draft")
         self.uses_draft = pair.draft is not None and self.entry.drafts_with_model(self.config)
+        from multispec.models.cheap import CheapDraft
+
+        self.cheap = CheapDraft(vocab=draft_vocab, dtype=draft_dtype)  # validated here, one line on bad values
+        self.draft_model = self.cheap.draft_model(pair.draft) if self.uses_draft else None  # int8: a copy, once
+        self.token_freq = self.cheap.frequencies(pair.tokenizer, vocab_rows(pair.draft)) \
+            if self.uses_draft else None
         _refuse_trees_where_inexact(pair, self.config, self.uses_draft)
         self.loaded = loaded if loaded is not None else \
             (self.entry.load(self.config, pair) if self.entry.load is not None else {})
@@ -84,7 +93,9 @@ class Decoder:
 
     def spawn(self) -> "Decoder":
         """Another Decoder of the same pair, method and backend, sharing the trained models read by this one."""
-        return Decoder(self.pair, self.config, self.backend, wrap_target=self.wrap_target, loaded=self.loaded)
+        twin = Decoder(self.pair, self.config, self.backend, wrap_target=self.wrap_target, loaded=self.loaded)
+        twin.cheap, twin.draft_model, twin.token_freq = self.cheap, self.draft_model, self.token_freq
+        return twin
 
     # ------------------------------------------------------------------ token ids
     def fit_context(self, prompt_len: int, max_new_tokens: int, warnings: list[str]) -> int:
@@ -107,6 +118,8 @@ class Decoder:
         cut length or None; on_tokens(new_ids) after each round; reproducible: see `generate`. Returns the new ids
         and the metrics record."""
         target, draft = self._backends(len(prompt_ids) + max_new_tokens)
+        if draft is not None and self.cheap.vocab is not None:  # this prompt's draft vocabulary
+            draft.set_vocab_subset(self.cheap.subset(self.token_freq, prompt_ids))
         return generate_ids(target, draft, prompt_ids, self.config, sampling, max_new_tokens, seed, self.eos_ids,
                             stop, on_tokens, self.policy, reproducible)
 
@@ -123,7 +136,7 @@ class Decoder:
             kw = {} if self.backend == "hf" else {"max_len": rows}
             target = make_backend(self.pair.target, self.backend, **kw)
             self._target = self.wrap_target(target) if self.wrap_target is not None else target
-            self._draft = make_backend(self.pair.draft, self.backend, **kw) if self.uses_draft else None
+            self._draft = make_backend(self.draft_model, self.backend, **kw) if self.uses_draft else None
             self._rows = rows
         return self._target, self._draft
 
@@ -200,6 +213,8 @@ class Decoder:
             "top_k": sampling.top_k,
             "top_p": sampling.top_p,
             "backend": self.backend,
+            "draft_vocab": self.cheap.vocab,
+            "draft_dtype": self.cheap.dtype,
             **metrics.stats(),
         }
         extra = self.policy.report()

@@ -97,6 +97,8 @@ def generate_ids(
             outcome = _di_round(target, draft, state, policy, sampling, spec, gen_draft, gen_verify, c, limit, key)
         policy.observe(outcome)
         c.count(outcome)
+        if draft is not None and getattr(draft, "vocab_subset", None) is not None:  # between rounds, never inside
+            draft.extend_vocab_subset(outcome.committed)  # one: a round's q is the law its drafts came from
         new.extend(outcome.committed)
         state.history.extend(outcome.committed)
         cut = _cut(new, max_new_tokens, eos_ids, stop)
