@@ -22,7 +22,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from multispec.errors import MultispecError, check
+from multispec.errors import MultispecError, check, parse_bool
 
 METHODS = ("auto", "ar", "sd", "mcsd", "ti-mcsd", "dynamic", "specdecpp", "lookup")
 DEFAULT_METHOD = "auto"  # the API's, the CLI's and the server's default method: change it here only
@@ -111,11 +111,12 @@ def build_method(name: str, **options) -> MethodConfig:
     confidence, entropy = _stop_rule(o)
     if name == "sd":
         k = _int(o.get("k", 4), "k", 1)
-        check(not (o.get("heuristic") and (confidence is not None or entropy is not None)),
+        heuristic = parse_bool(o.get("heuristic", False), "heuristic")
+        check(not (heuristic and (confidence is not None or entropy is not None)),
               "sd: choose one of heuristic, confidence, entropy")
         # block by default: never worse than token-level sd in expectation, +10-12% MAL at k >= 6 (README)
         verifier = _chain_verifier(o.get("verifier", "block"), "sd")
-        return MethodConfig(name="sd", tree=(1,) * k, verifier=verifier, heuristic=bool(o.get("heuristic", False)),
+        return MethodConfig(name="sd", tree=(1,) * k, verifier=verifier, heuristic=heuristic,
                             confidence=confidence, entropy=entropy, options=o)
     if name == "mcsd":
         tree = _shape(o.get("tree", (4, 2, 2, 1)))
@@ -136,7 +137,7 @@ def build_method(name: str, **options) -> MethodConfig:
         width = _int(o.get("width", 4), "width", 1)
         depth = _int(o.get("depth", 5), "depth", 1)
         beta = _prob(o.get("beta", 0.4), "beta")
-        target_init = bool(o.get("target_init", False))
+        target_init = parse_bool(o.get("target_init", False), "target_init")
         tree = (width,) + (1,) * (depth - 1 + (1 if target_init else 0))
         verifier = "sd" if target_init else _verifier(o.get("verifier", "rrs-wor"), tree)
         dm = o.get("decision_model")

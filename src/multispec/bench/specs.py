@@ -3,21 +3,24 @@
     ar                                   sd:k=4                       sd:heuristic=1
     mcsd:tree=4-2-2-1,verifier=rrs-wor   ti-mcsd:tree=2-4-3-1-1       dynamic:width=4,depth=5,decision_model=PATH
     specdecpp:head=PATH,threshold=0.7    hf-assisted                  hf-assisted:num_assistant_tokens=6
-    hf-assisted:best
+    hf-assisted:best                     auto:proposers=draft+lookup,max_nodes=16            dynamic:target_init=false
 
-Tree shapes use '-' between levels (',' separates options). Values are parsed as int, then float, else kept as
-text. Every spec is validated by `multispec.methods.build_method` (or the hf-assisted rules) before any model loads.
+List values use '-' (tree shapes: levels) or '+' (auto's proposers) between items, since ',' separates options.
+Booleans (heuristic, target_init) are strict: true/false/1/0, any case; anything else is refused. Other values are
+parsed as int, then float, else kept as text. Every spec is validated by `multispec.methods.build_method` (or the hf-assisted rules) before any model loads.
 """
 from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from multispec.errors import MultispecError, check
+from multispec.cli.method_options import AUTO_MAX_NODES
+from multispec.errors import MultispecError, check, parse_bool
 from multispec.models import BACKENDS
 from multispec.methods import METHODS, MethodConfig, build_method
 
 HF_ASSISTED = "hf-assisted"
 HF_BEST_SWEEP = (1, 2, 3, 4, 6, 8)
+BOOL_OPTIONS = {"heuristic", "target_init"}
 
 
 @dataclass(frozen=True)
@@ -75,6 +78,10 @@ def parse_method_spec(text: str) -> MethodSpec:
     backend = options.pop("backend", "hf")
     check(backend in BACKENDS, f"method spec {text!r}: unknown backend {backend!r}; choose one of {', '.join(BACKENDS)}")
     try:
+        for key in BOOL_OPTIONS & set(options):
+            options[key] = parse_bool(options[key], key)
+        mn = options.get("max_nodes")
+        check(not isinstance(mn, int) or mn <= AUTO_MAX_NODES, f"max_nodes must be at most {AUTO_MAX_NODES}, got {mn}")
         config = build_method(name, **options)
     except MultispecError as e:
         raise MultispecError(f"method spec {text!r}: {e}") from None
@@ -102,7 +109,7 @@ def _hf_spec(text: str, options: dict, flags: list[str]) -> MethodSpec:
 def _value(key: str, v: str):
     if key == "tree":
         return v.replace("-", ",")  # build_method parses and validates the shape
-    if key in ("head", "decision_model", "verifier"):
+    if key in ("head", "decision_model", "verifier", "proposers"):
         return v
     for cast in (int, float):
         try:
@@ -115,5 +122,6 @@ def _value(key: str, v: str):
 def _label(name: str, options: dict) -> str:
     if not options:
         return name
-    shown = [f"{k}={str(v).replace(',', '-')}" for k, v in options.items()]
+    text = {k: str(v).lower() if isinstance(v, bool) else str(v) for k, v in options.items()}
+    shown = [f"{k}={v.replace(',', '-')}" for k, v in text.items()]
     return f"{name}:{','.join(shown)}"
