@@ -4,6 +4,7 @@ recovery (state files), or the documented behaviour; never a traceback, a 500 or
 import io
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -146,3 +147,105 @@ def test_bom_is_stripped_from_prompt_files(tmp_path, monkeypatch):
     assert _read_prompt(None, (str(f),)) == "def f(x):"
     monkeypatch.setattr(sys, "stdin", io.TextIOWrapper(io.BytesIO(b"\xef\xbb\xbfx = 1")))
     assert _read_prompt("-", ()) == "x = 1"
+
+
+# ----------------------------------------------------------------------------------- 1. state files never crash a run
+@pytest.mark.parametrize("content", [b"[]", b'"costs"', b"0", b"null", b"{", b"\xff\xfe", b'{"k": 1}',
+                                     b"[1, 2, 3]"])
+def test_malformed_cost_cache_file_is_ignored_with_one_warning(pair, tmp_path, monkeypatch, content):
+    from multispec.drafting import costs
+
+    monkeypatch.setenv("MULTISPEC_CACHE_DIR", str(tmp_path))
+    monkeypatch.setattr(costs, "_MEMORY", {})
+    monkeypatch.setattr(costs, "_WARNED", set())
+    cache = tmp_path / "costs-v1.json"
+    cache.write_bytes(content)
+    with warnings.catch_warnings(record=True) as seen:
+        warnings.simplefilter("always")
+        out = multispec.generate(pair, "x = 1", method="auto", max_new_tokens=3, temperature=0.0)
+    assert out.stats["new_tokens"] >= 1
+    named = [w for w in seen if str(cache) in str(w.message)]
+    if content != b'{"k": 1}':  # a valid object without this model's key: nothing to warn about
+        assert len(named) == 1, [str(w.message) for w in seen]
+    assert isinstance(json.loads(cache.read_text()), dict)  # recalibrated and written back
+
+
+@pytest.mark.parametrize("entry", [[], "x", 0, {"target": []}, {"target": [0.0] * 7, "draft": [0.0] * 7},
+                                   {"target": [1e-3] * 3, "draft": [1e-3] * 7},
+                                   {"target": [1e-3] * 7, "draft": [1e-3, "a"] + [1e-3] * 5},
+                                   {"target": [float("nan")] * 7, "draft": [1e-3] * 7},
+                                   {"target": [1e-3] * 7, "draft": [1e-3] * 7, "overhead": []},
+                                   {"target": [1e-3] * 7, "draft": [1e-3] * 7, "overhead": {"round_s": "x"}},
+                                   {"target": [-1.0] * 7, "draft": [1e-3] * 7}])
+def test_implausible_cost_cache_entry_is_ignored_and_recalibrated(pair, tmp_path, monkeypatch, entry):
+    from multispec.drafting import costs
+
+    monkeypatch.setenv("MULTISPEC_CACHE_DIR", str(tmp_path))
+    monkeypatch.setattr(costs, "_MEMORY", {})
+    monkeypatch.setattr(costs, "_WARNED", set())
+    multispec.generate(pair, "x = 1", method="auto", max_new_tokens=2, temperature=0.0)  # writes a valid cache
+    cache = tmp_path / "costs-v1.json"
+    data = json.loads(cache.read_text())
+    data = {k: entry for k in data}
+    cache.write_text(json.dumps(data))
+    monkeypatch.setattr(costs, "_MEMORY", {})
+    with warnings.catch_warnings(record=True) as seen:
+        warnings.simplefilter("always")
+        out = multispec.generate(pair, "x = 1", method="auto", max_new_tokens=3, temperature=0.0)
+    assert out.stats["new_tokens"] >= 1
+    assert sum(str(cache) in str(w.message) for w in seen) == 1
+    assert costs._valid_entry(json.loads(cache.read_text())[next(iter(data))], True)
+
+
+@pytest.mark.parametrize("config,needle", [(b"[]", "not a JSON object"), (b"\xff", "not UTF-8 JSON"),
+                                           (b'{"format": "multispec-decision"', "not UTF-8 JSON")])
+def test_malformed_decision_model_is_one_line(tmp_path, config, needle):
+    from multispec.heads.decision import load_decision_model
+
+    (tmp_path / "config.json").write_bytes(config)
+    (tmp_path / "model.safetensors").write_bytes(b"not safetensors")
+    with pytest.raises(MultispecError, match=needle):
+        load_decision_model(tmp_path)
+
+
+# ----------------------------------------------------------------------------------- 2. SIGTERM keeps the work
+def _spawn(*args):
+    env = {**os.environ, "PYTHONPATH": SRC, "OMP_NUM_THREADS": "1"}
+    return subprocess.Popen([sys.executable, "-m", "multispec", *args], stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, env=env)
+
+
+def test_sigterm_during_generate_prints_the_partial_text_and_exits_143():
+    proc = _spawn("generate", "def f(x):", "--method", "ar", "--max-new-tokens", "100000", "--temperature", "1",
+                  "--seed", "0", "--stream", "--threads", "1")
+    seen = b""
+    deadline = time.time() + 120
+    while len(seen) < 30 and time.time() < deadline:
+        seen += os.read(proc.stdout.fileno(), 64)
+    proc.send_signal(signal.SIGTERM)
+    out, err = proc.communicate(timeout=60)
+    assert proc.returncode == 143, err.decode()
+    assert b"Traceback" not in err and b"terminated" in err
+    assert (seen + out).startswith(b"def f(x):") and len(seen + out) > 30
+
+
+def test_sigterm_during_bench_writes_the_partial_results(tmp_path):
+    data = tmp_path / "p.jsonl"
+    data.write_text("".join(json.dumps({"prompt": f"def f{i}(x):"}) + "\n" for i in range(2000)))
+    out = tmp_path / "out"
+    proc = _spawn("bench", "--dataset", str(data), "--methods", "ar", "--max-new-tokens", "64", "--warmup", "0",
+                  "--out", str(out), "--threads", "1")
+    err = b""
+    deadline = time.time() + 120
+    while not re.search(rb"\| *([3-9]|\d\d+)/2000", err) and time.time() < deadline:  # progress bar: >= 3 done
+        chunk = os.read(proc.stderr.fileno(), 256)
+        if not chunk:
+            break
+        err += chunk
+    proc.send_signal(signal.SIGTERM)
+    _, rest = proc.communicate(timeout=60)
+    err += rest
+    assert proc.returncode == 143, err.decode()[-2000:]
+    assert b"Traceback" not in err
+    results = json.loads((out / "results.json").read_text())
+    assert "partial" in results and len(results["records"]) >= 3
