@@ -249,3 +249,152 @@ def test_sigterm_during_bench_writes_the_partial_results(tmp_path):
     assert b"Traceback" not in err
     results = json.loads((out / "results.json").read_text())
     assert "partial" in results and len(results["records"]) >= 3
+
+
+# ----------------------------------------------------------------------------------- server: text, start-up, signals
+@pytest.fixture(scope="module")
+def client(pair):
+    from fastapi.testclient import TestClient
+
+    from multispec.serve import ServeSettings, create_app
+
+    with TestClient(create_app(pair, ServeSettings(model_name="tiny"))) as c:
+        yield c
+
+
+@pytest.mark.parametrize("body,needle", [
+    (b'{"prompt": "x\xff", "max_tokens": 2}', "not valid UTF-8"),
+    (b'\xff\xfe{"prompt": "x"}', "not valid UTF-8"),
+    (b'{"prompt": "x \\ud800", "max_tokens": 2}', "lone surrogate"),
+    (b'{"prompt": "x", "model": "\\udcff", "max_tokens": 2}', "lone surrogate"),
+    (b'{"prompt": ["\\ud83d"], "max_tokens": 2}', "lone surrogate"),
+    (b'{"prompt": "x", "stop": ["\\udfff"], "max_tokens": 2}', "lone surrogate"),
+])
+def test_server_text_that_is_not_utf8_is_a_400(client, body, needle):
+    r = client.post("/v1/completions", content=body, headers={"content-type": "application/json"})
+    assert r.status_code == 400 and needle in r.json()["error"]["message"], r.text
+
+
+def test_server_chat_with_a_lone_surrogate_is_a_400(client):
+    body = b'{"messages": [{"role": "user", "content": "hi \\ud800"}]}'
+    r = client.post("/v1/chat/completions", content=body, headers={"content-type": "application/json"})
+    assert r.status_code == 400 and "lone surrogate" in r.json()["error"]["message"]
+
+
+def test_serve_refuses_a_port_in_use_before_loading(capsys, tmp_path):
+    import socket
+
+    with socket.socket() as busy:
+        busy.bind(("127.0.0.1", 0))
+        busy.listen()
+        port = busy.getsockname()[1]
+        code, _, err = run_cli(capsys, "serve", "--port", str(port), "--target", str(tmp_path / "missing"))
+    assert_one_line_error(code, err, f"port {port} on 127.0.0.1 is already in use")
+
+
+@pytest.mark.parametrize("template,needle", [("{% for m in messages %}{{ m['content'] }}", "does not parse"),
+                                             ("{{ messages[0]['content'] | nosuchfilter }}", "does not parse"),
+                                             ("{% if %}x{% endif %}", "does not parse")])
+def test_serve_refuses_a_chat_template_that_does_not_parse_before_loading(capsys, tmp_path, template, needle):
+    f = tmp_path / "t.jinja"
+    f.write_text(template)
+    code, _, err = run_cli(capsys, "serve", "--chat-template", str(f), "--target", str(tmp_path / "missing"))
+    assert_one_line_error(code, err, needle)
+
+
+@pytest.mark.parametrize("template", ["{{ raise_exception('no system messages') }}",
+                                      "{{ messages[5]['content'] }}", "{{ 1 / 0 }}", "{% if false %}x{% endif %}"])
+def test_serve_refuses_a_chat_template_that_does_not_render(dirs, template):
+    from multispec.cli.serve_cmd import check_template_renders
+
+    tok = multispec.load_pair(target=str(dirs["target"]), draft=str(dirs["draft"])).tokenizer
+    with pytest.raises(MultispecError, match="chat template t.jinja .*(cannot render|as empty text)"):
+        check_template_renders(tok, template, "t.jinja")
+
+
+def test_serve_refuses_a_binary_chat_template(capsys, tmp_path):
+    f = tmp_path / "t.jinja"
+    f.write_bytes(b"\x89PNG\xff\xfe")
+    code, _, err = run_cli(capsys, "serve", "--chat-template", str(f), "--target", str(tmp_path / "missing"))
+    assert_one_line_error(code, err, "not valid UTF-8")
+
+
+SERVER_SCRIPT = r'''
+import sys, threading, time
+import uvicorn
+from multispec import load_pair
+from multispec.api import GenerationResult
+from multispec.cli import install_sigterm_handler
+from multispec.cli.serve_cmd import _Server
+from multispec.serve import ServeSettings, create_app
+
+ended = []
+
+def gated(pair, prompt, stream=None, **kw):  # streams "x" forever unless cancelled through its callback
+    try:
+        while True:
+            time.sleep(0.01)
+            stream("x")
+    except Exception as e:
+        ended.append(time.time())
+        print("generation ended by", type(e).__name__, file=sys.stderr, flush=True)
+        raise
+
+pair = load_pair(target=sys.argv[1], draft=sys.argv[2])
+app = create_app(pair, ServeSettings(model_name="tiny"), generate_fn=gated)
+config = uvicorn.Config(app, host="127.0.0.1", port=int(sys.argv[3]), log_level="warning")
+print("ready", file=sys.stderr, flush=True)
+install_sigterm_handler()  # as `multispec serve` runs under multispec.cli.main
+try:
+    _Server(config, app, float(sys.argv[4])).run()
+except KeyboardInterrupt:  # uvicorn raises the captured signal again once it has stopped
+    print("interrupted", file=sys.stderr, flush=True)
+'''
+
+
+def _free_port() -> int:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.mark.parametrize("signals,drain", [((signal.SIGINT, signal.SIGINT), 60.0), ((signal.SIGTERM,), 1.0)],
+                         ids=["second-ctrl-c", "sigterm-drain-bound"])
+def test_server_stop_answers_in_flight_requests_with_an_error_object(dirs, signals, drain):
+    import threading
+
+    import httpx
+
+    port = _free_port()
+    env = {**os.environ, "PYTHONPATH": SRC, "OMP_NUM_THREADS": "1"}
+    proc = subprocess.Popen([sys.executable, "-c", SERVER_SCRIPT, str(dirs["target"]), str(dirs["draft"]),
+                             str(port), str(drain)], stderr=subprocess.PIPE, env=env)
+    try:
+        url = f"http://127.0.0.1:{port}"
+        for _ in range(600):
+            try:
+                if httpx.get(url + "/health", timeout=1).status_code == 200:
+                    break
+            except httpx.HTTPError:
+                time.sleep(0.1)
+        replies = []
+        t = threading.Thread(target=lambda: replies.append(httpx.post(url + "/v1/completions", json={
+            "prompt": "x", "max_tokens": 100}, timeout=60)))
+        t.start()
+        time.sleep(1.0)  # the request is in flight
+        t0 = time.time()
+        for sig in signals:
+            proc.send_signal(sig)
+            time.sleep(0.2)
+        t.join(30)
+        _, err = proc.communicate(timeout=30)
+        took = time.time() - t0
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert replies and replies[0].status_code == 503, (replies, err.decode()[-2000:])
+    assert replies[0].json()["error"]["code"] == "shutting_down"
+    assert b"generation ended by Cancelled" in err and b"Traceback" not in err, err.decode()[-2000:]
+    assert took < drain + 10, took
