@@ -398,3 +398,34 @@ def test_server_stop_answers_in_flight_requests_with_an_error_object(dirs, signa
     assert replies[0].json()["error"]["code"] == "shutting_down"
     assert b"generation ended by Cancelled" in err and b"Traceback" not in err, err.decode()[-2000:]
     assert took < drain + 10, took
+
+
+# ----------------------------------------------------------------------------------- 5. compiled code cached where said
+COMPILE_SCRIPT = r'''
+import os, sys, torch
+from torch._inductor.runtime.cache_dir_utils import cache_dir
+torch_default = cache_dir()  # torch fills TORCHINDUCTOR_CACHE_DIR in with its own default first
+import multispec
+from multispec.models import make_backend
+pair = multispec.load_pair(target=sys.argv[1], draft=sys.argv[2])
+backend = make_backend(pair.target, "compiled", max_len=64)
+backend.forward(torch.zeros(3, dtype=torch.long), torch.arange(3))
+print("TORCH_DEFAULT", torch_default)
+print("ENV", os.environ["TORCHINDUCTOR_CACHE_DIR"])
+'''
+
+
+def test_compiled_code_goes_to_multispec_cache_dir_even_after_torch_set_its_default(dirs, tmp_path):
+    from multispec.models.fast_compile import has_cpp_compiler
+
+    if not has_cpp_compiler():
+        pytest.skip("torch inductor needs a C++ compiler on the CPU")
+    env = {**os.environ, "PYTHONPATH": SRC, "OMP_NUM_THREADS": "1", "MULTISPEC_CACHE_DIR": str(tmp_path)}
+    env.pop("TORCHINDUCTOR_CACHE_DIR", None)
+    out = subprocess.run([sys.executable, "-c", COMPILE_SCRIPT, str(dirs["target"]), str(dirs["draft"])],
+                         capture_output=True, text=True, env=env, timeout=600)
+    assert out.returncode == 0, out.stderr[-3000:]
+    assert f"ENV {tmp_path / 'inductor'}" in out.stdout
+    assert any((tmp_path / "inductor").rglob("*")), "nothing was cached under $MULTISPEC_CACHE_DIR/inductor"
+    progress = [ln for ln in out.stderr.splitlines() if ln.startswith("multispec: compiling")]
+    assert progress and "target (" in progress[0] and f"1 of {7}" in progress[0] and "6 to go" in progress[0]

@@ -188,8 +188,9 @@ def update_after_generation(model: CostModel, overhead: dict | None = None) -> b
 
 
 def _cache_file() -> Path:
-    root = os.environ.get("MULTISPEC_CACHE_DIR") or os.path.join(os.path.expanduser("~"), ".cache", "multispec")
-    return Path(root) / "costs-v1.json"
+    from multispec.paths import cache_root
+
+    return cache_root() / "costs-v1.json"
 
 
 _WARNED: set[str] = set()
