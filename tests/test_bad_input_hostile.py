@@ -429,3 +429,39 @@ def test_compiled_code_goes_to_multispec_cache_dir_even_after_torch_set_its_defa
     assert any((tmp_path / "inductor").rglob("*")), "nothing was cached under $MULTISPEC_CACHE_DIR/inductor"
     progress = [ln for ln in out.stderr.splitlines() if ln.startswith("multispec: compiling")]
     assert progress and "target (" in progress[0] and f"1 of {7}" in progress[0] and "6 to go" in progress[0]
+
+
+def test_serve_compiled_backend_answers_concurrent_requests_like_the_library(dirs):
+    """`multispec serve --compile`: the server's compiled pair answers concurrent requests, each equal to
+    multispec.generate on the same pair (greedy), with no recompilation mid-request."""
+    import threading
+
+    from fastapi.testclient import TestClient
+
+    from multispec.models.fast_compile import has_cpp_compiler
+    from multispec.serve import ServeSettings, create_app
+
+    if not has_cpp_compiler():
+        pytest.skip("torch inductor needs a C++ compiler on the CPU")
+    compiled = multispec.load_pair(target=str(dirs["target"]), draft=str(dirs["draft"]), compile=True)
+    prompts = ["def f(x):", "for n in range(2):", "x = 1", "print("]
+    want = {p: multispec.generate(compiled, p, method="sd", max_new_tokens=8, temperature=0.0).text for p in prompts}
+    settings = ServeSettings(model_name="tiny", method="sd", backend="compiled", max_concurrent=2)
+    got, errors = {}, []
+    with TestClient(create_app(compiled, settings)) as client:
+        def ask(p):
+            try:
+                r = client.post("/v1/completions", json={"prompt": p, "max_tokens": 8, "temperature": 0})
+                got[p] = (r.status_code, r.json())
+            except Exception as e:  # noqa: BLE001
+                errors.append(e)
+
+        threads = [threading.Thread(target=ask, args=(p,)) for p in prompts * 2]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(300)
+    assert not errors
+    for p in prompts:
+        status, body = got[p]
+        assert status == 200 and body["choices"][0]["text"] == want[p], body
