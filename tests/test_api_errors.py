@@ -123,3 +123,28 @@ def test_cli_version_and_verifiers():
     assert by_name["block"]["shapes"] == "chain" and by_name["traversal"]["shapes"] == "tree"
     assert by_name["traversal"]["draft_law"] == by_name["rrs-wor"]["draft_law"]
     assert {row["name"] for row in rows if row["kind"] == "sequence"} == {"block", "traversal", "gumbel", "gls"}
+
+
+@pytest.mark.parametrize("kwargs, message", [
+    ({"prompt": "a\ud800b"}, "not valid Unicode text"),
+    ({"prompt": "x", "stop": "\udc80"}, "stop string"),
+    ({"prompt": "x", "method": "auto", "max_nodes": 10**9}, "at most 64"),
+    ({"prompt": "x", "method": "suffix", "max_nodes": 65}, "at most 64"),
+    ({"prompt": "x", "draft_vocab": 0}, "draft_vocab"),
+    ({"prompt": "x", "method": "sd", "draft_dtype": "int4"}, "draft_dtype"),
+    ({"prompt": "x", "method": "ti-mcsd", "temperature": 1.0, "reproducible": True}, "no reproducible mode"),
+    ({"prompt": "x", "reproducible": "yes"}, "reproducible must be"),
+])
+def test_more_bad_inputs_are_one_line_errors(pair, kwargs, message):
+    prompt = kwargs.pop("prompt")
+    with pytest.raises(MultispecError, match=message):
+        multispec.generate(pair, prompt, max_new_tokens=2, **kwargs)
+
+
+def test_auto_with_only_the_draft_proposer_needs_a_draft(pair):
+    from multispec.api import Pair
+
+    no_draft = Pair(target=pair.target, draft=None, tokenizer=pair.tokenizer, target_path=pair.target_path,
+                    draft_path=None)
+    with pytest.raises(MultispecError, match="proposers=draft needs a draft model"):
+        multispec.generate(no_draft, "x", method="auto", proposers="draft", max_new_tokens=2)

@@ -9,3 +9,18 @@ def check(condition: bool, message: str) -> None:
     """Raise MultispecError(message) unless condition holds."""
     if not condition:
         raise MultispecError(message)
+
+
+_TRUE, _FALSE = ("true", "1"), ("false", "0")
+
+
+def parse_bool(value, name: str) -> bool:
+    """A strict boolean: True/False, 1/0, or the strings 'true'/'false'/'1'/'0' (any case, surrounding spaces
+    ignored). Anything else (e.g. 'yes', 2, 0.5, None) raises MultispecError naming the setting."""
+    if isinstance(value, bool):
+        return value
+    if isinstance(value, int) and value in (0, 1):
+        return bool(value)
+    if isinstance(value, str) and value.strip().lower() in _TRUE + _FALSE:
+        return value.strip().lower() in _TRUE
+    raise MultispecError(f"{name} must be a boolean (true/false/1/0), got {value!r}")

@@ -2,6 +2,7 @@
 at once, not after an hour of generation."""
 from __future__ import annotations
 
+import os
 import tempfile
 from pathlib import Path
 
@@ -27,3 +28,13 @@ def writable_file(path: str | Path, what: str = "--out") -> Path:
     check(not p.is_dir(), f"{what} {p}: is a folder, expected a file name")
     writable_dir(p.parent if str(p.parent) else ".", what)
     return p
+
+
+def cache_root() -> Path:
+    """multispec's cache folder: $MULTISPEC_CACHE_DIR, else $XDG_CACHE_HOME/multispec, else ~/.cache/multispec.
+    Holds the cost calibrations (costs-v1.json) and compiled code (inductor/)."""
+    root = os.environ.get("MULTISPEC_CACHE_DIR")
+    if root:
+        return Path(root)
+    xdg = os.environ.get("XDG_CACHE_HOME")
+    return Path(xdg if xdg and os.path.isabs(xdg) else os.path.join(os.path.expanduser("~"), ".cache")) / "multispec"

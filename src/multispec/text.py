@@ -8,7 +8,7 @@ from typing import Callable
 import numpy as np
 import torch
 
-from multispec.errors import check
+from multispec.errors import MultispecError, check
 
 
 def encode_prompt(tokenizer, vocab_size: int, prompt) -> list[int]:
@@ -16,6 +16,7 @@ def encode_prompt(tokenizer, vocab_size: int, prompt) -> list[int]:
     tuple, [L] or [1, L] integer tensor or array), each in [0, vocab_size)."""
     if isinstance(prompt, str):
         check(prompt != "", "the prompt is empty")
+        check_text(prompt, "the prompt")
         ids = tokenizer(prompt, add_special_tokens=False)["input_ids"]
         bos = tokenizer.bos_token_id
         return ([bos] if bos is not None else []) + ids
@@ -37,6 +38,16 @@ def encode_prompt(tokenizer, vocab_size: int, prompt) -> list[int]:
     check(len(ids) > 0, "the prompt is empty")
     check(all(0 <= t < vocab_size for t in ids), f"prompt token ids must be in [0, {vocab_size})")
     return ids
+
+
+def check_text(text: str, what: str) -> None:
+    """Refuse a str that is not valid Unicode text (a lone surrogate, e.g. from a JSON escape or a bad decode):
+    no tokenizer can encode it and it can never match generated text."""
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError as e:
+        raise MultispecError(f"{what} is not valid Unicode text (a lone surrogate {text[e.start]!r} at index "
+                             f"{e.start})") from None
 
 
 class StopStrings:

@@ -7,7 +7,7 @@ import secrets
 
 import numpy as np
 
-from multispec.errors import check
+from multispec.errors import MultispecError, check
 
 SEED_LIMIT = 2**63  # seeds are integers in [0, 2**63)
 
@@ -48,4 +48,9 @@ def stop_strings(stop) -> list[str]:
     for s in stops:
         check(isinstance(s, str), f"stop strings must be strings, got {s!r}")
         check(s != "", "a stop string is empty (it would match before any text); remove it")
+        try:
+            s.encode("utf-8")
+        except UnicodeEncodeError:
+            raise MultispecError(f"the stop string {s!r} is not valid Unicode text (a lone surrogate); it could "
+                                 "never match generated text") from None
     return list(stops)

@@ -3,22 +3,26 @@
     ar                                   sd:k=4                       sd:heuristic=1
     mcsd:tree=4-2-2-1,verifier=rrs-wor   ti-mcsd:tree=2-4-3-1-1       dynamic:width=4,depth=5,decision_model=PATH
     specdecpp:head=PATH,threshold=0.7    hf-assisted                  hf-assisted:num_assistant_tokens=6
-    hf-assisted:best                     sd:k=4,draft_vocab=1024,draft_dtype=int8     auto:backend=fast
+    hf-assisted:best                     auto:proposers=draft+lookup,max_nodes=16            dynamic:target_init=false
+    sd:k=4,draft_vocab=1024,draft_dtype=int8 (the Decoder's draft options)                  auto:backend=fast
 
-Tree shapes use '-' between levels (',' separates options). Values are parsed as int, then float, else kept as
-text. Every spec is validated by `multispec.decoding.methods.build_method` (or the hf-assisted rules) before any model loads.
+List values use '-' (tree shapes: levels) or '+' (auto's proposers) between items, since ',' separates options.
+Booleans (heuristic, target_init) are strict: true/false/1/0, any case; anything else is refused. Other values are
+parsed as int, then float, else kept as text. Every spec is validated by
+`multispec.decoding.methods.build_method` (or the hf-assisted rules) before any model loads.
 """
 from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from multispec.errors import MultispecError, check
-from multispec.models import BACKENDS
+from multispec.errors import MultispecError, check, parse_bool
 from multispec.decoding.methods import MethodConfig, build_method, method_names
+from multispec.models import BACKENDS
 
 HF_ASSISTED = "hf-assisted"
 DECODER_OPTIONS = ("draft_vocab", "draft_dtype")  # options of the Decoder (any method that drafts), not of a method
 HF_BEST_SWEEP = (1, 2, 3, 4, 6, 8)
+BOOL_OPTIONS = {"heuristic", "target_init"}
 
 
 @dataclass(frozen=True)
@@ -78,6 +82,8 @@ def parse_method_spec(text: str) -> MethodSpec:
     check(backend in BACKENDS, f"method spec {text!r}: unknown backend {backend!r}; choose one of {', '.join(BACKENDS)}")
     decoder_options = {k: options.pop(k) for k in DECODER_OPTIONS if k in options}
     try:
+        for key in BOOL_OPTIONS & set(options):
+            options[key] = parse_bool(options[key], key)
         config = build_method(name, **options)
         from multispec.models.cheap import CheapDraft
 
@@ -109,7 +115,7 @@ def _hf_spec(text: str, options: dict, flags: list[str]) -> MethodSpec:
 def _value(key: str, v: str):
     if key == "tree":
         return v.replace("-", ",")  # build_method parses and validates the shape
-    if key in ("head", "decision_model", "verifier"):
+    if key in ("head", "decision_model", "verifier", "proposers"):
         return v
     for cast in (int, float):
         try:
@@ -122,5 +128,6 @@ def _value(key: str, v: str):
 def _label(name: str, options: dict) -> str:
     if not options:
         return name
-    shown = [f"{k}={str(v).replace(',', '-')}" for k, v in options.items()]
+    text = {k: str(v).lower() if isinstance(v, bool) else str(v) for k, v in options.items()}
+    shown = [f"{k}={v.replace(',', '-')}" for k, v in text.items()]
     return f"{name}:{','.join(shown)}"

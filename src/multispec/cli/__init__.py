@@ -1,11 +1,16 @@
 """The `multispec` command line: one click group, one module per subcommand family.
 
-Bad input raises MultispecError anywhere below; `main` prints it as one line and exits 2. Subcommand modules are
+Bad input raises MultispecError anywhere below; `main` prints it as one line and exits 2. SIGTERM (what `timeout`,
+`docker stop` and job schedulers send) is handled like Ctrl-C: it raises KeyboardInterrupt where the program is, so
+every command keeps its partial work (bench writes the records so far, generate prints the text so far), and the
+process exits 143 (128 + SIGTERM) instead of 130. Subcommand modules are
 imported only when their command runs (or its own --help is asked for), so `multispec --help` and `--version`
 never import torch.
 """
 import importlib
+import signal
 import sys
+import threading
 
 import click
 
@@ -54,18 +59,46 @@ def _register() -> None:
         importlib.import_module(module)
 
 
+_TERMINATED = []  # set by the SIGTERM handler: the interrupt came from SIGTERM (exit 143), not Ctrl-C (130)
+
+
+def _on_sigterm(signum, frame) -> None:
+    _TERMINATED.append(signum)
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)  # a second SIGTERM ends the process at once
+    raise KeyboardInterrupt
+
+
+def install_sigterm_handler() -> bool:
+    """Make SIGTERM raise KeyboardInterrupt (like Ctrl-C) in the main thread, unless something else already handles
+    it. True if installed. (`multispec serve` hands signals to uvicorn once the models are loaded.)"""
+    if threading.current_thread() is not threading.main_thread():
+        return False
+    if signal.getsignal(signal.SIGTERM) not in (signal.SIG_DFL, None):
+        return False
+    signal.signal(signal.SIGTERM, _on_sigterm)
+    return True
+
+
+def _interrupted() -> None:
+    if _TERMINATED:
+        click.echo("terminated", err=True)
+        sys.exit(128 + signal.SIGTERM)
+    click.echo("interrupted", err=True)
+    sys.exit(130)
+
+
 def main(argv: list[str] | None = None) -> None:
-    """Run the CLI: one stderr line and exit 2 for bad input, exit 130 on Ctrl-C (also during start-up)."""
+    """Run the CLI: one stderr line and exit 2 for bad input, exit 130 on Ctrl-C and 143 on SIGTERM (also during
+    start-up), partial work kept in both cases."""
+    _TERMINATED.clear()
+    previous = signal.getsignal(signal.SIGTERM)
+    installed = install_sigterm_handler()
     try:
         cli.main(args=argv, prog_name="multispec", standalone_mode=False)
     except MultispecError as e:
         _fail(str(e))
-    except click.exceptions.Abort:
-        click.echo("interrupted", err=True)
-        sys.exit(130)
-    except KeyboardInterrupt:
-        click.echo("interrupted", err=True)
-        sys.exit(130)
+    except (click.exceptions.Abort, KeyboardInterrupt):
+        _interrupted()
     except click.UsageError as e:
         hint = f" (see `{e.ctx.command_path} --help`)" if e.ctx is not None else ""
         _fail(e.format_message().replace("\n", " ") + hint)
@@ -75,8 +108,14 @@ def main(argv: list[str] | None = None) -> None:
         _fail(f"file not found: {e.filename or e}")
     except PermissionError as e:
         _fail(f"permission denied: {e.filename or e}")
+    except UnicodeError as e:  # text that is not valid UTF-8 (or a lone surrogate) anywhere it was not checked
+        _fail(f"text that is not valid UTF-8 ({type(e).__name__}: {getattr(e, 'reason', e)})")
+    finally:
+        if installed:  # leave the process as found (main is also called in-process, by tests)
+            signal.signal(signal.SIGTERM, previous)
 
 
 def _fail(message: str, code: int = 2) -> None:
+    message = message.encode("utf-8", "backslashreplace").decode("utf-8")  # a lone surrogate must not crash this
     click.echo(f"error: {message}", err=True)
     sys.exit(code)

@@ -6,16 +6,16 @@ import click
 
 from multispec.cli import cli
 from multispec.cli.method_options import check_method_options, collect_method_options, method_options
-from multispec.errors import check
 from multispec.decoding.methods import DEFAULT_METHOD, method_names
+from multispec.errors import MultispecError, check
 
 SEED_MAX = 2**63 - 1
 
 
 @cli.command("generate")
 @click.argument("prompt", required=False)
-@click.option("--prompt-file", type=click.Path(exists=True, dir_okay=False), help="Read the prompt from this file "
-              "(PROMPT '-' reads it from stdin).")
+@click.option("--prompt-file", type=click.Path(exists=True, dir_okay=False), multiple=True,
+              help="Read the prompt from this UTF-8 file, a leading BOM dropped (PROMPT '-' reads it from stdin).")
 @click.option("--target", help="Target model: local Hugging Face directory (default: the embedded default pair).")
 @click.option("--draft", help="Draft model sharing the target's vocabulary.")
 @click.option("--method", type=click.Choice(method_names()), default=DEFAULT_METHOD, show_default=True)
@@ -56,6 +56,7 @@ def generate_command(prompt, prompt_file, target, draft, method, temperature, to
     options = collect_method_options(method_kw)
     SamplingConfig(temperature=1.0 if temperature is None else temperature, top_k=top_k, top_p=top_p)
     config = check_method_options(method, options)
+    _check_proposers(config, target, draft)
     stops = stop_strings(list(stop))
     resolve_device(device)
     check(not (compile_ and backend not in (None, "compiled")),
@@ -131,10 +132,39 @@ def _summary(s: dict, finish_reason: str) -> str:
     return line
 
 
-def _read_prompt(prompt: str | None, prompt_file: str | None) -> str:
-    """PROMPT, or stdin for '-', or the file's text: exactly one source."""
-    check((prompt is None) != (prompt_file is None), "give the prompt as PROMPT, '-' (stdin) or --prompt-file, "
+def _check_proposers(config, target: str | None, draft: str | None) -> None:
+    """auto restricted to the draft proposer needs a draft model: without one it would silently decode without
+    speculation. (Only --target without --draft loads no draft; no arguments load the default pair, which has one.)"""
+    if config.name == "auto" and config.proposers == ("draft",) and target is not None and draft is None:
+        raise MultispecError("--proposers draft needs a draft model: give --draft, or use --proposers lookup "
+                             "(or draft,lookup)")
+
+
+def _read_prompt(prompt: str | None, prompt_file: tuple[str, ...] | str | None) -> str:
+    """PROMPT, or stdin for '-', or the file's text: exactly one source, valid UTF-8 (a leading BOM dropped)."""
+    files = (prompt_file,) if isinstance(prompt_file, str) else tuple(prompt_file or ())
+    check(len(files) <= 1, f"--prompt-file given {len(files)} times; give it once")
+    check((prompt is None) != (not files), "give the prompt as PROMPT, '-' (stdin) or --prompt-file, "
           "exactly one of them")
-    if prompt_file is not None:
-        return open(prompt_file, encoding="utf-8").read()
-    return sys.stdin.read() if prompt == "-" else prompt
+    if files:
+        with open(files[0], "rb") as fh:
+            return decode_text(fh.read(), f"the prompt file {files[0]}")
+    if prompt == "-":
+        data = sys.stdin.buffer.read() if hasattr(sys.stdin, "buffer") else sys.stdin.read()
+        return decode_text(data, "the prompt on stdin") if isinstance(data, bytes) else data.lstrip("\ufeff")
+    try:
+        prompt.encode("utf-8")
+    except UnicodeEncodeError:  # argv bytes that were not UTF-8 reach Python as lone surrogates
+        raise MultispecError("the PROMPT argument is not valid UTF-8 text") from None
+    return prompt
+
+
+def decode_text(data: bytes, what: str) -> str:
+    """bytes -> str: strict UTF-8, a leading BOM dropped; MultispecError naming `what` and the first bad byte."""
+    try:
+        text = data.decode("utf-8-sig")
+    except UnicodeDecodeError as e:
+        raise MultispecError(f"{what} is not valid UTF-8 text (byte 0x{data[e.start]:02x} at offset {e.start}); "
+                             "is it a binary file?") from None
+    check("\x00" not in text, f"{what} contains NUL bytes; is it a binary file?")
+    return text

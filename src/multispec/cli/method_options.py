@@ -2,6 +2,8 @@
 take the same options with the same help (build_method validates them)."""
 import click
 
+AUTO_MAX_NODES = 64  # auto's tree budget: the largest step the fast/compiled backends run in one bucket
+
 _OPTIONS = [  # click decorators, in the order --help lists them
     click.option("--k", type=int, help="sd: draft tokens per round (default 4); lookup: at most this many (10)."),
     click.option("--heuristic", is_flag=True, default=None, help="sd: adjust k like transformers (+2 / -1)."),
@@ -10,8 +12,10 @@ _OPTIONS = [  # click decorators, in the order --help lists them
     click.option("--entropy", type=float, help="sd / dynamic: stop drafting once AdaEDL's acceptance bound "
               "1 - sqrt(H(q)) is below this."),
     click.option("--ngram", type=int, help="lookup: longest n-gram matched in the context (3)."),
-    click.option("--proposers", help="auto: draft,lookup (default both), or one of them."),
-    click.option("--max-nodes", type=int, help="auto: the largest tree it may draft (32)."),
+    click.option("--proposers", help="auto: draft,lookup (default both; also draft+lookup), or one of them; "
+                 "draft alone needs a draft model."),
+    click.option("--max-nodes", type=click.IntRange(1, AUTO_MAX_NODES),
+                 help=f"auto: the largest tree it may draft (32; at most {AUTO_MAX_NODES})."),
     click.option("--tree", help="mcsd / ti-mcsd: tree shape, e.g. 4,2,2,1 (ti-mcsd: 2,4,3,1,1)."),
     click.option("--verifier", help="sd / specdecpp: sd or block; mcsd / dynamic: verifier name, e.g. traversal "
                  "(see `multispec verifiers`)."),

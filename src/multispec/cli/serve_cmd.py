@@ -1,12 +1,25 @@
-"""`multispec serve`: the OpenAI-compatible server (multispec.serve)."""
+"""`multispec serve`: the OpenAI-compatible server (multispec.serve).
+
+Start-up refuses, in one line and before the models load where it can, what would fail every request: a port in
+use, a chat template that does not parse or does not render a minimal conversation, method settings that do not
+validate. Signals: the first Ctrl-C or SIGTERM stops accepting connections and drains the requests in flight for at
+most --drain-timeout seconds (default 30); then, or at once on a second Ctrl-C, every request still in flight is
+answered with an OpenAI error object (503, code `shutting_down`) and its generation thread stops at its next
+committed token.
+"""
+import errno
+import socket
 from pathlib import Path
 
 import click
 
 from multispec.cli import cli
 from multispec.cli.method_options import check_method_options, collect_method_options, method_options
-from multispec.errors import check
 from multispec.decoding.methods import method_names
+from multispec.errors import MultispecError, check
+
+DRAIN_TIMEOUT_S = 30.0
+FORCE_GRACE_S = 0.3  # after stop_all, time for the error replies to go out before uvicorn force-quits
 
 
 @cli.command("serve")
@@ -28,22 +41,37 @@ from multispec.decoding.methods import method_names
               help="Jinja chat template file (default: the tokenizer's; chat requests get 400 when it has none).")
 @click.option("--device")
 @click.option("--dtype", type=click.Choice(["float32", "bfloat16", "float16"]))
-@click.option("--backend", type=click.Choice(["hf", "fast"]), default="hf", show_default=True)
+@click.option("--backend", type=click.Choice(["hf", "fast", "compiled"]), default="hf", show_default=True,
+              help="hf: any transformers causal LM; fast: static-cache Llama-family backend; compiled: the fast "
+              "backend with torch.compile'd steps (compiled at start-up, before the port opens).")
+@click.option("--compile", "compile_", is_flag=True, help="Same as --backend compiled (recommended for servers).")
+@click.option("--drain-timeout", type=click.FloatRange(min=0), default=DRAIN_TIMEOUT_S, show_default=True,
+              help="On the first Ctrl-C / SIGTERM, seconds to let requests in flight finish before they are "
+              "answered with a 503 error object and stopped.")
 @click.option("--threads", type=click.IntRange(min=1), help="torch CPU threads per op (default: torch's choice).")
 @click.option("--log-level", type=click.Choice(["critical", "error", "warning", "info", "debug"]), default="info",
               show_default=True)
 def serve_command(target, draft, method, host, port, served_model_name, max_concurrent, max_queue, request_timeout,
-                  chat_template, device, dtype, backend, threads, log_level, **method_kw):
+                  chat_template, device, dtype, backend, compile_, drain_timeout, threads, log_level, **method_kw):
     """Serve the pair over HTTP with the OpenAI API: /v1/completions, /v1/chat/completions, /v1/models,
     /health, /metrics."""
+    from multispec.cli.generate_cmd import _check_proposers, decode_text
+
     options = collect_method_options(method_kw)
     config = check_method_options(method, options)  # fail fast, before the models load
-    if method is not None:
-        if not config.lossless:
-            click.echo(f"warning: {method} with these settings is LOSSY: its output distribution differs from the "
-                       "target's", err=True)
-    template = Path(chat_template).read_text() if chat_template else None
+    _check_proposers(config, target, draft)
+    if method is not None and not config.lossless:
+        click.echo(f"warning: {method} with these settings is LOSSY: its output distribution differs from the "
+                   "target's", err=True)
+    check(not (compile_ and backend not in ("hf", "compiled")),
+          f"--compile runs the compiled fast backend; it cannot be combined with --backend {backend}")
+    backend = "compiled" if compile_ else backend
+    template = decode_text(Path(chat_template).read_bytes(), f"the chat template file {chat_template}") \
+        if chat_template else None
     check(template is None or template.strip() != "", f"the chat template file {chat_template} is empty")
+    if template is not None:
+        check_template_syntax(template, chat_template)
+    check_port_free(host, port)
     if threads is not None:
         import torch
 
@@ -53,7 +81,9 @@ def serve_command(target, draft, method, host, port, served_model_name, max_conc
     from multispec.api import load_pair
     from multispec.serve import ServeSettings, create_app
 
-    pair = load_pair(target=target, draft=draft, device=device, dtype=dtype)
+    pair = load_pair(target=target, draft=draft, device=device, dtype=dtype, compile=backend == "compiled")
+    if template is not None:
+        check_template_renders(pair.tokenizer, template, chat_template)
     name = served_model_name or Path(pair.target_path).name
     settings = ServeSettings(model_name=name, method=method, method_options=options, backend=backend,
                              max_concurrent=max_concurrent, max_queue=max_queue, request_timeout=request_timeout,
@@ -64,4 +94,90 @@ def serve_command(target, draft, method, host, port, served_model_name, max_conc
     warm = app.state.scheduler.decoder.generate([bos if bos is not None else 0], max_new_tokens=2, temperature=0.0)
     click.echo(f"serving {name} ({warm.stats['method']}{'' if warm.stats['lossless'] else ', LOSSY'}) on "
                f"http://{host}:{port}/v1", err=True)
-    uvicorn.run(app, host=host, port=port, log_level=log_level)
+    config = uvicorn.Config(app, host=host, port=port, log_level=log_level,
+                            timeout_graceful_shutdown=drain_timeout + 5 * FORCE_GRACE_S)
+    _Server(config, app, drain_timeout).run()
+
+
+def check_template_syntax(template: str, path: str) -> None:
+    """Refuse a chat template that Jinja cannot parse (before the models load)."""
+    import jinja2
+
+    try:  # compiled as transformers compiles it (its extensions, e.g. {% generation %}, and filters)
+        from transformers.utils.chat_template_utils import _compile_jinja_template as compile_template
+    except ImportError:  # another transformers version: Jinja's own checks (unknown tags and filters included)
+        compile_template = jinja2.Environment(extensions=["jinja2.ext.loopcontrols"]).from_string
+    try:
+        compile_template(template)
+    except jinja2.TemplateSyntaxError as e:
+        raise MultispecError(f"the chat template {path} does not parse: line {e.lineno}: {e.message}") from None
+
+
+def check_template_renders(tokenizer, template: str, path: str) -> None:
+    """Refuse a chat template that cannot render a minimal conversation (one system and one user message)."""
+    messages = [{"role": "system", "content": "You are helpful."}, {"role": "user", "content": "Hello"}]
+    try:
+        text = tokenizer.apply_chat_template(messages, chat_template=template, tokenize=False,
+                                             add_generation_prompt=True)
+    except Exception as e:  # noqa: BLE001 - Jinja and transformers raise many error types
+        message = str(e).splitlines()[0][:200] if str(e) else type(e).__name__
+        raise MultispecError(f"the chat template {path} cannot render a minimal conversation: {message}") from None
+    check(isinstance(text, str) and text.strip() != "",
+          f"the chat template {path} renders a minimal conversation as empty text")
+
+
+def check_port_free(host: str, port: int) -> None:
+    """Bind (host, port) once, as uvicorn will, so that a port in use or a bad host is refused before the models
+    load. Port 0 (any free port) always passes."""
+    try:
+        infos = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)
+    except (socket.gaierror, UnicodeError) as e:
+        raise MultispecError(f"--host {host!r}: cannot resolve it ({e})") from None
+    family, _, _, _, address = infos[0]
+    with socket.socket(family, socket.SOCK_STREAM) as sock:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            sock.bind(address)
+        except OSError as e:
+            if e.errno == errno.EADDRINUSE:
+                raise MultispecError(f"port {port} on {host} is already in use; choose another with --port") \
+                    from None
+            raise MultispecError(f"cannot listen on {host}:{port} ({e.strerror or e})") from None
+
+
+def _server_class():
+    import uvicorn
+
+    class Server(uvicorn.Server):
+        """uvicorn's server with a bounded drain: see the module docstring."""
+
+        def __init__(self, config, app, drain_s: float):
+            super().__init__(config)
+            self.app, self.drain_s, self._drain_timer = app, drain_s, None
+
+        def handle_exit(self, sig, frame) -> None:
+            import asyncio
+
+            try:
+                loop = asyncio.get_running_loop()
+            except RuntimeError:
+                loop = None
+            if loop is None or not self.should_exit:  # the first signal: drain, then stop what is left
+                super().handle_exit(sig, frame)
+                if loop is not None:
+                    self._drain_timer = loop.call_later(self.drain_s, self._stop_all, loop)
+                return
+            self._captured_signals.append(sig)  # the second: answer and stop everything now, then quit
+            self._stop_all(loop)
+
+        def _stop_all(self, loop) -> None:
+            stopped = self.app.state.stop_all()
+            if stopped:
+                click.echo(f"stopped {stopped} request(s) in flight (answered with 503 shutting_down)", err=True)
+            loop.call_later(FORCE_GRACE_S, setattr, self, "force_exit", True)
+
+    return Server
+
+
+def _Server(config, app, drain_s: float):  # noqa: N802 - a class made on first use (uvicorn imported late)
+    return _server_class()(config, app, drain_s)

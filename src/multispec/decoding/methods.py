@@ -25,12 +25,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable
 
-from multispec.errors import MultispecError, check
+from multispec.errors import MultispecError, check, parse_bool
 
 DEFAULT_METHOD = "auto"  # the API's, the CLI's and the server's default method: change it here only
 AUTO_PROPOSERS = ("draft", "lookup", "suffix")  # what auto may use
 DEFAULT_AUTO_PROPOSERS = ("draft", "lookup")
-HEAD_DIRNAME = "acceptance_head"  # specdecpp looks for its head here, in the draft's directory
+HEAD_DIRNAME = "acceptance_head"
+MAX_TREE_NODES = 64  # auto's and suffix's max_nodes: the largest tree one round may draft  # specdecpp looks for its head here, in the draft's directory
 
 @dataclass(frozen=True)
 class MethodConfig:
@@ -161,8 +162,9 @@ def _build_auto(o: dict) -> MethodConfig:
         if isinstance(proposers, str) else tuple(proposers)
     bad = [x for x in proposers if x not in AUTO_PROPOSERS]
     check(proposers and not bad, f"auto: proposers must be among {', '.join(AUTO_PROPOSERS)}, got {proposers!r}")
-    return MethodConfig(name="auto", verifier="traversal", proposers=proposers,
-                        max_nodes=_int(o.get("max_nodes", 32), "max_nodes", 1), options=o)
+    max_nodes = _int(o.get("max_nodes", 32), "max_nodes", 1)
+    check(max_nodes <= MAX_TREE_NODES, f"max_nodes must be at most {MAX_TREE_NODES} (one round's tree), got {max_nodes}")
+    return MethodConfig(name="auto", verifier="traversal", proposers=proposers, max_nodes=max_nodes, options=o)
 
 
 def _build_lookup(o: dict) -> MethodConfig:
@@ -174,11 +176,12 @@ def _build_lookup(o: dict) -> MethodConfig:
 def _build_sd(o: dict) -> MethodConfig:
     confidence, entropy = _stop_rule(o)
     k = _int(o.get("k", 4), "k", 1)
-    check(not (o.get("heuristic") and (confidence is not None or entropy is not None)),
+    heuristic = parse_bool(o.get("heuristic", False), "heuristic")
+    check(not (heuristic and (confidence is not None or entropy is not None)),
           "sd: choose one of heuristic, confidence, entropy")
     # block by default: never worse than token-level sd in expectation, +10-12% MAL at k >= 6 (docs/results.md)
     verifier = _chain_verifier(o.get("verifier", "block"), "sd")
-    return MethodConfig(name="sd", tree=(1,) * k, verifier=verifier, heuristic=bool(o.get("heuristic", False)),
+    return MethodConfig(name="sd", tree=(1,) * k, verifier=verifier, heuristic=heuristic,
                         confidence=confidence, entropy=entropy, options=o)
 
 
@@ -206,7 +209,7 @@ def _build_dynamic(o: dict) -> MethodConfig:
     width = _int(o.get("width", 4), "width", 1)
     depth = _int(o.get("depth", 5), "depth", 1)
     beta = _prob(o.get("beta", 0.4), "beta")
-    target_init = bool(o.get("target_init", False))
+    target_init = parse_bool(o.get("target_init", False), "target_init")
     tree = (width,) + (1,) * (depth - 1 + (1 if target_init else 0))
     verifier = "sd" if target_init else _verifier(o.get("verifier", "rrs-wor"), tree)
     dm = o.get("decision_model")
@@ -302,6 +305,8 @@ def _auto_policy(config: MethodConfig, pair, loaded: dict):
     if pair is None:
         return AutoPolicy(proposers=config.proposers, max_nodes=config.max_nodes, suffix_store=store)
     proposers = tuple(p for p in config.proposers if p != "draft" or pair.draft is not None)
+    check(proposers, "auto: proposers=draft needs a draft model; load the pair with a draft, or let auto use "
+                     "lookup (proposers=draft,lookup)")
     chains_only = any(m is not None and hasattr(m, "config") and tree_refusal(m) for m in (pair.target, pair.draft))
     if chains_only:  # suffix trees are trees
         proposers = tuple(p for p in proposers if p != "suffix")
@@ -318,7 +323,8 @@ SUFFIX_STORE_TOKENS = 200_000  # the shared store's default cap (tokens); about 
 
 def _build_suffix(o: dict) -> MethodConfig:
     max_nodes = _int(o.get("max_nodes", 16), "max_nodes", 1)
-    check(max_nodes <= 64, f"suffix: max_nodes must be at most 64 (one round's tree), got {max_nodes}")
+    check(max_nodes <= MAX_TREE_NODES, f"suffix: max_nodes must be at most {MAX_TREE_NODES} (one round's tree), got "
+                                       f"{max_nodes}")
     factor = o.get("factor", 2.0)
     check(isinstance(factor, (int, float)) and not isinstance(factor, bool) and factor > 0,
           f"suffix: factor must be a number > 0, got {factor!r}")

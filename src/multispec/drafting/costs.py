@@ -13,9 +13,11 @@ costs (in memory and on disk) move part of the way towards what was measured.
 from __future__ import annotations
 
 import json
+import math
 import os
 import platform
 import time
+import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -149,6 +151,10 @@ def get_cost_model(target, target_model, draft=None, draft_model=None, context_l
     target/draft: backends whose caches hold `context_len` (target) and their own rows; both are left as found."""
     key = model_key(target, target_model) + "||" + (model_key(draft, draft_model) if draft is not None else "-")
     cached = _MEMORY.get(key) or _disk().get(key)
+    if cached is not None and not _valid_entry(cached, draft is not None):
+        _warn_once(f"ignoring the cost cache entry for this model in {_cache_file()}: it is not a valid calibration "
+                   "(wrong shape or implausible numbers); recalibrating")
+        cached = None
     if cached is not None:
         _MEMORY[key] = cached
         return CostModel(CostCurve(list(cached["target"])),
@@ -182,15 +188,56 @@ def update_after_generation(model: CostModel, overhead: dict | None = None) -> b
 
 
 def _cache_file() -> Path:
-    root = os.environ.get("MULTISPEC_CACHE_DIR") or os.path.join(os.path.expanduser("~"), ".cache", "multispec")
-    return Path(root) / "costs-v1.json"
+    from multispec.paths import cache_root
+
+    return cache_root() / "costs-v1.json"
+
+
+_WARNED: set[str] = set()
+
+
+def _warn_once(message: str) -> None:
+    if message not in _WARNED:
+        _WARNED.add(message)
+        warnings.warn(message, RuntimeWarning, stacklevel=3)
+
+
+def _curve_ok(x) -> bool:
+    """A cost curve as calibrate writes it: len(BUCKETS) finite positive seconds (below an hour each)."""
+    return (isinstance(x, list) and len(x) == len(BUCKETS)
+            and all(isinstance(s, (int, float)) and not isinstance(s, bool) and math.isfinite(s) and 0 < s < 3600
+                    for s in x))
+
+
+def _valid_entry(entry, with_draft: bool) -> bool:
+    """Whether a cached entry can be used: a dict with a valid target curve, a valid draft curve when there is a
+    draft (None or absent otherwise), and an optional overhead dict of finite non-negative numbers."""
+    if not isinstance(entry, dict) or not _curve_ok(entry.get("target")):
+        return False
+    if with_draft and not _curve_ok(entry.get("draft")):
+        return False
+    overhead = entry.get("overhead")
+    return overhead is None or (isinstance(overhead, dict) and {"round_s", "level_s"} <= set(overhead) and all(
+        isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v) and v >= 0
+        for v in overhead.values()))
 
 
 def _disk() -> dict:
+    """The disk cache: {key: entry}. An unreadable or malformed file (not UTF-8 JSON, or not an object) is ignored
+    with one warning naming it (and replaced by the next store); single entries are checked where they are used."""
+    path = _cache_file()
     try:
-        return json.loads(_cache_file().read_text())
-    except (OSError, ValueError):
+        data = json.loads(path.read_bytes().decode("utf-8"))
+    except FileNotFoundError:
         return {}
+    except (OSError, ValueError, RecursionError) as e:  # UnicodeDecodeError and JSONDecodeError are ValueErrors
+        _warn_once(f"ignoring the cost cache {path}: it cannot be read ({type(e).__name__}); recalibrating")
+        return {}
+    if not isinstance(data, dict):
+        _warn_once(f"ignoring the cost cache {path}: expected a JSON object, found {type(data).__name__}; "
+                   "recalibrating")
+        return {}
+    return data
 
 
 def _store(key: str, entry: dict, memory: bool = True) -> None:

@@ -121,7 +121,13 @@ def load_head(path: str | Path, device: str | torch.device = "cpu") -> Acceptanc
     missing = [k for k in ("hidden_size", "depth", "share_blocks") if k not in cfg]
     if missing:
         raise MultispecError(f"acceptance head {path}: {CONFIG_FILE} lacks {', '.join(missing)}")
-    head = AcceptanceHead(cfg["hidden_size"], cfg["depth"], cfg["share_blocks"])
+    try:
+        check_sizes = [cfg["hidden_size"], cfg["depth"]]
+        if not all(isinstance(x, int) and not isinstance(x, bool) and 0 < x <= 1 << 20 for x in check_sizes):
+            raise ValueError(f"hidden_size and depth must be positive integers, got {check_sizes}")
+        head = AcceptanceHead(cfg["hidden_size"], cfg["depth"], cfg["share_blocks"])
+    except (TypeError, ValueError, RuntimeError) as e:
+        raise MultispecError(f"acceptance head {path}: {CONFIG_FILE} holds implausible sizes ({e})") from None
     try:
         state = load_file(str(w_file))
     except Exception as e:  # safetensors raises its own error types for corrupt files

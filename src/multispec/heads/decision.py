@@ -122,9 +122,11 @@ def load_decision_model(path: str | Path, device: str | torch.device = "cpu") ->
         if not f.is_file():
             raise MultispecError(f"decision model {path}: missing {f.name}")
     try:
-        config = json.loads(cfg_path.read_text())
-    except json.JSONDecodeError as e:
-        raise MultispecError(f"decision model {path}: {CONFIG_FILE} is not JSON ({e.msg})") from None
+        config = json.loads(cfg_path.read_bytes().decode("utf-8"))
+    except (ValueError, RecursionError) as e:  # JSONDecodeError and UnicodeDecodeError are ValueErrors
+        raise MultispecError(f"decision model {path}: {CONFIG_FILE} is not UTF-8 JSON ({type(e).__name__})") from None
+    if not isinstance(config, dict):
+        raise MultispecError(f"decision model {path}: {CONFIG_FILE} is not a JSON object")
     if config.get("format") != FORMAT:
         raise MultispecError(f"decision model {path}: {CONFIG_FILE} has format {config.get('format')!r}, "
                              f"expected {FORMAT!r} (is this an acceptance head?)")
@@ -134,7 +136,12 @@ def load_decision_model(path: str | Path, device: str | torch.device = "cpu") ->
         model = DecisionModel(int(config["type"]), int(config["in_features"]), tuple(config["sizes"]))
     except KeyError as e:
         raise MultispecError(f"decision model {path}: {CONFIG_FILE} lacks {e.args[0]!r}") from None
-    state = load_file(str(w_path))
+    except (TypeError, ValueError, RuntimeError) as e:
+        raise MultispecError(f"decision model {path}: {CONFIG_FILE} holds implausible sizes ({e})") from None
+    try:
+        state = load_file(str(w_path))
+    except Exception as e:  # noqa: BLE001 - safetensors raises its own error types for corrupt files
+        raise MultispecError(f"decision model {path}: cannot read {WEIGHTS_FILE} ({type(e).__name__})") from None
     try:
         model.load_state_dict(state)
     except RuntimeError as e:

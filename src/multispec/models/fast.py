@@ -75,6 +75,7 @@ class FastNet:
         self.rope_index = self.mask_index if self.rope_by_type else (0,) * len(self.layers)
         self.use_rope = tuple(getattr(layer.self_attn, "use_rope", True) for layer in self.layers)
         self.name = type(model).__name__
+        self.model_config = cfg  # its _name_or_path names the model in compile progress lines
         self.compiled = {}  # device type -> fast_compile.CompiledStep
 
     def new_cache(self, rows: int) -> list[torch.Tensor]:

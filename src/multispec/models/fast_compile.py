@@ -9,8 +9,11 @@ tokens, so the next step overwrites the padded rows.
 CPU: the inductor C++ backend; the number of cache rows attended is a dynamic dimension, so one graph per bucket
 serves every context length. CUDA: `mode="reduce-overhead"` (CUDA graphs), which needs static shapes and
 addresses, so a step attends over every row of the cache (masked) and the cache tensors are marked static.
-Compiled code is cached by torch on disk ($TORCHINDUCTOR_CACHE_DIR, by default under multispec's cache folder),
-so a second process compiles much faster than the first.
+Compiled code is cached by torch on disk: $TORCHINDUCTOR_CACHE_DIR when the user set it, else
+$MULTISPEC_CACHE_DIR/inductor (default ~/.cache/multispec/inductor, see multispec.paths.cache_root), also when
+torch already filled the variable in with its own default (a temporary folder, lost at reboot). A second process
+compiles much faster than the first. Progress lines name the model (its folder, e.g. target / draft) and count
+the step sizes left.
 """
 from __future__ import annotations
 
@@ -51,6 +54,7 @@ class CompiledStep:
         mode = "reduce-overhead" if on_cuda else None
         self.fn = torch.compile(net.run, fullgraph=True, dynamic=False, mode=mode)
         self.seen: set = set()  # buckets compiled so far
+        self.label = model_label(net)
 
     def takes(self, n: int) -> bool:
         return n <= BUCKETS[-1]
@@ -84,9 +88,10 @@ class CompiledStep:
                 torch._dynamo.mark_dynamic(m, 2)
         rows = torch.arange(start, total, device=dev)
         if b not in self.seen:
-            print(f"multispec: compiling the fast backend's {b}-token step for {self.net.name} (first use)",
-                  file=sys.stderr, flush=True)
             self.seen.add(b)
+            left = len(BUCKETS) - len(self.seen)
+            print(f"multispec: compiling {self.label}: step size {b} ({len(self.seen)} of {len(BUCKETS)}, "
+                  f"{left} to go{'' if left else ', done after this one'})", file=sys.stderr, flush=True)
         # hidden states always come out (one graph per bucket, not two); dropped here when not wanted
         logits, hidden = self.fn(tok, pos, rows, masks, backend.k_cache, backend.v_cache, None, True)
         hidden = hidden if want_hidden else None
@@ -108,6 +113,33 @@ class CompiledStep:
         return full
 
 
+def model_label(net) -> str:
+    """How progress lines name a model: its folder (the default pair's are `target` and `draft`) and class."""
+    from pathlib import Path
+
+    path = getattr(getattr(getattr(net, "model_config", None), "_name_or_path", None), "strip", lambda: "")()
+    folder = Path(path).name if path else ""
+    return f"{folder} ({net.name})" if folder else net.name
+
+
+def inductor_cache_dir() -> str:
+    """Where compiled code goes: $TORCHINDUCTOR_CACHE_DIR if the user chose it, else multispec's cache folder.
+    torch writes its own default (a temporary folder) into the variable the first time it looks: that value is
+    not a user's choice and is replaced."""
+    from multispec.paths import cache_root
+
+    current = os.environ.get("TORCHINDUCTOR_CACHE_DIR")
+    if current:
+        try:
+            from torch._inductor.runtime.cache_dir_utils import default_cache_dir
+            torch_default = os.path.abspath(default_cache_dir())
+        except Exception:  # noqa: BLE001 - another torch version: trust the variable
+            torch_default = None
+        if os.path.abspath(current) != torch_default:
+            return current
+    return str(cache_root() / "inductor")
+
+
 def has_cpp_compiler() -> bool:
     """Whether inductor's C++ backend can build kernels here ($CXX, else g++, c++ or clang++ on the PATH)."""
     return any(shutil.which(c) for c in (os.environ.get("CXX"), "g++", "c++", "clang++") if c)
@@ -122,6 +154,4 @@ def _configure_torch() -> None:
     for name in ("recompile_limit", "cache_size_limit"):
         if getattr(torch._dynamo.config, name, limit) < limit:
             setattr(torch._dynamo.config, name, limit)
-    if "TORCHINDUCTOR_CACHE_DIR" not in os.environ:
-        root = os.environ.get("MULTISPEC_CACHE_DIR") or os.path.join(os.path.expanduser("~"), ".cache", "multispec")
-        os.environ["TORCHINDUCTOR_CACHE_DIR"] = os.path.join(root, "inductor")
+    os.environ["TORCHINDUCTOR_CACHE_DIR"] = inductor_cache_dir()

@@ -75,6 +75,19 @@ def create_app(pair, settings: ServeSettings, generate_fn=None) -> FastAPI:
     app = FastAPI(title="multispec", summary="OpenAI-compatible server with lossless speculative decoding")
     app.state.scheduler, app.state.metrics, app.state.settings = scheduler, metrics, settings
     app.router.add_event_handler("shutdown", scheduler.shutdown)
+    live: dict[int, object] = {}  # id -> Run of every request still being answered
+
+    def stop_all() -> int:
+        """Answer every request in flight with a 503 error object and stop its generation at its next committed
+        text (queued ones before they start). Call on the event loop (`multispec serve` does on a second Ctrl-C, or
+        when the first signal's drain time is up). Returns how many were stopped."""
+        runs = list(live.values())
+        for run in runs:
+            run.cancel.set()
+            run.events.put_nowait(("shutdown", None))
+        return len(runs)
+
+    app.state.live_runs, app.state.stop_all = live, stop_all
     edge = _Edge(pair, settings)
     created = int(time.time())
 
@@ -130,7 +143,7 @@ def create_app(pair, settings: ServeSettings, generate_fn=None) -> FastAPI:
             raise APIError(429, f"the server is at capacity ({settings.max_concurrent} running, {settings.max_queue} "
                            "queued); retry later", type="rate_limit_error", code="queue_full",
                            headers={"Retry-After": str(settings.retry_after_s)}) from None
-        reply = _Reply(req, job, run, chat, settings, metrics, request)
+        reply = _Reply(req, job, run, chat, settings, metrics, request, live)
         if req.stream:
             return StreamingResponse(reply.sse(), media_type="text/event-stream",
                                      headers={"Cache-Control": "no-cache"})
@@ -159,11 +172,24 @@ class _Edge:
         if len(body) > self.settings.max_body_bytes:
             raise APIError(413, f"request body over {self.settings.max_body_bytes} bytes")
         try:
-            data = json.loads(body)
+            text = body.decode("utf-8")
+        except UnicodeDecodeError as e:
+            raise APIError(400, f"the body is not valid UTF-8 (byte 0x{body[e.start]:02x} at offset {e.start})") \
+                from None
+        try:
+            data = json.loads(text)
         except (ValueError, RecursionError) as e:
-            raise APIError(400, f"the body is not valid JSON: {str(e)[:200]}") from None
+            raise APIError(400, f"the body is not valid JSON: {str(e)[:200]}".encode("utf-8", "backslashreplace")
+                           .decode("utf-8")) from None
         if not isinstance(data, dict):
             raise APIError(400, "the body must be a JSON object")
+        try:  # JSON escapes can spell lone surrogates (\ud800), which are not text: no tokenizer or reply takes them
+            json.dumps(data, ensure_ascii=False).encode("utf-8")
+        except UnicodeEncodeError:
+            raise APIError(400, "the body holds a string that is not valid Unicode text (a lone surrogate escape "
+                           "such as \\ud800)") from None
+        except RecursionError:
+            raise APIError(400, "the body is nested too deeply") from None
         try:
             req = model.model_validate(data)
         except ValidationError as e:
@@ -230,8 +256,10 @@ class _Reply:
     """Relays one run's events to its client, as one response or as server-sent events."""
 
     def __init__(self, req, job: Job, run, chat: bool, settings: ServeSettings, metrics: ServerMetrics,
-                 request: Request):
+                 request: Request, live: dict | None = None):
         self.req, self.job, self.run, self.chat = req, job, run, chat
+        self.live = {} if live is None else live
+        self.live[id(run)] = run
         self.settings, self.metrics, self.request = settings, metrics, request
         self.id = ("chatcmpl-" if chat else "cmpl-") + uuid.uuid4().hex
         self.created = int(time.time())
@@ -240,7 +268,14 @@ class _Reply:
 
     async def events(self):
         """The run's events; ("tick", None) about once a second while waiting; ("timeout", None) at the deadline,
-        after cancelling the run."""
+        after cancelling the run. ("shutdown", None): the server is stopping (create_app's stop_all)."""
+        try:
+            async for event in self._events():
+                yield event
+        finally:
+            self.live.pop(id(self.run), None)
+
+    async def _events(self):
         while True:
             left = self.deadline - time.perf_counter()
             if left <= 0:
@@ -273,6 +308,9 @@ class _Reply:
         return usage, spec
 
     def _failure(self, kind: str, payload) -> APIError:
+        if kind == "shutdown":
+            return APIError(503, "the server is shutting down; the generation was stopped", type="server_error",
+                            code="shutting_down")
         if kind == "timeout":
             return APIError(504, f"the request did not finish within --request-timeout {self.settings.request_timeout}"
                             " s", type="timeout_error", code="timeout")
@@ -304,7 +342,7 @@ class _Reply:
                 return CompletionResponse(
                     id=self.id, created=self.created, model=self.settings.model_name, usage=usage, spec_decode=spec,
                     choices=[CompletionChoice(text=result.text, finish_reason=result.finish_reason, token_ids=ids)])
-            if kind in ("error", "timeout", "cancelled"):
+            if kind in ("error", "timeout", "cancelled", "shutdown"):
                 return _error_json(self._failure(kind, payload))
 
     async def sse(self):
@@ -331,7 +369,7 @@ class _Reply:
                     if self.req.stream_options is not None and self.req.stream_options.include_usage:
                         yield self._sse(self._usage_chunk(usage))
                     ended = True
-                elif kind in ("error", "timeout", "cancelled"):
+                elif kind in ("error", "timeout", "cancelled", "shutdown"):
                     ended = True
                     yield self._sse(ErrorResponse(error=self._failure(kind, payload).body))
             yield "data: [DONE]\n\n"

@@ -104,8 +104,16 @@ def build_data(config: DataConfig, data_dir: str | None = None, cache: str | Non
     feats2 [M, 11], soft [M], hard [M], prompt [M] (prompt index), the list `val_prompts`, and `config`."""
     cache_file = Path(cache) / f"decision-data-{config.key()}.pt" if cache else None
     if cache_file is not None and cache_file.is_file():
-        log(f"decision data: reusing {cache_file}")
-        return torch.load(cache_file, weights_only=False)
+        try:
+            data = torch.load(cache_file, weights_only=False)
+            if isinstance(data, dict) and {"hidden", "feats2", "soft", "hard", "prompt"} <= set(data):
+                log(f"decision data: reusing {cache_file}")
+                return data
+            log(f"warning: ignoring the decision-data cache {cache_file}: not a data set this version wrote; "
+                "rebuilding it")
+        except Exception as e:  # noqa: BLE001 - a truncated or foreign file: rebuild, never crash
+            log(f"warning: ignoring the decision-data cache {cache_file}: cannot be read ({type(e).__name__}); "
+                "rebuilding it")
     from multispec.api import load_pair
 
     texts = prompt_texts(config, data_dir)
