@@ -13,7 +13,7 @@ N_PROMPTS, N_NEW = 20, 128
 # ti-mcsd W = 1 and dynamic are greedy-identical on the tiny pairs of test_engine_greedy.py; they are left out
 # here to keep the suite inside CI's budget.
 CASES = [("sd", {"k": 4}), ("mcsd", {"verifier": "rrs-wor"}), ("mcsd", {"verifier": "spechub", "tree": (2, 2, 2, 2)}),
-         ("auto", {}), ("lookup", {})]
+         ("auto", {}), ("lookup", {}), ("suffix", {})]
 _CACHE = {}
 
 

@@ -413,12 +413,12 @@ def test_serve_cli_refuses_bad_settings_before_loading(tmp_path, capsys):
 
 
 def test_identical_seeded_requests_sent_concurrently_give_one_text(pair):
-    """auto's plans follow measured speed and differ between concurrent runs; with `reproducible` the seed alone
-    fixes the text (drafter-invariant verification), equal to the library's."""
+    """auto's plans follow measured speed and differ between concurrent runs; a seeded request to auto is
+    reproducible by default (drafter-invariant verification): the seed alone fixes the text, equal to the
+    library's."""
     s = ServerThread(create_app(pair, ServeSettings(model_name=NAME, max_concurrent=3)))
     try:
-        body = {"prompt": PROMPTS[0], "max_tokens": 24, "temperature": 1.0, "seed": 42, "reproducible": True,
-                "return_token_ids": True}
+        body = {"prompt": PROMPTS[0], "max_tokens": 24, "temperature": 1.0, "seed": 42, "return_token_ids": True}
         out = []
         threads = [threading.Thread(target=lambda: out.append(httpx.post(s.url + "/v1/completions", json=body,
                                                                          timeout=120).json())) for _ in range(6)]

@@ -25,11 +25,6 @@ from multispec.text import StopStrings, Streamer, encode_prompt
 from multispec.validate import integer, real, seed_or_fresh, stop_strings
 
 
-# Whether a seeded sampling run verifies with position-keyed noise by default (the seed then fixes the text under
-# every method and plan). Decided by the measurement in docs/reproducible.md.
-REPRODUCIBLE_BY_DEFAULT = False
-
-
 @dataclass
 class GenerationResult:
     """token_ids: the new tokens only. text: their decoding, cut before the first stop string. stats: see README.
@@ -188,12 +183,14 @@ class Decoder:
 
     def reproducible_mode(self, reproducible: bool | None, seed, sampling: SamplingConfig) -> bool:
         """Whether a run verifies with position-keyed noise (the text fixed by the seed whatever the method, plan
-        or batch). None: on when a seed is given and the method has the mode (REPRODUCIBLE_BY_DEFAULT)."""
+        or batch). None: on for a seeded run of a method whose registry entry says so (auto, whose plans follow
+        measured timings: without the mode its seed would not fix its text); off otherwise, where a seed already
+        fixes a method's own run and the mode costs up to 20 % of sd's speed (docs/reproducible.md)."""
         check(reproducible is None or isinstance(reproducible, bool),
               f"reproducible must be True, False or None, got {reproducible!r}")
         has_mode = not self.config.target_init
         if reproducible is None:
-            return REPRODUCIBLE_BY_DEFAULT and seed is not None and has_mode and not sampling.greedy
+            return self.entry.reproducible_when_seeded and seed is not None and has_mode and not sampling.greedy
         check(not reproducible or has_mode, f"method {self.config.name!r} draws level 1 from the target (P1's "
                                             "longest chain): it has no reproducible mode")
         return reproducible and not sampling.greedy

@@ -87,7 +87,9 @@ class MethodEntry:
     uses_draft(config): whether a run drafts with the draft model (default: needs_draft). load(config, pair) -> dict:
     trained models read from disk, once per Decoder family (`Decoder.spawn` shares them). make_policy(config, pair,
     loaded) -> DraftPolicy: a fresh policy (its adaptive state resets every generation). tree_nodes(config): the
-    most tree nodes one round may draft (sizes static caches; default: the full tree of config.tree)."""
+    most tree nodes one round may draft (sizes static caches; default: the full tree of config.tree).
+    reproducible_when_seeded: a seeded sampling run verifies with position-keyed noise by default (auto: its plans
+    follow measured timings, so without the mode a seed would not fix its text; docs/reproducible.md)."""
 
     name: str
     options: frozenset
@@ -98,6 +100,7 @@ class MethodEntry:
     load: Callable[[MethodConfig, object], dict] | None = None
     tree_nodes: Callable[[MethodConfig], int] | None = None
     summary: str = ""
+    reproducible_when_seeded: bool = False  # a seeded run at T > 0 uses the reproducible mode unless told not to
 
     def drafts_with_model(self, config: MethodConfig) -> bool:
         return self.uses_draft(config) if self.uses_draft is not None else self.needs_draft
@@ -369,6 +372,7 @@ def _suffix_policy(config: MethodConfig, pair, loaded: dict):
 for _entry in (
     MethodEntry("auto", frozenset({"proposers", "max_nodes"}), _build_auto, _auto_policy, needs_draft=False,
                 uses_draft=lambda c: "draft" in c.proposers, tree_nodes=lambda c: c.max_nodes, load=_load_auto,
+                reproducible_when_seeded=True,
                 summary="per round: no speculation, a lookup chain or a draft tree, from measured acceptance and "
                         "costs"),
     MethodEntry("ar", frozenset(), _build_ar, _fixed_tree_policy, needs_draft=False,

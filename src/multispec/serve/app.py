@@ -18,7 +18,6 @@ from fastapi.responses import JSONResponse, Response, StreamingResponse
 from pydantic import BaseModel, ValidationError
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from multispec.decoding.decoder import REPRODUCIBLE_BY_DEFAULT
 from multispec.errors import MultispecError
 from multispec.sampling import SamplingConfig
 from multispec.serve.metrics import ServerMetrics
@@ -88,7 +87,7 @@ def create_app(pair, settings: ServeSettings, generate_fn=None) -> FastAPI:
         return len(runs)
 
     app.state.live_runs, app.state.stop_all = live, stop_all
-    edge = _Edge(pair, settings)
+    edge = _Edge(pair, settings, decoder.entry.reproducible_when_seeded)
     created = int(time.time())
 
     @app.exception_handler(APIError)
@@ -160,8 +159,9 @@ def _refuse(condition, option: str) -> None:
 class _Edge:
     """Request validation that needs the model: prompt encoding, chat template, context length."""
 
-    def __init__(self, pair, settings: ServeSettings):
+    def __init__(self, pair, settings: ServeSettings, reproducible_when_seeded: bool = False):
         self.pair, self.settings = pair, settings
+        self.reproducible_when_seeded = reproducible_when_seeded  # the served method's default (Decoder)
         self.tokenizer = pair.tokenizer
         self.context = getattr(pair.target.config, "max_position_embeddings", None)
         self.vocab = int(pair.target.get_output_embeddings().weight.shape[0])
@@ -247,7 +247,7 @@ class _Edge:
         seed = req.seed if req.seed is not None else secrets.randbelow(2**31)
         # the library's default mode is decided by whether a seed was given, so the server keeps that distinction
         reproducible = req.reproducible if req.reproducible is not None else (
-            REPRODUCIBLE_BY_DEFAULT and req.seed is not None)
+            self.reproducible_when_seeded and req.seed is not None)
         return Job(prompt_ids=ids, max_tokens=max_tokens, temperature=temperature, top_k=top_k, top_p=top_p,
                    seed=seed, stop=req.stop, reproducible=reproducible)
 

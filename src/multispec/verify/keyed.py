@@ -19,6 +19,8 @@ draw from p (the Gumbel-max trick), the sampler whose draws the `gumbel` and `gl
 """
 from __future__ import annotations
 
+import functools
+
 from dataclasses import dataclass
 from typing import Sequence
 
@@ -70,8 +72,21 @@ def keyed_uniform(seed: int | Sequence[int], positions: Sequence[int], vocab: in
 
 def keyed_gumbel(seed: int | Sequence[int], positions: Sequence[int], vocab: int, slot: int = 0,
                  device: torch.device | str | None = None) -> torch.Tensor:
-    """float64 [K, V] standard Gumbel noise -log(-log U), row k keyed as in `keyed_uniform`."""
-    return -torch.log(-torch.log(keyed_uniform(seed, positions, vocab, slot, device)))
+    """float64 [K, V] standard Gumbel noise -log(-log U), row k keyed as in `keyed_uniform`. Rows are memoised
+    (a round draws the same positions when drafting and when verifying; ~0.25 ms a row at V = 8k)."""
+    positions = [int(t) for t in positions]
+    seeds = [int(seed)] * len(positions) if isinstance(seed, int) else [int(s) for s in seed]
+    check(len(seeds) == len(positions), f"{len(seeds)} seeds for {len(positions)} positions")
+    out = torch.stack([_gumbel_row(s, t, vocab, slot) for s, t in zip(seeds, positions)]) if positions else \
+        torch.empty(0, vocab, dtype=torch.float64)
+    return out if device is None else out.to(device)
+
+
+@functools.lru_cache(maxsize=32)
+def _gumbel_row(seed: int, position: int, vocab: int, slot: int) -> torch.Tensor:
+    """One row of keyed Gumbel noise, float64 [V]; a pure function of its arguments, so memoising it changes no
+    result (callers never write into it)."""
+    return -torch.log(-torch.log(keyed_uniform(seed, [position], vocab, slot)[0]))
 
 
 @dataclass(frozen=True)
