@@ -126,7 +126,7 @@ def test_cli_version_and_verifiers():
 
 
 @pytest.mark.parametrize("kwargs, message", [
-    ({"prompt": "a\ud800b"}, "not valid Unicode text"),
+    ({"prompt": "a\ud800b"}, "not valid UTF-8 text"),
     ({"prompt": "x", "stop": "\udc80"}, "stop string"),
     ({"prompt": "x", "method": "auto", "max_nodes": 10**9}, "at most 64"),
     ({"prompt": "x", "method": "suffix", "max_nodes": 65}, "at most 64"),

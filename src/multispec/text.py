@@ -46,7 +46,7 @@ def check_text(text: str, what: str) -> None:
     try:
         text.encode("utf-8")
     except UnicodeEncodeError as e:
-        raise MultispecError(f"{what} is not valid Unicode text (a lone surrogate {text[e.start]!r} at index "
+        raise MultispecError(f"{what} is not valid UTF-8 text (a lone surrogate {text[e.start]!r} at index "
                              f"{e.start})") from None
 
 
