@@ -12,7 +12,7 @@ _OPTIONS = [  # click decorators, in the order --help lists them
     click.option("--entropy", type=float, help="sd / dynamic: stop drafting once AdaEDL's acceptance bound "
               "1 - sqrt(H(q)) is below this."),
     click.option("--ngram", type=int, help="lookup: longest n-gram matched in the context (3)."),
-    click.option("--proposers", help="auto: draft,lookup (default both; also draft+lookup), or one of them; "
+    click.option("--proposers", help="auto: any of draft,lookup,suffix (default all three; also draft+lookup); "
                  "draft alone needs a draft model."),
     click.option("--max-nodes", type=click.IntRange(1, AUTO_MAX_NODES),
                  help=f"auto: the largest tree it may draft (32; at most {AUTO_MAX_NODES})."),
