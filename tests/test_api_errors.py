@@ -132,6 +132,7 @@ def test_cli_version_and_verifiers():
     ({"prompt": "x", "method": "suffix", "max_nodes": 65}, "at most 64"),
     ({"prompt": "x", "draft_vocab": 0}, "draft_vocab"),
     ({"prompt": "x", "method": "sd", "draft_dtype": "int4"}, "draft_dtype"),
+    ({"prompt": "x", "method": "lookup", "draft_vocab": 100}, "does not draft with one"),
     ({"prompt": "x", "method": "ti-mcsd", "temperature": 1.0, "reproducible": True}, "no reproducible mode"),
     ({"prompt": "x", "reproducible": "yes"}, "reproducible must be"),
 ])

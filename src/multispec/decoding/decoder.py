@@ -66,6 +66,8 @@ class Decoder:
         from multispec.models.cheap import CheapDraft
 
         self.cheap = CheapDraft(vocab=draft_vocab, dtype=draft_dtype)  # validated here, one line on bad values
+        check(not self.cheap.active or self.uses_draft, f"draft_vocab / draft_dtype make the draft model cheaper, and "
+                                                        f"method {self.config.name!r} does not draft with one here")
         self.draft_model = self.cheap.draft_model(pair.draft) if self.uses_draft else None  # int8: a copy, once
         self.token_freq = self.cheap.frequencies(pair.tokenizer, vocab_rows(pair.draft)) \
             if self.uses_draft else None
@@ -80,16 +82,26 @@ class Decoder:
         self.context = min(limits) if limits else None  # the model's positions; None when the configs say nothing
         self._target = self._draft = None
         self._rows = 0  # static-cache rows of the current fast/compiled backends
+        self._warm_up()
+
+    def _warm_up(self) -> None:
+        """A compiled backend compiles every step size now, not mid-generation (FastNet keeps the code on the model,
+        so this is cheap for a second Decoder of the same models)."""
         if self.backend == "compiled":
             self._backends(1)
             for b in (self._target, self._draft):
                 if b is not None:
-                    b.warm_up()  # every step size compiled now, not mid-generation
+                    b.warm_up()
 
     def spawn(self) -> "Decoder":
-        """Another Decoder of the same pair, method and backend, sharing the trained models read by this one."""
-        twin = Decoder(self.pair, self.config, self.backend, wrap_target=self.wrap_target, loaded=self.loaded)
-        twin.cheap, twin.draft_model, twin.token_freq = self.cheap, self.draft_model, self.token_freq
+        """Another Decoder of the same pair, method and backend, sharing what this one read or built once: the
+        trained models, the cheap draft's copy and token frequencies."""
+        twin = Decoder.__new__(Decoder)
+        twin.__dict__.update({k: v for k, v in self.__dict__.items() if not k.startswith("_")})
+        twin.policy = self.entry.make_policy(self.config, self.pair, self.loaded)  # its own adaptive state
+        twin._target = twin._draft = None
+        twin._rows = 0
+        twin._warm_up()
         return twin
 
     # ------------------------------------------------------------------ token ids
