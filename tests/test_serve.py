@@ -119,10 +119,12 @@ def test_token_id_prompt_and_length_finish(server, pair):
 
 
 def test_streamed_text_concatenated_equals_whole(server):
-    kw = dict(model=NAME, prompt=PROMPTS[0], max_tokens=30, temperature=0)
-    whole = server.client.completions.create(**kw)
+    # a prompt no other test sends, streamed first: auto's suffix store would otherwise hold the whole continuation
+    # and commit it in one round (one chunk)
+    kw = dict(model=NAME, prompt="import math\n\ndef area(r):", max_tokens=30, temperature=0)
     text, chunks = _stream_text(server.client.completions.create(**kw, stream=True,
                                                                 stream_options={"include_usage": True}))
+    whole = server.client.completions.create(**kw)
     assert text == whole.choices[0].text
     assert len([c for c in chunks if c.choices and c.choices[0].text]) >= 2  # it really streamed
     finals = [c.choices[0].finish_reason for c in chunks if c.choices and c.choices[0].finish_reason]
