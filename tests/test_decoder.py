@@ -136,3 +136,12 @@ def test_a_decoder_reused_gives_what_fresh_calls_give(pair):
     a = d.generate(PROMPT, max_new_tokens=10, temperature=1.0, seed=5)
     b = Decoder(pair, "sd", k=2).generate(PROMPT, max_new_tokens=10, temperature=1.0, seed=5)
     assert a.stats["seed"] == b.stats["seed"] == 5
+
+
+def test_the_decoder_is_reachable_from_the_package_without_loading_torch_first():
+    import subprocess
+    import sys
+
+    code = ("import sys, multispec; assert 'torch' not in sys.modules; "
+            "from multispec.decoding.decoder import Decoder; assert multispec.Decoder is Decoder")
+    subprocess.run([sys.executable, "-c", code], check=True)

@@ -22,4 +22,13 @@ def generate(*args, **kwargs):
     return _generate(*args, **kwargs)
 
 
-__all__ = ["__version__", "load_pair", "generate", "MultispecError"]
+def __getattr__(name: str):
+    """`multispec.Decoder` (multispec.decoding.decoder.Decoder), imported on first use."""
+    if name == "Decoder":
+        from multispec.decoding.decoder import Decoder
+
+        return Decoder
+    raise AttributeError(f"module 'multispec' has no attribute {name!r}")
+
+
+__all__ = ["__version__", "load_pair", "generate", "Decoder", "MultispecError"]
