@@ -39,7 +39,7 @@ SCALE_RATE = 0.2  # how fast measured forward times correct the calibrated costs
 MARGIN = 0.03  # speculate only when predicted to beat plain decoding by this much: never slower comes first
 CONF_EDGES = (0.05, 0.1, 0.2, 0.3, 0.5, 0.7, 0.9, 0.97)  # buckets of the draft's probability of its own token
 DEFAULT_OVERHEAD = {"round_s": 4e-4, "level_s": 3e-4}
-SUFFIX_PRIOR = 2.0  # pseudo-counts of the suffix calibration (starts at 1: scores taken at face value)
+SUFFIX_PRIOR = 2.0  # pseudo-counts of the suffix calibration (starts at 0.5: half the frequency scores)
 
 
 class Acceptance:
@@ -176,7 +176,8 @@ class AutoPolicy(DraftPolicyBase):
         self.ngrams = NgramIndex(self.max_ngram)
         self.suffix = SuffixProposer(self.suffix_store, depth=self.suffix_store.depth) \
             if self.suffix_store is not None else SuffixProposer()
-        self.suffix_calib = [SUFFIX_PRIOR, SUFFIX_PRIOR]  # decayed sums: accepted nodes, predicted (Σ scores)
+        self.suffix_calib = [SUFFIX_PRIOR * 0.5, SUFFIX_PRIOR]  # decayed sums: accepted nodes, predicted (Σ scores)
+        self._suffix_skip = self._suffix_backoff = 0
         self._suffix_predicted = 0.0
         self._plan_cache: dict = {}
 
@@ -207,6 +208,13 @@ class AutoPolicy(DraftPolicyBase):
             plan = self._suffix_plan(history)
             if plan is not None:
                 candidates.append(plan)
+                # a suffix proposal costs ~0.05-0.5 ms of Python: after one that loses to a plain step, skip the
+                # next 1, 2, 4 ... 16 rounds' proposals (sampling at T > 0 rarely repeats the context)
+                if plan.predicted_tps < candidates[0].predicted_tps:
+                    self._suffix_backoff = min(16, max(1, 2 * self._suffix_backoff))
+                    self._suffix_skip = self._suffix_backoff
+                else:
+                    self._suffix_backoff = 0
         ar = candidates[0]
         best = max(candidates[1:], key=lambda p: p.predicted_tps, default=ar)
         if best.predicted_tps < ar.predicted_tps * (1 + MARGIN):
@@ -339,6 +347,9 @@ class AutoPolicy(DraftPolicyBase):
         """A suffix tree (drafting/suffix.py: frequencies of continuations in the context and past requests),
         truncated to the depth with the best predicted tokens/s. A node's reach is its empirical frequency score
         times a calibration factor learned online (accepted nodes / Σ predicted scores of drafted trees)."""
+        if self._suffix_skip > 0:
+            self._suffix_skip -= 1
+            return None
         prop = self.suffix.propose(history, self.max_nodes)
         if len(prop.tree) == 1:
             return None
