@@ -15,7 +15,7 @@ _OPTIONS = [  # click decorators, in the order --help lists them
     click.option("--proposers", help="auto: any of draft,lookup,suffix (default all three; also draft+lookup); "
                  "draft alone needs a draft model."),
     click.option("--max-nodes", type=click.IntRange(1, AUTO_MAX_NODES),
-                 help=f"auto: the largest tree it may draft (32; at most {AUTO_MAX_NODES})."),
+                 help=f"auto / suffix: the largest tree it may draft (32 / 16; at most {AUTO_MAX_NODES})."),
     click.option("--tree", help="mcsd / ti-mcsd: tree shape, e.g. 4,2,2,1 (ti-mcsd: 2,4,3,1,1)."),
     click.option("--verifier", help="sd / specdecpp: sd or block; mcsd / dynamic: verifier name, e.g. traversal "
                  "(see `multispec verifiers`)."),
