@@ -5,7 +5,7 @@ One draft-initialized round (`_di_round`), the data flowing down:
     policy.plan_round(history, pending) ─► RoundPlan(tree, proposer)       drafting/protocol.py
         │  proposer "draft": grow_tree(draft backend, ...) ─► tokens [N], q [N, V]   drafting/grow.py
         │  proposer "lookup": a chain copied from the context, q = point masses      drafting/lookup.py
-    │  proposer "suffix": a tree from suffix tries, q = point masses           drafting/suffix.py
+        │  proposer "suffix": a tree from suffix tries, q = point masses           drafting/suffix.py
         │  proposer "none": the root alone (a plain target step)
         ▼
     target.forward(tokens, positions, tree mask) ─► logits [N, V]           models/ (the one cache owner)

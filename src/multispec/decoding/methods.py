@@ -13,7 +13,8 @@ builds its draft policy. A new method is one `register(MethodEntry(...))` plus o
 |           | (`traversal`; `block` when W = 1)                  |                                  |          |
 | specdecpp | chain up to k_max, acceptance head stops it       | single-draft `sd` or `block`     | yes      |
 | lookup    | chain copied from the context (prompt lookup), no draft model | `block`, q = one-hot | yes |
-| auto      | per round: no speculation, a lookup chain, or a draft tree chosen from measured acceptance and costs | `traversal` | yes |
+| suffix    | tree from suffix tries over the context and past requests, no draft model | `rrs-wor` walk, q = first-child one-hot | yes |
+| auto      | per round: no speculation, a lookup chain, a suffix tree or a draft tree chosen from measured acceptance and costs | `traversal` (`rrs-wor` walk on suffix trees) | yes |
 
 `sd` and `dynamic` also take a training-free stopping rule: `confidence=h` (stop when the draft's probability of its
 newest token is below h, transformers' assistant_confidence_threshold) or `entropy=h` (AdaEDL's entropy bound).
@@ -29,11 +30,12 @@ from multispec.errors import MultispecError, check, parse_bool
 
 DEFAULT_METHOD = "auto"  # the API's, the CLI's and the server's default method: change it here only
 AUTO_PROPOSERS = ("draft", "lookup", "suffix")  # what auto may use
-# suffix by default: +16 % / +25 % tokens/s greedy on HumanEval / Spec-Bench, within 2 % at T = 1
-# (benchmarks/results/suffix/bench_T{0,1}, docs/suffix.md)
+# suffix by default: +12-25 % tokens/s greedy on HumanEval / Spec-Bench, 1-6 % slower at T = 1
+# (benchmarks/results/suffix/, benchmarks/results/current; docs/suffix.md)
 DEFAULT_AUTO_PROPOSERS = ("draft", "lookup", "suffix")
-HEAD_DIRNAME = "acceptance_head"
-MAX_TREE_NODES = 64  # auto's and suffix's max_nodes: the largest tree one round may draft  # specdecpp looks for its head here, in the draft's directory
+HEAD_DIRNAME = "acceptance_head"  # specdecpp looks for its head here, in the draft's directory
+MAX_TREE_NODES = 64  # auto's and suffix's max_nodes: the largest tree one round may draft
+
 
 @dataclass(frozen=True)
 class MethodConfig:
@@ -52,7 +54,7 @@ class MethodConfig:
     entropy: float | None = None  # training-free stop: AdaEDL entropy bound below this
     ngram: int = 3  # lookup: longest n-gram matched
     proposers: tuple[str, ...] = DEFAULT_AUTO_PROPOSERS  # auto
-    max_nodes: int = 32  # auto: the largest tree it may draft
+    max_nodes: int = 32  # auto and suffix: the largest tree a round may draft
     options: dict = field(default_factory=dict, compare=False)
 
     @property

@@ -27,8 +27,8 @@ from collections import Counter, defaultdict
 
 from multispec.drafting.costs import CostModel, get_cost_model, update_after_generation
 from multispec.drafting.lookup import NgramIndex
-from multispec.drafting.suffix import SuffixProposer
 from multispec.drafting.protocol import DraftPolicyBase, RoundOutcome, RoundPlan
+from multispec.drafting.suffix import SuffixProposer
 from multispec.tree import Tree
 
 DECAY = 0.95  # per round: about the last 20 rounds carry the estimates
@@ -39,7 +39,8 @@ SCALE_RATE = 0.2  # how fast measured forward times correct the calibrated costs
 MARGIN = 0.03  # speculate only when predicted to beat plain decoding by this much: never slower comes first
 CONF_EDGES = (0.05, 0.1, 0.2, 0.3, 0.5, 0.7, 0.9, 0.97)  # buckets of the draft's probability of its own token
 DEFAULT_OVERHEAD = {"round_s": 4e-4, "level_s": 3e-4}
-SUFFIX_PRIOR = 2.0  # pseudo-counts of the suffix calibration (starts at 0.5: half the frequency scores)
+SUFFIX_PRIOR = 2.0  # pseudo-counts of the suffix calibration
+SUFFIX_PRIOR_CALIB = 0.5  # where the calibration starts: a node reached half as often as its frequency score says
 
 
 class Acceptance:
@@ -176,7 +177,8 @@ class AutoPolicy(DraftPolicyBase):
         self.ngrams = NgramIndex(self.max_ngram)
         self.suffix = SuffixProposer(self.suffix_store, depth=self.suffix_store.depth) \
             if self.suffix_store is not None else SuffixProposer()
-        self.suffix_calib = [SUFFIX_PRIOR * 0.5, SUFFIX_PRIOR]  # decayed sums: accepted nodes, predicted (Σ scores)
+        # decayed sums: accepted nodes, predicted (Σ scores of the drafted nodes)
+        self.suffix_calib = [SUFFIX_PRIOR * SUFFIX_PRIOR_CALIB, SUFFIX_PRIOR]
         self._suffix_skip = self._suffix_backoff = 0
         self._suffix_predicted = 0.0
         self._plan_cache: dict = {}
