@@ -19,7 +19,7 @@ from multispec.errors import MultispecError
 PROMPT = [5, 17, 3, 42, 9, 28, 11, 60]
 NEW = 20  # prompt + output = 28 tokens, past every window (WINDOW = 6) several times over
 TREE_METHODS = (("mcsd", {"tree": (3, 2, 2)}), ("dynamic", {"width": 3, "depth": 3}),
-                ("ti-mcsd", {"tree": (1, 3, 2, 1)}))
+                ("ti-mcsd", {"tree": (1, 3, 2, 1)}), ("suffix", {}))
 assert len(PROMPT) + NEW > 4 * WINDOW
 
 

@@ -2,7 +2,7 @@
 take the same options with the same help (build_method validates them)."""
 import click
 
-AUTO_MAX_NODES = 64  # auto's tree budget: the largest step the fast/compiled backends run in one bucket
+from multispec.decoding.methods import MAX_TREE_NODES
 
 _OPTIONS = [  # click decorators, in the order --help lists them
     click.option("--k", type=int, help="sd: draft tokens per round (default 4); lookup: at most this many (10)."),
@@ -14,8 +14,8 @@ _OPTIONS = [  # click decorators, in the order --help lists them
     click.option("--ngram", type=int, help="lookup: longest n-gram matched in the context (3)."),
     click.option("--proposers", help="auto: any of draft,lookup,suffix (default all three; also draft+lookup); "
                  "draft alone needs a draft model."),
-    click.option("--max-nodes", type=click.IntRange(1, AUTO_MAX_NODES),
-                 help=f"auto / suffix: the largest tree it may draft (32 / 16; at most {AUTO_MAX_NODES})."),
+    click.option("--max-nodes", type=click.IntRange(1, MAX_TREE_NODES),
+                 help=f"auto / suffix: the largest tree it may draft (32 / 16; at most {MAX_TREE_NODES})."),
     click.option("--tree", help="mcsd / ti-mcsd: tree shape, e.g. 4,2,2,1 (ti-mcsd: 2,4,3,1,1)."),
     click.option("--verifier", help="sd / specdecpp: sd or block; mcsd / dynamic: verifier name, e.g. traversal "
                  "(see `multispec verifiers`)."),

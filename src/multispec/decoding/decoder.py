@@ -247,10 +247,10 @@ def _backend_name(pair: Pair, backend) -> str:
 def _refuse_trees_where_inexact(pair: Pair, config: MethodConfig, uses_draft: bool) -> None:
     """Models whose attention depends on cache-row order or uses ALiBi by row (MPT, GPT-Neo local layers, Bloom,
     Falcon-ALiBi) verify chains exactly but not token trees: refuse tree methods here, before any model runs
-    (`auto` keeps to chains for them, see its registry entry)."""
+    (`auto` keeps to chains for them itself, see its registry entry)."""
     from multispec.models import tree_refusal
 
-    if not any(w > 1 for w in config.tree):
+    if not get_method(config.name).may_draft_trees(config):
         return
     reason = tree_refusal(pair.target) or (tree_refusal(pair.draft) if uses_draft and pair.draft is not None
                                            else None)

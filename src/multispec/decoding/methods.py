@@ -92,6 +92,8 @@ class MethodEntry:
     trained models read from disk, once per Decoder family (`Decoder.spawn` shares them). make_policy(config, pair,
     loaded) -> DraftPolicy: a fresh policy (its adaptive state resets every generation). tree_nodes(config): the
     most tree nodes one round may draft (sizes static caches; default: the full tree of config.tree).
+    drafts_trees(config): whether a round may draft siblings, which models that attend by cache row cannot verify
+    (the Decoder refuses the method there; default: a level of config.tree wider than one).
     reproducible_when_seeded: a seeded sampling run verifies with position-keyed noise by default (auto: its plans
     follow measured timings, so without the mode a seed would not fix its text; docs/reproducible.md)."""
 
@@ -103,11 +105,15 @@ class MethodEntry:
     uses_draft: Callable[[MethodConfig], bool] | None = None
     load: Callable[[MethodConfig, object], dict] | None = None
     tree_nodes: Callable[[MethodConfig], int] | None = None
+    drafts_trees: Callable[[MethodConfig], bool] | None = None
     summary: str = ""
     reproducible_when_seeded: bool = False  # a seeded run at T > 0 uses the reproducible mode unless told not to
 
     def drafts_with_model(self, config: MethodConfig) -> bool:
         return self.uses_draft(config) if self.uses_draft is not None else self.needs_draft
+
+    def may_draft_trees(self, config: MethodConfig) -> bool:
+        return self.drafts_trees(config) if self.drafts_trees is not None else any(w > 1 for w in config.tree)
 
     def max_tree_nodes(self, config: MethodConfig) -> int:
         if self.tree_nodes is not None:
@@ -169,9 +175,7 @@ def _build_auto(o: dict) -> MethodConfig:
         if isinstance(proposers, str) else tuple(proposers)
     bad = [x for x in proposers if x not in AUTO_PROPOSERS]
     check(proposers and not bad, f"auto: proposers must be among {', '.join(AUTO_PROPOSERS)}, got {proposers!r}")
-    max_nodes = _int(o.get("max_nodes", 32), "max_nodes", 1)
-    check(max_nodes <= MAX_TREE_NODES, f"max_nodes must be at most {MAX_TREE_NODES} (one round's tree), got {max_nodes}")
-    return MethodConfig(name="auto", verifier="traversal", proposers=proposers, max_nodes=max_nodes, options=o)
+    return MethodConfig(name="auto", verifier="traversal", proposers=proposers, max_nodes=_max_nodes(o, 32), options=o)
 
 
 def _build_lookup(o: dict) -> MethodConfig:
@@ -329,9 +333,7 @@ SUFFIX_STORE_TOKENS = 200_000  # the shared store's default cap (tokens); about 
 
 
 def _build_suffix(o: dict) -> MethodConfig:
-    max_nodes = _int(o.get("max_nodes", 16), "max_nodes", 1)
-    check(max_nodes <= MAX_TREE_NODES, f"suffix: max_nodes must be at most {MAX_TREE_NODES} (one round's tree), got "
-                                       f"{max_nodes}")
+    max_nodes = _max_nodes(o, 16)
     factor = o.get("factor", 2.0)
     check(isinstance(factor, (int, float)) and not isinstance(factor, bool) and factor > 0,
           f"suffix: factor must be a number > 0, got {factor!r}")
@@ -361,12 +363,7 @@ def _load_suffix_store(config: MethodConfig, pair) -> dict:
 
 def _suffix_policy(config: MethodConfig, pair, loaded: dict):
     from multispec.drafting.suffix import SuffixPolicy
-    from multispec.models import tree_refusal
 
-    if pair is not None:
-        reason = tree_refusal(pair.target) if hasattr(pair.target, "config") else None
-        check(reason is None, f"method 'suffix' drafts token trees, and tree methods are not supported on this model "
-                              f"({reason}); use lookup")
     store = loaded.get("store")
     return SuffixPolicy(max_nodes=config.max_nodes, store=store, depth=store.depth if store is not None else 32,
                         factor=float(config.options.get("factor", 2.0)),
@@ -396,6 +393,7 @@ for _entry in (
                 summary="a chain copied from the context (prompt lookup), no draft model"),
     MethodEntry("suffix", frozenset({"max_nodes", "factor", "min_prob", "store_tokens", "store"}), _build_suffix,
                 _suffix_policy, needs_draft=False, load=_load_suffix_store, tree_nodes=lambda c: c.max_nodes,
+                drafts_trees=lambda c: True,
                 summary="a token tree from suffix tries over the context and past requests, no draft model"),
 ):
     register(_entry)
@@ -406,6 +404,12 @@ def _stop_rule(o: dict) -> tuple[float | None, float | None]:
     entropy = None if o.get("entropy") is None else _prob(o["entropy"], "entropy")
     check(confidence is None or entropy is None, "choose one stopping rule: confidence or entropy")
     return confidence, entropy
+
+
+def _max_nodes(o: dict, default: int) -> int:
+    n = _int(o.get("max_nodes", default), "max_nodes", 1)
+    check(n <= MAX_TREE_NODES, f"max_nodes must be at most {MAX_TREE_NODES} (one round's tree), got {n}")
+    return n
 
 
 def _int(v, name: str, lo: int) -> int:
