@@ -8,7 +8,8 @@ from typing import Callable
 import numpy as np
 import torch
 
-from multispec.errors import MultispecError, check
+from multispec.errors import check
+from multispec.validate import check_text
 
 
 def encode_prompt(tokenizer, vocab_size: int, prompt) -> list[int]:
@@ -38,16 +39,6 @@ def encode_prompt(tokenizer, vocab_size: int, prompt) -> list[int]:
     check(len(ids) > 0, "the prompt is empty")
     check(all(0 <= t < vocab_size for t in ids), f"prompt token ids must be in [0, {vocab_size})")
     return ids
-
-
-def check_text(text: str, what: str) -> None:
-    """Refuse a str that is not valid Unicode text (a lone surrogate, e.g. from a JSON escape or a bad decode):
-    no tokenizer can encode it and it can never match generated text."""
-    try:
-        text.encode("utf-8")
-    except UnicodeEncodeError as e:
-        raise MultispecError(f"{what} is not valid UTF-8 text (a lone surrogate {text[e.start]!r} at index "
-                             f"{e.start})") from None
 
 
 class StopStrings:

@@ -48,9 +48,15 @@ def stop_strings(stop) -> list[str]:
     for s in stops:
         check(isinstance(s, str), f"stop strings must be strings, got {s!r}")
         check(s != "", "a stop string is empty (it would match before any text); remove it")
-        try:
-            s.encode("utf-8")
-        except UnicodeEncodeError:
-            raise MultispecError(f"the stop string {s!r} is not valid Unicode text (a lone surrogate); it could "
-                                 "never match generated text") from None
+        check_text(s, f"the stop string {s!r}")
     return list(stops)
+
+
+def check_text(text: str, what: str) -> None:
+    """Refuse a str that is not valid Unicode text (a lone surrogate, from a JSON escape or from argv bytes that were
+    not UTF-8): no tokenizer can encode it, and as a stop string it could never match generated text."""
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError as e:
+        raise MultispecError(f"{what} is not valid UTF-8 text (a lone surrogate {text[e.start]!r} at index "
+                             f"{e.start})") from None

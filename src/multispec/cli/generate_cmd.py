@@ -152,10 +152,9 @@ def _read_prompt(prompt: str | None, prompt_file: tuple[str, ...] | str | None) 
     if prompt == "-":
         data = sys.stdin.buffer.read() if hasattr(sys.stdin, "buffer") else sys.stdin.read()
         return decode_text(data, "the prompt on stdin") if isinstance(data, bytes) else data.lstrip("\ufeff")
-    try:
-        prompt.encode("utf-8")
-    except UnicodeEncodeError:  # argv bytes that were not UTF-8 reach Python as lone surrogates
-        raise MultispecError("the PROMPT argument is not valid UTF-8 text") from None
+    from multispec.validate import check_text
+
+    check_text(prompt, "the PROMPT argument")  # argv bytes that were not UTF-8 reach Python as lone surrogates
     return prompt
 
 
