@@ -66,3 +66,24 @@ def save_tiny_pair(root: Path, vocab_text: str = "def return if else for in rang
         not_causal)
     paths["not_causal"] = not_causal
     return paths
+
+
+def run_cli(capsys, *args) -> tuple[int, str, str]:
+    """(exit code, stdout, stderr) of `multispec ARGS`, run in-process."""
+    from multispec.cli import main
+
+    try:
+        main(list(args))
+        code = 0
+    except SystemExit as e:
+        code = e.code if isinstance(e.code, int) else 0
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+def assert_one_line_error(code, err, needle):
+    """The CLI's bad-input contract: exit 2, one `error:` line on stderr naming the problem, no traceback."""
+    lines = [ln for ln in err.splitlines() if ln.strip()]
+    assert code == 2, err
+    assert len(lines) == 1 and lines[0].startswith("error: ") and needle in lines[0], err
+    assert "Traceback" not in err

@@ -15,11 +15,10 @@ from pathlib import Path
 import pytest
 
 import multispec
-from helpers import save_tiny_pair
+from helpers import assert_one_line_error, run_cli, save_tiny_pair
 from multispec import MultispecError
-from multispec.cli import main
-from multispec.errors import parse_bool
 from multispec.decoding.methods import build_method
+from multispec.errors import parse_bool
 
 SRC = str(Path(__file__).resolve().parents[1] / "src")
 
@@ -32,22 +31,6 @@ def dirs(tmp_path_factory):
 @pytest.fixture(scope="module")
 def pair(dirs):
     return multispec.load_pair(target=str(dirs["target"]), draft=str(dirs["draft"]))
-
-
-def run_cli(capsys, *args) -> tuple[int, str, str]:
-    try:
-        main(list(args))
-        code = 0
-    except SystemExit as e:
-        code = e.code if isinstance(e.code, int) else 0
-    out, err = capsys.readouterr()
-    return code, out, err
-
-
-def assert_one_line_error(code, err, needle):
-    lines = [ln for ln in err.splitlines() if ln.strip()]
-    assert code == 2, err
-    assert len(lines) == 1 and lines[0].startswith("error: ") and needle in lines[0], err
 
 
 # ----------------------------------------------------------------------------------- 4. settings mean what they say
