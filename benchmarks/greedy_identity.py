@@ -9,10 +9,11 @@ from __future__ import annotations
 import argparse
 import hashlib
 import json
-import os
 import sys
 import time
 from pathlib import Path
+
+from pycode_args import add_pycode_args, load_pycode
 
 METHODS = [("ar", {}), ("sd", {"k": 4}), ("mcsd", {}), ("ti-mcsd", {}), ("ti-mcsd", {"tree": "1,4,3,1,1"}),
            ("dynamic", {}), ("specdecpp", {"head": "heads/pycode-v1/acceptance"}), ("lookup", {}), ("auto", {})]
@@ -20,9 +21,7 @@ METHODS = [("ar", {}), ("sd", {"k": 4}), ("mcsd", {}), ("ti-mcsd", {}), ("ti-mcs
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    shared = Path(__file__).resolve().parents[2] / "shared"
-    ap.add_argument("--models", default=os.environ.get("MULTISPEC_MODELS", str(shared / "models")))
-    ap.add_argument("--data-dir", default=os.environ.get("MULTISPEC_DATA", str(shared / "data")))
+    add_pycode_args(ap)
     ap.add_argument("--prompts", type=int, default=20)
     ap.add_argument("--max-new-tokens", type=int, default=128)
     ap.add_argument("--out")
@@ -34,14 +33,11 @@ def main() -> None:
         print(f"{len(a['outputs']) - len(diff)} of {len(a['outputs'])} method x prompt outputs identical"
               + (f"; differ: {diff}" if diff else ""))
         sys.exit(1 if diff else 0)
-    import torch
 
     import multispec
     from multispec.data import load_prompts
 
-    torch.set_num_threads(1)
-    pair = multispec.load_pair(target=f"{args.models}/pycode-v1/target", draft=f"{args.models}/pycode-v1/draft",
-                               dtype="float32", device="cpu")
+    pair = load_pycode(args)
     prompts = load_prompts("humaneval", data_dir=args.data_dir, limit=args.prompts)
     outputs, started = {}, time.time()
     for name, options in METHODS:

@@ -10,25 +10,22 @@ from __future__ import annotations
 import argparse
 import hashlib
 import json
-import os
 import sys
 import time
 from pathlib import Path
 
+from pycode_args import add_pycode_args, load_pycode
+
 
 def main() -> None:
-    shared = Path(__file__).resolve().parents[2] / "shared"
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--models", default=os.environ.get("MULTISPEC_MODELS", str(shared / "models")))
-    ap.add_argument("--data-dir", default=os.environ.get("MULTISPEC_DATA", str(shared / "data")))
+    add_pycode_args(ap)
     ap.add_argument("--prompts", type=int, default=20)
     ap.add_argument("--max-new-tokens", type=int, default=128)
     ap.add_argument("--temperatures", default="1,0.7")
     ap.add_argument("--out", required=True)
     args = ap.parse_args()
-    import torch
 
-    import multispec
     from multispec.bench.runner import environment
     from multispec.data import load_prompts
     from multispec.decoding.decoder import Decoder
@@ -36,9 +33,7 @@ def main() -> None:
     from multispec.drafting.protocol import RoundPlan
     from multispec.tree import Tree
 
-    torch.set_num_threads(1)
-    pair = multispec.load_pair(target=f"{args.models}/pycode-v1/target", draft=f"{args.models}/pycode-v1/draft",
-                               dtype="float32", device="cpu")
+    pair = load_pycode(args)
     prompts = load_prompts("humaneval", data_dir=args.data_dir, limit=args.prompts)
     forced = Decoder(pair, "auto")
     plans = [RoundPlan(Tree.chain(0), "none"), RoundPlan(Tree.chain(3), "draft"),

@@ -9,35 +9,30 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import sys
 import time
 from collections import defaultdict
 from pathlib import Path
 
+from pycode_args import add_pycode_args, load_pycode
+
 METHODS = [("sd", {"k": 4}), ("mcsd", {}), ("auto", {})]
 
 
 def main() -> None:
-    shared = Path(__file__).resolve().parents[2] / "shared"
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--models", default=os.environ.get("MULTISPEC_MODELS", str(shared / "models")))
-    ap.add_argument("--data-dir", default=os.environ.get("MULTISPEC_DATA", str(shared / "data")))
+    add_pycode_args(ap)
     ap.add_argument("--limit", default="humaneval=20,spec-bench=2")
     ap.add_argument("--temperatures", default="0.7,1")
     ap.add_argument("--max-new-tokens", type=int, default=128)
     ap.add_argument("--out", required=True)
     args = ap.parse_args()
-    import torch
 
-    import multispec
     from multispec.bench.runner import environment
     from multispec.data import load_prompts
     from multispec.decoding.decoder import Decoder
 
-    torch.set_num_threads(1)
-    pair = multispec.load_pair(target=f"{args.models}/pycode-v1/target", draft=f"{args.models}/pycode-v1/draft",
-                               dtype="float32", device="cpu")
+    pair = load_pycode(args)
     prompts = []
     for part in args.limit.split(","):
         name, n = part.split("=")

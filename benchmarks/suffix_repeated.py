@@ -9,12 +9,13 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import socket
 import sys
 import threading
 import time
 from pathlib import Path
+
+from pycode_args import add_pycode_args, load_pycode
 
 METHODS = [("ar", {}), ("lookup", {}), ("suffix", {}), ("auto", {"proposers": "draft,lookup,suffix"})]
 
@@ -33,25 +34,19 @@ def serve(app):
 
 
 def main() -> None:
-    shared = Path(__file__).resolve().parents[2] / "shared"
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--models", default=os.environ.get("MULTISPEC_MODELS", str(shared / "models")))
-    ap.add_argument("--data-dir", default=os.environ.get("MULTISPEC_DATA", str(shared / "data")))
+    add_pycode_args(ap)
     ap.add_argument("--prompts", type=int, default=20)
     ap.add_argument("--max-tokens", type=int, default=128)
     ap.add_argument("--out", required=True)
     args = ap.parse_args()
-    import torch
     from openai import OpenAI
 
-    import multispec
     from multispec.bench.runner import environment
     from multispec.data import load_prompts
     from multispec.serve import ServeSettings, create_app
 
-    torch.set_num_threads(1)
-    pair = multispec.load_pair(target=f"{args.models}/pycode-v1/target", draft=f"{args.models}/pycode-v1/draft",
-                               dtype="float32", device="cpu")
+    pair = load_pycode(args)
     prompts = [p.text for p in load_prompts("humaneval", data_dir=args.data_dir, limit=args.prompts)]
     # a long shared system prompt: the helper module every request starts with (as agents and templates do)
     system = load_prompts("humaneval", data_dir=args.data_dir, limit=1, offset=100)[0].text * 3
