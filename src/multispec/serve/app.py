@@ -87,7 +87,7 @@ def create_app(pair, settings: ServeSettings, generate_fn=None) -> FastAPI:
         return len(runs)
 
     app.state.live_runs, app.state.stop_all = live, stop_all
-    edge = _Edge(pair, settings, decoder.entry.reproducible_when_seeded)
+    edge = _Edge(settings, decoder)
     created = int(time.time())
 
     @app.exception_handler(APIError)
@@ -159,12 +159,12 @@ def _refuse(condition, option: str) -> None:
 class _Edge:
     """Request validation that needs the model: prompt encoding, chat template, context length."""
 
-    def __init__(self, pair, settings: ServeSettings, reproducible_when_seeded: bool = False):
-        self.pair, self.settings = pair, settings
-        self.reproducible_when_seeded = reproducible_when_seeded  # the served method's default (Decoder)
-        self.tokenizer = pair.tokenizer
-        self.context = getattr(pair.target.config, "max_position_embeddings", None)
-        self.vocab = int(pair.target.get_output_embeddings().weight.shape[0])
+    def __init__(self, settings: ServeSettings, decoder):
+        self.settings = settings
+        self.reproducible_when_seeded = decoder.entry.reproducible_when_seeded  # the served method's default
+        self.tokenizer = decoder.pair.tokenizer
+        self.context = decoder.context  # the Decoder's: the smaller of target's and draft's positions, or None
+        self.vocab = decoder.vocab_size
         self._lock = threading.Lock()  # fast tokenizers may refuse concurrent use ("Already borrowed")
 
     async def parse(self, request: Request, model: type[BaseModel]):
