@@ -7,17 +7,19 @@ from typing import Callable
 from multispec.decoding.decoder import Decoder, GenerationResult
 from multispec.decoding.methods import DEFAULT_METHOD
 from multispec.loading import DEFAULT_PAIR_DIR, Pair, load_pair, max_positions, resolve_device
+from multispec.errors import check
 from multispec.validate import SEED_LIMIT
 
 __all__ = ["DEFAULT_PAIR_DIR", "Decoder", "GenerationResult", "Pair", "SEED_LIMIT", "generate", "load_pair",
            "max_positions", "resolve_device"]
 
 
-def generate(pair: Pair, prompt: str | list[int], method: str = DEFAULT_METHOD, max_new_tokens: int = 128,
-             temperature: float | None = None, top_k: int | None = None, top_p: float | None = None,
-             seed: int | None = None, stop: str | list[str] | None = None,
+def generate(pair: Pair, prompt: str | list[int] | list[str] | list[list[int]], method: str = DEFAULT_METHOD,
+             max_new_tokens: int = 128, temperature: float | None = None, top_k: int | None = None,
+             top_p: float | None = None, seed: int | list[int] | None = None, stop: str | list[str] | None = None,
              stream: Callable[[str], None] | None = None, backend: str | None = None,
-             reproducible: bool | None = None, **method_options) -> GenerationResult:
+             reproducible: bool | None = None, batch_size: int | None = None,
+             **method_options) -> GenerationResult | list[GenerationResult]:
     """Generate with `method` (auto, ar, sd, mcsd, ti-mcsd, dynamic, specdecpp, lookup, or any registered method).
     Method options: k, heuristic, confidence, entropy, tree, verifier, width, depth, decision_model, beta, head,
     threshold, k_min, k_max, ngram, proposers, max_nodes. stream(text_delta) is called as text is committed; the
@@ -42,7 +44,29 @@ def generate(pair: Pair, prompt: str | list[int], method: str = DEFAULT_METHOD, 
     limit, max_new_tokens is capped to fit and `stats["warnings"]` says so (vLLM's behaviour; finish_reason
     "length"). Every input is checked before any model runs. If generation fails part-way (an error or Ctrl-C),
     the exception carries `.partial`: a GenerationResult of the tokens committed so far (finish_reason "abort").
+
+    Several prompts (a list of str, or a list of token-id lists) decode as one batch, batch_size sequences at a
+    time (default: all), and return one GenerationResult per prompt, in order (decoding/batch.py). Each sequence's
+    output is what it would be alone (its law at T > 0; its tokens greedy, up to near-ties of the batched
+    arithmetic). seed: one per prompt, or an int s (prompt i uses s + i; each result's stats["seed"] says which).
+    Batches run on the fast backend by default where the model has one; on "hf" the sequences run one at a time.
     """
+    if _is_batch(prompt):
+        from multispec.decoding.batch import batch_backend, generate_batch
+
+        check(stream is None, "stream takes one prompt; for several prompts read each result's text")
+        decoder = Decoder(pair, method, backend or batch_backend(pair), **method_options)
+        return generate_batch(decoder, prompt, batch_size, max_new_tokens, seed, temperature=temperature,
+                              top_k=top_k, top_p=top_p, stop=stop, reproducible=reproducible)
+    check(batch_size is None, "batch_size applies to a list of prompts")
     decoder = Decoder(pair, method, backend, **method_options)
     return decoder.generate(prompt, max_new_tokens=max_new_tokens, temperature=temperature, top_k=top_k,
                             top_p=top_p, seed=seed, stop=stop, stream=stream, reproducible=reproducible)
+
+
+def _is_batch(prompt) -> bool:
+    """A list or tuple of prompts (str or token-id sequences) rather than one prompt's token ids."""
+    if not isinstance(prompt, (list, tuple)):
+        return False
+    return len(prompt) == 0 or any(isinstance(p, (str, list, tuple)) for p in prompt)
+

@@ -15,7 +15,12 @@ SEED_MAX = 2**63 - 1
 @cli.command("generate")
 @click.argument("prompt", required=False)
 @click.option("--prompt-file", type=click.Path(exists=True, dir_okay=False), multiple=True,
-              help="Read the prompt from this UTF-8 file, a leading BOM dropped (PROMPT '-' reads it from stdin).")
+              help="Read the prompt from this UTF-8 file, a leading BOM dropped (PROMPT '-' reads it from stdin). "
+              "Repeat it, or give a .jsonl file (one JSON string or {\"prompt\": ...} per line), for several "
+              "prompts decoded as one batch.")
+@click.option("--lines", "per_line", is_flag=True, help="Each non-empty line of the prompt text is one prompt.")
+@click.option("--batch-size", type=click.IntRange(1, 256), help="Several prompts: how many decode at once "
+              "(default: all, at most 256).")
 @click.option("--target", help="Target model: local Hugging Face directory (default: the embedded default pair).")
 @click.option("--draft", help="Draft model sharing the target's vocabulary.")
 @click.option("--method", type=click.Choice(method_names()), default=DEFAULT_METHOD, show_default=True)
@@ -42,7 +47,7 @@ SEED_MAX = 2**63 - 1
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object: the stats plus `text`.")
 @click.option("--baseline", is_flag=True, help="Also run plain decoding (ar) on the same settings and report the "
               "speedup over it.")
-def generate_command(prompt, prompt_file, target, draft, method, temperature, top_k, top_p, seed, max_new_tokens,
+def generate_command(prompt, prompt_file, per_line, batch_size, target, draft, method, temperature, top_k, top_p, seed, max_new_tokens,
                      reproducible, stop, device, dtype, backend, compile_, threads, stream, as_json, baseline, **method_kw):
     """Generate a continuation of PROMPT with speculative decoding ('-': read it from stdin)."""
     from multispec.api import generate, load_pair, resolve_device
@@ -51,8 +56,12 @@ def generate_command(prompt, prompt_file, target, draft, method, temperature, to
     from multispec.threads import set_threads
 
     # every check that needs no model first (STYLE 2.9)
-    prompt = _read_prompt(prompt, prompt_file)
-    check(prompt != "", "the prompt is empty")
+    prompts = _read_prompts(prompt, prompt_file, per_line)
+    many = len(prompts) > 1 or per_line or any(f.endswith(".jsonl") for f in prompt_file)
+    check(many or batch_size is None, "--batch-size applies to several prompts (--prompt-file repeated, a .jsonl "
+                                      "file, or --lines)")
+    check(not (many and (baseline or stream)), "--baseline and --stream take one prompt")
+    prompt = prompts[0]
     options = collect_method_options(method_kw)
     SamplingConfig(temperature=1.0 if temperature is None else temperature, top_k=top_k, top_p=top_p)
     config = check_method_options(method, options)
@@ -61,6 +70,7 @@ def generate_command(prompt, prompt_file, target, draft, method, temperature, to
     resolve_device(device)
     check(not (compile_ and backend not in (None, "compiled")),
           f"--compile runs the compiled fast backend; it cannot be combined with --backend {backend}")
+    backend_given = backend
     backend = "compiled" if compile_ else (backend or "hf")
     # warn before loading when the flag is known: an explicit temperature, or lossy at every temperature
     warned = not config.lossless_at(temperature) if temperature is not None else \
@@ -71,7 +81,15 @@ def generate_command(prompt, prompt_file, target, draft, method, temperature, to
     if warning:
         click.echo(f"warning: {warning}", err=True)
 
+    if many and not compile_ and backend_given is None:
+        backend = None  # generate picks the fast backend for a batch where the model has one
     pair = load_pair(target=target, draft=draft, device=device, dtype=dtype, compile=backend == "compiled")
+    if many:
+        results = generate(pair, prompts, method=method, max_new_tokens=max_new_tokens, temperature=temperature,
+                           top_k=top_k, top_p=top_p, seed=seed, stop=stops or None, backend=backend,
+                           reproducible=reproducible, batch_size=batch_size, **options)
+        _print_many(prompts, results, as_json, warned, method)
+        return
     if baseline:  # untimed first calls, so that neither timed run pays the one-off start-up costs
         for m in (method, "ar"):
             generate(pair, prompt, method=m, max_new_tokens=2, temperature=temperature, seed=0, backend=backend,
@@ -107,6 +125,65 @@ def generate_command(prompt, prompt_file, target, draft, method, temperature, to
         return
     click.echo() if stream else click.echo(prompt + result.text)
     click.echo(_summary(s, result.finish_reason), err=True)
+
+
+def _print_many(prompts: list[str], results, as_json: bool, warned: bool, method: str) -> None:
+    """Several prompts: one JSON object per line (--json: index, text, stats), else each prompt and its text under
+    a `### i` header; one stderr summary line for the batch."""
+    s0 = results[0].stats
+    if not warned and not s0["lossless"]:
+        _lossy_warning(method, s0["temperature"])
+    for w in dict.fromkeys(w for r in results for w in r.stats["warnings"]):
+        click.echo(f"warning: {w}", err=True)
+    for i, (p, r) in enumerate(zip(prompts, results)):
+        if as_json:
+            click.echo(json.dumps({"index": i, **r.stats, "finish_reason": r.finish_reason, "text": r.text}))
+        else:
+            click.echo(f"### {i}\n{p}{r.text}")
+    b = s0["batch"]
+    flag = "lossless" if s0["lossless"] else "LOSSY"
+    mode = "greedy" if s0["temperature"] == 0 else f"T={s0['temperature']:g}"
+    click.echo(f"[{s0['method']}, {flag}, {mode}] {b['prompts']} prompts, batch size {b['size']}: "
+               f"{b['new_tokens']} tokens in {b['seconds']:.2f}s ({b['tokens_per_s'] or 0:.1f} tok/s); "
+               f"seeds {results[0].stats['seed']}..{results[-1].stats['seed']}", err=True)
+
+
+def _read_prompts(prompt: str | None, prompt_files: tuple[str, ...], per_line: bool) -> list[str]:
+    """The prompts: PROMPT / stdin / each --prompt-file (a .jsonl file: one prompt per line), split into lines
+    with --lines. Each checked non-empty."""
+    files = tuple(prompt_files or ())
+    if len(files) <= 1 and not (files and files[0].endswith(".jsonl")):
+        texts = [_read_prompt(prompt, files)]
+    else:
+        check(prompt is None, "give the prompts as PROMPT or --prompt-file, not both")
+        texts = []
+        for f in files:
+            with open(f, "rb") as fh:
+                text = decode_text(fh.read(), f"the prompt file {f}")
+            texts.extend(_jsonl_prompts(text, f) if f.endswith(".jsonl") else [text])
+    if per_line:
+        texts = [line for t in texts for line in t.splitlines() if line.strip()]
+    check(len(texts) >= 1, "no prompts: the prompt files hold no non-empty line")
+    for i, t in enumerate(texts):
+        check(t != "", "the prompt is empty" if len(texts) == 1 else f"prompt {i} is empty")
+    return texts
+
+
+def _jsonl_prompts(text: str, path: str) -> list[str]:
+    out = []
+    for n, line in enumerate(text.splitlines(), start=1):
+        if not line.strip():
+            continue
+        try:
+            item = json.loads(line)
+        except ValueError:
+            raise MultispecError(f"{path} line {n} is not JSON; a .jsonl prompt file holds one JSON string or "
+                                 "{\"prompt\": ...} object per line") from None
+        item = item.get("prompt") if isinstance(item, dict) else item
+        check(isinstance(item, str), f"{path} line {n}: expected a JSON string or an object with a string "
+                                     "\"prompt\"")
+        out.append(item)
+    return out
 
 
 def _lossy_warning(method: str, temperature: float | None) -> None:

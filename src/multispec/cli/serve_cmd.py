@@ -33,6 +33,9 @@ FORCE_GRACE_S = 0.3  # after stop_all, time for the error replies to go out befo
 @click.option("--served-model-name", help="The `model` id clients use (default: the target directory's name).")
 @click.option("--max-concurrent", type=click.IntRange(min=1), default=2, show_default=True,
               help="Generations in flight at once (each owns its KV caches).")
+@click.option("--max-batch", type=click.IntRange(1, 256), default=1, show_default=True,
+              help="Continuous batching: sequences decoded together, one batched forward per step (the fast "
+              "backend; replaces --max-concurrent). 1: each generation runs its own forwards.")
 @click.option("--max-queue", type=click.IntRange(min=0), default=32, show_default=True,
               help="Admitted requests waiting for a slot; beyond it, HTTP 429 with Retry-After.")
 @click.option("--request-timeout", type=click.FloatRange(min=0, min_open=True), default=600.0, show_default=True,
@@ -41,9 +44,10 @@ FORCE_GRACE_S = 0.3  # after stop_all, time for the error replies to go out befo
               help="Jinja chat template file (default: the tokenizer's; chat requests get 400 when it has none).")
 @click.option("--device")
 @click.option("--dtype", type=click.Choice(["float32", "bfloat16", "float16"]))
-@click.option("--backend", type=click.Choice(["hf", "fast", "compiled"]), default="hf", show_default=True,
-              help="hf: any transformers causal LM; fast: static-cache Llama-family backend; compiled: the fast "
-              "backend with torch.compile'd steps (compiled at start-up, before the port opens).")
+@click.option("--backend", type=click.Choice(["hf", "fast", "compiled"]),
+              help="hf (default; fast with --max-batch > 1 where the model has it): any transformers causal LM; fast: "
+              "static-cache Llama-family backend; compiled: the fast backend with torch.compile'd steps (compiled at "
+              "start-up, before the port opens).")
 @click.option("--compile", "compile_", is_flag=True, help="Same as --backend compiled (recommended for servers).")
 @click.option("--drain-timeout", type=click.FloatRange(min=0), default=DRAIN_TIMEOUT_S, show_default=True,
               help="On the first Ctrl-C / SIGTERM, seconds to let requests in flight finish before they are "
@@ -51,7 +55,8 @@ FORCE_GRACE_S = 0.3  # after stop_all, time for the error replies to go out befo
 @click.option("--threads", type=click.IntRange(min=1), help="torch CPU threads per op (default: torch's choice).")
 @click.option("--log-level", type=click.Choice(["critical", "error", "warning", "info", "debug"]), default="info",
               show_default=True)
-def serve_command(target, draft, method, host, port, served_model_name, max_concurrent, max_queue, request_timeout,
+def serve_command(target, draft, method, host, port, served_model_name, max_concurrent, max_batch, max_queue,
+                  request_timeout,
                   chat_template, device, dtype, backend, compile_, drain_timeout, threads, log_level, **method_kw):
     """Serve the pair over HTTP with the OpenAI API: /v1/completions, /v1/chat/completions, /v1/models,
     /health, /metrics."""
@@ -63,8 +68,10 @@ def serve_command(target, draft, method, host, port, served_model_name, max_conc
     if method is not None and not config.lossless:
         click.echo(f"warning: {method} with these settings is LOSSY: its output distribution differs from the "
                    "target's", err=True)
-    check(not (compile_ and backend not in ("hf", "compiled")),
+    check(not (compile_ and backend not in (None, "compiled")),
           f"--compile runs the compiled fast backend; it cannot be combined with --backend {backend}")
+    check(max_batch == 1 or backend != "hf", "--max-batch batches on the fast backend; the transformers backend "
+                                             "(--backend hf) runs one sequence per forward: use --max-concurrent")
     backend = "compiled" if compile_ else backend
     template = decode_text(Path(chat_template).read_bytes(), f"the chat template file {chat_template}") \
         if chat_template else None
@@ -82,11 +89,18 @@ def serve_command(target, draft, method, host, port, served_model_name, max_conc
     from multispec.serve import ServeSettings, create_app
 
     pair = load_pair(target=target, draft=draft, device=device, dtype=dtype, compile=backend == "compiled")
+    if backend is None:
+        from multispec.decoding.batch import batch_backend
+
+        backend = batch_backend(pair) if max_batch > 1 else "hf"
+        check(max_batch == 1 or backend != "hf", "--max-batch needs the fast backend, which this model does not "
+                                                 "have (docs/compat.md); use --max-concurrent")
     if template is not None:
         check_template_renders(pair.tokenizer, template, chat_template)
     name = served_model_name or Path(pair.target_path).name
     settings = ServeSettings(model_name=name, method=method, method_options=options, backend=backend,
-                             max_concurrent=max_concurrent, max_queue=max_queue, request_timeout=request_timeout,
+                             max_concurrent=max_concurrent, max_queue=max_queue, max_batch=max_batch,
+                             request_timeout=request_timeout,
                              chat_template=template)
     app = create_app(pair, settings)  # builds the workers' Decoders: the method is checked against the pair here
     bos = pair.tokenizer.bos_token_id

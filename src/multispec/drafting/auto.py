@@ -153,6 +153,9 @@ class AutoPolicy(DraftPolicyBase):
         self.forced_plans = forced_plans  # tests: (history, round index) -> RoundPlan, replacing the choice
         self.fixed_costs = cost_model
         self.suffix_store = suffix_store  # "suffix": the store of past requests shared by the Decoder family
+        # (StepBatcher, BatchCosts) when this policy plans one sequence of a batch (decoding/batch.py): a plan is
+        # then valued at its share of the batched forwards, for the batch's live size
+        self.batch = None
         self.reset()
 
     def reset(self) -> None:
@@ -185,7 +188,9 @@ class AutoPolicy(DraftPolicyBase):
 
     def prepare(self, target, draft, context_len: int) -> None:
         self.has_draft = draft is not None and "draft" in self.proposers
-        if self.costs is None and self.forced_plans is None:
+        if self.batch is not None and self.fixed_costs is None:
+            self.costs = self.batch[1].cost_model()  # measured batched, before any sequence ran
+        elif self.costs is None and self.forced_plans is None:
             self.costs = get_cost_model(target, getattr(target, "model", target),
                                         draft if self.has_draft else None,
                                         getattr(draft, "model", draft) if self.has_draft else None, context_len)
@@ -243,10 +248,16 @@ class AutoPolicy(DraftPolicyBase):
         """Predicted seconds of a target forward of n tokens: the calibrated curve times what this generation's
         own forwards measured against it (one factor for single-token steps, one for multi-token verification:
         the ratio between them is what decides whether speculation pays, and load changes it)."""
+        if self.batch is not None:
+            return self.batch[1].share("target", self.batch[0].live, n)
         return self.costs.target(n) * (self.scale["t1"] if n == 1 else self.scale["tn"])
 
     def _d(self, n: int) -> float:
-        return self.costs.draft(n) * self.scale["d"] if self.costs.draft is not None else 0.0
+        if self.costs.draft is None:
+            return 0.0
+        if self.batch is not None:
+            return self.batch[1].share("draft", self.batch[0].live, n)
+        return self.costs.draft(n) * self.scale["d"]
 
     def _learn(self, key: str, predicted: float, measured: float) -> None:
         if predicted > 0 and measured > 0:
@@ -292,7 +303,7 @@ class AutoPolicy(DraftPolicyBase):
 
     def _draft_plan(self, pending: int) -> RoundPlan:
         self._pending = pending
-        key = (self.draft_acc.version, pending, self.scale_version)
+        key = (self.draft_acc.version, pending, self.scale_version, self.batch[0].live if self.batch else 0)
         if self._plan_cache.get("key") == key:
             return self._plan_cache["plan"]
         if self._greedy is None or self._greedy[0] != self.draft_acc.version:  # the tree only changes with acceptance
@@ -381,7 +392,7 @@ class AutoPolicy(DraftPolicyBase):
         row[1] += times["round_s"]
         row[2] += plan.predicted_tps or 0.0
         row[3] += 1
-        if self.costs is not None:
+        if self.costs is not None and self.batch is None:  # batched: a forward's time includes waiting for others
             n = len(tree)
             self.costs.observe("target", self.costs.target(n), times["target_fwd_s"])
             self._learn("t1" if n == 1 else "tn", self._t(n), times["target_fwd_s"])
@@ -438,7 +449,7 @@ class AutoPolicy(DraftPolicyBase):
             self.suffix_store.add(None, list(history))
 
     def report(self) -> dict:
-        if self.costs is not None:
+        if self.costs is not None and self.batch is None:
             self._fit_overheads()
             update_after_generation(self.costs, self.overhead)
         plans = {}

@@ -164,13 +164,11 @@ class FastNet:
         n = tokens.shape[0]
         total = masks[0].shape[-1] if total is None else total
         ropes = self._ropes(positions)
-        x = self.embed(tokens)  # [N, H]
-        if self.embed_mult is not None:
-            x = x * self.embed_mult
-        group, block, mult = self.n_heads // self.n_kv, self.family.block, self.residual_mult
+        x = self.embed_input(tokens)  # [N, H]
+        group = self.n_heads // self.n_kv
         for i, layer in enumerate(self.layers):
             attn = layer.self_attn
-            h = x if block == "post" else layer.input_layernorm(x)
+            h = self.layer_input(layer, x)
             q, k, v = self._qkv(attn, h, n)
             if self.use_rope[i]:
                 cos, sin = ropes[self.rope_index[i]]
@@ -182,24 +180,44 @@ class FastNet:
                 keys = keys.repeat_interleave(group, dim=0)
                 values = values.repeat_interleave(group, dim=0)
             o = self._attend(q, keys, values, masks[self.mask_index[i]], attn.scaling)  # [Hq, N, D]
-            a = attn.o_proj(o.transpose(0, 1).reshape(n, self.n_heads * self.head_dim))
-            if block != "pre":
-                a = layer.post_attention_layernorm(a)
-            x = x + (a * mult if mult is not None else a)
-            if block == "pre":
-                m = layer.mlp(layer.post_attention_layernorm(x))
-            elif block == "sandwich":
-                m = layer.post_feedforward_layernorm(layer.mlp(layer.pre_feedforward_layernorm(x)))
-            else:
-                m = layer.post_feedforward_layernorm(layer.mlp(x))
-            x = x + (m * mult if mult is not None else m)
+            x = self.finish_layer(layer, x, o.transpose(0, 1).reshape(n, self.n_heads * self.head_dim))
         hidden = self.norm(x[-1:] if last_only else x)
+        return self.logits(hidden, head), (hidden.float() if want_hidden else None)
+
+    def embed_input(self, tokens: torch.Tensor) -> torch.Tensor:
+        """The residual stream [N, H] of token ids [N]."""
+        x = self.embed(tokens)
+        return x * self.embed_mult if self.embed_mult is not None else x
+
+    def layer_input(self, layer, x: torch.Tensor) -> torch.Tensor:
+        """The attention input of `layer` for the residual stream x [N, H]."""
+        return x if self.family.block == "post" else layer.input_layernorm(x)
+
+    def finish_layer(self, layer, x: torch.Tensor, o: torch.Tensor) -> torch.Tensor:
+        """The rest of a layer after attention: x [N, H] the residual stream, o [N, Hq * D] the attention output.
+        Returns the layer's output [N, H] (the family's norm placement and residual multiplier)."""
+        block, mult = self.family.block, self.residual_mult
+        a = layer.self_attn.o_proj(o)
+        if block != "pre":
+            a = layer.post_attention_layernorm(a)
+        x = x + (a * mult if mult is not None else a)
+        if block == "pre":
+            m = layer.mlp(layer.post_attention_layernorm(x))
+        elif block == "sandwich":
+            m = layer.post_feedforward_layernorm(layer.mlp(layer.pre_feedforward_layernorm(x)))
+        else:
+            m = layer.post_feedforward_layernorm(layer.mlp(x))
+        return x + (m * mult if mult is not None else m)
+
+    def logits(self, hidden: torch.Tensor, head=None) -> torch.Tensor:
+        """float32 logits [N, V] of final hidden states [N, H], the model's own final transforms applied. head: an
+        output layer to use instead of the model's (a RestrictedHead's `compact`)."""
         logits = (self.head if head is None else head)(hidden).float()
         if self.logits_div is not None:
             logits = logits / self.logits_div
         if self.final_softcap is not None:
             logits = torch.tanh(logits / self.final_softcap) * self.final_softcap
-        return logits, (hidden.float() if want_hidden else None)
+        return logits
 
 
 class FastBackend:

@@ -43,6 +43,7 @@ class ServeSettings:
     backend: str = "hf"
     max_concurrent: int = 2
     max_queue: int = 32
+    max_batch: int = 1  # > 1: continuous batching over that many slots (the fast backend); max_concurrent follows
     request_timeout: float = 600.0
     retry_after_s: int = 1
     chat_template: str | None = None
@@ -69,7 +70,8 @@ def create_app(pair, settings: ServeSettings, generate_fn=None) -> FastAPI:
     from multispec.decoding.methods import DEFAULT_METHOD
 
     decoder = Decoder(pair, settings.method or DEFAULT_METHOD, settings.backend, **settings.method_options)
-    scheduler = Scheduler(decoder, settings.max_concurrent, settings.max_queue, generate_fn or decoder_generate)
+    scheduler = Scheduler(decoder, settings.max_concurrent, settings.max_queue, generate_fn or decoder_generate,
+                          settings.max_batch)
     metrics = ServerMetrics(scheduler)
     app = FastAPI(title="multispec", summary="OpenAI-compatible server with lossless speculative decoding")
     app.state.scheduler, app.state.metrics, app.state.settings = scheduler, metrics, settings
@@ -139,7 +141,7 @@ def create_app(pair, settings: ServeSettings, generate_fn=None) -> FastAPI:
         try:
             run = scheduler.submit(job)
         except QueueFull:
-            raise APIError(429, f"the server is at capacity ({settings.max_concurrent} running, {settings.max_queue} "
+            raise APIError(429, f"the server is at capacity ({scheduler.max_concurrent} running, {settings.max_queue} "
                            "queued); retry later", type="rate_limit_error", code="queue_full",
                            headers={"Retry-After": str(settings.retry_after_s)}) from None
         reply = _Reply(req, job, run, chat, settings, metrics, request, live)

@@ -35,10 +35,21 @@ class ServerMetrics:
                                  buckets=_LATENCY_BUCKETS, registry=r)
         self.ttft = Histogram("multispec:time_to_first_token_seconds", "Arrival to first streamed text.",
                               buckets=_LATENCY_BUCKETS, registry=r)
+        self.queue_time = Histogram("multispec:request_queue_time_seconds", "Arrival to the start of generation.",
+                                    buckets=_LATENCY_BUCKETS, registry=r)
+        scheduler.on_start = self.queue_time.observe
+        if getattr(scheduler, "group", None) is not None:  # continuous batching: sequences per batched forward
+            self.batch_size = Histogram("multispec:batch_size", "Sequences per batched target forward.",
+                                        buckets=(1, 2, 4, 8, 16, 32, 64, 128, 256), registry=r)
+            scheduler.group.batcher.on_batch = self._on_batch
         Gauge("multispec:num_requests_running", "Generations in flight.", registry=r).set_function(
             lambda: scheduler.running)
         Gauge("multispec:num_requests_waiting", "Admitted requests waiting for a worker.", registry=r).set_function(
             lambda: scheduler.waiting)
+
+    def _on_batch(self, priority: int, sequences: int) -> None:
+        if priority == 1:  # the target's forwards (the draft's are 0)
+            self.batch_size.observe(sequences)
 
     def finished(self, stats: dict, prompt_tokens: int, completion_tokens: int, finish_reason: str,
                  latency_s: float) -> None:

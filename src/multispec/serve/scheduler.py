@@ -1,11 +1,15 @@
 """The scheduler: the one owner of generation state in the server.
 
 Admitted requests wait in a bounded queue for one of `max_concurrent` worker threads. There is one Decoder per
-worker, built at start-up (`Decoder.spawn`: the method's trained models are read from disk once and shared), each
-owning its backends and KV caches over the shared weights; a worker takes a free Decoder for a whole generation, so
-the generations in flight interleave round by round (torch releases the GIL inside its ops) and every stream
-progresses. Memory is bounded by max_concurrent caches of at most the model's context. Beyond max_concurrent +
-max_queue requests, `submit` raises QueueFull (HTTP 429).
+worker, built at start-up, and a worker takes a free Decoder for a whole generation. Two kinds:
+- continuous batching (`max_batch` > 1, the fast backend): the Decoders are the lanes of one BatchGroup
+  (decoding/batch.py), one slot each of shared batched caches; the generations in flight run their forwards
+  together as one batched forward per model, a request joins the batch at its first forward and leaves it (freeing
+  its slot) when it ends — finished, stopped, cancelled or timed out. max_concurrent = max_batch.
+- one sequence per forward (`max_batch` 1): Decoders from `Decoder.spawn` (trained models read once and shared),
+  each owning its caches; the generations interleave round by round (torch releases the GIL inside its ops).
+Memory is bounded by max_concurrent caches of at most the model's context. Beyond max_concurrent + max_queue
+requests, `submit` raises QueueFull (HTTP 429).
 
 Events flow from a generation thread to its request handler through an asyncio queue:
 ("text", delta) as text is committed, then exactly one of ("done", GenerationResult), ("cancelled", None),
@@ -75,10 +79,20 @@ class Scheduler:
     """decoder: the first Decoder (the others are spawned from it, one per worker). generate_fn(decoder, prompt_ids,
     max_new_tokens=, temperature=, top_k=, top_p=, seed=, stop=, stream=) -> GenerationResult."""
 
-    def __init__(self, decoder, max_concurrent: int, max_queue: int, generate_fn: Callable = decoder_generate):
+    def __init__(self, decoder, max_concurrent: int, max_queue: int, generate_fn: Callable = decoder_generate,
+                 max_batch: int = 1):
         self.decoder = decoder
         self.generate_fn = generate_fn
-        self.decoders = [decoder] + [decoder.spawn() for _ in range(max_concurrent - 1)]  # one per worker
+        self.group = None
+        if max_batch > 1:
+            from multispec.decoding.batch import BatchGroup
+
+            rows = (decoder.context or 4096) + decoder.entry.max_tree_nodes(decoder.config) + 3
+            self.group = BatchGroup(decoder, max_batch, rows)
+            self.decoders, max_concurrent = list(self.group.lanes), max_batch
+        else:
+            self.decoders = [decoder] + [decoder.spawn() for _ in range(max_concurrent - 1)]  # one per worker
+        self.on_start: Callable[[float], None] | None = None  # seconds queued, when a generation starts
         self._free: queue.SimpleQueue = queue.SimpleQueue()
         for d in self.decoders:
             self._free.put(d)
@@ -104,6 +118,8 @@ class Scheduler:
         with self._lock:
             self.waiting -= 1
             self.running += 1
+        if self.on_start is not None:
+            self.on_start(time.perf_counter() - run.arrived)
         try:
             if run.cancel.is_set():
                 raise Cancelled()

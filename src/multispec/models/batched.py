@@ -1,0 +1,345 @@
+"""Many sequences through one forward: the fast backend's step over a batch of cache slots.
+
+Each sequence owns one slot of a `SlotCache` (per layer, keys and values [slots, H_kv, rows, D]) and brings its own
+step: its tokens, positions and mask (a one-token decode, a draft level, a whole tree or a prefill), written at its
+own cache rows. `run_batch` runs the steps of many slots as one forward:
+
+    tokens of every step, flattened (ragged, as vLLM does) ─► embedding, projections, MLP, output layer: one matmul
+        each over all N tokens
+    attention: steps of up to PAD_LIMIT tokens padded to [slots lo..hi, Nmax] queries over their own slots' rows
+        (one scaled_dot_product_attention per layer, keys read in place: no copy); a longer step (a prefill)
+        attends alone over its slot
+
+A row attends only to its own slot's rows, so a sequence's output does not depend on what else is in the batch; the
+arithmetic can differ from a batch-1 step in the last bits (a matmul over more rows may sum in another order),
+which moves a greedy choice only at a near-tie (benchmarks/batch_identity.py counts them).
+
+`StepBatcher` turns the forward calls of many sequences, each decoded by the ordinary generation loop in its own
+thread, into these batched forwards: a call waits until every live sequence is waiting on a forward, then one thread
+runs the waiting calls of one model as one batch. `SlotBackend` is the backend protocol (models/base.py) over one
+slot, so every method runs batched unchanged.
+"""
+from __future__ import annotations
+
+import threading
+from collections import Counter
+from dataclasses import dataclass
+
+import torch
+
+from multispec.errors import MultispecError
+from multispec.models.base import ForwardOut
+
+PAD_LIMIT = 64  # steps of more tokens (prefills) attend alone: padding every row to a prefill's length would cost more
+
+
+class SlotCache:
+    """The KV cache of one model for `slots` sequences of up to `rows` rows each. priority: when both models have
+    calls waiting, the lower number runs first (the draft: 0), so that drafting sequences reach the target forward
+    and verify together with the others."""
+
+    def __init__(self, net, slots: int, rows: int, priority: int = 1):
+        self.net, self.slots, self.rows, self.priority = net, slots, rows, priority
+        shape = (slots, net.n_kv, rows, net.head_dim)
+        self.k = [torch.zeros(shape, dtype=net.dtype, device=net.device) for _ in net.layers]
+        self.v = [torch.zeros(shape, dtype=net.dtype, device=net.device) for _ in net.layers]
+        self.pos = torch.zeros(slots, rows, dtype=torch.long, device=net.device)  # position of each row
+        self.lens = [0] * slots
+
+    def keep(self, slot: int, indices: torch.Tensor) -> None:
+        """Keep rows `indices` (long [K], increasing) of `slot`: those after the common prefix are gathered down onto
+        it (FastBackend.keep, on one slot)."""
+        idx = indices.tolist()
+        first = 0
+        while first < len(idx) and idx[first] == first:
+            first += 1
+        if first < len(idx):
+            tail = torch.tensor(idx[first:], device=self.net.device)
+            end = first + len(tail)
+            for cache in (*self.k, *self.v):
+                cache[slot, :, first:end] = cache[slot].index_select(1, tail)
+            self.pos[slot, first:end] = self.pos[slot].index_select(0, tail)
+        self.lens[slot] = len(idx)
+
+
+@dataclass
+class Step:
+    """One sequence's part of a batched forward. tokens, positions: long [n]; mask: bool [n, start + n] or None (a
+    plain chain after every cached row); head: the slot's reduced output layer (RestrictedHead) or None."""
+
+    slot: int
+    tokens: torch.Tensor
+    positions: torch.Tensor
+    mask: torch.Tensor | None = None
+    want_hidden: bool = False
+    last_only: bool = False
+    head: object = None
+
+
+@torch.inference_mode()
+def run_batch(cache: SlotCache, steps: list[Step]) -> list[ForwardOut]:
+    """Run every step (one per slot, slots distinct) as one forward and return each step's ForwardOut, as
+    FastBackend.forward would: float32 logits [n, V] (last_only: [1, V]) and hidden states when asked."""
+    net, dev = cache.net, cache.net.device
+    ns = [s.tokens.shape[0] for s in steps]
+    starts = [cache.lens[s.slot] for s in steps]
+    tokens = torch.cat([s.tokens for s in steps]).to(dev)
+    positions = torch.cat([s.positions for s in steps]).to(dev)
+    slot_of = torch.tensor([s.slot for s in steps], device=dev).repeat_interleave(torch.tensor(ns, device=dev))
+    row_of = torch.cat([torch.arange(a, a + n, device=dev) for a, n in zip(starts, ns)])
+    cache.pos[slot_of, row_of] = positions
+    plan = _AttentionPlan(cache, steps, ns, starts, positions)
+    ropes = net._ropes(positions)
+    x = net.embed_input(tokens)  # [N, H]
+    total = x.shape[0]
+    group = net.n_heads // net.n_kv
+    for i, layer in enumerate(net.layers):
+        attn = layer.self_attn
+        q, k, v = net._qkv(attn, net.layer_input(layer, x), total)  # [Hq, N, D], [Hkv, N, D]
+        if net.use_rope[i]:
+            cos, sin = ropes[net.rope_index[i]]
+            q, k = net._rotate(q, cos, sin), net._rotate(k, cos, sin)
+        cache.k[i][slot_of, :, row_of] = k.transpose(0, 1)  # [N, Hkv, D] at (slot, row) of each token
+        cache.v[i][slot_of, :, row_of] = v.transpose(0, 1)
+        o = plan.attend(i, q, group, attn.scaling)  # [N, Hq * D]
+        x = net.finish_layer(layer, x, o)
+    for s, n, a in zip(steps, ns, starts):
+        cache.lens[s.slot] = a + n
+    return _outputs(net, x, steps, ns)
+
+
+class _AttentionPlan:
+    """Which queries attend where, built once per batched forward and used by every layer."""
+
+    def __init__(self, cache: SlotCache, steps: list[Step], ns: list[int], starts: list[int], positions):
+        net, dev = cache.net, cache.net.device
+        self.cache, self.net = cache, net
+        offsets = [0]
+        for n in ns:
+            offsets.append(offsets[-1] + n)
+        self.total = offsets[-1]
+        small = [j for j, n in enumerate(ns) if n <= PAD_LIMIT]
+        self.alone = [(steps[j], offsets[j], ns[j], starts[j]) for j in range(len(steps)) if ns[j] > PAD_LIMIT]
+        self.alone_masks = [net.masks(s.mask, positions[o:o + n], cache.pos[s.slot, :a + n], a, n)
+                            for s, o, n, a in self.alone]
+        self.padded = None
+        if small:
+            lo, hi = min(steps[j].slot for j in small), max(steps[j].slot for j in small) + 1
+            nmax = max(ns[j] for j in small)
+            width = max(starts[j] + ns[j] for j in small)
+            # allowed[r, m, t]: query m of slot lo + r may read row t. A chain reads every row before it; a tree
+            # brings its own mask. Padding queries read row 0 only (their outputs are dropped).
+            qrow = torch.arange(nmax, device=dev)
+            start_of = torch.zeros(hi - lo, dtype=torch.long, device=dev)
+            n_of = torch.zeros(hi - lo, dtype=torch.long, device=dev)
+            index, tokens_at = [], []
+            for j in small:
+                r = steps[j].slot - lo
+                start_of[r], n_of[r] = starts[j], ns[j]
+                index.append(torch.arange(r * nmax, r * nmax + ns[j], device=dev))
+                tokens_at.append(torch.arange(offsets[j], offsets[j + 1], device=dev))
+            limit = start_of[:, None] + qrow[None, :] + 1  # [R, nmax]: a chain's rows end after the query itself
+            allowed = torch.arange(width, device=dev)[None, None, :] < limit[:, :, None]  # [R, nmax, width]
+            for j in small:
+                if steps[j].mask is not None:
+                    r, n, a = steps[j].slot - lo, ns[j], starts[j]
+                    allowed[r, :n, :a + n] = steps[j].mask.to(dev)
+                    allowed[r, :n, a + n:] = False
+            live = qrow[None, :] < n_of[:, None]  # [R, nmax]
+            qpos = torch.zeros(hi - lo, nmax, dtype=torch.long, device=dev)
+            index = torch.cat(index)
+            tokens_at = torch.cat(tokens_at)
+            qpos.view(-1)[index] = positions[tokens_at]
+            masks = []
+            kpos = cache.pos[lo:hi, :width]
+            for kind in net.layout.distinct_types:
+                m, w = allowed, net.layout.windows.get(kind)
+                if kind == "sliding_attention":
+                    m = m & (qpos[:, :, None] - kpos[:, None, :] < w)
+                elif kind == "chunked_attention":
+                    m = m & (qpos[:, :, None] // w == kpos[:, None, :] // w)
+                m = m | (~live)[:, :, None] & (torch.arange(width, device=dev) == 0)
+                masks.append(m[:, None])  # [R, 1, nmax, width]
+            in_order = len(small) == len(steps) and bool((tokens_at == torch.arange(self.total, device=dev)).all())
+            self.padded = (lo, hi, nmax, width, index, None if in_order else tokens_at, masks)
+
+    def attend(self, layer: int, q: torch.Tensor, group: int, scale) -> torch.Tensor:
+        """q: [Hq, N, D] -> attention output [N, Hq * D]."""
+        net, cache = self.net, self.cache
+        hq, _, d = q.shape
+        out = q.new_empty(self.total, hq * d)
+        if self.padded is not None:
+            lo, hi, nmax, width, index, tokens_at, masks = self.padded
+            qt = q.transpose(0, 1)  # [N, Hq, D]
+            qp = q.new_zeros((hi - lo) * nmax, hq, d)
+            qp[index] = qt if tokens_at is None else qt[tokens_at]
+            qp = qp.view(hi - lo, nmax, hq, d).transpose(1, 2)  # [R, Hq, nmax, D]
+            keys, values = cache.k[layer][lo:hi, :, :width], cache.v[layer][lo:hi, :, :width]  # views, no copy
+            if group > 1:
+                keys, values = keys.repeat_interleave(group, dim=1), values.repeat_interleave(group, dim=1)
+            o = net._attend(qp, keys, values, masks[net.mask_index[layer]], scale)  # [R, Hq, nmax, D]
+            o = o.transpose(1, 2).reshape((hi - lo) * nmax, hq * d)[index]
+            if tokens_at is None:
+                out = o
+            else:
+                out[tokens_at] = o
+        for (s, off, n, a), masks in zip(self.alone, self.alone_masks):
+            keys, values = cache.k[layer][s.slot, :, :a + n], cache.v[layer][s.slot, :, :a + n]
+            if group > 1:
+                keys, values = keys.repeat_interleave(group, dim=0), values.repeat_interleave(group, dim=0)
+            o = net._attend(q[:, off:off + n], keys, values, masks[net.mask_index[layer]], scale)  # [Hq, n, D]
+            out[off:off + n] = o.transpose(0, 1).reshape(n, hq * d)
+        return out
+
+
+def _outputs(net, x: torch.Tensor, steps: list[Step], ns: list[int]) -> list[ForwardOut]:
+    """Each step's logits (and hidden states): one output-layer matmul over the rows of every step that uses the full
+    layer, its own reduced layer for a step that has one."""
+    rows, off = [], 0
+    for s, n in zip(steps, ns):
+        rows.append(range(off + n - 1, off + n) if s.last_only else range(off, off + n))
+        off += n
+    flat = [i for r in rows for i in r]
+    hidden = net.norm(x if len(flat) == x.shape[0] else x[torch.tensor(flat, device=x.device)])
+    sizes = [len(r) for r in rows]
+    parts = list(hidden.split(sizes))
+    logits: list = [None] * len(steps)
+    full = [j for j, s in enumerate(steps) if s.head is None]
+    if full:
+        joint = net.logits(torch.cat([parts[j] for j in full]) if len(full) > 1 else parts[full[0]])
+        for j, lg in zip(full, joint.split([sizes[j] for j in full])):
+            logits[j] = lg
+    for j, s in enumerate(steps):
+        if s.head is not None:
+            logits[j] = s.head.widen(net.logits(parts[j], s.head.compact))
+    return [ForwardOut(logits=lg, hidden=parts[j].float() if s.want_hidden else None)
+            for j, (s, lg) in enumerate(zip(steps, logits))]
+
+
+class _Call:
+    __slots__ = ("cache", "step", "out", "error", "done")
+
+    def __init__(self, cache: SlotCache, step: Step):
+        self.cache, self.step, self.out, self.error, self.done = cache, step, None, None, False
+
+
+class StepBatcher:
+    """Gathers the forward calls of many sequences, each decoded in its own thread, into batched forwards.
+
+    A sequence `join`s before its first forward and `leave`s after its last (whatever the reason). A forward call
+    waits until every live sequence is waiting on a forward; then the calls of one model (the lowest priority number
+    first: the draft, so that drafting sequences catch up and every sequence verifies in the same target forward)
+    run as one `run_batch`, by the thread whose call completed the barrier. Sequences join and leave between their
+    forwards, so a batch changes at round boundaries; a newcomer's prefill rides with the others' steps.
+    `forwards` counts batched forwards by model priority, `sequences` the calls they carried."""
+
+    def __init__(self):
+        self._cv = threading.Condition()
+        self._live = 0
+        self._pending: list[_Call] = []
+        self._running = False
+        self.forwards: Counter = Counter()
+        self.sequences: Counter = Counter()
+        self.on_batch = None  # (priority, sequences) after each batched forward: the server's metrics
+
+    @property
+    def live(self) -> int:
+        """Sequences decoding now (what `auto` plans for)."""
+        return self._live
+
+    def join(self) -> None:
+        with self._cv:
+            self._live += 1
+
+    def leave(self) -> None:
+        with self._cv:
+            self._live -= 1
+            self._run_ready()
+
+    def submit(self, cache: SlotCache, step: Step) -> ForwardOut:
+        call = _Call(cache, step)
+        with self._cv:
+            self._pending.append(call)
+            self._run_ready()
+            while not call.done:
+                self._cv.wait()
+        if call.error is not None:
+            raise call.error
+        return call.out
+
+    def _run_ready(self) -> None:
+        """Holding the lock: while every live sequence waits and no batch is running, run one model's calls."""
+        while not self._running and self._pending and len(self._pending) >= self._live:
+            first = min(self._pending, key=lambda c: c.cache.priority).cache
+            calls = [c for c in self._pending if c.cache is first]
+            self._pending = [c for c in self._pending if c.cache is not first]
+            self._running = True
+            self._cv.release()
+            try:
+                outs, error = run_batch(first, [c.step for c in calls]), None
+            except BaseException as e:  # noqa: BLE001 - every waiting call gets the error, nobody hangs
+                outs, error = [None] * len(calls), e
+            finally:
+                self._cv.acquire()
+                self._running = False
+            self.forwards[first.priority] += 1
+            self.sequences[first.priority] += len(calls)
+            if self.on_batch is not None:
+                self.on_batch(first.priority, len(calls))
+            for c, out in zip(calls, outs):
+                c.out, c.error, c.done = out, error, True
+            self._cv.notify_all()
+
+
+class SlotBackend:
+    """The backend protocol (models/base.py) over one slot of a SlotCache, its forwards run by a StepBatcher.
+    name "fast": `auto`'s cost calibration of the fast backend applies (batched costs come from the batcher's
+    cost table, drafting/costs.py)."""
+
+    name = "fast"
+
+    def __init__(self, batcher: StepBatcher, cache: SlotCache, slot: int, model):
+        self.batcher, self.cache, self.slot, self.model = batcher, cache, slot, model
+        net = cache.net
+        self.vocab_size, self.hidden_size, self.device, self.dtype = net.vocab_size, net.hidden_size, net.device, \
+            net.dtype
+        self.layout = net.layout
+        limit = net.layout.max_positions
+        self.max_len = cache.rows
+        self.max_positions = min(cache.rows, limit) if limit else cache.rows
+        self.vocab_subset = None
+
+    @property
+    def cache_len(self) -> int:
+        return self.cache.lens[self.slot]
+
+    def reset(self) -> None:
+        self.cache.lens[self.slot] = 0
+
+    def set_vocab_subset(self, ids) -> None:
+        from multispec.models.reduced_vocab import RestrictedHead
+
+        if ids is None:
+            self.vocab_subset = None
+            return
+        rows = self.cache.net.head if self.vocab_subset is None else self.vocab_subset.source
+        self.vocab_subset = RestrictedHead(rows, ids, self.vocab_size)
+
+    def extend_vocab_subset(self, ids) -> None:
+        if self.vocab_subset is not None:
+            self.vocab_subset = self.vocab_subset.extend(ids)
+
+    def forward(self, tokens: torch.Tensor, positions: torch.Tensor, mask: torch.Tensor | None = None,
+                want_hidden: bool = False, last_only: bool = False) -> ForwardOut:
+        n, start = tokens.shape[0], self.cache_len
+        if start + n > self.max_len:
+            raise MultispecError(f"sequence of {start + n} tokens exceeds the batch's cache of {self.max_len} rows")
+        limit = self.layout.max_positions
+        if limit is not None and int(positions.max()) >= limit:
+            raise MultispecError(f"position {int(positions.max())} is past the model's limit of {limit} positions "
+                                 "(max_position_embeddings)")
+        step = Step(self.slot, tokens, positions, mask, want_hidden, last_only and n > 1, self.vocab_subset)
+        return self.batcher.submit(self.cache, step)
+
+    def keep(self, indices: torch.Tensor) -> None:
+        self.cache.keep(self.slot, indices)

@@ -1,0 +1,291 @@
+"""Many sequences at once (decoding/batch.py, models/batched.py): a batched forward equals each sequence's own
+forward, a batched sequence's output equals its batch-1 output (greedy) and keeps the target's law (T > 0) while
+other sequences join and leave, and a deliberately broken batch (one row's mask shifted by one) is caught."""
+from __future__ import annotations
+
+import queue
+from concurrent.futures import ThreadPoolExecutor
+from types import SimpleNamespace
+
+import numpy as np
+import pytest
+import torch
+
+from compat_archs import build
+from engine_utils import chi_square_pvalue, exact_joint, tiny_pair
+from helpers import assert_one_line_error, run_cli, save_tiny_pair, tiny_llama
+from multispec import generate, load_pair
+from multispec.decoding.batch import BatchGroup
+from multispec.decoding.decoder import Decoder
+from multispec.errors import MultispecError
+from multispec.loading import Pair
+from multispec.models.base import causal_mask
+from multispec.models.batched import PAD_LIMIT, SlotCache, Step, run_batch
+from multispec.models.fast import FastBackend, FastNet
+from multispec.sampling import SamplingConfig
+
+GREEDY = SamplingConfig(temperature=0.0)
+
+
+def _pair(target, draft) -> Pair:
+    tok = SimpleNamespace(eos_token_id=None, bos_token_id=None)
+    return Pair(target=target, draft=draft, tokenizer=tok, target_path="t", draft_path="d")
+
+
+def run_batched(decoder: Decoder, prompts, slots: int, sampling, max_new, seeds, rows: int = 96):
+    """Every prompt through a BatchGroup of `slots` lanes, each lane taking the next prompt when its sequence
+    ends (sequences join and leave between rounds). max_new: one int or one per prompt."""
+    group = BatchGroup(decoder, slots, rows)
+    free = queue.SimpleQueue()
+    for lane in group.lanes:
+        free.put(lane)
+    max_new = max_new if isinstance(max_new, list) else [max_new] * len(prompts)
+    out = [None] * len(prompts)
+
+    def one(i):
+        lane = free.get()
+        try:
+            out[i] = lane.run(prompts[i], sampling, max_new[i], seeds[i])[0]
+        finally:
+            free.put(lane)
+
+    with ThreadPoolExecutor(slots) as pool:
+        list(pool.map(one, range(len(prompts))))
+    return out, group
+
+
+# ---------------------------------------------------------------------------------------------------- the forward
+@pytest.mark.parametrize("arch", ["llama", "gemma2", "gemma3", "qwen3", "phi3", "mistral-window"])
+def test_batched_forward_equals_each_sequences_own_forward(arch):
+    """Ragged steps in one forward — a prefill longer than PAD_LIMIT (attends alone), chains, a token tree with
+    its own mask, slots left empty between members — give each sequence the logits and hidden states of its own
+    FastBackend, then again after a keep that drops a branch (sliding windows, soft-caps, per-type RoPE included)."""
+    model = build(arch)
+    net = FastNet.of(model)
+    vocab = net.vocab_size
+    g = torch.Generator().manual_seed(1)
+    lens = [PAD_LIMIT + 9, 5, 12]
+    slots = [0, 2, 3]
+    cache = SlotCache(net, 4, 128)
+    alone = [FastBackend(model, max_len=128) for _ in lens]
+    prompts = [torch.randint(0, vocab, (n,), generator=g) for n in lens]
+    outs = run_batch(cache, [Step(s, p, torch.arange(len(p)), last_only=True) for s, p in zip(slots, prompts)])
+    for b, p, o in zip(alone, prompts, outs):
+        ref = b.forward(p, torch.arange(len(p)), causal_mask(0, len(p)), last_only=True)
+        torch.testing.assert_close(o.logits[-1], ref.logits[-1], atol=1e-5, rtol=1e-5)
+    a = lens[1]
+    tree = torch.zeros(3, a + 3, dtype=torch.bool)  # root, then two children of the root
+    tree[:, :a] = True
+    tree[0, a] = tree[1, a] = tree[1, a + 1] = tree[2, a] = tree[2, a + 2] = True
+    steps = [(torch.tensor([3]), torch.tensor([lens[0]]), None),
+             (torch.tensor([1, 2, 4]), torch.tensor([a, a + 1, a + 1]), tree),
+             (torch.tensor([5, 6]), torch.arange(lens[2], lens[2] + 2), None)]
+    outs = run_batch(cache, [Step(s, t, p, m, want_hidden=True) for s, (t, p, m) in zip(slots, steps)])
+    for b, (t, p, m), o in zip(alone, steps, outs):
+        ref = b.forward(t, p, m, want_hidden=True)
+        torch.testing.assert_close(o.logits, ref.logits, atol=1e-5, rtol=1e-5)
+        torch.testing.assert_close(o.hidden, ref.hidden, atol=1e-5, rtol=1e-5)
+    kept = torch.tensor(list(range(a)) + [a, a + 2])
+    cache.keep(2, kept)
+    alone[1].keep(kept)
+    o = run_batch(cache, [Step(2, torch.tensor([7]), torch.tensor([a + 2]))])[0]
+    torch.testing.assert_close(o.logits, alone[1].forward(torch.tensor([7]), torch.tensor([a + 2])).logits,
+                               atol=1e-5, rtol=1e-5)
+
+
+# ---------------------------------------------------------------------------------------------------- greedy
+@pytest.mark.parametrize("method,options", [("ar", {}), ("sd", {"k": 3}), ("mcsd", {"tree": (2, 2, 1)}),
+                                            ("lookup", {}), ("auto", {})])
+def test_batched_greedy_equals_batch_one(method, options):
+    """Seven prompts of different lengths through four slots (sequences join as others finish) give each prompt
+    the tokens of its own batch-1 run on the same backend."""
+    target, draft = tiny_pair(vocab=16, seed=3, noise=0.3)
+    decoder = Decoder(_pair(target, draft), method, "fast", **options)
+    g = torch.Generator().manual_seed(0)
+    prompts = [torch.randint(0, 16, (n,), generator=g).tolist() for n in (3, 9, 1, 14, 6, 2, 11)]
+    max_new = [12, 20, 7, 16, 20, 9, 13]
+    alone = [decoder.run(p, GREEDY, m, 0)[0] for p, m in zip(prompts, max_new)]
+    together, group = run_batched(decoder, prompts, 4, GREEDY, max_new, [0] * len(prompts))
+    assert together == alone
+    stats = group.stats()["target"]
+    assert stats["mean_batch"] > 1.5, stats  # the sequences really shared forwards
+
+
+# ---------------------------------------------------------------------------------------------------- the law
+def context_pair(seed: int = 5, vocab: int = 4):
+    """A target whose next-token law moves with every visible row (uniform attention over strong value vectors,
+    a faint token embedding: dropping or adding one row moves the law by 0.1-0.2 in total variation, where a random
+    tiny Llama barely notices), and a draft made from it by perturbing every weight."""
+    models = []
+    for _ in range(2):
+        m = tiny_llama(vocab=vocab, hidden=32, layers=1, heads=4, kv_heads=2, seed=seed, scale=6.0)
+        with torch.no_grad():
+            m.model.embed_tokens.weight.mul_(0.01)
+            for layer in m.model.layers:
+                layer.self_attn.q_proj.weight.zero_()
+                layer.self_attn.v_proj.weight.mul_(5)
+                layer.self_attn.o_proj.weight.mul_(5)
+        models.append(m)
+    g = torch.Generator().manual_seed(seed + 99)
+    with torch.no_grad():
+        for prm in models[1].parameters():
+            prm.add_(0.3 * prm.std() * torch.randn(prm.shape, generator=g))
+    return models
+
+
+def _law_pvalues(decoder, target, prompts, n_each, slots, vocab=4):
+    """Chi-square p-values, one per prompt, of the batched outputs' tokens 2 and 3 (rounds after the first,
+    where a cache kept wrong shows) against the target's exact law of them."""
+    jobs = [p for p in prompts for _ in range(n_each)]
+    jobs = [jobs[i] for i in np.random.default_rng(0).permutation(len(jobs))]
+    max_new = [3 + (i % 3) * 2 for i in range(len(jobs))]  # sequences leave at different times
+    outs, group = run_batched(decoder, jobs, slots, SamplingConfig(temperature=1.0), max_new,
+                              list(range(len(jobs))), rows=48)
+    assert group.stats()["target"]["mean_batch"] > 2
+    counts = {tuple(p): np.zeros(vocab ** 2) for p in prompts}
+    for p, out in zip(jobs, outs):
+        counts[tuple(p)][out[1] * vocab + out[2]] += 1
+    pvalues = []
+    for p in prompts:
+        law = exact_joint(target, p, SamplingConfig(temperature=1.0), 3, vocab).reshape(vocab, vocab * vocab)
+        pvalues.append(chi_square_pvalue(counts[tuple(p)], law.sum(axis=0)))
+    return pvalues
+
+
+PROMPTS_LAW = [[1], [2, 0, 3]]
+
+
+def test_batched_sampling_keeps_the_target_law():
+    """T = 1, a token tree (mcsd, three candidates: a round commits at most two tokens, so token 3 is always
+    verified on a cache kept by an earlier round), six slots, two prompts of different lengths interleaved, sequences of three
+    lengths leaving and new ones joining: the joint law of each prompt's tokens 2 and 3 is the target's."""
+    target, draft = context_pair()
+    decoder = Decoder(_pair(target, draft), "mcsd", "fast", tree=(3,))
+    pvalues = _law_pvalues(decoder, target, PROMPTS_LAW, 2500, 6)
+    assert min(pvalues) > 1e-3, pvalues
+
+
+def _mask_misses_last_row(real):
+    def run(cache, steps):
+        for s in steps:
+            a = cache.lens[s.slot]
+            if cache.priority == 1 and a > 1:
+                s.mask = (causal_mask(a, s.tokens.shape[0]) if s.mask is None else s.mask).clone()
+                s.mask[:, a - 1] = False
+        return real(cache, steps)
+    return run
+
+
+@pytest.mark.parametrize("broken", ["mask", "cache_len"])
+def test_a_broken_batch_is_caught(monkeypatch, broken):
+    """The same test catches a batch whose target steps miss their last cached row (a mask shifted by one), and
+    one whose target slots keep one row too many after a round (a rejected node's keys left visible, as a cache
+    length off by one would)."""
+    from multispec.models import batched
+
+    if broken == "mask":
+        monkeypatch.setattr(batched, "run_batch", _mask_misses_last_row(batched.run_batch))
+    else:
+        real = SlotCache.keep
+
+        def keep_one_more(cache, slot, indices):
+            real(cache, slot, indices)
+            if cache.priority == 1 and cache.lens[slot] < cache.rows:
+                cache.lens[slot] += 1
+
+        monkeypatch.setattr(SlotCache, "keep", keep_one_more)
+    target, draft = context_pair()
+    decoder = Decoder(_pair(target, draft), "mcsd", "fast", tree=(3,))
+    pvalues = _law_pvalues(decoder, target, PROMPTS_LAW, 2500, 6)
+    assert min(pvalues) < 1e-6, pvalues
+
+
+# ---------------------------------------------------------------------------------------------------- the API
+@pytest.fixture(scope="module")
+def pair(tmp_path_factory):
+    paths = save_tiny_pair(tmp_path_factory.mktemp("batch_pair"))
+    return load_pair(target=str(paths["target"]), draft=str(paths["draft"]), device="cpu"), paths
+
+
+def test_generate_with_a_list_returns_one_result_per_prompt_in_order(pair):
+    p, _ = pair
+    prompts = ["def f(x):", "for n in range(2):", "x = 1"]
+    many = generate(p, prompts, method="sd", max_new_tokens=10, temperature=0, seed=7, batch_size=2)
+    assert [r.stats["seed"] for r in many] == [7, 8, 9]  # prompt i uses seed + i
+    for prompt, r in zip(prompts, many):
+        one = generate(p, prompt, method="sd", max_new_tokens=10, temperature=0, seed=7, backend="fast")
+        assert r.token_ids == one.token_ids and r.text == one.text
+        assert r.stats["backend"] == "fast" and r.stats["batch"]["size"] == 2
+    ids = generate(p, [[0, 5, 6], [0, 7]], method="ar", max_new_tokens=4, temperature=0)
+    assert len(ids) == 2 and all(len(r.token_ids) <= 4 for r in ids)
+
+
+def test_hf_backend_runs_a_batch_one_sequence_at_a_time_and_says_so(pair):
+    p, _ = pair
+    out = generate(p, ["def f(x):", "x = 1"], method="ar", max_new_tokens=5, temperature=0, backend="hf")
+    assert all(any("one at a time" in w for w in r.stats["warnings"]) for r in out)
+    assert [r.token_ids for r in out] == [generate(p, s, method="ar", max_new_tokens=5, temperature=0).token_ids
+                                          for s in ("def f(x):", "x = 1")]
+
+
+@pytest.mark.parametrize("prompts,kw,needle", [
+    ([], {}, "list of prompts is empty"),
+    (["def f(x):", ""], {}, "prompt 1: the prompt is empty"),
+    (["def f(x):", [0, 1]], {}, "mix strings and token-id lists"),
+    (["a", "b"], {"seed": [1, 2, 3]}, "3 seeds for 2 prompts"),
+    (["a", "b"], {"batch_size": 0}, "batch_size must be"),
+    (["a", "b"], {"stream": print}, "stream takes one prompt"),
+    ("a", {"batch_size": 2}, "batch_size applies to a list"),
+])
+def test_bad_batches_get_one_line_errors(pair, prompts, kw, needle):
+    p, _ = pair
+    with pytest.raises(MultispecError) as e:
+        generate(p, prompts, max_new_tokens=3, **kw)
+    assert needle in str(e.value) and "\n" not in str(e.value)
+
+
+def test_generate_cli_decodes_a_jsonl_file_and_repeated_prompt_files_as_a_batch(pair, tmp_path, capsys):
+    import json
+
+    _, paths = pair
+    f = tmp_path / "p.jsonl"
+    f.write_text('{"prompt": "def f(x):"}\n\n"x = 1"\n')
+    args = ("generate", "--target", str(paths["target"]), "--draft", str(paths["draft"]), "--method", "sd",
+            "--max-new-tokens", "6", "--temperature", "0", "--seed", "3")
+    code, out, err = run_cli(capsys, *args, "--prompt-file", str(f), "--json", "--batch-size", "2")
+    assert code == 0, err
+    rows = [json.loads(line) for line in out.splitlines()]
+    assert [r["index"] for r in rows] == [0, 1] and [r["seed"] for r in rows] == [3, 4]
+    assert "2 prompts, batch size 2" in err
+    a, b = tmp_path / "a.txt", tmp_path / "b.txt"
+    a.write_text("def f(x):")
+    b.write_text("x = 1")
+    code, out2, _ = run_cli(capsys, *args, "--prompt-file", str(a), "--prompt-file", str(b), "--json")
+    assert code == 0 and [json.loads(x)["text"] for x in out2.splitlines()] == [r["text"] for r in rows]
+
+
+@pytest.mark.parametrize("content,extra,needle", [
+    ('{"prompt": 3}\n', (), "expected a JSON string"),
+    ("not json\n", (), "line 1 is not JSON"),
+    ('"a"\n"b"\n', ("--baseline",), "--baseline and --stream take one prompt"),
+    ('"a"\n""\n', (), "prompt 1 is empty"),
+])
+def test_generate_cli_refuses_bad_prompt_files_in_one_line(tmp_path, capsys, content, extra, needle):
+    f = tmp_path / "p.jsonl"
+    f.write_text(content)
+    code, _, err = run_cli(capsys, "generate", "--prompt-file", str(f), *extra)
+    assert_one_line_error(code, err, needle)
+
+
+def test_batch_size_without_several_prompts_is_refused(capsys):
+    code, _, err = run_cli(capsys, "generate", "def f(x):", "--batch-size", "4")
+    assert_one_line_error(code, err, "--batch-size applies to several prompts")
+
+
+def test_a_lane_refuses_a_run_that_does_not_fit_its_rows():
+    target = tiny_llama(vocab=16, hidden=16, layers=1, heads=2, kv_heads=1)
+    decoder = Decoder(_pair(target, None), "ar", "fast")
+    lane = BatchGroup(decoder, 2, 20).lanes[0]
+    with pytest.raises(MultispecError, match="cache rows"):
+        lane.run(list(range(10)), GREEDY, 12, 0)
+    assert lane.group.batcher.live == 0  # nothing joined
