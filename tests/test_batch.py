@@ -289,3 +289,20 @@ def test_a_lane_refuses_a_run_that_does_not_fit_its_rows():
     with pytest.raises(MultispecError, match="cache rows"):
         lane.run(list(range(10)), GREEDY, 12, 0)
     assert lane.group.batcher.live == 0  # nothing joined
+
+
+def test_bench_batch_size_measures_every_method_and_transformers_batched_generate(pair, tmp_path, capsys):
+    import json
+
+    _, paths = pair
+    data = tmp_path / "prompts.jsonl"
+    data.write_text("\n".join(json.dumps({"prompt": p}) for p in ("def f(x):", "x = 1", "for n in", "if x:")))
+    code, out, err = run_cli(capsys, "bench", "--target", str(paths["target"]), "--draft", str(paths["draft"]),
+                             "--dataset", str(data), "--batch-size", "2", "--methods", "ar;sd:k=2;hf-assisted",
+                             "--max-new-tokens", "4", "--temperatures", "0,1", "--out", str(tmp_path / "out"))
+    assert code == 0, err
+    rows = json.loads((tmp_path / "out" / "results.json").read_text())["rows"]
+    assert {(r["method"], r["temperature"]) for r in rows} == {(m, t) for m in ("ar", "sd:k=2", "hf-generate")
+                                                              for t in (0.0, 1.0)}
+    assert all(r["batch_size"] == 2 and r["prompts"] == 4 and r["tokens_per_s"] > 0 for r in rows)
+    assert "batched ar" in out

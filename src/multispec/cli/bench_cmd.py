@@ -45,10 +45,13 @@ def _floats(text: str) -> list[float]:
               help="Cost-faithful regime: beside every target forward run a random-weight Llama of this shape "
                    "(e.g. 12x768, ~100M parameters) over the same tokens, so step costs are a larger model's while "
                    "acceptance stays the pair's. Labelled in every output.")
+@click.option("--batch-size", type=click.IntRange(1, 256), help="Measure batched throughput instead: each method "
+              "decodes every prompt, N sequences at a time; total tokens/s (hf-assisted specs become transformers' "
+              "batched generate). Fast backend.")
 @click.option("--quiet", is_flag=True, help="No progress bar.")
 def bench_command(target, draft, datasets, data_dir, prompt_field, methods, temperatures, top_k, top_p,
                   max_new_tokens, max_prompt_tokens, limit, offset, repeats, warmup, best_probe, seed, out, threads,
-                  device, dtype, shadow_target, quiet):
+                  device, dtype, shadow_target, batch_size, quiet):
     """Benchmark methods on a prompt set; writes results.json, results.md and plots to --out."""
     from multispec.bench import run_bench
     from multispec.bench.report import shadow_label_of, summarize
@@ -60,6 +63,10 @@ def bench_command(target, draft, datasets, data_dir, prompt_field, methods, temp
     if warning:
         click.echo(f"warning: {warning}", err=True)
 
+    if batch_size is not None:
+        _batch_bench(target, draft, datasets, data_dir, methods, temperatures, batch_size, max_new_tokens, limit, seed,
+                     out, device, dtype, shadow_target, quiet)
+        return
     results = run_bench(target=target, draft=draft, datasets=datasets, data_dir=data_dir, methods=methods,
                         temperatures=_floats(temperatures), top_k=top_k, top_p=top_p,
                         max_new_tokens=max_new_tokens, limit=limit, offset=offset, repeats=repeats, warmup=warmup,
@@ -80,3 +87,24 @@ def bench_command(target, draft, datasets, data_dir, prompt_field, methods, temp
         click.echo(f"{r['dataset']:>12} T={r['temperature']:<4g} {name:<36} {r['tokens_per_s']:8.1f} tok/s "
                    f"{sp:>7}  tau {tau}{same}")
     click.echo(f"wrote {out}/results.json, results.md, speedup.png" + (f"  ({label})" if label else ""))
+
+
+def _batch_bench(target, draft, datasets, data_dir, methods, temperatures, batch_size, max_new_tokens, limit, seed,
+                 out, device, dtype, shadow_target, quiet) -> None:
+    from multispec.bench.batched import run_batch_bench
+    from multispec.errors import check
+    from multispec.loading import load_pair
+
+    check(shadow_target is None, "--shadow-target measures one sequence at a time; it cannot be combined with "
+                                 "--batch-size")
+    check(limit is None or limit.isdigit(), "with --batch-size, --limit is one number of prompts per data set")
+    temps = _floats(temperatures)
+    pair = load_pair(target=target, draft=draft, device=device, dtype=dtype)
+    results = run_batch_bench(pair, [d.strip() for d in datasets.split(",")], data_dir, methods, temps, batch_size,
+                              max_new_tokens, int(limit) if limit else None, seed, out,
+                              command=["multispec", *sys.argv[1:]],
+                              progress=(lambda line: None) if quiet else (lambda line: click.echo(line, err=True)))
+    for r in results["rows"]:
+        sp = "" if r["speedup_vs_batched_ar"] is None else f"  {r['speedup_vs_batched_ar']:.2f}x batched ar"
+        click.echo(f"{r['dataset']:>12} T={r['temperature']:<4g} {r['method']:<28} {r['tokens_per_s']:8.1f} tok/s{sp}")
+    click.echo(f"wrote {out}/results.json, results.md")

@@ -12,8 +12,10 @@ joins the batch when its run starts and leaves when it ends, so a server admits 
 batch: same law at T > 0, same tokens greedy up to near-ties of the batched arithmetic.
 
 `auto` in a lane plans with the batch's costs: a forward of B sequences × n tokens each costs C(B, n)
-(drafting/costs.py, measured once per machine), and a plan is valued at its share C(B, n) / B, so with many
-sequences, where a wider forward costs nearly in proportion, speculation turns itself off.
+(drafting/costs.py, measured once per machine). A plan of n target tokens is charged its share of the one-token
+forward, C(B, 1) / B, plus what its n - 1 more tokens add to it; a draft forward is shared by as many sequences as
+drafted together last time. So each sequence speculates only where its extra tokens come cheaper than the batch's
+own rate, and with many sequences, where a wider forward costs nearly in proportion, speculation turns itself off.
 
 `generate_batch` is the offline entry point: validates every prompt first, then decodes them `batch_size` at a time
 (a finished sequence's slot is taken by the next prompt at once).

@@ -79,11 +79,16 @@ def generate_ids(
     c = Metrics()
     start = time.perf_counter()
     target.reset()
+    # a policy that may never draft (auto) defers the draft's prefill to its first drafting round: the prompt
+    # then stays pending, and that round's first draft forward feeds it
+    defer = draft is not None and getattr(policy, "defers_draft_prefill", False) and not method.target_init
     if draft is not None:
         draft.reset()
-        if len(prompt) > 1:
+        if len(prompt) > 1 and not defer:
             forward_chain(draft, torch.tensor(prompt[:-1], dtype=torch.long), last_only=True)
     state = _prefill(target, prompt, method)
+    if defer:
+        state.pending = list(prompt)
     policy.prepare(target, draft, target.cache_len)
     c.t_prefill = time.perf_counter() - start
     new: list[int] = []

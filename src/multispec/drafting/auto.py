@@ -144,6 +144,8 @@ _CHAINS = [Tree.chain(k) for k in range(65)]
 class AutoPolicy(DraftPolicyBase):
     """See the module docstring. proposers: which proposers may be used ("draft", "lookup")."""
 
+    defers_draft_prefill = True  # a generation that never drafts never pays the draft's prefill
+
     def __init__(self, proposers=("draft", "lookup"), max_nodes: int = 32, max_depth: int = 12,
                  max_width: int = 4, lookup_tokens: int = 10, max_ngram: int = 3, forced_plans=None,
                  cost_model: CostModel | None = None, suffix_store=None):
@@ -230,6 +232,8 @@ class AutoPolicy(DraftPolicyBase):
         if best.proposer == "none" and len(candidates) > 1:
             self.ar_streak += 1
             period = PROBE_PERIODS[min(self.probe_level, len(PROBE_PERIODS) - 1)]
+            if self.batch is not None:  # in a batch a probe's draft forwards hold up every sequence: probe B x rarer
+                period *= max(1, self.batch[0].live)
             if self.ar_streak >= period:  # probe: the best speculative plan, to keep its estimates current
                 self.ar_streak = 0
                 self.probe_level += 1
@@ -248,15 +252,20 @@ class AutoPolicy(DraftPolicyBase):
         """Predicted seconds of a target forward of n tokens: the calibrated curve times what this generation's
         own forwards measured against it (one factor for single-token steps, one for multi-token verification:
         the ratio between them is what decides whether speculation pays, and load changes it)."""
-        if self.batch is not None:
-            return self.batch[1].share("target", self.batch[0].live, n)
+        if self.batch is not None:  # its share of a forward of one token per sequence, plus what its n - 1 more add
+            batcher, costs = self.batch
+            b = max(1, batcher.live)
+            base = costs.forward("target", b, 1)
+            return base / b + (costs.forward("target", b, 1 + (n - 1) / b) - base if n > 1 else 0.0)
         return self.costs.target(n) * (self.scale["t1"] if n == 1 else self.scale["tn"])
 
     def _d(self, n: int) -> float:
         if self.costs.draft is None:
             return 0.0
-        if self.batch is not None:
-            return self.batch[1].share("draft", self.batch[0].live, n)
+        if self.batch is not None:  # a draft forward is shared by the sequences drafting beside it: as many as last time
+            batcher, costs = self.batch
+            k = max(1, batcher.last.get(0, 1))
+            return costs.forward("draft", k, n) / k
         return self.costs.draft(n) * self.scale["d"]
 
     def _learn(self, key: str, predicted: float, measured: float) -> None:

@@ -88,7 +88,11 @@ class DraftPolicy(Protocol):
 
 class DraftPolicyBase:
     """Defaults for every member of DraftPolicy but plan_round: no state, draft the whole planned tree, nothing to
-    report. Subclass it and override what the policy decides."""
+    report. Subclass it and override what the policy decides. defers_draft_prefill: the engine leaves the prompt
+    pending instead of prefilling the draft, for a policy that may never draft (its first drafting round feeds
+    it; `pending` counts it)."""
+
+    defers_draft_prefill = False
 
     needs_hidden = False
 

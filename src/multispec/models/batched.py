@@ -241,6 +241,7 @@ class StepBatcher:
         self.forwards: Counter = Counter()
         self.sequences: Counter = Counter()
         self.on_batch = None  # (priority, sequences) after each batched forward: the server's metrics
+        self.last: dict[int, int] = {}  # priority -> sequences in the latest batched forward of that model
 
     @property
     def live(self) -> int:
@@ -283,6 +284,7 @@ class StepBatcher:
                 self._cv.acquire()
                 self._running = False
             self.forwards[first.priority] += 1
+            self.last[first.priority] = len(calls)
             self.sequences[first.priority] += len(calls)
             if self.on_batch is not None:
                 self.on_batch(first.priority, len(calls))

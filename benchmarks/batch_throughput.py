@@ -1,0 +1,144 @@
+"""Offline throughput of batched decoding: total tokens/s of multispec's batched `ar` and `auto` at several batch
+sizes, against transformers' own batched `generate` (left-padded, same prompts, same batch) and a loop of
+batch-1 `auto`, in one run per thread count and temperature.
+
+pycode-v1, HumanEval prompts 0..P-1, 128 new tokens (each sequence stops at EOS in every system; tokens/s counts
+the tokens produced), fp32 CPU. multispec runs on its fast backend; a batch size B decodes the P prompts B at a time
+(continuous batching: a slot takes the next prompt when its sequence ends; transformers runs chunks of B prompts).
+
+    PYTHONPATH=src python benchmarks/batch_throughput.py --out benchmarks/results/batch/throughput
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+from pycode_args import add_pycode_args, load_pycode
+
+
+def hf_batched(pair, prompts: list[str], batch: int, max_new: int, temperature: float) -> int:
+    """transformers' generate over chunks of `batch` prompts, left-padded; returns the tokens produced (up to and
+    including each sequence's EOS)."""
+    tok = pair.tokenizer
+    tok.padding_side = "left"
+    eos = pair.target.generation_config.eos_token_id
+    eos = set(eos) if isinstance(eos, list) else {eos}
+    total = 0
+    for i in range(0, len(prompts), batch):
+        enc = tok(prompts[i:i + batch], return_tensors="pt", padding=True)
+        kw = dict(do_sample=True, temperature=temperature, top_k=0, top_p=1.0) if temperature > 0 else \
+            dict(do_sample=False)
+        with torch.inference_mode():
+            out = pair.target.generate(**enc, max_new_tokens=max_new, min_new_tokens=0,
+                                       pad_token_id=tok.pad_token_id, **kw)
+        for row in out[:, enc["input_ids"].shape[1]:].tolist():
+            n = 0
+            for t in row:
+                n += 1
+                if t in eos:
+                    break
+            total += n
+    return total
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    add_pycode_args(ap)
+    ap.add_argument("--prompts", type=int, default=32)
+    ap.add_argument("--max-new-tokens", type=int, default=128)
+    ap.add_argument("--batch-sizes", default="1,4,16,32")
+    ap.add_argument("--threads", default="1,2")
+    ap.add_argument("--temperatures", default="0,1")
+    ap.add_argument("--out", required=True, help="path without extension: writes .json and .md")
+    args = ap.parse_args()
+
+    from multispec.bench.runner import environment
+    from multispec.data import load_prompts
+    from multispec.decoding.batch import generate_batch
+    from multispec.decoding.decoder import Decoder
+
+    pair = load_pycode(args)
+    prompts = [p.text for p in load_prompts("humaneval", data_dir=args.data_dir, limit=args.prompts)]
+    sizes = [int(b) for b in args.batch_sizes.split(",")]
+    for m in ("ar", "auto"):  # untimed warm-up: cost calibrations, first-call allocations
+        generate_batch(Decoder(pair, m, "fast"), prompts[:4], batch_size=max(sizes), max_new_tokens=8, temperature=0)
+        Decoder(pair, m, "fast").generate(prompts[0], max_new_tokens=8, temperature=0, seed=0)
+    hf_batched(pair, prompts[:2], 2, 4, 0.0)
+    # a fresh Decoder per measurement: auto's suffix store would otherwise copy the earlier runs' outputs
+    fresh = {m: (lambda m=m: Decoder(pair, m, "fast")) for m in ("ar", "auto")}
+    rows, started = [], time.time()
+
+    def record(threads, temperature, system, batch, tokens, seconds):
+        rows.append({"threads": threads, "temperature": temperature, "system": system, "batch_size": batch,
+                     "new_tokens": tokens, "seconds": seconds, "tokens_per_s": tokens / seconds})
+        print(f"threads {threads} T={temperature:g} {system:>10} batch {batch:>2}: {tokens / seconds:7.1f} tok/s "
+              f"({time.time() - started:.0f} s)", file=sys.stderr)
+
+    for threads in [int(t) for t in args.threads.split(",")]:
+        torch.set_num_threads(threads)
+        for temperature in [float(t) for t in args.temperatures.split(",")]:
+            loop = fresh["auto"]()
+            t0 = time.perf_counter()
+            tokens = sum(len(loop.generate(p, max_new_tokens=args.max_new_tokens,
+                                                       temperature=temperature, seed=i).token_ids)
+                         for i, p in enumerate(prompts))
+            record(threads, temperature, "auto loop", 1, tokens, time.perf_counter() - t0)
+            for b in sizes:
+                for m in ("ar", "auto"):
+                    decoder = fresh[m]()
+                    t0 = time.perf_counter()
+                    out = generate_batch(decoder, prompts, batch_size=b, max_new_tokens=args.max_new_tokens,
+                                         temperature=temperature, seed=0)
+                    record(threads, temperature, m, b, sum(len(r.token_ids) for r in out), time.perf_counter() - t0)
+                t0 = time.perf_counter()
+                tokens = hf_batched(pair, prompts, b, args.max_new_tokens, temperature)
+                record(threads, temperature, "hf generate", b, tokens, time.perf_counter() - t0)
+    torch.set_num_threads(1)
+    record_json = {"meta": environment(pair, sys.argv), "prompts": len(prompts), "max_new_tokens": args.max_new_tokens,
+                   "rows": rows, "ratios": ratios(rows, sizes)}
+    out = Path(args.out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.with_suffix(".json").write_text(json.dumps(record_json, indent=1))
+    out.with_suffix(".md").write_text(table(rows, sizes, len(prompts), args.max_new_tokens))
+    print(table(rows, sizes, len(prompts), args.max_new_tokens))
+
+
+def _rate(rows, threads, temperature, system, b):
+    return next(r["tokens_per_s"] for r in rows if (r["threads"], r["temperature"], r["system"], r["batch_size"])
+                == (threads, temperature, system, b))
+
+
+def ratios(rows, sizes) -> list[dict]:
+    out = []
+    for threads, temperature in dict.fromkeys((r["threads"], r["temperature"]) for r in rows):
+        loop = _rate(rows, threads, temperature, "auto loop", 1)
+        for b in sizes:
+            auto = _rate(rows, threads, temperature, "auto", b)
+            out.append({"threads": threads, "temperature": temperature, "batch_size": b,
+                        "auto_vs_batch1_loop": auto / loop,
+                        "auto_vs_hf_generate": auto / _rate(rows, threads, temperature, "hf generate", b),
+                        "auto_vs_batched_ar": auto / _rate(rows, threads, temperature, "ar", b)})
+    return out
+
+
+def table(rows, sizes, n_prompts, max_new) -> str:
+    lines = [f"Total tokens/s, pycode-v1, HumanEval 0-{n_prompts - 1}, {max_new} new tokens, fp32 CPU (one run). "
+             "auto / x: the batched auto's ratio to x at the same batch size.", "",
+             "| threads | T | batch | ar | auto | hf generate | auto loop (b=1) | auto / loop | auto / hf | auto / ar |",
+             "|---|---|---|---|---|---|---|---|---|---|"]
+    for r in ratios(rows, sizes):
+        th, t, b = r["threads"], r["temperature"], r["batch_size"]
+        lines.append(f"| {th} | {t:g} | {b} | {_rate(rows, th, t, 'ar', b):.1f} | {_rate(rows, th, t, 'auto', b):.1f} "
+                     f"| {_rate(rows, th, t, 'hf generate', b):.1f} | {_rate(rows, th, t, 'auto loop', 1):.1f} | "
+                     f"{r['auto_vs_batch1_loop']:.2f}x | {r['auto_vs_hf_generate']:.2f}x | "
+                     f"{r['auto_vs_batched_ar']:.2f}x |")
+    return "\n".join(lines) + "\n"
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,106 @@
+"""`multispec bench --batch-size N`: total tokens/s of each method decoding a prompt set N sequences at a time.
+
+Per temperature and data set, every method decodes all prompts with `decoding.batch.generate_batch` (a fresh
+Decoder each, so `auto`'s suffix store holds no earlier run; continuous batching: a slot takes the next prompt when
+its sequence ends), and `hf-assisted` specs are replaced by transformers' own batched `generate` over chunks of N
+left-padded prompts (`hf-generate`: transformers cannot speculate at batch > 1). Every sequence stops at EOS;
+tokens/s counts the tokens produced. Writes results.json and results.md to --out.
+"""
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+
+import torch
+
+from multispec.bench.specs import HF_ASSISTED, parse_method_specs
+from multispec.data import load_prompts
+from multispec.errors import check
+from multispec.paths import writable_dir
+
+
+def hf_generate_batched(pair, prompts: list[str], batch: int, max_new: int, temperature: float, seed: int) -> int:
+    """transformers' generate over chunks of `batch` left-padded prompts; the tokens produced, each sequence up to
+    and including its EOS."""
+    tok = pair.tokenizer
+    side, tok.padding_side = tok.padding_side, "left"
+    eos = pair.target.generation_config.eos_token_id
+    eos = set(eos) if isinstance(eos, (list, tuple)) else {eos}
+    pad = tok.pad_token_id if tok.pad_token_id is not None else next(iter(eos))
+    torch.manual_seed(seed)
+    total = 0
+    try:
+        for i in range(0, len(prompts), batch):
+            enc = tok(prompts[i:i + batch], return_tensors="pt", padding=True).to(pair.device)
+            kw = dict(do_sample=True, temperature=temperature, top_k=0, top_p=1.0) if temperature > 0 \
+                else dict(do_sample=False)
+            with torch.inference_mode():
+                out = pair.target.generate(**enc, max_new_tokens=max_new, pad_token_id=pad, **kw)
+            for row in out[:, enc["input_ids"].shape[1]:].tolist():
+                total += next((k + 1 for k, t in enumerate(row) if t in eos), len(row))
+    finally:
+        tok.padding_side = side
+    return total
+
+
+def run_batch_bench(pair, datasets: list[str], data_dir, methods: str, temperatures: list[float],
+                    batch_size: int, max_new_tokens: int, limit, seed: int, out, command=None,
+                    progress=print) -> dict:
+    """See the module docstring. Returns the results dict (rows, settings, meta) and writes it to `out`."""
+    from multispec.bench.runner import environment
+    from multispec.decoding.batch import MAX_BATCH, generate_batch
+    from multispec.decoding.decoder import Decoder
+
+    check(isinstance(batch_size, int) and 1 <= batch_size <= MAX_BATCH,
+          f"--batch-size must be an integer in [1, {MAX_BATCH}], got {batch_size!r}")
+    specs = parse_method_specs(methods)
+    writable_dir(out)
+    prompts = {d: [p.text for p in load_prompts(d, data_dir, limit=limit)] for d in datasets}
+    rows = []
+    for t in temperatures:
+        for d, texts in prompts.items():
+            for s in specs:
+                if s.name == HF_ASSISTED:
+                    hf_generate_batched(pair, texts[:2], 2, 2, t, seed)  # untimed warm-up
+                    start = time.perf_counter()
+                    label = "hf-generate"
+                    tokens = hf_generate_batched(pair, texts, batch_size, max_new_tokens, t, seed)
+                    tau = None
+                else:
+                    label = s.label
+                    # untimed warm-up (the batch's cost table is measured once per process and machine), then a
+                    # fresh Decoder: auto's suffix store must hold no earlier run of these prompts
+                    generate_batch(Decoder(pair, s.config, "fast", **s.decoder_options), texts[:batch_size],
+                                   batch_size, 2, seed, temperature=t)
+                    decoder = Decoder(pair, s.config, "fast", **s.decoder_options)
+                    start = time.perf_counter()
+                    results = generate_batch(decoder, texts, batch_size, max_new_tokens, seed, temperature=t)
+                    tokens = sum(len(r.token_ids) for r in results)
+                    calls = sum(len(r.token_ids) / r.stats["tau"] for r in results if r.stats.get("tau"))
+                    tau = tokens / calls if calls else None
+                seconds = time.perf_counter() - start
+                rows.append({"method": label, "dataset": d, "temperature": t, "batch_size": batch_size,
+                             "prompts": len(texts), "new_tokens": tokens, "seconds": seconds,
+                             "tokens_per_s": tokens / seconds, "tokens_per_target_call": tau})
+                progress(f"{d:>12} T={t:<4g} {label:<28} batch {batch_size}: {tokens / seconds:8.1f} tok/s")
+    for r in rows:
+        ar = next((x for x in rows if x["method"] == "ar" and (x["dataset"], x["temperature"])
+                   == (r["dataset"], r["temperature"])), None)
+        r["speedup_vs_batched_ar"] = r["tokens_per_s"] / ar["tokens_per_s"] if ar else None
+    results = {"meta": environment(pair, command), "settings": {
+        "datasets": datasets, "methods": [s.label for s in specs], "temperatures": temperatures,
+        "batch_size": batch_size, "max_new_tokens": max_new_tokens, "limit": limit, "seed": seed,
+        "threads": torch.get_num_threads()}, "rows": rows}
+    out = Path(out)
+    (out / "results.json").write_text(json.dumps(results, indent=1) + "\n")
+    lines = [f"Batch size {batch_size}: total tokens/s over each prompt set ({max_new_tokens} new tokens).", "",
+             "| data set | T | method | tokens/s | vs batched ar | tokens per target call |", "|---|---|---|---|---|---|"]
+    for r in rows:
+        sp = "–" if r["speedup_vs_batched_ar"] is None else f"{r['speedup_vs_batched_ar']:.2f}x"
+        tau = "–" if r["tokens_per_target_call"] is None else f"{r['tokens_per_target_call']:.2f}"
+        lines.append(f"| {r['dataset']} | {r['temperature']:g} | {r['method']} | {r['tokens_per_s']:.1f} | {sp} | "
+                     f"{tau} |")
+    (out / "results.md").write_text("\n".join(lines) + "\n")
+    return results
+
