@@ -40,6 +40,7 @@ def main() -> None:
     ap.add_argument("--methods", default=",".join(m for m, _ in METHODS))
     ap.add_argument("--out", required=True, help="path without extension: writes .json and .md")
     args = ap.parse_args()
+    import multispec.decoding.batch, multispec.drafting.auto, multispec.drafting.costs  # noqa: F401,E401 - all code read now
 
     from multispec.bench.runner import environment
     from multispec.data import load_prompts

@@ -21,31 +21,6 @@ import torch
 from pycode_args import add_pycode_args, load_pycode
 
 
-def hf_batched(pair, prompts: list[str], batch: int, max_new: int, temperature: float) -> int:
-    """transformers' generate over chunks of `batch` prompts, left-padded; returns the tokens produced (up to and
-    including each sequence's EOS)."""
-    tok = pair.tokenizer
-    tok.padding_side = "left"
-    eos = pair.target.generation_config.eos_token_id
-    eos = set(eos) if isinstance(eos, list) else {eos}
-    total = 0
-    for i in range(0, len(prompts), batch):
-        enc = tok(prompts[i:i + batch], return_tensors="pt", padding=True)
-        kw = dict(do_sample=True, temperature=temperature, top_k=0, top_p=1.0) if temperature > 0 else \
-            dict(do_sample=False)
-        with torch.inference_mode():
-            out = pair.target.generate(**enc, max_new_tokens=max_new, min_new_tokens=0,
-                                       pad_token_id=tok.pad_token_id, **kw)
-        for row in out[:, enc["input_ids"].shape[1]:].tolist():
-            n = 0
-            for t in row:
-                n += 1
-                if t in eos:
-                    break
-            total += n
-    return total
-
-
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     add_pycode_args(ap)
@@ -56,7 +31,9 @@ def main() -> None:
     ap.add_argument("--temperatures", default="0,1")
     ap.add_argument("--out", required=True, help="path without extension: writes .json and .md")
     args = ap.parse_args()
+    import multispec.decoding.batch, multispec.drafting.auto, multispec.drafting.costs  # noqa: F401,E401 - all code read now
 
+    from multispec.bench.batched import hf_generate_batched
     from multispec.bench.runner import environment
     from multispec.data import load_prompts
     from multispec.decoding.batch import generate_batch
@@ -68,7 +45,7 @@ def main() -> None:
     for m in ("ar", "auto"):  # untimed warm-up: cost calibrations, first-call allocations
         generate_batch(Decoder(pair, m, "fast"), prompts[:4], batch_size=max(sizes), max_new_tokens=8, temperature=0)
         Decoder(pair, m, "fast").generate(prompts[0], max_new_tokens=8, temperature=0, seed=0)
-    hf_batched(pair, prompts[:2], 2, 4, 0.0)
+    hf_generate_batched(pair, prompts[:2], 2, 4, 0.0, 0)
     # a fresh Decoder per measurement: auto's suffix store would otherwise copy the earlier runs' outputs
     fresh = {m: (lambda m=m: Decoder(pair, m, "fast")) for m in ("ar", "auto")}
     rows, started = [], time.time()
@@ -96,7 +73,7 @@ def main() -> None:
                                          temperature=temperature, seed=0)
                     record(threads, temperature, m, b, sum(len(r.token_ids) for r in out), time.perf_counter() - t0)
                 t0 = time.perf_counter()
-                tokens = hf_batched(pair, prompts, b, args.max_new_tokens, temperature)
+                tokens = hf_generate_batched(pair, prompts, b, args.max_new_tokens, temperature, 0)
                 record(threads, temperature, "hf generate", b, tokens, time.perf_counter() - t0)
     torch.set_num_threads(1)
     record_json = {"meta": environment(pair, sys.argv), "prompts": len(prompts), "max_new_tokens": args.max_new_tokens,

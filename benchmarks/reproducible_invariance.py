@@ -1,8 +1,9 @@
 """The seed promise on pycode-v1: with `reproducible=True`, ar, sd, mcsd and auto (its plans forced to change from
-round to round, and its own measured choice) give identical text for each HumanEval prompt and seed at each
-temperature. Writes per-prompt hashes and the count of prompts where all methods agree.
+round to round, and its own measured choice), alone and in batches (auto and sd decoding all prompts together,
+`--batch-sizes`, on the fast backend), give identical text for each HumanEval prompt and seed at each temperature.
+Writes per-prompt hashes and the count of prompts where all agree.
 
-    python benchmarks/reproducible_invariance.py --prompts 20 --temperatures 1,0.7 \
+    python benchmarks/reproducible_invariance.py --prompts 20 --temperatures 1,0.7 --batch-sizes 4,20 \
         --out benchmarks/results/reproducible/invariance.json
 """
 from __future__ import annotations
@@ -23,11 +24,14 @@ def main() -> None:
     ap.add_argument("--prompts", type=int, default=20)
     ap.add_argument("--max-new-tokens", type=int, default=128)
     ap.add_argument("--temperatures", default="1,0.7")
+    ap.add_argument("--batch-sizes", default="4,20")
     ap.add_argument("--out", required=True)
     args = ap.parse_args()
+    import multispec.decoding.batch, multispec.drafting.auto, multispec.drafting.costs  # noqa: F401,E401 - all code read now
 
     from multispec.bench.runner import environment
     from multispec.data import load_prompts
+    from multispec.decoding.batch import generate_batch
     from multispec.decoding.decoder import Decoder
     from multispec.drafting.auto import AutoPolicy
     from multispec.drafting.protocol import RoundPlan
@@ -42,13 +46,23 @@ def main() -> None:
     decoders = {"ar": Decoder(pair, "ar"), "sd": Decoder(pair, "sd", k=4), "mcsd": Decoder(pair, "mcsd"),
                 "auto": Decoder(pair, "auto"), "auto-forced-plans": forced}
     rows, started = [], time.time()
+    def digest(ids) -> str:
+        return hashlib.sha1(repr(ids).encode()).hexdigest()[:16]
+
     for t in (float(x) for x in args.temperatures.split(",")):
+        batched = {}
+        for b in (int(x) for x in args.batch_sizes.split(",") if x):
+            for name in ("auto", "sd"):
+                out = generate_batch(Decoder(pair, name, "fast"), [p.text for p in prompts], b,
+                                     args.max_new_tokens, [100 + i for i in range(len(prompts))], temperature=t,
+                                     reproducible=True)
+                batched[f"{name}-batch{b}"] = [digest(r.token_ids) for r in out]
         for i, p in enumerate(prompts):
-            hashes = {}
+            hashes = {name: h[i] for name, h in batched.items()}
             for name, d in decoders.items():
                 r = d.generate(p.text, max_new_tokens=args.max_new_tokens, temperature=t, seed=100 + i,
                                reproducible=True)
-                hashes[name] = hashlib.sha1(repr(r.token_ids).encode()).hexdigest()[:16]
+                hashes[name] = digest(r.token_ids)
             rows.append({"temperature": t, "prompt": p.id, "seed": 100 + i, "hashes": hashes,
                          "identical": len(set(hashes.values())) == 1})
             print(f"T={t:g} {p.id}: {'identical' if rows[-1]['identical'] else 'DIFFERENT'} "

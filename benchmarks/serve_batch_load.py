@@ -181,6 +181,7 @@ def main() -> None:
     ap.add_argument("--cancel", action=argparse.BooleanOptionalAction, default=True)
     ap.add_argument("--out", required=True)
     args = ap.parse_args()
+    import multispec.decoding.batch, multispec.drafting.auto, multispec.drafting.costs  # noqa: F401,E401 - all code read now
 
     import torch
 

@@ -29,6 +29,7 @@ import torch
 
 from multispec.errors import MultispecError
 from multispec.models.base import ForwardOut
+from multispec.models.reduced_vocab import VocabSubset
 
 PAD_LIMIT = 64  # steps of more tokens (prefills) attend alone: padding every row to a prefill's length would cost more
 
@@ -293,7 +294,7 @@ class StepBatcher:
             self._cv.notify_all()
 
 
-class SlotBackend:
+class SlotBackend(VocabSubset):
     """The backend protocol (models/base.py) over one slot of a SlotCache, its forwards run by a StepBatcher.
     name "fast": `auto`'s cost calibration of the fast backend applies (batched costs come from the batcher's
     cost table, drafting/costs.py)."""
@@ -309,7 +310,6 @@ class SlotBackend:
         limit = net.layout.max_positions
         self.max_len = cache.rows
         self.max_positions = min(cache.rows, limit) if limit else cache.rows
-        self.vocab_subset = None
 
     @property
     def cache_len(self) -> int:
@@ -318,18 +318,8 @@ class SlotBackend:
     def reset(self) -> None:
         self.cache.lens[self.slot] = 0
 
-    def set_vocab_subset(self, ids) -> None:
-        from multispec.models.reduced_vocab import RestrictedHead
-
-        if ids is None:
-            self.vocab_subset = None
-            return
-        rows = self.cache.net.head if self.vocab_subset is None else self.vocab_subset.source
-        self.vocab_subset = RestrictedHead(rows, ids, self.vocab_size)
-
-    def extend_vocab_subset(self, ids) -> None:
-        if self.vocab_subset is not None:
-            self.vocab_subset = self.vocab_subset.extend(ids)
+    def _full_head(self):
+        return self.cache.net.head
 
     def forward(self, tokens: torch.Tensor, positions: torch.Tensor, mask: torch.Tensor | None = None,
                 want_hidden: bool = False, last_only: bool = False) -> ForwardOut:

@@ -24,6 +24,7 @@ from multispec.models.base import ForwardOut
 from multispec.models.fast_families import FAMILIES
 from multispec.models.int8 import linear_shape
 from multispec.models.layout import attention_layout
+from multispec.models.reduced_vocab import VocabSubset
 
 SUPPORTED = tuple(FAMILIES)
 DEFAULT_ROWS = 4096
@@ -220,7 +221,7 @@ class FastNet:
         return logits
 
 
-class FastBackend:
+class FastBackend(VocabSubset):
     name = "fast"
 
     def __init__(self, model: torch.nn.Module, max_len: int | None = None, compile: bool = False):
@@ -246,25 +247,9 @@ class FastBackend:
             self.compiled.prepare_cache(self.k_cache, self.v_cache)
         self.pos = torch.zeros(self.max_len + pad, dtype=torch.long, device=self.device)  # position of each row
         self._len = 0
-        self.vocab_subset = None  # a reduced_vocab.RestrictedHead, or None: the full output layer
 
-    def extend_vocab_subset(self, ids) -> None:
-        """Add token ids `ids` (long [K]) to the vocabulary subset (a gather of its rows, ~0.3 ms for 1k rows; none
-        when nothing is new); a no-op for the full vocabulary. Call between rounds (a round's q must be the law it
-        was drafted from)."""
-        if self.vocab_subset is not None:
-            self.vocab_subset = self.vocab_subset.extend(ids)
-
-    def set_vocab_subset(self, ids) -> None:
-        """Restrict the output layer to token ids `ids` (long [K], any order; None: the full vocabulary again).
-        Logits stay [N, V], -inf outside the subset. The compiled path computes every row and masks them."""
-        from multispec.models.reduced_vocab import RestrictedHead
-
-        if ids is None:
-            self.vocab_subset = None
-            return
-        rows = self.net.head if self.vocab_subset is None else self.vocab_subset.source  # read out once
-        self.vocab_subset = RestrictedHead(rows, ids, self.vocab_size)
+    def _full_head(self):
+        return self.net.head  # the compiled path computes every row and masks them
 
     @property
     def cache_len(self) -> int:

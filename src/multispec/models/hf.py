@@ -23,9 +23,10 @@ from multispec.errors import MultispecError
 from multispec.models.base import ForwardOut
 from multispec.models.int8 import linear_shape
 from multispec.models.layout import AttentionLayout, attention_layout
+from multispec.models.reduced_vocab import VocabSubset
 
 
-class HFBackend:
+class HFBackend(VocabSubset):
     """Wraps a loaded `PreTrainedModel` (causal LM). One instance owns one KV cache; batch size 1."""
 
     name = "hf"
@@ -44,26 +45,15 @@ class HFBackend:
         self.cache: DynamicCache | None = None
         self._pos = torch.zeros(0, dtype=torch.long)  # position of each cache row (CPU: no device sync)
         self._rows_are_positions = True  # row i holds position i (a plain chain): the model's own masks are right
-        self.vocab_subset = None  # a reduced_vocab.RestrictedHead, or None: the model's own output layer
         self.reset()
 
-    def extend_vocab_subset(self, ids) -> None:
-        """Add token ids `ids` (long [K]) to the vocabulary subset (a gather of its rows, ~0.3 ms for 1k rows; none
-        when nothing is new); a no-op for the full vocabulary. Call between rounds (a round's q must be the law it
-        was drafted from)."""
-        if self.vocab_subset is not None:
-            self.vocab_subset = self.vocab_subset.extend(ids)
+    def _full_head(self):
+        return self._head
 
-    def set_vocab_subset(self, ids) -> None:
-        """Restrict the output layer to token ids `ids` (long [K], any order; None: the model's own layer again).
-        Logits stay [N, V], -inf outside the subset: the base model's last hidden state goes through the
-        subset's rows of the output layer. Refused in one line for models that transform their logits after
-        that layer (soft-capping, scaling), whose forward this would bypass."""
-        if ids is None:
-            self.vocab_subset = None
-            return
-        from multispec.models.reduced_vocab import RestrictedHead
-
+    def _check_vocab_subset(self) -> None:
+        """The subset takes the base model's last hidden state through the subset's rows of the output layer: refused
+        in one line for models that transform their logits after that layer (soft-capping, scaling), whose forward
+        this would bypass, and for models without a separate base model."""
         scaled = [a for a in ("final_logit_softcapping", "logits_scaling", "logit_scale", "output_multiplier_scale")
                   if getattr(self.config, a, None) not in (None, 1, 1.0)]
         if scaled:
@@ -73,8 +63,6 @@ class HFBackend:
         if getattr(self.model, "base_model", None) is None or self.model.base_model is self.model:
             raise MultispecError(f"{type(self.model).__name__} has no separate base model to take hidden states "
                                  "from, so its draft vocabulary cannot be reduced; use the full vocabulary")
-        rows = self._head if self.vocab_subset is None else self.vocab_subset.source  # read out once
-        self.vocab_subset = RestrictedHead(rows, ids, self.vocab_size)
 
     @property
     def cache_len(self) -> int:
