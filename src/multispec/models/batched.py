@@ -241,7 +241,7 @@ class StepBatcher:
         self._running = False
         self.forwards: Counter = Counter()
         self.sequences: Counter = Counter()
-        self.on_batch = None  # (priority, sequences) after each batched forward: the server's metrics
+        self.on_batch = None  # (priority, sequences, tokens) after each batched forward: the server's metrics
         self.last: dict[int, int] = {}  # priority -> sequences in the latest batched forward of that model
 
     @property
@@ -288,7 +288,7 @@ class StepBatcher:
             self.last[first.priority] = len(calls)
             self.sequences[first.priority] += len(calls)
             if self.on_batch is not None:
-                self.on_batch(first.priority, len(calls))
+                self.on_batch(first.priority, len(calls), sum(c.step.tokens.shape[0] for c in calls))
             for c, out in zip(calls, outs):
                 c.out, c.error, c.done = out, error, True
             self._cv.notify_all()

@@ -41,15 +41,20 @@ class ServerMetrics:
         if getattr(scheduler, "group", None) is not None:  # continuous batching: sequences per batched forward
             self.batch_size = Histogram("multispec:batch_size", "Sequences per batched target forward.",
                                         buckets=(1, 2, 4, 8, 16, 32, 64, 128, 256), registry=r)
+            self.iteration_tokens = Histogram("multispec:iteration_tokens_total", "Tokens per batched target "
+                                              "forward (vLLM's name): steps, trees and prefills of every sequence.",
+                                              buckets=(1, 8, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096, 8192),
+                                              registry=r)
             scheduler.group.batcher.on_batch = self._on_batch
         Gauge("multispec:num_requests_running", "Generations in flight.", registry=r).set_function(
             lambda: scheduler.running)
         Gauge("multispec:num_requests_waiting", "Admitted requests waiting for a worker.", registry=r).set_function(
             lambda: scheduler.waiting)
 
-    def _on_batch(self, priority: int, sequences: int) -> None:
+    def _on_batch(self, priority: int, sequences: int, tokens: int) -> None:
         if priority == 1:  # the target's forwards (the draft's are 0)
             self.batch_size.observe(sequences)
+            self.iteration_tokens.observe(tokens)
 
     def finished(self, stats: dict, prompt_tokens: int, completion_tokens: int, finish_reason: str,
                  latency_s: float) -> None:
