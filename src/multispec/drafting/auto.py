@@ -36,6 +36,7 @@ PRIOR_WEIGHT = 2.0
 SHRINK = 3.0  # pseudo-observations pulling a depth's estimate towards the pooled one for its rank
 PROBE_PERIODS = (8, 16, 32, 64)
 SCALE_RATE = 0.2  # how fast measured forward times correct the calibrated costs within a generation
+BATCH_SKIP_BELOW = 0.8  # in a batch: plans predicted below this fraction of a plain step's rate start a back-off
 MARGIN = 0.03  # speculate only when predicted to beat plain decoding by this much: never slower comes first
 CONF_EDGES = (0.05, 0.1, 0.2, 0.3, 0.5, 0.7, 0.9, 0.97)  # buckets of the draft's probability of its own token
 DEFAULT_OVERHEAD = {"round_s": 4e-4, "level_s": 3e-4}
@@ -185,6 +186,7 @@ class AutoPolicy(DraftPolicyBase):
         # decayed sums: accepted nodes, predicted (Σ scores of the drafted nodes)
         self.suffix_calib = [SUFFIX_PRIOR * SUFFIX_PRIOR_CALIB, SUFFIX_PRIOR]
         self._suffix_skip = self._suffix_backoff = 0
+        self._batch_skip = self._batch_backoff = 0
         self._suffix_predicted = 0.0
         self._plan_cache: dict = {}
 
@@ -206,6 +208,10 @@ class AutoPolicy(DraftPolicyBase):
         if self.forced_plans is not None:  # tests: plans forced to change between rounds
             self.current = self.forced_plans(history, self.rounds - 1)
             return self.current
+        if self._batch_skip > 0:  # see below: a plain step without weighing the others
+            self._batch_skip -= 1
+            self.current = self._ar_plan()
+            return self.current
         candidates = [self._ar_plan()]
         if self.has_draft:
             candidates.append(self._draft_plan(pending))
@@ -226,6 +232,15 @@ class AutoPolicy(DraftPolicyBase):
                     self._suffix_backoff = 0
         ar = candidates[0]
         best = max(candidates[1:], key=lambda p: p.predicted_tps, default=ar)
+        if self.batch is not None and self.batch[0].live > 1:
+            # In a batch every sequence's planning runs in turn between two forwards, so it costs the whole
+            # batch: when the best speculative plan falls well short of a plain step, plain steps follow for the
+            # next 1, 2, 4 ... 16 rounds without weighing the others.
+            if best is ar or best.predicted_tps < ar.predicted_tps * BATCH_SKIP_BELOW:
+                self._batch_backoff = min(16, max(1, 2 * self._batch_backoff))
+                self._batch_skip = self._batch_backoff
+            else:
+                self._batch_backoff = 0
         if best.predicted_tps < ar.predicted_tps * (1 + MARGIN):
             best = ar
         self.current = best
@@ -311,6 +326,9 @@ class AutoPolicy(DraftPolicyBase):
         return RoundPlan(_ROOT, "none", label="ar", predicted_tps=1.0 / t)
 
     def _draft_plan(self, pending: int) -> RoundPlan:
+        # pending counted to the next power of two: while auto decodes without its draft (the prompt and every
+        # token since stay pending), the plan is recomputed when the catch-up cost doubles, not every round
+        pending = 1 << max(0, pending - 1).bit_length()
         self._pending = pending
         key = (self.draft_acc.version, pending, self.scale_version, self.batch[0].live if self.batch else 0)
         if self._plan_cache.get("key") == key:

@@ -269,10 +269,17 @@ class BatchCosts:
     seconds: dict
     key: str = ""
     source: str = "calibrated"
+    _memo: dict = field(default_factory=dict, repr=False)  # every lane of a batch asks the same few questions
 
-    def forward(self, model: str, sequences: int, n: int) -> float:
+    def forward(self, model: str, sequences: int, n: float) -> float:
         """Predicted seconds of a batched forward of `sequences` × n tokens (linear in the batch size between
         measured sizes, CostCurve in n)."""
+        hit = self._memo.get((model, sequences, n))
+        if hit is None:
+            hit = self._memo[(model, sequences, n)] = self._forward(model, sequences, n)
+        return hit
+
+    def _forward(self, model: str, sequences: int, n: float) -> float:
         rows = self.seconds[model]
         sizes = BATCH_SIZES[:len(rows)]
         b = max(1, sequences)
