@@ -106,10 +106,15 @@ class History:
     stop_ids: tuple[int, ...] = ()
 
 
+def _float(x: torch.Tensor) -> torch.Tensor:
+    return x if x.dtype == torch.float64 else x.float()
+
+
 def adjust_logits(logits: torch.Tensor, config: SamplingConfig, history: History | None = None) -> torch.Tensor:
     """The logits after logit_bias, min_tokens and the penalties (before temperature). logits: float [N, V];
-    history: one row per logits row, needed when config.reads_history. Returns float32 [N, V] (a new tensor)."""
-    logits = logits.float().clone()
+    history: one row per logits row, needed when config.reads_history. Returns float32 [N, V] (float64 stays
+    float64: the exact-law tests enumerate in it), a new tensor."""
+    logits = _float(logits).clone()
     v = logits.shape[-1]
     for tok, bias in config.logit_bias:
         if tok < v:
@@ -138,12 +143,12 @@ def process_logits(logits: torch.Tensor, config: SamplingConfig, history: Histor
     """Turn raw logits into the processed next-token distribution.
 
     logits: float [..., V] on any device; history: see `adjust_logits` (rows of a 2-D logits). Returns float32
-    [..., V] probabilities summing to 1 on the last axis. Greedy returns the one-hot argmax of the adjusted logits.
+    [..., V] probabilities (float64 for float64 logits) summing to 1 on the last axis. Greedy returns the one-hot argmax of the adjusted logits.
     min-p keeps tokens whose probability is at least min_p times the largest; top-k keeps the k largest logits (ties
     at the k-th value are all kept, as in transformers); top-p keeps the smallest prefix of the sorted distribution
     whose mass reaches top_p (the token that crosses top_p is kept).
     """
-    logits = adjust_logits(logits, config, history) if config.adjusts else logits.float()
+    logits = adjust_logits(logits, config, history) if config.adjusts else _float(logits)
     if config.greedy:
         return torch.nn.functional.one_hot(logits.argmax(-1), logits.shape[-1]).float()
     logits = logits / config.temperature
