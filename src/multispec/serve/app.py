@@ -219,6 +219,12 @@ def create_app(pair, settings: ServeSettings, generate_fn=None) -> FastAPI:
     return app
 
 
+def _type_tag(part) -> bool:
+    """Whether a pydantic error location part names a union member (str, float, list[int], ...), not a field."""
+    return isinstance(part, str) and (part in ("str", "int", "float", "bool", "list", "dict") or "[" in part
+                                      or part.startswith(("function-", "literal", "constrained")))
+
+
 def _first_set(*values):
     return next((v for v in values if v is not None), None)
 
@@ -289,7 +295,7 @@ class _Edge:
             req = model.model_validate(data)
         except ValidationError as e:
             err = e.errors()[0]
-            loc = ".".join(str(p) for p in err["loc"])
+            loc = ".".join(str(p) for p in err["loc"] if not _type_tag(p))
             raise APIError(400, f"{loc or 'body'}: {err['msg']}", param=loc or None) from None
         except RecursionError:
             raise APIError(400, "the body is nested too deeply") from None
