@@ -199,7 +199,7 @@ def _prefill(target: Backend, prompt: list[int], method: MethodConfig, sampling:
     state = _State(pending=[prompt[-1]], history=list(prompt), committed=committed, logprobs=logprobs)
     if method.target_init:
         raw = out.logits[-1:]  # [1, V]
-        adjusted = _adjusted(raw, sampling, committed.at_root(raw.shape[-1]) if committed else None)
+        adjusted = _adjusted(raw, sampling, _root_history(committed, raw))
         state.rank_next = (adjusted if adjusted is not None else raw)[0]
         p = None if sampling.greedy else process_logits(raw, sampling, _root_history(committed, raw))
         state.p_next = None if p is None else p[0]

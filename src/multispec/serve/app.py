@@ -135,8 +135,9 @@ def create_app(pair, settings: ServeSettings, generate_fn=None) -> FastAPI:
             else:
                 ids = edge.check_ids(prompt, param)
             prompts.append((prompt, ids))
-        echo_logprobs = req.echo and req.logprobs is not None
-        jobs = [edge.job(req, ids, max_tokens, j, logprobs=req.logprobs, prompt_logprobs=req.echo or echo_logprobs)
+        # an echoed prompt is scored when logprobs are asked for, and always with max_tokens 0 (a prefill only)
+        score_prompt = req.echo and (req.logprobs is not None or max_tokens == 0)
+        jobs = [edge.job(req, ids, max_tokens, j, logprobs=req.logprobs, prompt_logprobs=score_prompt)
                 for _, ids in prompts for j in range(req.n)]
         texts = [p if isinstance(p, str) else None for p, _ in prompts for _ in range(req.n)]
         return await _respond(request, req, jobs, chat=False, prompt_texts=texts)
