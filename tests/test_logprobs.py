@@ -91,3 +91,20 @@ def test_prompt_logprobs_with_no_new_tokens(pair):
 def test_bad_logprob_settings_are_refused(pair, bad, needle):
     with pytest.raises(MultispecError, match=needle.replace("[", r"\[").replace("]", r"\]")):
         Decoder(pair, "ar").generate(PROMPT, max_new_tokens=2, **bad)
+
+
+def test_a_batch_gives_each_sequence_its_own_logprobs_and_penalties(pair):
+    """Lanes of a batch (decoding/batch.py) carry the processors and logprobs like a lone run."""
+    from multispec import generate
+
+    prompts = [PROMPT, "for n in range(2):"]
+    kw = dict(method="sd", k=3, max_new_tokens=12, temperature=0, logprobs=2, repetition_penalty=1.4,
+              ignore_eos=True)
+    batch = generate(pair, prompts, backend="fast", **kw)
+    for prompt, result in zip(prompts, batch):
+        alone = generate(pair, prompt, backend="fast", **kw)
+        assert result.token_ids == alone.token_ids
+        ids = pair.tokenizer(prompt)["input_ids"]
+        ref = torch.log_softmax(full_logits(pair, ids + result.token_ids), -1)
+        assert max(abs(lp.logprob - float(ref[len(ids) - 1 + i, lp.token_id]))
+                   for i, lp in enumerate(result.logprobs)) < 1e-4

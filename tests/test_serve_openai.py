@@ -270,3 +270,21 @@ def test_fuzz_of_new_fields_leaves_the_server_healthy(server):
     time.sleep(0.1)
     assert httpx.get(server.url + "/health").json()["status"] == "ok"
     assert post(server, "/v1/completions", {"prompt": "x", "max_tokens": 2})["usage"]["completion_tokens"] >= 1
+
+
+def test_continuous_batching_serves_logprobs_and_penalties(pair):
+    """With --max-batch the request's prompts share batched forwards; each choice is still its own generation."""
+    s = ServerThread(create_app(pair, ServeSettings(model_name=NAME, method="sd", method_options={"k": 3},
+                                                    backend="fast", max_batch=2)))
+    try:
+        prompts = ["def f(x): return x", "for n in range(2):"]
+        out = post(s, "/v1/completions", {"prompt": prompts, "max_tokens": 8, "temperature": 0, "logprobs": 2,
+                                          "repetition_penalty": 1.4, "ignore_eos": True, "return_token_ids": True})
+        for prompt, choice in zip(prompts, out["choices"]):
+            alone = Decoder(pair, "sd", "fast", k=3).generate(prompt, max_new_tokens=8, temperature=0, logprobs=2,
+                                                               repetition_penalty=1.4, ignore_eos=True)
+            assert choice["token_ids"] == alone.token_ids
+            assert max(abs(a - b.logprob) for a, b in zip(choice["logprobs"]["token_logprobs"],
+                                                           alone.logprobs)) < 1e-4
+    finally:
+        s.close()

@@ -59,6 +59,7 @@ def create_app(pair, settings: ServeSettings, generate_fn=None) -> FastAPI:
 
     app.state.live_runs, app.state.stop_all = live, stop_all
     edge = Edge(settings, decoder)
+    edge.max_concurrent = scheduler.max_concurrent
     created = int(time.time())
 
     @app.exception_handler(APIError)

@@ -88,6 +88,7 @@ class Edge:
         self.tokenizer = decoder.pair.tokenizer
         self.context = decoder.context  # the Decoder's: the smaller of target's and draft's positions, or None
         self.vocab = decoder.vocab_size
+        self.max_concurrent = settings.max_concurrent  # create_app sets the scheduler's (max_batch with batching)
         self._lock = threading.Lock()  # fast tokenizers may refuse concurrent use ("Already borrowed")
 
     @staticmethod
@@ -142,7 +143,7 @@ class Edge:
         return req
 
     def check_count(self, generations: int) -> None:
-        most = self.settings.max_concurrent + self.settings.max_queue
+        most = self.max_concurrent + self.settings.max_queue
         if generations > most:
             raise APIError(400, f"the request asks for {generations} generations (prompts x n); this server holds at "
                            f"most {most} at once", param="n")
