@@ -184,7 +184,7 @@ BAD = [
     ({"logit_bias": {"5": 101}}, "logit_bias"), ({"logit_bias": {"x": 1}}, "logit_bias"),
     ({"logit_bias": {"999999": 1}}, "logit_bias"), ({"logit_bias": [1]}, "logit_bias"),
     ({"stream_options": {"include_usage": "yes"}}, "stream_options.include_usage"),
-    ({"stream_options": {"continuous_usage_stats": True}}, "stream_options.continuous_usage_stats"),
+    ({"stream_options": {"continuous_usage_stats": 1}}, "stream_options.continuous_usage_stats"),
     ({"response_format": {"type": "xml"}}, "response_format.type"),
     ({"logprobs_mode": "raw_logits"}, "logprobs_mode"), ({"prompt": []}, "prompt"), ({"prompt": [[]]}, "prompt"),
     ({"prompt": [1, "a"]}, "prompt"), ({"prompt": [[1], [10**9]]}, "prompt.1"), ({"prompt": [True]}, "prompt"),

@@ -138,8 +138,6 @@ class Edge:
                 refuse(not is_default(getattr(req, name)), name)
         rf = getattr(req, "response_format", None)
         refuse(rf is not None and rf.type != "text", "response_format")
-        so = getattr(req, "stream_options", None)
-        refuse(so is not None and so.continuous_usage_stats, "stream_options.continuous_usage_stats")
         return req
 
     def check_count(self, generations: int) -> None:

@@ -37,7 +37,9 @@ class _Request(BaseModel):
 
 class StreamOptions(_Request):
     include_usage: StrictBool = False
-    continuous_usage_stats: StrictBool = False  # vLLM's; only false (usage comes once, at the end)
+    # vLLM's (load generators such as guidellm send true): accepted, but usage still comes once, in the final
+    # chunk (with include_usage), not in every chunk
+    continuous_usage_stats: StrictBool = False
 
 
 class ResponseFormat(_Request):
