@@ -108,3 +108,14 @@ def test_a_batch_gives_each_sequence_its_own_logprobs_and_penalties(pair):
         ref = torch.log_softmax(full_logits(pair, ids + result.token_ids), -1)
         assert max(abs(lp.logprob - float(ref[len(ids) - 1 + i, lp.token_id]))
                    for i, lp in enumerate(result.logprobs)) < 1e-4
+
+
+def test_specdecpp_logprobs_on_the_default_pair():
+    """specdecpp needs its trained acceptance head: the embedded default pair ships one."""
+    pair = load_pair(device="cpu", dtype="float32")
+    result = Decoder(pair, "specdecpp").generate(PROMPT, max_new_tokens=24, temperature=0, logprobs=3)
+    prompt = pair.tokenizer(PROMPT)["input_ids"]
+    ref = torch.log_softmax(full_logits(pair, prompt + result.token_ids), -1)
+    assert result.stats["num_accepted_draft_tokens"] > 0
+    assert max(abs(lp.logprob - float(ref[len(prompt) - 1 + i, lp.token_id]))
+               for i, lp in enumerate(result.logprobs)) < 1e-4
