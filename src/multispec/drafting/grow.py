@@ -106,7 +106,8 @@ def grow_tree(
     depth = known_depth
     fed = n_known
     while True:
-        parent_q = _draft_dists(logits, sampling, history(rows, tokens, logits) if history is not None else None)
+        parent_q = _draft_dists(logits, sampling) if history is None else \
+            _draft_dists(logits, sampling, history(rows, tokens, logits))
         q[rows.start:rows.stop] = parent_q
         child_level = max_tree.level(depth + 1)
         for parent in rows:
