@@ -37,10 +37,15 @@ def tiny_llama(vocab: int = 16, hidden: int = 32, layers: int = 2, heads: int = 
     return model
 
 
-def save_tiny_pair(root: Path, vocab_text: str = "def return if else for in range print ( ) : = + - 0 1 2 n x\n") -> dict:
+def save_tiny_pair(root: Path, vocab_text: str = "def return if else for in range print ( ) : = + - 0 1 2 n x\n",
+                   bos: bool = True) -> dict:
     """Write a tiny target/draft pair with a real byte-level BPE tokenizer to `root`; returns their paths.
-    Also writes `draft_other_vocab` (a different vocabulary size) and `not_causal` (a vision config)."""
+    Also writes `draft_other_vocab` (a different vocabulary size) and `not_causal` (a vision config).
+    bos: the tokenizer's post-processor puts <|endoftext|> (id 0) before every text, as the zoo's do; False: a
+    GPT-2-style tokenizer that adds nothing."""
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+
+    from multispec.zoo.tokenizer import add_bos
     from transformers import PreTrainedTokenizerFast, ViTConfig
 
     tok = Tokenizer(models.BPE())
@@ -49,6 +54,8 @@ def save_tiny_pair(root: Path, vocab_text: str = "def return if else for in rang
     trainer = trainers.BpeTrainer(vocab_size=300, special_tokens=["<|endoftext|>"],
                                   initial_alphabet=pre_tokenizers.ByteLevel.alphabet())
     tok.train_from_iterator([vocab_text * 20], trainer)
+    if bos:
+        add_bos(tok)
     fast = PreTrainedTokenizerFast(tokenizer_object=tok, bos_token="<|endoftext|>", eos_token="<|endoftext|>",
                                    pad_token="<|endoftext|>")
     vocab = tok.get_vocab_size()

@@ -16,13 +16,15 @@ CHARS = "abcdefghijklmnopqrstuvwxyz :\n()"  # 31 characters + <s> = 32 ids
 
 
 def tiny_tokenizer():
-    """A character-level tokenizer of VOCAB ids (<s> = 0 is BOS and unknown), built in-process."""
-    from tokenizers import Regex, Tokenizer, models, pre_tokenizers
+    """A character-level tokenizer of VOCAB ids (<s> = 0 is BOS and unknown; its post-processor puts <s> first, as
+    Llama's do), built in-process."""
+    from tokenizers import Regex, Tokenizer, models, pre_tokenizers, processors
     from transformers import PreTrainedTokenizerFast
 
     vocab = {"<s>": 0, **{c: i + 1 for i, c in enumerate(CHARS)}}
     tok = Tokenizer(models.WordLevel(vocab=vocab, unk_token="<s>"))
     tok.pre_tokenizer = pre_tokenizers.Split(Regex(r"[\s\S]"), behavior="isolated")
+    tok.post_processor = processors.TemplateProcessing(single="<s> $A", special_tokens=[("<s>", 0)])
     return PreTrainedTokenizerFast(tokenizer_object=tok, bos_token="<s>", unk_token="<s>")
 
 

@@ -229,8 +229,8 @@ BAD = [
     ("/v1/completions", b'{"prompt": "x", "temperature": -1}', "temperature"),
     ("/v1/completions", b'{"prompt": "x", "temperature": NaN}', "temperature"),
     ("/v1/completions", b'{"prompt": "x", "top_p": 0}', "top_p"),
-    ("/v1/completions", b'{"prompt": "x", "n": 2}', "n"),
-    ("/v1/completions", b'{"prompt": "x", "logprobs": 1}', "logprobs"),
+    ("/v1/completions", b'{"prompt": "x", "n": 17}', "n"),
+    ("/v1/completions", b'{"prompt": "x", "logprobs": 21}', "logprobs"),
     ("/v1/completions", b'{"prompt": "x", "stream": "yes"}', "stream"),
     ("/v1/completions", b'{"prompt": "x", "stop": ""}', "stop"),
     ("/v1/completions", b'{"prompt": ""}', "empty"),
@@ -251,10 +251,10 @@ def test_bad_requests_get_400_with_an_openai_error(server, path, body, words):
 
 
 def test_refusals_through_the_client_and_server_stays_healthy(server):
-    with pytest.raises(openai.BadRequestError, match="logprobs is not supported"):
-        server.client.completions.create(model=NAME, prompt="x", logprobs=2)
+    with pytest.raises(openai.BadRequestError, match="suffix is not supported"):
+        server.client.completions.create(model=NAME, prompt="x", suffix="y")
     with pytest.raises(openai.BadRequestError):
-        server.client.completions.create(model=NAME, prompt="x", n=2)
+        server.client.completions.create(model=NAME, prompt="x", best_of=2)
     with pytest.raises(openai.NotFoundError):
         server.client.completions.create(model="gpt-4", prompt="x")
     assert httpx.get(server.url + "/health").json()["status"] == "ok"

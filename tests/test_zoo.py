@@ -61,7 +61,8 @@ def test_tiny_target_and_draft_train_and_reload(tiny_trained):
     tok = AutoTokenizer.from_pretrained(tmp / "target")
     assert tok.eos_token_id == tok.bos_token_id == tok.pad_token_id == 0
     ids = tok("def f(x):\n    return x\n", return_tensors="pt")["input_ids"]
-    assert tok.decode(ids[0]) == "def f(x):\n    return x\n"
+    assert ids[0, 0] == 0  # the post-processor's BOS, as generate encodes a prompt
+    assert tok.decode(ids[0, 1:]) == "def f(x):\n    return x\n"
     assert model(input_ids=ids).logits.shape == (1, ids.shape[1], len(tok))
 
     from multispec import api

@@ -18,7 +18,11 @@ def generate(pair: Pair, prompt: str | list[int] | list[str] | list[list[int]], 
              max_new_tokens: int = 128, temperature: float | None = None, top_k: int | None = None,
              top_p: float | None = None, seed: int | list[int] | None = None, stop: str | list[str] | None = None,
              stream: Callable[[str], None] | None = None, backend: str | None = None,
-             reproducible: bool | None = None, batch_size: int | None = None,
+             reproducible: bool | None = None, batch_size: int | None = None, *, min_p: float | None = None,
+             repetition_penalty: float | None = None, presence_penalty: float | None = None,
+             frequency_penalty: float | None = None, logit_bias: dict | None = None, min_tokens: int | None = None,
+             ignore_eos: bool = False, stop_token_ids: list[int] | None = None, logprobs: int | None = None,
+             prompt_logprobs: bool = False, logprobs_mode: str = "raw",
              **method_options) -> GenerationResult | list[GenerationResult]:
     """Generate with `method` (auto, ar, sd, mcsd, ti-mcsd, dynamic, specdecpp, lookup, or any registered method).
     Method options: k, heuristic, confidence, entropy, tree, verifier, width, depth, decision_model, beta, head,
@@ -30,8 +34,20 @@ def generate(pair: Pair, prompt: str | list[int] | list[str] | list[list[int]], 
     The default, `auto`, picks every round between no speculation, prompt lookup and a draft chain or tree from
     acceptance and forward costs measured on this machine, so that it is not slower than plain decoding.
 
-    prompt: a str (BOS-prefixed when the tokenizer has one) or a 1-D sequence of integer token ids (a list, or a
-    [L] / [1, L] integer tensor or array). stop: a str or a list of non-empty strs.
+    prompt: a str, encoded as `tokenizer(prompt)` encodes it (with the special tokens the tokenizer itself adds,
+    e.g. its BOS: transformers' and vLLM's default), or a 1-D sequence of integer token ids taken as they are (a
+    list, or a [L] / [1, L] integer tensor or array). stop: a str or a list of non-empty strs.
+
+    Sampling processors, applied to the target's law exactly (every lossless method stays lossless with respect to
+    the processed law; in a drafted tree each node is processed with its own path as history), OpenAI's and vLLM's
+    meanings: min_p, repetition_penalty (prompt and output tokens), presence_penalty and frequency_penalty (output
+    tokens), logit_bias ({token id: bias in [-100, 100]}), min_tokens (EOS / stop_token_ids impossible, and stop
+    strings unchecked, before that many new tokens). ignore_eos: do not stop at EOS; stop_token_ids: more tokens
+    that end the output (kept in token_ids, like EOS).
+    logprobs=k (0..20): `result.logprobs`, each new token's log-probability and its row's k most likely tokens,
+    from the verification forward that committed it; prompt_logprobs=True: `result.prompt_logprobs` (raw; allows
+    max_new_tokens=0). logprobs_mode: "raw" (default: log_softmax of the target's logits) or "processed" (of the
+    processed law), see multispec.decoding.logprobs.
     temperature=None takes the sampling defaults of the target's generation_config.json, as transformers'
     `generate` does: its temperature, top_k and top_p when it sets do_sample, otherwise greedy (temperature 0).
     Explicit top_k / top_p override the file's. seed=None draws a fresh seed (as transformers and vLLM sample
@@ -51,17 +67,22 @@ def generate(pair: Pair, prompt: str | list[int] | list[str] | list[list[int]], 
     arithmetic). seed: one per prompt, or an int s (prompt i uses s + i; each result's stats["seed"] says which).
     Batches run on the fast backend by default where the model has one; on "hf" the sequences run one at a time.
     """
+    processors = dict(min_p=min_p, repetition_penalty=repetition_penalty, presence_penalty=presence_penalty,
+                      frequency_penalty=frequency_penalty, logit_bias=logit_bias, min_tokens=min_tokens,
+                      ignore_eos=ignore_eos, stop_token_ids=stop_token_ids, logprobs=logprobs,
+                      prompt_logprobs=prompt_logprobs, logprobs_mode=logprobs_mode)
     if _is_batch(prompt):
         from multispec.decoding.batch import batch_backend, generate_batch
 
         check(stream is None, "stream takes one prompt; for several prompts read each result's text")
         decoder = Decoder(pair, method, backend or batch_backend(pair), **method_options)
         return generate_batch(decoder, prompt, batch_size, max_new_tokens, seed, temperature=temperature,
-                              top_k=top_k, top_p=top_p, stop=stop, reproducible=reproducible)
+                              top_k=top_k, top_p=top_p, stop=stop, reproducible=reproducible, **processors)
     check(batch_size is None, "batch_size applies to a list of prompts")
     decoder = Decoder(pair, method, backend, **method_options)
     return decoder.generate(prompt, max_new_tokens=max_new_tokens, temperature=temperature, top_k=top_k,
-                            top_p=top_p, seed=seed, stop=stop, stream=stream, reproducible=reproducible)
+                            top_p=top_p, seed=seed, stop=stop, stream=stream, reproducible=reproducible,
+                            **processors)
 
 
 def _is_batch(prompt) -> bool:

@@ -1,7 +1,13 @@
-"""Logit processing shared by target and draft: temperature, top-k, top-p.
+"""Logit processing shared by target and draft: logit bias, min_tokens, penalties, temperature, min-p, top-k, top-p.
 
 The processed target distribution is the distribution every lossless method preserves (SPEC §1 conv. 2).
-Temperature 0 means greedy: the processed distribution is one-hot on the argmax (lowest index on ties).
+Temperature 0 means greedy: the processed distribution is one-hot on the argmax of the adjusted logits (lowest
+index on ties). The order is vLLM's (v1 sampler): logit_bias and min_tokens, then the repetition, frequency and
+presence penalties, then temperature, min-p, top-k and top-p.
+
+Penalties and min_tokens read the history of the row they process (`History`): in a drafted tree that history is
+the node's own path, so one target forward holds a different processed law at every node, and each is exactly the
+law plain decoding would use after that path (decoding/engine.py builds the per-node histories).
 """
 from __future__ import annotations
 
@@ -11,17 +17,35 @@ import torch
 
 from multispec.errors import check
 
+LOGIT_BIAS_LIMIT = 100.0  # OpenAI's range for a logit_bias value
+
+
+def _number(x) -> bool:
+    return isinstance(x, (int, float)) and not isinstance(x, bool) and x == x and abs(x) != float("inf")
+
 
 @dataclass(frozen=True)
 class SamplingConfig:
-    """How logits become probabilities. Validated on construction.
+    """How logits become probabilities. Validated on construction (OpenAI's / vLLM's ranges and meanings).
 
     temperature: 0 for greedy, else > 0.  top_k: None or >= 1.  top_p: None or in (0, 1].
+    min_p: None or in [0, 1]: drop tokens below min_p times the most likely one's probability.
+    repetition_penalty > 0 (1 = off): a logit of a token seen in the prompt or the output is divided by it when
+    positive, multiplied when negative (transformers, vLLM). presence_penalty, frequency_penalty in [-2, 2]
+    (0 = off): the logit of a token the output holds c > 0 times drops by presence + frequency * c (OpenAI: output
+    tokens only). logit_bias: ((token id, bias in [-100, 100]), ...) added to the logits. min_tokens >= 0: the stop
+    tokens (EOS, stop_token_ids) are impossible while the output is shorter.
     """
 
     temperature: float = 0.0
     top_k: int | None = None
     top_p: float | None = None
+    min_p: float | None = None
+    repetition_penalty: float = 1.0
+    presence_penalty: float = 0.0
+    frequency_penalty: float = 0.0
+    logit_bias: tuple[tuple[int, float], ...] = ()
+    min_tokens: int = 0
 
     def __post_init__(self) -> None:
         t = self.temperature
@@ -35,24 +59,103 @@ class SamplingConfig:
                 isinstance(self.top_p, (int, float)) and not isinstance(self.top_p, bool) and 0 < self.top_p <= 1,
                 f"top_p must be in (0, 1], got {self.top_p!r}",
             )
+        if self.min_p is not None:
+            check(_number(self.min_p) and 0 <= self.min_p <= 1, f"min_p must be in [0, 1], got {self.min_p!r}")
+        r = self.repetition_penalty
+        check(_number(r) and r > 0, f"repetition_penalty must be a number > 0 (1 means off), got {r!r}")
+        for name in ("presence_penalty", "frequency_penalty"):
+            v = getattr(self, name)
+            check(_number(v) and -2 <= v <= 2, f"{name} must be in [-2, 2], got {v!r}")
+        check(isinstance(self.logit_bias, tuple), "logit_bias must be a tuple of (token id, bias) pairs")
+        for pair in self.logit_bias:
+            check(isinstance(pair, tuple) and len(pair) == 2, f"logit_bias entries must be (token id, bias), got {pair!r}")
+            tok, bias = pair
+            check(isinstance(tok, int) and not isinstance(tok, bool) and tok >= 0,
+                  f"logit_bias token ids must be integers >= 0, got {tok!r}")
+            check(_number(bias) and abs(bias) <= LOGIT_BIAS_LIMIT,
+                  f"logit_bias values must be in [-100, 100], got {bias!r} for token {tok}")
+        m = self.min_tokens
+        check(isinstance(m, int) and not isinstance(m, bool) and m >= 0, f"min_tokens must be an integer >= 0, got {m!r}")
 
     @property
     def greedy(self) -> bool:
         return self.temperature == 0
 
+    @property
+    def reads_history(self) -> bool:
+        """Whether the processed law depends on the tokens before the row (penalties, min_tokens)."""
+        return (self.repetition_penalty != 1 or self.presence_penalty != 0 or self.frequency_penalty != 0
+                or self.min_tokens > 0)
 
-def process_logits(logits: torch.Tensor, config: SamplingConfig) -> torch.Tensor:
+    @property
+    def adjusts(self) -> bool:
+        """Whether any processor changes the logits before temperature (so greedy is not the raw argmax)."""
+        return self.reads_history or bool(self.logit_bias)
+
+
+@dataclass
+class History:
+    """What history-dependent processors read, one row per processed row. seen: bool [N, V], the tokens in the
+    prompt or the output (repetition_penalty); counts: float32 [N, V], how often each token occurs in the output
+    (presence and frequency penalties); out_len: long [N], the output's length (min_tokens); stop_ids: the token
+    ids min_tokens holds back (EOS unless ignored, and stop_token_ids)."""
+
+    seen: torch.Tensor
+    counts: torch.Tensor
+    out_len: torch.Tensor
+    stop_ids: tuple[int, ...] = ()
+
+
+def _float(x: torch.Tensor) -> torch.Tensor:
+    return x if x.dtype == torch.float64 else x.float()
+
+
+def adjust_logits(logits: torch.Tensor, config: SamplingConfig, history: History | None = None) -> torch.Tensor:
+    """The logits after logit_bias, min_tokens and the penalties (before temperature). logits: float [N, V];
+    history: one row per logits row, needed when config.reads_history. Returns float32 [N, V] (float64 stays
+    float64: the exact-law tests enumerate in it), a new tensor."""
+    logits = _float(logits).clone()
+    v = logits.shape[-1]
+    for tok, bias in config.logit_bias:
+        if tok < v:
+            logits[..., tok] += bias
+    if not config.reads_history:
+        return logits
+    check(history is not None, "internal: penalties and min_tokens need the history of each row")
+    if config.min_tokens > 0 and history.stop_ids:
+        short = history.out_len < config.min_tokens  # [N]
+        ids = torch.tensor([t for t in history.stop_ids if t < v], dtype=torch.long)
+        rows = short.nonzero().squeeze(-1)
+        if len(ids) and len(rows):
+            logits[rows[:, None], ids[None, :]] = float("-inf")
+    r = config.repetition_penalty
+    if r != 1:
+        penalised = torch.where(logits > 0, logits / r, logits * r)
+        logits = torch.where(history.seen, penalised, logits)
+    if config.frequency_penalty != 0:
+        logits = logits - config.frequency_penalty * history.counts
+    if config.presence_penalty != 0:
+        logits = logits - config.presence_penalty * (history.counts > 0).float()
+    return logits
+
+
+def process_logits(logits: torch.Tensor, config: SamplingConfig, history: History | None = None) -> torch.Tensor:
     """Turn raw logits into the processed next-token distribution.
 
-    logits: float [..., V] on any device. Returns float32 [..., V] probabilities summing to 1 on the last axis.
-    Greedy returns the one-hot argmax. Top-k keeps the k largest logits (ties at the k-th value are all kept,
-    as in transformers); top-p keeps the smallest prefix of the sorted distribution whose mass reaches top_p
-    (the token that crosses top_p is kept).
+    logits: float [..., V] on any device; history: see `adjust_logits` (rows of a 2-D logits). Returns float32
+    [..., V] probabilities (float64 for float64 logits) summing to 1 on the last axis. Greedy returns the one-hot argmax of the adjusted logits.
+    min-p keeps tokens whose probability is at least min_p times the largest; top-k keeps the k largest logits (ties
+    at the k-th value are all kept, as in transformers); top-p keeps the smallest prefix of the sorted distribution
+    whose mass reaches top_p (the token that crosses top_p is kept).
     """
-    logits = logits.float()
+    logits = adjust_logits(logits, config, history) if config.adjusts else _float(logits)
     if config.greedy:
         return torch.nn.functional.one_hot(logits.argmax(-1), logits.shape[-1]).float()
     logits = logits / config.temperature
+    if config.min_p:
+        probs = torch.softmax(logits, dim=-1)
+        low = probs < config.min_p * probs.max(-1, keepdim=True).values
+        logits = logits.masked_fill(low, float("-inf"))
     if config.top_k is not None and config.top_k < logits.shape[-1]:
         kth = torch.topk(logits, config.top_k, dim=-1).values[..., -1:]  # [..., 1]
         logits = logits.masked_fill(logits < kth, float("-inf"))

@@ -13,14 +13,18 @@ from multispec.validate import check_text
 
 
 def encode_prompt(tokenizer, vocab_size: int, prompt) -> list[int]:
-    """Token ids of `prompt`: a str (BOS-prefixed when the tokenizer has a BOS token) or 1-D integer ids (a list,
-    tuple, [L] or [1, L] integer tensor or array), each in [0, vocab_size)."""
+    """Token ids of `prompt`: a str, encoded by the tokenizer with its own special-token rules (transformers'
+    `tokenizer(prompt)` and vLLM's add_special_tokens=True: a BOS only where the tokenizer's post-processor adds
+    one), or 1-D integer ids taken as they are (a list, tuple, [L] or [1, L] integer tensor or array), each in
+    [0, vocab_size)."""
     if isinstance(prompt, str):
         check(prompt != "", "the prompt is empty")
         check_text(prompt, "the prompt")
-        ids = tokenizer(prompt, add_special_tokens=False)["input_ids"]
-        bos = tokenizer.bos_token_id
-        return ([bos] if bos is not None else []) + ids
+        ids = list(tokenizer(prompt)["input_ids"])
+        check(len(ids) > 0, "the prompt encodes to no tokens")
+        check(all(0 <= t < vocab_size for t in ids), f"the tokenizer gave token ids outside the model's "
+                                                        f"[0, {vocab_size})")
+        return ids
     check(not isinstance(prompt, (bytes, bytearray)),
           "the prompt is bytes; decode it to a str first (bytes are not token ids)")
     if isinstance(prompt, (torch.Tensor, np.ndarray)):
@@ -45,10 +49,11 @@ class StopStrings:
     """The one stop-string matcher. `cut_ids(new)`: the engine's test after each round (the shortest prefix of the
     new ids whose text contains a stop string, or None). `final(new)`: the text cut before the first stop string and
     the ids wholly before it. `held(text)`: how much of a streamed tail to hold back because it could still grow
-    into a stop string."""
+    into a stop string. after_tokens (min_tokens): a stop string counts only where it ends past the text of the
+    first after_tokens new tokens (vLLM checks none before min_tokens tokens)."""
 
-    def __init__(self, tokenizer, stops: list[str]):
-        self.tok, self.stops = tokenizer, list(stops)
+    def __init__(self, tokenizer, stops: list[str], after_tokens: int = 0):
+        self.tok, self.stops, self.after = tokenizer, list(stops), after_tokens
 
     def __bool__(self) -> bool:
         return bool(self.stops)
@@ -56,23 +61,31 @@ class StopStrings:
     def decode(self, ids: list[int]) -> str:
         return self.tok.decode(ids, skip_special_tokens=True)
 
-    def first(self, text: str) -> int | None:
-        """Where the first stop string starts in text, or None."""
-        cuts = [i for i in (text.find(s) for s in self.stops) if i >= 0]
+    def first(self, text: str, floor: int = 0) -> int | None:
+        """Where the first stop string that ends past text[:floor] starts, or None."""
+        cuts = [i for i in (text.find(s, max(0, floor - len(s) + 1)) for s in self.stops) if i >= 0]
         return min(cuts) if cuts else None
 
-    def cut_ids(self, new: list[int]) -> int | None:
-        if not self.stops or self.first(self.decode(new)) is None:
+    def floor(self, new: list[int]) -> int | None:
+        """Length of the text of the first `after` new tokens (stop strings must end past it); None while fewer."""
+        if len(new) < self.after:
             return None
-        for k in range(1, len(new) + 1):
-            if self.first(self.decode(new[:k])) is not None:
+        return len(self.decode(new[:self.after])) if self.after else 0
+
+    def cut_ids(self, new: list[int]) -> int | None:
+        floor = self.floor(new)
+        if not self.stops or floor is None or self.first(self.decode(new), floor) is None:
+            return None
+        for k in range(max(1, self.after), len(new) + 1):
+            if self.first(self.decode(new[:k]), floor) is not None:
                 return k
         return len(new)
 
     def final(self, new: list[int]) -> tuple[str, list[int]]:
         """(text cut before the first stop string, the token ids wholly before it; see GenerationResult)."""
         text = self.decode(new)
-        cut = self.first(text) if self.stops else None
+        floor = self.floor(new)
+        cut = self.first(text, floor) if self.stops and floor is not None else None
         if cut is None:
             return text, new
         text = text[:cut]
@@ -107,7 +120,8 @@ class Streamer:
         if self.callback is None:
             return
         text = self.stops.decode(new)
-        cut = self.stops.first(text) if self.stops else None
+        floor = self.stops.floor(new)
+        cut = self.stops.first(text, floor) if self.stops and floor is not None else None
         text = text[:cut] if cut is not None else text[:len(text) - self.stops.held(text)]
         if text.endswith("\ufffd"):
             return

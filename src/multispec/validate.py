@@ -60,3 +60,28 @@ def check_text(text: str, what: str) -> None:
     except UnicodeEncodeError as e:
         raise MultispecError(f"{what} is not valid UTF-8 text (a lone surrogate {text[e.start]!r} at index "
                              f"{e.start})") from None
+
+
+def token_ids(v, name: str, vocab_size: int) -> tuple[int, ...]:
+    """None or a list of token ids (stop_token_ids), each in [0, vocab_size), as a tuple."""
+    if v is None:
+        return ()
+    check(isinstance(v, (list, tuple)), f"{name} must be a list of token ids, got {v!r}")
+    ids = tuple(integer(t, name) for t in v)
+    check(all(0 <= t < vocab_size for t in ids), f"{name} must be token ids in [0, {vocab_size})")
+    return ids
+
+
+def logit_bias(v, vocab_size: int) -> tuple[tuple[int, float], ...]:
+    """None or {token id: bias} (OpenAI's JSON spells the ids as strings: "50256": -100) as sorted (id, bias)
+    pairs; ids in [0, vocab_size), biases checked by SamplingConfig."""
+    if v is None:
+        return ()
+    check(isinstance(v, dict), f"logit_bias must be a mapping of token id to bias, got {v!r}")
+    out = {}
+    for key, bias in v.items():
+        tok = int(key) if isinstance(key, str) and key.strip().lstrip("-").isdigit() else key
+        tok = integer(tok, "logit_bias token id")
+        check(0 <= tok < vocab_size, f"logit_bias token ids must be in [0, {vocab_size}), got {key!r}")
+        out[tok] = real(bias, f"logit_bias[{key!r}]")
+    return tuple(sorted(out.items()))

@@ -44,7 +44,7 @@ SEED_MAX = 2**63 - 1
 @click.option("--threads", type=click.IntRange(min=1), help="torch CPU threads (default: the free cores, at most 4; "
               "1 on a busy machine, with a warning).")
 @click.option("--stream", is_flag=True, help="Print text as it is committed.")
-@click.option("--json", "as_json", is_flag=True, help="Print one JSON object: the stats plus `text`.")
+@click.option("--json", "as_json", is_flag=True, help="Print one JSON object: the stats plus `text` and `token_ids`.")
 @click.option("--baseline", is_flag=True, help="Also run plain decoding (ar) on the same settings and report the "
               "speedup over it.")
 def generate_command(prompt, prompt_file, per_line, batch_size, target, draft, method, temperature, top_k, top_p, seed, max_new_tokens,
@@ -121,7 +121,7 @@ def generate_command(prompt, prompt_file, per_line, batch_size, target, draft, m
         s.update(baseline_tokens_per_s=b_rate,
                  speedup=s["tokens_per_s"] / b_rate if s["tokens_per_s"] and b_rate else None)
     if as_json:
-        click.echo(json.dumps({**s, "text": result.text}, indent=2))
+        click.echo(json.dumps({**s, "text": result.text, "token_ids": result.token_ids}, indent=2))
         return
     click.echo() if stream else click.echo(prompt + result.text)
     click.echo(_summary(s, result.finish_reason), err=True)

@@ -95,7 +95,8 @@ class Lane(Decoder):
             self.policy.batch = (group.batcher, group.batch_costs)
         self._target = self._draft = None
 
-    def run(self, prompt_ids, sampling, max_new_tokens, seed, stop=None, on_tokens=None, reproducible=False):
+    def run(self, prompt_ids, sampling, max_new_tokens, seed, stop=None, on_tokens=None, reproducible=False,
+            eos_ids=None, logprobs=None):
         need = len(prompt_ids) + max_new_tokens + 1 + self.entry.max_tree_nodes(self.config) + 1
         check(need <= self.group.rows, f"prompt + max_new_tokens + a round's tree need {need} cache rows, and this "
                                        f"batch has {self.group.rows} per sequence")
@@ -104,7 +105,8 @@ class Lane(Decoder):
         self.group.batcher.join()
         try:
             return generate_ids(self.target, self.draft, prompt_ids, self.config, sampling, max_new_tokens, seed,
-                                self.eos_ids, stop, on_tokens, self.policy, reproducible)
+                                self.eos_ids if eos_ids is None else eos_ids, stop, on_tokens, self.policy,
+                                reproducible, logprobs)
         finally:
             self.group.batcher.leave()
 

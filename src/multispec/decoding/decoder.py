@@ -16,13 +16,14 @@ from dataclasses import dataclass
 from typing import Callable
 
 from multispec.decoding.engine import generate_ids
+from multispec.decoding.logprobs import LogprobRecorder, TokenLogprob
 from multispec.decoding.methods import MethodConfig, build_method, get_method
 from multispec.decoding.metrics import Metrics
 from multispec.errors import check
 from multispec.loading import Pair, eos_ids, max_positions, vocab_rows
 from multispec.sampling import SamplingConfig
 from multispec.text import StopStrings, Streamer, encode_prompt
-from multispec.validate import integer, real, seed_or_fresh, stop_strings
+from multispec.validate import integer, logit_bias as check_logit_bias, real, seed_or_fresh, stop_strings, token_ids
 
 
 @dataclass
@@ -33,12 +34,17 @@ class GenerationResult:
 
     When a stop string ends the output, `token_ids` are the tokens wholly before it: a token whose text straddles
     the stop string's start is dropped from `token_ids`, while `text` keeps its part before the stop. So
-    decode(token_ids) == text, or a prefix of it short of that one token's head."""
+    decode(token_ids) == text, or a prefix of it short of that one token's head.
+
+    logprobs: with `logprobs=k`, one TokenLogprob per token of token_ids (decoding/logprobs.py).
+    prompt_logprobs: with `prompt_logprobs=True`, one per prompt token (None for the first)."""
 
     token_ids: list[int]
     text: str
     stats: dict
     finish_reason: str = "length"
+    logprobs: list[TokenLogprob] | None = None
+    prompt_logprobs: list[TokenLogprob | None] | None = None
 
 
 class Decoder:
@@ -120,15 +126,18 @@ class Decoder:
         return max_new_tokens
 
     def run(self, prompt_ids: list[int], sampling: SamplingConfig, max_new_tokens: int, seed: int,
-            stop=None, on_tokens=None, reproducible: bool = False) -> tuple[list[int], Metrics]:
+            stop=None, on_tokens=None, reproducible: bool = False, eos_ids: set[int] | None = None,
+            logprobs: LogprobRecorder | None = None) -> tuple[list[int], Metrics]:
         """Decode up to max_new_tokens after prompt_ids (checked by the caller: see `generate`). stop(new_ids) ->
-        cut length or None; on_tokens(new_ids) after each round; reproducible: see `generate`. Returns the new ids
-        and the metrics record."""
+        cut length or None; on_tokens(new_ids) after each round; reproducible: see `generate`; eos_ids: the tokens
+        that end the output (default: the pair's EOS); logprobs: filled as tokens are committed. Returns the new
+        ids and the metrics record."""
         target, draft = self._backends(len(prompt_ids) + max_new_tokens)
         if draft is not None and self.cheap.vocab is not None:  # this prompt's draft vocabulary
             draft.set_vocab_subset(self.cheap.subset(self.token_freq, prompt_ids))
-        return generate_ids(target, draft, prompt_ids, self.config, sampling, max_new_tokens, seed, self.eos_ids,
-                            stop, on_tokens, self.policy, reproducible)
+        return generate_ids(target, draft, prompt_ids, self.config, sampling, max_new_tokens, seed,
+                            self.eos_ids if eos_ids is None else eos_ids, stop, on_tokens, self.policy, reproducible,
+                            logprobs)
 
     def _backends(self, tokens: int):
         """The backends, built once; a static cache (fast, compiled) is rebuilt larger when a run needs more rows
@@ -148,31 +157,56 @@ class Decoder:
         return self._target, self._draft
 
     # ------------------------------------------------------------------ text
-    def sampling(self, temperature=None, top_k=None, top_p=None) -> SamplingConfig:
+    def sampling(self, temperature=None, top_k=None, top_p=None, min_p=None, repetition_penalty=None,
+                 presence_penalty=None, frequency_penalty=None, logit_bias=None, min_tokens=None) -> SamplingConfig:
         """The explicit settings, with what is left out taken from the target's generation config, as
-        transformers' `generate` does: its temperature, top_k and top_p when it sets do_sample, else greedy."""
+        transformers' `generate` does: its temperature, top_k and top_p when it sets do_sample, else greedy.
+        The processors (min_p ... min_tokens, see SamplingConfig) are off unless given."""
         temperature, top_k, top_p = real(temperature, "temperature"), integer(top_k, "top_k"), real(top_p, "top_p")
+        processors = dict(min_p=real(min_p, "min_p"), logit_bias=check_logit_bias(logit_bias, self.vocab_size))
+        for name, value, off in (("repetition_penalty", repetition_penalty, 1.0),
+                                 ("presence_penalty", presence_penalty, 0.0),
+                                 ("frequency_penalty", frequency_penalty, 0.0)):
+            processors[name] = off if value is None else real(value, name)
+        processors["min_tokens"] = integer(min_tokens, "min_tokens") or 0
         if temperature is None:
             gc = getattr(self.pair.target, "generation_config", None)
             if gc is None or not getattr(gc, "do_sample", False):
-                return SamplingConfig(temperature=0.0, top_k=top_k, top_p=top_p)
+                return SamplingConfig(temperature=0.0, top_k=top_k, top_p=top_p, **processors)
             temperature = float(gc.temperature if gc.temperature is not None else 1.0)
             top_k = top_k if top_k is not None else (gc.top_k or None)  # transformers' top_k 0 means off
             top_p = top_p if top_p is not None else (gc.top_p if gc.top_p is not None and gc.top_p < 1.0 else None)
-        return SamplingConfig(temperature=temperature, top_k=top_k, top_p=top_p)
+        return SamplingConfig(temperature=temperature, top_k=top_k, top_p=top_p, **processors)
 
     def generate(self, prompt, max_new_tokens: int = 128, temperature: float | None = None, top_k: int | None = None,
                  top_p: float | None = None, seed: int | None = None, stop: str | list[str] | None = None,
-                 stream: Callable[[str], None] | None = None, reproducible: bool | None = None) -> GenerationResult:
+                 stream: Callable[[str], None] | None = None, reproducible: bool | None = None, *,
+                 min_p: float | None = None, repetition_penalty: float | None = None,
+                 presence_penalty: float | None = None, frequency_penalty: float | None = None,
+                 logit_bias: dict | None = None, min_tokens: int | None = None, ignore_eos: bool = False,
+                 stop_token_ids: list[int] | None = None, logprobs: int | None = None,
+                 prompt_logprobs: bool = False, logprobs_mode: str = "raw") -> GenerationResult:
         """See `multispec.generate`: every input is checked before any model runs; a failure part-way raises with
         `.partial`, the GenerationResult of the tokens committed so far (finish_reason "abort")."""
-        sampling = self.sampling(temperature, top_k, top_p)
+        sampling = self.sampling(temperature, top_k, top_p, min_p, repetition_penalty, presence_penalty,
+                                 frequency_penalty, logit_bias, min_tokens)
         reproducible = self.reproducible_mode(reproducible, seed, sampling)
+        check(isinstance(ignore_eos, bool), f"ignore_eos must be True or False, got {ignore_eos!r}")
+        check(isinstance(prompt_logprobs, bool), f"prompt_logprobs must be True or False, got {prompt_logprobs!r}")
+        ends = (set() if ignore_eos else set(self.eos_ids)) | set(token_ids(stop_token_ids, "stop_token_ids",
+                                                                            self.vocab_size))
+        recorder = None
+        if logprobs is not None or prompt_logprobs:
+            recorder = LogprobRecorder(top=0 if logprobs is None else logprobs, mode=logprobs_mode,
+                                       prompt=prompt_logprobs)
         max_new_tokens = integer(max_new_tokens, "max_new_tokens")
-        check(max_new_tokens is not None and max_new_tokens >= 1,
-              f"max_new_tokens must be an integer >= 1, got {max_new_tokens!r}")
+        least = 0 if prompt_logprobs else 1  # 0 new tokens: the prompt's logprobs only (echo with max_tokens 0)
+        check(max_new_tokens is not None and max_new_tokens >= least,
+              f"max_new_tokens must be an integer >= {least}, got {max_new_tokens!r}")
+        check(sampling.min_tokens <= max_new_tokens, f"min_tokens ({sampling.min_tokens}) must be at most "
+                                                     f"max_new_tokens ({max_new_tokens})")
         seed = seed_or_fresh(seed)
-        stops = StopStrings(self.pair.tokenizer, stop_strings(stop))
+        stops = StopStrings(self.pair.tokenizer, stop_strings(stop), after_tokens=sampling.min_tokens)
         check(stream is None or callable(stream), f"stream must be a callable taking a text delta, got {stream!r}")
         ids = encode_prompt(self.pair.tokenizer, self.vocab_size, prompt)
         warnings: list[str] = []
@@ -180,18 +214,23 @@ class Decoder:
         streamer = Streamer(stops, stream)
         try:
             new, metrics = self.run(ids, sampling, max_new_tokens, seed, stops.cut_ids if stops else None,
-                                    streamer.on_tokens, reproducible)
+                                    streamer.on_tokens, reproducible, ends, recorder)
         except BaseException as e:  # keep what was committed: the caller gets it as e.partial, then the error
             new = list(streamer.latest)
             e.partial = GenerationResult(token_ids=new, text=stops.decode(new),
                                          stats={"seed": seed, "new_tokens": len(new), "warnings": warnings},
                                          finish_reason="abort")
             raise
-        text, token_ids = stops.final(new)
+        text, new_ids = stops.final(new)
         streamer.flush(text)
         stats = self.stats(metrics, sampling, reproducible)
         stats.update(seed=seed, prompt_tokens=len(ids), max_new_tokens=max_new_tokens, warnings=warnings)
-        return GenerationResult(token_ids=token_ids, text=text, stats=stats, finish_reason=metrics.finish_reason)
+        if recorder is not None:
+            stats["logprobs_mode"] = recorder.mode
+        return GenerationResult(
+            token_ids=new_ids, text=text, stats=stats, finish_reason=metrics.finish_reason,
+            logprobs=recorder.tokens[:len(new_ids)] if recorder is not None and logprobs is not None else None,
+            prompt_logprobs=recorder.prompt_tokens if prompt_logprobs else None)
 
     def reproducible_mode(self, reproducible: bool | None, seed, sampling: SamplingConfig) -> bool:
         """Whether a run verifies with position-keyed noise (the text fixed by the seed whatever the method, plan

@@ -24,6 +24,10 @@ Two round shapes share the loop:
   p_next; level 1 is drawn from it, the draft grows the rest, the target verifies the non-root nodes in one call
   and the longest accepted chain is committed (SPEC §6.6).
 Only `models/` touches caches; this module passes tokens, positions and masks (STYLE §2.4).
+
+History-dependent processors (penalties, min_tokens) give every tree node its own processed law: node u's row is
+processed with the committed history plus u's own path (decoding/node_history.py), in verification and in drafting.
+Log-probabilities (decoding/logprobs.py) are read from the verification forward that committed each token.
 """
 from __future__ import annotations
 
@@ -32,15 +36,17 @@ from dataclasses import dataclass, field
 
 import torch
 
+from multispec.decoding.logprobs import LogprobRecorder
 from multispec.decoding.methods import MethodConfig
 from multispec.decoding.metrics import Metrics
+from multispec.decoding.node_history import CommittedHistory
 from multispec.drafting.grow import grow_tree
 from multispec.drafting.lookup import one_hot_law
 from multispec.drafting.protocol import DraftPolicy, RoundOutcome, RoundPlan
 from multispec.drafting.suffix import first_child_law
 from multispec.errors import check
 from multispec.models.base import Backend, forward_chain
-from multispec.sampling import SamplingConfig, process_logits
+from multispec.sampling import SamplingConfig, adjust_logits, process_logits
 from multispec.tree import Tree
 from multispec.verify import get_verifier
 from multispec.verify.keyed import node_keys
@@ -52,15 +58,17 @@ from multispec.verify.tree_walk import walk_tree_greedy
 def generate_ids(
     target: Backend, draft: Backend | None, prompt: list[int], method: MethodConfig, sampling: SamplingConfig,
     max_new_tokens: int, seed: int | None, eos_ids: set[int], stop=None, on_tokens=None,
-    policy: DraftPolicy | None = None, reproducible: bool = False,
+    policy: DraftPolicy | None = None, reproducible: bool = False, logprobs: LogprobRecorder | None = None,
 ) -> tuple[list[int], Metrics]:
     """Run one generation on backends the caller built (the Decoder does). prompt: token ids (>= 1).
     stop(new_ids) -> int | None returns a cut length when a stop string completed. on_tokens(new_ids_so_far) is
     called after each round (streaming). policy: the method's draft policy (default: built from the registry
     without trained models). reproducible (T > 0): drafter-invariant verification (`gls`, verify/gumbel.py) with
     noise keyed by (seed, absolute position): the text then depends on the target, the prompt, the sampling
-    settings and the seed only, whatever the method, its plans or the batch. Returns the new token ids and the
-    metrics record."""
+    settings and the seed only, whatever the method, its plans or the batch. eos_ids: the tokens that end the
+    output (and that sampling.min_tokens holds back). logprobs: filled with the committed tokens' (and, if it asks,
+    the prompt's) log-probabilities, cut with the output. max_new_tokens may be 0 (a prefill only: prompt
+    logprobs). Returns the new token ids and the metrics record."""
     seed = 0 if seed is None else seed
     gen_draft = torch.Generator().manual_seed(seed)
     gen_verify = torch.Generator().manual_seed(seed + 1_000_003)
@@ -86,7 +94,11 @@ def generate_ids(
         draft.reset()
         if len(prompt) > 1 and not defer:
             forward_chain(draft, torch.tensor(prompt[:-1], dtype=torch.long), last_only=True)
-    state = _prefill(target, prompt, method)
+    committed = None
+    if sampling.reads_history:
+        committed = CommittedHistory(prompt, max(target.vocab_size, draft.vocab_size if draft is not None else 0),
+                                     eos_ids)
+    state = _prefill(target, prompt, method, sampling, logprobs, committed)
     if defer:
         state.pending = list(prompt)
     policy.prepare(target, draft, target.cache_len)
@@ -106,6 +118,8 @@ def generate_ids(
             draft.extend_vocab_subset(outcome.committed)  # one: a round's q is the law its drafts came from
         new.extend(outcome.committed)
         state.history.extend(outcome.committed)
+        if committed is not None:
+            committed.commit(outcome.committed)
         cut = _cut(new, max_new_tokens, eos_ids, stop)
         if cut is not None:
             new, reason = new[:cut[0]], cut[1]
@@ -116,6 +130,8 @@ def generate_ids(
     if on_tokens is not None:
         on_tokens(new)
     policy.finish(state.history)
+    if logprobs is not None:
+        del logprobs.tokens[len(new):]
     c.new_tokens = len(new)
     c.seconds = time.perf_counter() - start
     return new, c
@@ -159,18 +175,53 @@ def _cap(tree: Tree, limit: tuple[int, int]) -> Tree:
 class _State:
     pending: list[int]  # committed tokens the draft has not consumed (last one: the root)
     history: list[int] = field(default_factory=list)  # prompt + committed tokens (prompt lookup reads it)
-    p_next: torch.Tensor | None = None  # target-initialized only: processed next-token distribution, float [V]
-    rank_next: torch.Tensor | None = None  # target-initialized greedy only: raw logits for top-W
+    committed: CommittedHistory | None = None  # what penalties / min_tokens read (None when the sampling reads none)
+    logprobs: LogprobRecorder | None = None
+    p_next: torch.Tensor | None = None  # target-initialized, T > 0: the law of the next token, float [V]
+    # target-initialized only, float [V]: the next token's row adjusted (bias, penalties: greedy top-W ranks it),
+    # and its log-probabilities when logprobs are recorded
+    rank_next: torch.Tensor | None = None
+    logprob_next: torch.Tensor | None = None
 
 
-def _prefill(target: Backend, prompt: list[int], method: MethodConfig) -> _State:
+def _prefill(target: Backend, prompt: list[int], method: MethodConfig, sampling: SamplingConfig,
+             logprobs: LogprobRecorder | None, committed: CommittedHistory | None) -> _State:
+    """Feed the prompt (all of it for target-initialized methods, all but the root otherwise); with
+    logprobs.prompt, every row's logits are kept to score the prompt's tokens (raw)."""
     ids = torch.tensor(prompt, dtype=torch.long)
+    score_prompt = logprobs is not None and logprobs.prompt
+    if score_prompt:
+        logprobs.prompt_tokens.append(None)
+    fed = ids if method.target_init else ids[:-1]
+    out = forward_chain(target, fed, last_only=not score_prompt) if len(fed) else None
+    if score_prompt and len(prompt) > 1:
+        logprobs.add(torch.log_softmax(out.logits[:len(prompt) - 1].float(), -1), prompt[1:], prompt=True)
+    state = _State(pending=[prompt[-1]], history=list(prompt), committed=committed, logprobs=logprobs)
     if method.target_init:
-        out = forward_chain(target, ids, last_only=True)
-        return _State(pending=[prompt[-1]], history=list(prompt), p_next=None, rank_next=out.logits[-1])
-    if len(prompt) > 1:
-        forward_chain(target, ids[:-1], last_only=True)
-    return _State(pending=[prompt[-1]], history=list(prompt))
+        raw = out.logits[-1:]  # [1, V]
+        adjusted = _adjusted(raw, sampling, _root_history(committed, raw))
+        state.rank_next = (adjusted if adjusted is not None else raw)[0]
+        p = None if sampling.greedy else process_logits(raw, sampling, _root_history(committed, raw))
+        state.p_next = None if p is None else p[0]
+        if logprobs is not None:
+            state.logprob_next = logprobs.rows(sampling, raw, adjusted, p)[0]
+    return state
+
+
+def _adjusted(logits: torch.Tensor, sampling: SamplingConfig, history) -> torch.Tensor | None:
+    """The logits after logit_bias / min_tokens / penalties, or None when the sampling has none of them."""
+    return adjust_logits(logits, sampling, history) if sampling.adjusts else None
+
+
+def _root_history(committed: CommittedHistory | None, logits: torch.Tensor):
+    return committed.at_root(logits.shape[-1]) if committed is not None else None
+
+
+def _node_history(state: _State, tree: Tree, tokens: torch.Tensor, rows, logits: torch.Tensor):
+    """The processors' history of each row (node) in `rows`: committed + the node's path; None if none is read."""
+    if state.committed is None:
+        return None
+    return state.committed.for_nodes(tree, tokens, rows, logits.shape[-1])
 
 
 def _di_round(target, draft, state, policy, sampling, spec, gen_draft, gen_verify, c, limit,
@@ -199,7 +250,8 @@ def _di_round(target, draft, state, policy, sampling, spec, gen_draft, gen_verif
         c.drafted_tokens += len(d_tree) - 1
     else:
         keys = node_keys(max_tree, key, target.cache_len) if key is not None else None
-        d = grow_tree(draft, state.pending, max_tree, [], 0, sampling, spec.draw, gen_draft, policy, keys=keys)
+        d = grow_tree(draft, state.pending, max_tree, [], 0, sampling, spec.draw, gen_draft, policy, keys=keys,
+                      history=_draft_history(state, max_tree))
         d_tree, tokens, q, fed, root_index = d.tree, d.tokens, d.q, d.fed, d.root_index
         c.draft_calls += d.draft_calls
         c.drafted_tokens += len(d_tree) - 1
@@ -209,16 +261,24 @@ def _di_round(target, draft, state, policy, sampling, spec, gen_draft, gen_verif
     out = target.forward(tokens, max_tree.position_ids(lt)[:n], max_tree.attention_mask(lt, rows=range(n), cols=n))
     t_fwd = time.perf_counter() - t1
     tok = tokens.tolist()
+    rows_history = _node_history(state, d_tree, tokens, range(n), out.logits)
+    adjusted = _adjusted(out.logits, sampling, rows_history)
+    p = None
     if sampling.greedy:  # the greedy verifier needs only each row's argmax: no one-hot p, no q, no plans
-        path, nxt = walk_tree_greedy(d_tree, tok, out.logits.argmax(-1).tolist())
+        path, nxt = walk_tree_greedy(d_tree, tok, (adjusted if adjusted is not None else out.logits).argmax(-1).tolist())
     else:
-        p = process_logits(out.logits, sampling)
+        p = process_logits(out.logits, sampling, rows_history)
         rng = node_keys(d_tree, key, lt) if key is not None else gen_verify
         # a suffix tree (deterministic distinct siblings, first-child point masses) is verified by the rrs-wor
         # node walk, which reaches sibling i with probability p(token i); keyed runs keep their gls
         verifier = _WALK if proposer == "suffix" and key is None else spec
         path, nxt = verifier.verify(d_tree, tokens, p, torch.zeros_like(p) if q is None else q, rng)
     c.target_calls += 1
+    if state.logprobs is not None:  # committed token i is scored by the row of path[i], the node above it
+        rows = list(path)
+        lp = state.logprobs.rows(sampling, out.logits[rows], None if adjusted is None else adjusted[rows],
+                                 None if p is None else p[rows])
+        state.logprobs.add(lp, [tok[u] for u in path[1:]] + [nxt])
     t2 = time.perf_counter()
     _keep(target, d_tree, path, lt)
     if proposer == "draft":
@@ -258,7 +318,8 @@ def _ti_round(target, draft, state, policy, sampling, spec, gen_draft, gen_verif
     level1 = _draw_level1(state, len(max_tree.level(1)), sampling, gen_draft)
     if len(level1) < len(max_tree.level(1)):  # the target has fewer candidates than W (e.g. top-k): narrower tree
         max_tree = _narrow(max_tree, len(level1))
-    d = grow_tree(draft, state.pending, max_tree, level1, 1, sampling, _draft_law(spec), gen_draft, policy)
+    d = grow_tree(draft, state.pending, max_tree, level1, 1, sampling, _draft_law(spec), gen_draft, policy,
+                  history=_draft_history(state, max_tree))
     c.draft_calls += d.draft_calls
     c.drafted_tokens += len(d.tree) - 1 - len(level1)
     t1 = time.perf_counter()
@@ -270,7 +331,8 @@ def _ti_round(target, draft, state, policy, sampling, spec, gen_draft, gen_verif
     out = target.forward(d.tokens[1:], max_tree.position_ids(lt - 1)[1:n],
                          max_tree.attention_mask(lt - 1, rows=range(1, n), cols=n))
     p = torch.zeros(n, out.logits.shape[-1])
-    p[1:] = process_logits(out.logits, sampling)
+    rows_history = _node_history(state, d.tree, d.tokens, range(1, n), out.logits)
+    p[1:] = process_logits(out.logits, sampling, rows_history)
     below = spec.verify if spec.name == "traversal" else None  # W = 1: the verifier of the subtree below level 1
     verdict = verify_chains(d.tree, d.tokens, p, d.q, sampling.greedy, gen_verify, below)
     c.target_calls += 1
@@ -282,7 +344,15 @@ def _ti_round(target, draft, state, policy, sampling, spec, gen_draft, gen_verif
         fed_path = fed_path[:-1]
     draft.keep(d.tree.keep_indices(fed_path, d.root_index))
     state.pending = [int(d.tokens[u]) for u in path if u not in fed_path]
-    state.rank_next = out.logits[verdict.next_node - 1]
+    adjusted = _adjusted(out.logits, sampling, rows_history)  # [n - 1, V]: nodes 1..n-1
+    ranked = adjusted if adjusted is not None else out.logits
+    if state.logprobs is not None:  # path[1] was scored by the previous row; path[i] by the row of path[i - 1]
+        rows = [u - 1 for u in path[1:-1]] + [verdict.next_node - 1]
+        lp = state.logprobs.rows(sampling, out.logits[rows], None if adjusted is None else adjusted[rows],
+                                 None if sampling.greedy else p[[u + 1 for u in rows]])
+        state.logprobs.add(torch.cat([state.logprob_next[None], lp[:-1]]), [int(d.tokens[u]) for u in path[1:]])
+        state.logprob_next = lp[-1]
+    state.rank_next = ranked[verdict.next_node - 1]
     state.p_next = verdict.residual if verdict.residual is not None else p[verdict.next_node]
     c.t_draft += t1 - t0
     c.t_verify += t2 - t1
@@ -297,9 +367,17 @@ def _draw_level1(state: _State, width: int, sampling: SamplingConfig, gen: torch
     """W distinct tokens from the target's next-token law: top-W when greedy, else sampled without replacement."""
     if sampling.greedy:
         return state.rank_next.topk(width).indices.tolist()
-    p = state.p_next if state.p_next is not None else process_logits(state.rank_next, sampling)
+    p = state.p_next
     width = min(width, int((p > 0).sum()))
     return torch.multinomial(p, width, replacement=False, generator=gen).tolist()
+
+
+def _draft_history(state: _State, max_tree: Tree):
+    """history(rows, tokens, logits) -> the processors' history of the draft's rows (nodes of max_tree), or None:
+    the draft processes its logits like the target does, path by path, so that it proposes what the target keeps."""
+    if state.committed is None:
+        return None
+    return lambda rows, tokens, logits: state.committed.for_nodes(max_tree, tokens, rows, logits.shape[-1])
 
 
 def _narrow(tree: Tree, width: int) -> Tree:

@@ -15,7 +15,7 @@ import torch
 
 from multispec.drafting.coupled import coupled_draw
 from multispec.models.base import Backend
-from multispec.sampling import SamplingConfig, process_logits
+from multispec.sampling import SamplingConfig, adjust_logits, process_logits
 from multispec.tree import Tree
 from multispec.verify.keyed import PositionKeys
 
@@ -63,6 +63,7 @@ def grow_tree(
     policy: StopPolicy | None = None,
     want_hidden: bool = False,
     keys: PositionKeys | None = None,
+    history: Callable | None = None,
 ) -> Draft:
     """Draft `max_tree` (or a depth-truncation of it chosen by `policy`).
 
@@ -71,6 +72,8 @@ def grow_tree(
     draw: the verifier's draft law. The drafted depth is at least known_depth + 1 when the max tree is deeper.
     keys: position keys of max_tree's nodes (keyed.node_keys) for a keyed verifier (gumbel, gls): the children of
     node u are then the top-n of log q + the noise of their position (coupled_draw), and `draw` is not used.
+    history(rows, tokens, logits) -> sampling.History: the processors' history of those max_tree nodes (penalties,
+    min_tokens: each node's own path; engine._draft_history), or None when the sampling reads none.
     """
     n_nodes = len(max_tree)
     tokens = torch.zeros(n_nodes, dtype=torch.long)
@@ -103,7 +106,8 @@ def grow_tree(
     depth = known_depth
     fed = n_known
     while True:
-        parent_q = _draft_dists(logits, sampling)
+        parent_q = _draft_dists(logits, sampling) if history is None else \
+            _draft_dists(logits, sampling, history(rows, tokens, logits))
         q[rows.start:rows.stop] = parent_q
         child_level = max_tree.level(depth + 1)
         for parent in rows:
@@ -129,9 +133,9 @@ def grow_tree(
                  draft_calls=calls)
 
 
-def _draft_dists(logits: torch.Tensor, sampling: SamplingConfig) -> torch.Tensor:
-    """The draft law at each parent. Greedy: softmax of the raw logits, so that top-n drafting has a ranking
+def _draft_dists(logits: torch.Tensor, sampling: SamplingConfig, history=None) -> torch.Tensor:
+    """The draft law at each parent. Greedy: softmax of the (adjusted) logits, so that top-n drafting has a ranking
     (the greedy verifier never reads q's values)."""
     if sampling.greedy:
-        return torch.softmax(logits.float(), dim=-1)
-    return process_logits(logits, sampling)
+        return torch.softmax(adjust_logits(logits, sampling, history) if sampling.adjusts else logits.float(), dim=-1)
+    return process_logits(logits, sampling, history)

@@ -1,50 +1,103 @@
 """Request and response bodies of the OpenAI-compatible API, as pydantic models validated at the edge.
 
 Requests forbid unknown fields and coerce nothing (strict types: "5" is not an integer), so a typo or a wrong type
-is a 400 naming the field rather than a silently ignored setting. Extensions beyond OpenAI's API: `top_k` and
-`return_token_ids` (vLLM's names) and `reproducible` in requests; `spec_decode` (the per-request speculative metrics, vLLM's names)
-and `token_ids` in responses.
+is a 400 naming the field rather than a silently ignored setting. An explicit `null` means the field's default (as
+OpenAI's and vLLM's servers read it). Beyond OpenAI's fields, vLLM's extensions that multispec implements:
+`top_k`, `min_p`, `repetition_penalty`, `min_tokens`, `ignore_eos`, `stop_token_ids`, `return_token_ids`,
+`return_tokens_as_token_ids`, `add_special_tokens`, `logprobs_mode`; multispec's own `reproducible`. Fields that
+are accepted only at their default (`UNSUPPORTED_UNLESS_DEFAULT`) or harmless and ignored (`IGNORED`) are listed in
+docs/serve.md; `spec_decode` (the per-request speculative metrics, vLLM's names) and `token_ids` in responses.
 """
 from __future__ import annotations
 
-from typing import Literal
+from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictFloat, StrictInt, StrictStr, field_validator
+from pydantic import (BaseModel, ConfigDict, Field, StrictBool, StrictFloat, StrictInt, StrictStr, field_validator,
+                      model_validator)
 
 _STRICT = ConfigDict(extra="forbid", strict=True, allow_inf_nan=False)
 MAX_STOPS = 16
+MAX_LOGPROBS = 20  # OpenAI's bound for completions `logprobs` and chat `top_logprobs`
+MAX_N = 16  # choices per prompt
+Number = StrictFloat | StrictInt
 
 
-class StreamOptions(BaseModel):
+class _Request(BaseModel):
+    """Strict, and an explicit null is the field's default (clients send `"stream": null` for "not set")."""
+
     model_config = _STRICT
+
+    @model_validator(mode="before")
+    @classmethod
+    def _null_means_default(cls, data):
+        if isinstance(data, dict):
+            return {k: v for k, v in data.items() if v is not None}
+        return data
+
+
+class StreamOptions(_Request):
     include_usage: StrictBool = False
+    # vLLM's (load generators such as guidellm send true): accepted, but usage still comes once, in the final
+    # chunk (with include_usage), not in every chunk
+    continuous_usage_stats: StrictBool = False
 
 
-class _SamplingFields(BaseModel):
+class ResponseFormat(_Request):
+    type: Literal["text", "json_object", "json_schema"]
+    json_schema: dict | None = None
+
+
+class _SamplingFields(_Request):
     """Fields shared by /v1/completions and /v1/chat/completions. temperature None takes the model's
     generation_config defaults (as vLLM does); seed None draws a fresh seed (OpenAI: sampling is not reproducible
-    without one)."""
+    without one); with n > 1, sample j uses seed + j."""
 
-    model_config = _STRICT
     model: StrictStr | None = None
-    max_tokens: StrictInt | None = Field(None, ge=1)
-    temperature: StrictFloat | StrictInt | None = Field(None, ge=0, le=100)
-    top_p: StrictFloat | StrictInt | None = Field(None, gt=0, le=1)
+    max_tokens: StrictInt | None = Field(None, ge=0)
+    temperature: Number | None = Field(None, ge=0, le=100)
+    top_p: Number | None = Field(None, gt=0, le=1)
     top_k: StrictInt | None = Field(None, ge=-1)  # vLLM: -1 or 0 means off
+    min_p: Number | None = Field(None, ge=0, le=1)
     seed: StrictInt | None = Field(None, ge=0, lt=2**63)
     stop: StrictStr | list[StrictStr] | None = None
-    n: StrictInt = Field(1, ge=1, le=1)
+    stop_token_ids: list[StrictInt] | None = Field(None, max_length=64)
+    ignore_eos: StrictBool = False
+    min_tokens: StrictInt = Field(0, ge=0)
+    n: StrictInt = Field(1, ge=1, le=MAX_N)
     stream: StrictBool = False
     stream_options: StreamOptions | None = None
-    user: StrictStr | None = None
+    presence_penalty: Number = Field(0, ge=-2, le=2)
+    frequency_penalty: Number = Field(0, ge=-2, le=2)
+    repetition_penalty: Number = Field(1, gt=0, le=100)
+    logit_bias: dict[StrictStr, Number] | None = Field(None, max_length=1024)
+    response_format: ResponseFormat | None = None
+    logprobs_mode: Literal["raw", "processed"] = "raw"  # vLLM's logprobs_mode (a server flag there)
     return_token_ids: StrictBool = False
+    return_tokens_as_token_ids: StrictBool = False
     # multispec: verify with position-keyed noise so that the seed fixes the text whatever the server's method
     # chooses (None: the library's default, see multispec.generate)
     reproducible: StrictBool | None = None
-    # OpenAI options that multispec does not support: accepted only at their "off" values so that clients that
-    # send the defaults explicitly work, refused otherwise (see app._refuse_unsupported).
-    presence_penalty: StrictFloat | StrictInt = 0
-    frequency_penalty: StrictFloat | StrictInt = 0
+    # accepted and ignored: they change nothing multispec does (see docs/serve.md)
+    user: StrictStr | None = None
+    request_id: StrictStr | None = None
+    priority: StrictInt = 0
+    cache_salt: StrictStr | None = None
+    skip_special_tokens: Literal[True] = True
+    spaces_between_special_tokens: StrictBool = True
+    # accepted only at their defaults; anything else is refused by name (app._refuse_unsupported)
+    best_of: StrictInt | None = None
+    use_beam_search: StrictBool = False
+    length_penalty: Number = 1
+    include_stop_str_in_output: StrictBool = False
+    truncate_prompt_tokens: Any = None
+    allowed_token_ids: Any = None
+    bad_words: Any = None
+    prompt_logprobs: Any = None
+    guided_json: Any = None
+    guided_regex: Any = None
+    guided_choice: Any = None
+    guided_grammar: Any = None
+    structured_outputs: Any = None
 
     @field_validator("stop")
     @classmethod
@@ -57,30 +110,68 @@ class _SamplingFields(BaseModel):
                 raise ValueError("stop strings must be non-empty")
         return stops or None
 
+    @field_validator("logit_bias")
+    @classmethod
+    def _bias(cls, v):
+        for key, bias in (v or {}).items():
+            if not key.isdigit():
+                raise ValueError(f"keys must be token ids (decimal strings), got {key!r}")
+            if abs(bias) > 100:
+                raise ValueError(f"values must be in [-100, 100], got {bias} for token {key}")
+        return v
+
+
+PromptIds = list[int]
+
 
 class CompletionRequest(_SamplingFields):
-    """POST /v1/completions. prompt: text, or token ids (one prompt; n = 1)."""
+    """POST /v1/completions. prompt: a string, a list of strings, a list of token ids or a list of token-id lists
+    (one choice per prompt and sample: index = prompt * n + sample). max_tokens 0 is allowed with echo (prompt
+    logprobs only). max_completion_tokens: vLLM's alias of max_tokens."""
 
-    prompt: StrictStr | list[StrictInt]
+    prompt: Any = Field(...)
     echo: StrictBool = False
-    logprobs: StrictInt | None = None
+    logprobs: StrictInt | None = Field(None, ge=0, le=MAX_LOGPROBS)
+    max_completion_tokens: StrictInt | None = Field(None, ge=0)
+    add_special_tokens: StrictBool = True
     suffix: StrictStr | None = None
-    best_of: StrictInt | None = Field(None, ge=1, le=1)
+
+    @field_validator("prompt")
+    @classmethod
+    def _prompt(cls, v):
+        """Returns a list of prompts, each a str or a list of ints (lists may be empty: the edge refuses them)."""
+        def is_int(x):
+            return isinstance(x, int) and not isinstance(x, bool)
+
+        if isinstance(v, str):
+            return [v]
+        if isinstance(v, list) and v:
+            if all(isinstance(x, str) for x in v):
+                return list(v)
+            if all(is_int(x) for x in v):
+                return [list(v)]
+            if all(isinstance(x, list) and all(is_int(t) for t in x) for x in v):
+                return [list(x) for x in v]
+        if isinstance(v, list) and not v:
+            raise ValueError("the prompt list is empty")
+        raise ValueError("must be a string, a list of strings, a list of token ids or a list of token-id lists")
 
 
-class TextPart(BaseModel):
-    model_config = _STRICT
+class TextPart(_Request):
     type: Literal["text"]
     text: StrictStr
 
 
-class ChatMessage(BaseModel):
-    model_config = _STRICT
+class ChatMessage(_Request):
+    """content None: an empty message (OpenAI allows it for assistant turns that carried tool calls)."""
+
     role: Literal["system", "developer", "user", "assistant"]
-    content: StrictStr | list[TextPart]
+    content: StrictStr | list[TextPart] | None = None
     name: StrictStr | None = None
 
     def text(self) -> str:
+        if self.content is None:
+            return ""
         return self.content if isinstance(self.content, str) else "".join(p.text for p in self.content)
 
 
@@ -90,7 +181,41 @@ class ChatCompletionRequest(_SamplingFields):
     messages: list[ChatMessage] = Field(min_length=1)
     max_completion_tokens: StrictInt | None = Field(None, ge=1)
     logprobs: StrictBool = False
-    top_logprobs: StrictInt | None = None
+    top_logprobs: StrictInt | None = Field(None, ge=0, le=MAX_LOGPROBS)
+    echo: StrictBool = False  # vLLM's chat echo: refused unless false
+    add_generation_prompt: StrictBool = True
+    continue_final_message: StrictBool = False
+    # tools and the like: accepted only absent or empty (refused by name otherwise, app._refuse_unsupported)
+    tools: Any = None
+    tool_choice: Any = None
+    functions: Any = None
+    function_call: Any = None
+    parallel_tool_calls: StrictBool | None = None
+    audio: Any = None
+    modalities: Any = None
+    prediction: Any = None
+    store: StrictBool | None = None
+    metadata: dict[StrictStr, StrictStr] | None = None
+    service_tier: StrictStr | None = None
+    reasoning_effort: Any = None
+    chat_template_kwargs: Any = None
+
+
+class TokenizeRequest(_Request):
+    """POST /tokenize (vLLM's shape): `prompt` (add_special_tokens default true) or `messages` (rendered by the
+    chat template; add_special_tokens default false, as the template places its own)."""
+
+    model: StrictStr | None = None
+    prompt: StrictStr | None = None
+    messages: list[ChatMessage] | None = Field(None, min_length=1)
+    add_special_tokens: StrictBool | None = None
+    add_generation_prompt: StrictBool = True
+    return_token_strs: StrictBool = False
+
+
+class DetokenizeRequest(_Request):
+    model: StrictStr | None = None
+    tokens: list[StrictInt]
 
 
 # ---- responses ----
@@ -117,12 +242,24 @@ class SpecDecodeMetrics(BaseModel):
     accepted_per_position: list[int]
 
 
+class CompletionLogprobs(BaseModel):
+    """OpenAI's legacy completions logprobs: per token its string, log-probability (None for an echoed prompt's
+    first token), the top alternatives with the chosen token ({token: logprob}, vLLM's shape) and its character
+    offset in the choice's text."""
+
+    tokens: list[str]
+    token_logprobs: list[float | None]
+    top_logprobs: list[dict[str, float] | None]
+    text_offset: list[int]
+
+
 class CompletionChoice(BaseModel):
     index: int = 0
     text: str
     finish_reason: Literal["stop", "length"] | None
-    logprobs: None = None
+    logprobs: CompletionLogprobs | None = None
     token_ids: list[int] | None = None
+    prompt_token_ids: list[int] | None = None
 
 
 class CompletionResponse(BaseModel):
@@ -140,11 +277,25 @@ class AssistantMessage(BaseModel):
     content: str
 
 
+class TopLogprob(BaseModel):
+    token: str
+    logprob: float
+    bytes: list[int] | None
+
+
+class ChatTokenLogprob(TopLogprob):
+    top_logprobs: list[TopLogprob]
+
+
+class ChatLogprobs(BaseModel):
+    content: list[ChatTokenLogprob] | None
+
+
 class ChatChoice(BaseModel):
     index: int = 0
     message: AssistantMessage
     finish_reason: Literal["stop", "length"] | None
-    logprobs: None = None
+    logprobs: ChatLogprobs | None = None
     token_ids: list[int] | None = None
 
 
@@ -167,7 +318,7 @@ class ChatChunkChoice(BaseModel):
     index: int = 0
     delta: Delta
     finish_reason: Literal["stop", "length"] | None = None
-    logprobs: None = None
+    logprobs: ChatLogprobs | None = None
     token_ids: list[int] | None = None
 
 
@@ -192,6 +343,17 @@ class ModelCard(BaseModel):
 class ModelList(BaseModel):
     object: Literal["list"] = "list"
     data: list[ModelCard]
+
+
+class TokenizeResponse(BaseModel):
+    count: int
+    max_model_len: int | None
+    tokens: list[int]
+    token_strs: list[str] | None = None
+
+
+class DetokenizeResponse(BaseModel):
+    prompt: str
 
 
 class ErrorBody(BaseModel):

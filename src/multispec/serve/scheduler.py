@@ -52,6 +52,7 @@ class Job:
     seed: int
     stop: list[str] | None
     reproducible: bool | None = None
+    options: dict = field(default_factory=dict)  # more generate keywords: processors, logprobs (only those set)
 
 
 @dataclass
@@ -134,7 +135,7 @@ class Scheduler:
                 result = self.generate_fn(decoder, job.prompt_ids, max_new_tokens=job.max_tokens,
                                           temperature=job.temperature, top_k=job.top_k, top_p=job.top_p,
                                           seed=job.seed, stop=job.stop, stream=on_text,
-                                          reproducible=job.reproducible)
+                                          reproducible=job.reproducible, **job.options)
             finally:
                 self._free.put(decoder)
             run.emit("done", result)

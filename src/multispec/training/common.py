@@ -1,7 +1,8 @@
 """Helpers shared by the trained heads (SpecDec++ acceptance head, P1 decision models).
 
 Small and stable on purpose; every function is pure apart from the models it is handed:
-- `encode_prompt`: prompt text -> ids exactly as `multispec.generate` encodes it (BOS + text), left-truncated.
+- `encode_prompt`: prompt text -> ids exactly as `multispec.generate` encodes it (the tokenizer's own
+  special tokens, e.g. a BOS its post-processor adds), left-truncated.
 - `sample_responses`: batched target continuations (left-padded, KV-cached) with multispec's logit processing.
 - `teacher_forced_probs`: processed next-token distributions of a model over a known continuation.
 - `last_hidden`: a draft's final hidden states (after the final norm), the features every head reads.
@@ -27,10 +28,11 @@ def progress(iterable: Iterable | None = None, desc: str = "", total: int | None
 
 
 def encode_prompt(tokenizer, text: str, max_tokens: int) -> list[int]:
-    """BOS (when the tokenizer has one) + the text's tokens, keeping the last `max_tokens - 1` text tokens."""
-    ids = tokenizer(text, add_special_tokens=False)["input_ids"][-(max_tokens - 1):]
-    bos = tokenizer.bos_token_id
-    return ([bos] if bos is not None else []) + ids
+    """The tokenizer's encoding (with its special tokens, as generate encodes), keeping the special tokens it puts
+    first and the last text tokens, `max_tokens` in all."""
+    head = len(tokenizer("")["input_ids"])  # what the tokenizer adds before any text (a BOS, or nothing)
+    ids = tokenizer(text)["input_ids"]
+    return ids[:head] + ids[head:][-(max_tokens - head):]
 
 
 @torch.inference_mode()

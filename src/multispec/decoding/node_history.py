@@ -1,0 +1,51 @@
+"""Per-node histories for history-dependent sampling processors (penalties, min_tokens) in a drafted tree.
+
+Plain decoding processes the logits after a prefix with that prefix's own token counts. A speculative round scores
+a whole tree in one forward, and node u's row continues the committed text *plus u's own path*: so u's counts are
+the committed counts plus the tokens on the path from the root to u (the root is the newest committed token,
+already counted). Building each row's history this way makes every node's processed law the one plain decoding
+would use after that path, which is what the (lossless) verifiers then preserve.
+"""
+from __future__ import annotations
+
+import torch
+
+from multispec.sampling import History
+from multispec.tree import Tree
+
+
+class CommittedHistory:
+    """The prompt and the committed output, as the processors read them: seen bool [V] (prompt or output),
+    counts float32 [V] (output occurrences), out_len (output length). V: the largest vocabulary a row may have
+    (target and draft); rows of a smaller vocabulary read the first columns. stop_ids: what min_tokens holds back."""
+
+    def __init__(self, prompt: list[int], vocab: int, stop_ids) -> None:
+        self.vocab = vocab
+        self.seen = torch.zeros(vocab, dtype=torch.bool)
+        self.seen[torch.tensor(prompt, dtype=torch.long)] = True
+        self.counts = torch.zeros(vocab)
+        self.out_len = 0
+        self.stop_ids = tuple(sorted(stop_ids))
+
+    def commit(self, tokens: list[int]) -> None:
+        if tokens:
+            ids = torch.tensor(tokens, dtype=torch.long)
+            self.counts.index_add_(0, ids, torch.ones(len(tokens)))
+            self.seen[ids] = True
+            self.out_len += len(tokens)
+
+    def at_root(self, vocab: int) -> History:
+        """One row: the history after the committed tokens."""
+        return History(seen=self.seen[None, :vocab], counts=self.counts[None, :vocab],
+                       out_len=torch.tensor([self.out_len]), stop_ids=self.stop_ids)
+
+    def for_nodes(self, tree: Tree, tokens: torch.Tensor, rows: range | list[int], vocab: int) -> History:
+        """One row per node in `rows` of `tree` (tokens: long [N], tokens[0] the root): each node's history is the
+        committed one plus the tokens of its own path below the root."""
+        rows = torch.as_tensor(list(rows), dtype=torch.long)
+        n = len(tokens)
+        below_root = tree.ancestor_mask[:n, :n][rows][:, 1:].float()  # [R, N-1]: u's path nodes below the root
+        path_counts = below_root @ torch.nn.functional.one_hot(tokens[1:n], self.vocab).float()  # [R, V]
+        counts = self.counts[None] + path_counts
+        return History(seen=(self.seen[None] | (path_counts > 0))[:, :vocab], counts=counts[:, :vocab],
+                       out_len=self.out_len + tree.depth_tensor[:n][rows], stop_ids=self.stop_ids)

@@ -1,0 +1,232 @@
+"""The request edge: everything a request is checked against before it is queued (body, JSON, fields, prompt
+encoding, chat template, context length, generate's own setting checks), and the OpenAI error it gets otherwise.
+Tokenizing runs off the event loop: a long prompt must not hold up /health or other requests.
+"""
+from __future__ import annotations
+
+import asyncio
+import json
+import secrets
+import threading
+from dataclasses import dataclass, field
+
+from fastapi import Request
+from fastapi.responses import JSONResponse
+from pydantic import BaseModel, ValidationError
+
+from multispec.errors import MultispecError
+from multispec.serve.protocol import ErrorBody, ErrorResponse
+from multispec.serve.scheduler import Job
+from multispec.text import encode_prompt
+from multispec.validate import check_text, logit_bias as validate_bias, token_ids
+
+
+@dataclass(frozen=True)
+class ServeSettings:
+    """model_name: the id clients pass as `model`. method None: generate's own default method. chat_template: a
+    Jinja template overriding the tokenizer's. request_timeout: seconds from arrival (queueing included).
+    read_timeout: seconds for a request's body to arrive (a half-sent request gets 408)."""
+
+    model_name: str
+    method: str | None = None
+    method_options: dict = field(default_factory=dict)
+    backend: str = "hf"
+    max_concurrent: int = 2
+    max_queue: int = 32
+    max_batch: int = 1  # > 1: continuous batching over that many slots (the fast backend); max_concurrent follows
+    request_timeout: float = 600.0
+    retry_after_s: int = 1
+    chat_template: str | None = None
+    max_body_bytes: int = 1 << 20
+    read_timeout: float = 30.0  # seconds for a request body to arrive in full
+
+
+class APIError(Exception):
+    def __init__(self, status: int, message: str, type: str = "invalid_request_error", param: str | None = None,
+                 code: str | None = None, headers: dict | None = None):
+        super().__init__(message)
+        self.status, self.body, self.headers = status, ErrorBody(message=message, type=type, param=param,
+                                                                 code=code), headers
+
+
+def error_json(e: APIError) -> JSONResponse:
+    return JSONResponse(ErrorResponse(error=e.body).model_dump(), status_code=e.status, headers=e.headers)
+
+
+def _type_tag(part) -> bool:
+    """Whether a pydantic error location part names a union member (str, float, list[int], ...), not a field."""
+    return isinstance(part, str) and (part in ("str", "int", "float", "bool", "list", "dict") or "[" in part
+                                      or part.startswith(("function-", "literal", "constrained")))
+
+
+def refuse(condition, option: str) -> None:
+    if condition:
+        raise APIError(400, f"{option} is not supported by multispec serve", param=option, code="unsupported")
+
+
+# fields accepted only at their default value: (name, is-default test) -> refused by name otherwise
+_DEFAULT_ONLY = (
+    ("best_of", lambda v: v in (None, 1)), ("use_beam_search", lambda v: v is False),
+    ("length_penalty", lambda v: v == 1), ("include_stop_str_in_output", lambda v: v is False),
+    ("truncate_prompt_tokens", lambda v: v is None), ("allowed_token_ids", lambda v: v is None),
+    ("bad_words", lambda v: v in (None, [])), ("prompt_logprobs", lambda v: v is None),
+    ("guided_json", lambda v: v is None), ("guided_regex", lambda v: v is None),
+    ("guided_choice", lambda v: v is None), ("guided_grammar", lambda v: v is None),
+    ("structured_outputs", lambda v: v is None),
+)
+
+
+class Edge:
+    """Request validation that needs the model: prompt encoding, chat template, context length, the sampling
+    fields checked as generate checks them. Tokenizing runs off the event loop (`off_loop`): a long prompt must
+    not hold up /health or other requests."""
+
+    def __init__(self, settings: ServeSettings, decoder):
+        self.settings = settings
+        self.decoder = decoder
+        self.reproducible_when_seeded = decoder.entry.reproducible_when_seeded  # the served method's default
+        self.tokenizer = decoder.pair.tokenizer
+        self.context = decoder.context  # the Decoder's: the smaller of target's and draft's positions, or None
+        self.vocab = decoder.vocab_size
+        self.max_concurrent = settings.max_concurrent  # create_app sets the scheduler's (max_batch with batching)
+        self._lock = threading.Lock()  # fast tokenizers may refuse concurrent use ("Already borrowed")
+
+    @staticmethod
+    async def off_loop(fn, *args):
+        return await asyncio.to_thread(fn, *args)
+
+    async def parse(self, request: Request, model: type[BaseModel]):
+        try:  # a client that stops sending half-way must not hold its connection for ever
+            body = await asyncio.wait_for(request.body(), self.settings.read_timeout)
+        except asyncio.TimeoutError:
+            raise APIError(408, f"the request body did not arrive within {self.settings.read_timeout} s",
+                           code="read_timeout") from None
+        if len(body) > self.settings.max_body_bytes:
+            raise APIError(413, f"request body over {self.settings.max_body_bytes} bytes")
+        try:
+            text = body.decode("utf-8")
+        except UnicodeDecodeError as e:
+            raise APIError(400, f"the body is not valid UTF-8 (byte 0x{body[e.start]:02x} at offset {e.start})") \
+                from None
+        try:
+            data = json.loads(text)
+        except (ValueError, RecursionError) as e:
+            raise APIError(400, f"the body is not valid JSON: {str(e)[:200]}".encode("utf-8", "backslashreplace")
+                           .decode("utf-8")) from None
+        if not isinstance(data, dict):
+            raise APIError(400, "the body must be a JSON object")
+        try:  # JSON escapes can spell lone surrogates (\ud800), which are not text: no tokenizer or reply takes them
+            json.dumps(data, ensure_ascii=False).encode("utf-8")
+        except UnicodeEncodeError:
+            raise APIError(400, "the body holds a string that is not valid Unicode text (a lone surrogate escape "
+                           "such as \\ud800)") from None
+        except RecursionError:
+            raise APIError(400, "the body is nested too deeply") from None
+        try:
+            req = model.model_validate(data)
+        except ValidationError as e:
+            err = e.errors()[0]
+            loc = ".".join(str(p) for p in err["loc"] if not _type_tag(p))
+            raise APIError(400, f"{loc or 'body'}: {err['msg']}", param=loc or None) from None
+        except RecursionError:
+            raise APIError(400, "the body is nested too deeply") from None
+        if req.model is not None and req.model != self.settings.model_name:
+            raise APIError(404, f"the model `{req.model}` does not exist; this server serves "
+                           f"`{self.settings.model_name}`", param="model", code="model_not_found")
+        for name, is_default in _DEFAULT_ONLY:
+            if name in type(req).model_fields:
+                refuse(not is_default(getattr(req, name)), name)
+        rf = getattr(req, "response_format", None)
+        refuse(rf is not None and rf.type != "text", "response_format")
+        return req
+
+    def check_count(self, generations: int) -> None:
+        most = self.max_concurrent + self.settings.max_queue
+        if generations > most:
+            raise APIError(400, f"the request asks for {generations} generations (prompts x n); this server holds at "
+                           f"most {most} at once", param="n")
+
+    def check_ids(self, ids: list[int], param: str, allow_empty: bool = False) -> list[int]:
+        if not ids and not allow_empty:
+            raise APIError(400, "the prompt is empty", param=param)
+        if any(not 0 <= t < self.vocab for t in ids):
+            raise APIError(400, f"token ids must be in [0, {self.vocab})", param=param)
+        return ids
+
+    def prompt_ids(self, prompt: str, add_special_tokens: bool = True, param: str = "prompt") -> list[int]:
+        """As multispec.generate encodes a prompt (text.encode_prompt); add_special_tokens False: the text's own
+        tokens only (vLLM's option)."""
+        try:
+            with self._lock:
+                if add_special_tokens:
+                    return encode_prompt(self.tokenizer, self.vocab, prompt)
+                check_text(prompt, "the prompt")
+                ids = self.tokenizer(prompt, add_special_tokens=False)["input_ids"]
+        except MultispecError as e:
+            raise APIError(400, str(e), param=param) from None
+        return self.check_ids(ids, param)
+
+    def chat_ids(self, messages, add_special_tokens: bool = False, add_generation_prompt: bool = True) -> list[int]:
+        """The messages rendered by the chat template (which places any BOS itself), then tokenized."""
+        template = self.settings.chat_template
+        if template is None and not getattr(self.tokenizer, "chat_template", None):
+            raise APIError(400, "this model's tokenizer has no chat template; use /v1/completions, or start the "
+                           "server with --chat-template FILE", param="messages", code="no_chat_template")
+        rendered = [{"role": m.role, "content": m.text()} for m in messages]
+        try:
+            with self._lock:
+                text = self.tokenizer.apply_chat_template(rendered, chat_template=template, tokenize=False,
+                                                          add_generation_prompt=add_generation_prompt)
+                ids = self.tokenizer(text, add_special_tokens=add_special_tokens)["input_ids"]
+        except Exception as e:  # noqa: BLE001 - Jinja raises its own errors (raise_exception in templates)
+            raise APIError(400, f"the chat template refused these messages: {str(e)[:200]}",
+                           param="messages") from None
+        if not ids:
+            raise APIError(400, "the chat template rendered an empty prompt", param="messages")
+        return ids
+
+    def decode(self, ids: list[int]) -> str:
+        with self._lock:
+            return self.tokenizer.decode(ids, skip_special_tokens=True)
+
+    def token_strs(self, ids: list[int]) -> list[str]:
+        with self._lock:
+            return self.tokenizer.convert_ids_to_tokens(ids)
+
+    def job(self, req, ids: list[int], max_tokens: int, sample: int = 0, logprobs: int | None = None,
+            prompt_logprobs: bool = False) -> Job:
+        """The request's j-th generation of `ids`, checked as generate checks its settings, before it is queued."""
+        if self.context is not None and len(ids) + max_tokens > self.context:
+            raise APIError(400, f"this model's maximum context length is {self.context} tokens; the request asks "
+                           f"for {len(ids) + max_tokens} ({len(ids)} in the prompt, {max_tokens} to generate)",
+                           param="max_tokens", code="context_length_exceeded")
+        if req.min_tokens > max_tokens:
+            raise APIError(400, f"min_tokens ({req.min_tokens}) must be at most max_tokens ({max_tokens})",
+                           param="min_tokens")
+        top_k = None if req.top_k in (None, -1, 0) else req.top_k
+        temperature = None if req.temperature is None else float(req.temperature)
+        top_p = None if req.top_p is None else float(req.top_p)
+        options = {k: v for k, v in dict(
+            min_p=req.min_p, repetition_penalty=req.repetition_penalty, presence_penalty=req.presence_penalty,
+            frequency_penalty=req.frequency_penalty, logit_bias=req.logit_bias, min_tokens=req.min_tokens,
+            ignore_eos=req.ignore_eos, stop_token_ids=req.stop_token_ids, logprobs=logprobs,
+            prompt_logprobs=prompt_logprobs,
+            logprobs_mode=req.logprobs_mode if logprobs is not None or prompt_logprobs else None,
+        ).items() if v not in (None, False, 0) and not (k == "repetition_penalty" and v == 1)}
+        if logprobs == 0:
+            options["logprobs"] = 0
+        for name, bad in (("logit_bias", lambda: validate_bias(req.logit_bias, self.vocab)),
+                          ("stop_token_ids", lambda: token_ids(req.stop_token_ids, "stop_token_ids", self.vocab)),
+                          (None, lambda: self.decoder.sampling(
+                              1.0 if temperature is None else temperature, top_k, top_p, req.min_p,
+                              req.repetition_penalty, req.presence_penalty, req.frequency_penalty))):
+            try:  # generate's own checks, before the request is queued
+                bad()
+            except MultispecError as e:
+                raise APIError(400, str(e), param=name) from None
+        seed = req.seed + sample if req.seed is not None else secrets.randbelow(2**31)
+        # the library's default mode is decided by whether a seed was given, so the server keeps that distinction
+        reproducible = req.reproducible if req.reproducible is not None else (
+            self.reproducible_when_seeded and req.seed is not None)
+        return Job(prompt_ids=ids, max_tokens=max_tokens, temperature=temperature, top_k=top_k, top_p=top_p,
+                   seed=seed, stop=req.stop, reproducible=reproducible, options=options)

@@ -1,0 +1,67 @@
+"""Logprobs in OpenAI's response shapes, built from the library's TokenLogprobs (decoding/logprobs.py).
+
+Completions (legacy): {tokens, token_logprobs, top_logprobs: [{token: logprob}], text_offset}; each top dict holds
+the k most likely tokens and the chosen one (vLLM's shape; lm-evaluation-harness reads the most likely entry to
+decide whether a continuation is greedy). Chat: {content: [{token, logprob, bytes, top_logprobs: [...]}]}.
+-inf (a token the processed law excludes, in processed mode) is written -9999.0 as vLLM does: JSON has no infinity.
+"""
+from __future__ import annotations
+
+import math
+
+from multispec.decoding.logprobs import TokenLogprob
+from multispec.serve.protocol import ChatLogprobs, ChatTokenLogprob, CompletionLogprobs, TopLogprob
+
+NEG_INF_AS = -9999.0
+
+
+def _finite(x: float) -> float:
+    return x if math.isfinite(x) else NEG_INF_AS
+
+
+class TokenText:
+    """Token strings as clients see them: decoded one token at a time (special tokens included), or "token_id:N"
+    (vLLM's return_tokens_as_token_ids, for tokens that do not decode alone)."""
+
+    def __init__(self, tokenizer, as_ids: bool):
+        self.tok, self.as_ids, self._memo = tokenizer, as_ids, {}
+
+    def __call__(self, token_id: int) -> str:
+        if self.as_ids:
+            return f"token_id:{token_id}"
+        if token_id not in self._memo:
+            self._memo[token_id] = self.tok.decode([token_id], skip_special_tokens=False)
+        return self._memo[token_id]
+
+
+def completion_logprobs(entries: list[TokenLogprob | None], ids: list[int], text: TokenText,
+                        top: int) -> CompletionLogprobs:
+    """entries[i] scores ids[i] (None: an echoed prompt's first token). top: alternatives per token."""
+    tokens, values, tops, offsets = [], [], [], []
+    offset = 0
+    for token_id, e in zip(ids, entries):
+        s = text(token_id)
+        tokens.append(s)
+        offsets.append(offset)
+        offset += len(s)
+        if e is None:
+            values.append(None)
+            tops.append(None)
+            continue
+        values.append(_finite(e.logprob))
+        alternatives = {text(t): _finite(v) for t, v in e.top[:top]}
+        alternatives.setdefault(s, _finite(e.logprob))
+        tops.append(alternatives)
+    return CompletionLogprobs(tokens=tokens, token_logprobs=values, top_logprobs=tops, text_offset=offsets)
+
+
+def chat_logprobs(entries: list[TokenLogprob], text: TokenText, top: int) -> ChatLogprobs:
+    def item(token_id: int, value: float) -> TopLogprob:
+        s = text(token_id)
+        return TopLogprob(token=s, logprob=_finite(value), bytes=list(s.encode("utf-8")))
+
+    content = []
+    for e in entries:
+        head = item(e.token_id, e.logprob)
+        content.append(ChatTokenLogprob(**head.model_dump(), top_logprobs=[item(t, v) for t, v in e.top[:top]]))
+    return ChatLogprobs(content=content)
