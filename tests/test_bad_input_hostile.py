@@ -85,7 +85,7 @@ def test_bench_specs_refuse(spec, needle):
 
 @pytest.mark.parametrize("args,needle", [
     (["--max-nodes", "100000"], "--max-nodes"), (["--max-nodes", "0"], "--max-nodes"),
-    (["--prompt-file", "{f}", "--prompt-file", "{f}"], "--prompt-file given 2 times"),
+    (["--prompt-file", "{f}", "--prompt-file", "{f}", "--stream"], "--baseline and --stream take one prompt"),
     (["--method", "auto", "--proposers", "draft", "--target", "{t}"], "--proposers draft needs a draft model"),
     (["--method", "dynamic", "--target-init", "--width", "x"], "--width"),
 ])
