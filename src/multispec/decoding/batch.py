@@ -102,6 +102,8 @@ class Lane(Decoder):
                                        f"batch has {self.group.rows} per sequence")
         if self.draft is not None and self.cheap.vocab is not None:
             self.draft.set_vocab_subset(self.cheap.subset(self.token_freq, prompt_ids))
+        if hasattr(self.policy, "sampling_in_batch"):
+            self.policy.sampling_in_batch = not sampling.greedy
         self.group.batcher.join()
         try:
             return generate_ids(self.target, self.draft, prompt_ids, self.config, sampling, max_new_tokens, seed,

@@ -36,8 +36,12 @@ PRIOR_WEIGHT = 2.0
 SHRINK = 3.0  # pseudo-observations pulling a depth's estimate towards the pooled one for its rank
 PROBE_PERIODS = (8, 16, 32, 64)
 SCALE_RATE = 0.2  # how fast measured forward times correct the calibrated costs within a generation
+BATCH_PLAIN_FROM = 4  # sampling (T > 0) in a batch of at least this many sequences: plain steps only
 BATCH_SKIP_BELOW = 0.8  # in a batch: plans predicted below this fraction of a plain step's rate start a back-off
-MARGIN = 0.03  # speculate only when predicted to beat plain decoding by this much: never slower comes first
+MARGIN = 0.03
+# In a batch a plan's cost also falls on the other sequences (each speculating sequence lengthens every step, while
+# the batch ends with its slowest sequence), which the share model does not see: speculate only for a clear gain.
+BATCH_MARGIN = 0.25  # speculate only when predicted to beat plain decoding by this much: never slower comes first
 CONF_EDGES = (0.05, 0.1, 0.2, 0.3, 0.5, 0.7, 0.9, 0.97)  # buckets of the draft's probability of its own token
 DEFAULT_OVERHEAD = {"round_s": 4e-4, "level_s": 3e-4}
 SUFFIX_PRIOR = 2.0  # pseudo-counts of the suffix calibration
@@ -159,6 +163,7 @@ class AutoPolicy(DraftPolicyBase):
         # (StepBatcher, BatchCosts) when this policy plans one sequence of a batch (decoding/batch.py): a plan is
         # then valued at its share of the batched forwards, for the batch's live size
         self.batch = None
+        self.sampling_in_batch = False  # set per run by a batch lane: T > 0
         self.reset()
 
     def reset(self) -> None:
@@ -208,6 +213,12 @@ class AutoPolicy(DraftPolicyBase):
         if self.forced_plans is not None:  # tests: plans forced to change between rounds
             self.current = self.forced_plans(history, self.rounds - 1)
             return self.current
+        if self.sampling_in_batch and self.batch is not None and self.batch[0].live >= BATCH_PLAIN_FROM:
+            # Measured (docs/batching.md): sampling in a batch of 4 or more, speculation of any kind lost 11-28 %
+            # to plain batched steps on every configuration tried (each speculating sequence lengthens every
+            # step, its planning runs in turn with everyone else's, and the batch ends with its slowest sequence).
+            self.current = self._ar_plan()
+            return self.current
         if self._batch_skip > 0:  # see below: a plain step without weighing the others
             self._batch_skip -= 1
             self.current = self._ar_plan()
@@ -241,7 +252,8 @@ class AutoPolicy(DraftPolicyBase):
                 self._batch_skip = self._batch_backoff
             else:
                 self._batch_backoff = 0
-        if best.predicted_tps < ar.predicted_tps * (1 + MARGIN):
+        margin = BATCH_MARGIN if self.batch is not None and self.batch[0].live > 1 else MARGIN
+        if best.predicted_tps < ar.predicted_tps * (1 + margin):
             best = ar
         self.current = best
         if best.proposer == "none" and len(candidates) > 1:
