@@ -97,7 +97,7 @@ class Lane(Decoder):
 
     def run(self, prompt_ids, sampling, max_new_tokens, seed, stop=None, on_tokens=None, reproducible=False,
             eos_ids=None, logprobs=None):
-        need = len(prompt_ids) + max_new_tokens + 1 + self.entry.max_tree_nodes(self.config) + 1
+        need = self.cache_rows(len(prompt_ids) + max_new_tokens)
         check(need <= self.group.rows, f"prompt + max_new_tokens + a round's tree need {need} cache rows, and this "
                                        f"batch has {self.group.rows} per sequence")
         if self.draft is not None and self.cheap.vocab is not None:
@@ -166,8 +166,7 @@ def generate_batch(decoder: Decoder, prompts, batch_size: int | None = None, max
     group = None
     if batchable(decoder):
         longest = max(len(ids) for ids in encoded)
-        rows = min(longest + max_new_tokens, decoder.context or 1 << 30) + decoder.entry.max_tree_nodes(
-            decoder.config) + 3
+        rows = decoder.cache_rows(min(longest + max_new_tokens, decoder.context or 1 << 30))
         group = BatchGroup(decoder, size, rows)
         lanes, notes = group.lanes, []
     else:

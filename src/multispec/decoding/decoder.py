@@ -139,6 +139,11 @@ class Decoder:
                             self.eos_ids if eos_ids is None else eos_ids, stop, on_tokens, self.policy, reproducible,
                             logprobs)
 
+    def cache_rows(self, tokens: int) -> int:
+        """Static-cache rows a run of `tokens` (prompt + new tokens) needs: those, the round's root, and one more
+        round's largest tree (the last round may draft past the end)."""
+        return tokens + 1 + self.entry.max_tree_nodes(self.config) + 1
+
     def _backends(self, tokens: int):
         """The backends, built once; a static cache (fast, compiled) is rebuilt larger when a run needs more rows
         than it has: prompt + new tokens + one more round's largest tree (the last round may draft past the end)."""
@@ -147,7 +152,7 @@ class Decoder:
         if self.backend == "hf":
             rows = 0
         else:
-            rows = tokens + 1 + self.entry.max_tree_nodes(self.config) + 1
+            rows = self.cache_rows(tokens)
         if self._target is None or rows > self._rows:
             kw = {} if self.backend == "hf" else {"max_len": rows}
             target = make_backend(self.pair.target, self.backend, **kw)

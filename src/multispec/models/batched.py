@@ -48,19 +48,10 @@ class SlotCache:
         self.lens = [0] * slots
 
     def keep(self, slot: int, indices: torch.Tensor) -> None:
-        """Keep rows `indices` (long [K], increasing) of `slot`: those after the common prefix are gathered down onto
-        it (FastBackend.keep, on one slot)."""
-        idx = indices.tolist()
-        first = 0
-        while first < len(idx) and idx[first] == first:
-            first += 1
-        if first < len(idx):
-            tail = torch.tensor(idx[first:], device=self.net.device)
-            end = first + len(tail)
-            for cache in (*self.k, *self.v):
-                cache[slot, :, first:end] = cache[slot].index_select(1, tail)
-            self.pos[slot, first:end] = self.pos[slot].index_select(0, tail)
-        self.lens[slot] = len(idx)
+        """Keep rows `indices` (long [K], increasing) of `slot` (FastBackend.keep, on the slot's views)."""
+        from multispec.models.fast import keep_rows
+
+        self.lens[slot] = keep_rows([c[slot] for c in (*self.k, *self.v)], self.pos[slot], indices)
 
 
 @dataclass

@@ -31,6 +31,22 @@ DEFAULT_ROWS = 4096
 TREE_SLACK = 256  # default rows past the position limit: a round's tree rows sit after the committed chain
 
 
+def keep_rows(caches, pos: torch.Tensor, indices: torch.Tensor) -> int:
+    """Keep rows `indices` (long [K], increasing) of per-layer caches [H, rows, D] and their positions pos [rows]:
+    the rows after the common prefix are gathered and written down onto it, in place. Returns K, the new length."""
+    idx = indices.tolist()
+    first = 0
+    while first < len(idx) and idx[first] == first:
+        first += 1
+    if first < len(idx):
+        tail = torch.tensor(idx[first:], device=pos.device)
+        end = first + len(tail)
+        for cache in caches:
+            cache[:, first:end] = cache.index_select(1, tail)
+        pos[first:end] = pos.index_select(0, tail)
+    return len(idx)
+
+
 class FastNet:
     """The step of one loaded model as plain tensor ops over its own modules, with no state of its own: the cache
     comes in as arguments, so one FastNet (and its compiled code) serves every backend over the model."""
@@ -309,14 +325,4 @@ class FastBackend(VocabSubset):
     def keep(self, indices: torch.Tensor) -> None:
         """Keep cache rows `indices` (long [K], increasing): the rows after the common prefix are gathered and
         written down onto it, inside the preallocated cache."""
-        idx = indices.tolist()
-        first = 0
-        while first < len(idx) and idx[first] == first:
-            first += 1
-        if first < len(idx):
-            tail = torch.tensor(idx[first:], device=self.device)
-            end = first + len(tail)
-            for cache in (*self.k_cache, *self.v_cache):
-                cache[:, first:end] = cache.index_select(1, tail)
-            self.pos[first:end] = self.pos.index_select(0, tail)
-        self._len = len(idx)
+        self._len = keep_rows((*self.k_cache, *self.v_cache), self.pos, indices)

@@ -88,7 +88,7 @@ class Scheduler:
         if max_batch > 1:
             from multispec.decoding.batch import BatchGroup
 
-            rows = (decoder.context or 4096) + decoder.entry.max_tree_nodes(decoder.config) + 3
+            rows = decoder.cache_rows(decoder.context or 4096)
             self.group = BatchGroup(decoder, max_batch, rows)
             self.decoders, max_concurrent = list(self.group.lanes), max_batch
         else:
