@@ -25,6 +25,7 @@ from pathlib import Path
 import numpy as np
 
 from pycode_args import add_pycode_args
+from serve_load import proc_status_mb
 
 ROOT = Path(__file__).resolve().parents[1]
 PYTHON = sys.executable
@@ -52,13 +53,7 @@ class Server:
         threading.Thread(target=lambda: self._stderr.extend(self.proc.stderr), daemon=True).start()
 
     def rss_mb(self, field: str = "VmRSS") -> float | None:
-        try:
-            for line in Path(f"/proc/{self.proc.pid}/status").read_text().splitlines():
-                if line.startswith(field + ":"):
-                    return int(line.split()[1]) / 1024
-        except OSError:
-            return None
-        return None
+        return proc_status_mb(self.proc.pid, field)
 
     def sample(self) -> None:
         def loop():

@@ -89,6 +89,17 @@ def main() -> None:
     sys.exit(0 if report["all_ok"] else 1)
 
 
+def proc_status_mb(pid: int, field: str) -> float | None:
+    """A /proc/PID/status memory field (VmRSS, VmHWM) in MB, or None once the process is gone."""
+    try:
+        for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+            if line.startswith(field + ":"):
+                return int(line.split()[1]) / 1024
+    except OSError:
+        return None
+    return None
+
+
 class Server:
     """`multispec serve` in a subprocess on a free loopback port, with its RSS sampled every 0.2 s."""
 
@@ -109,13 +120,7 @@ class Server:
         threading.Thread(target=lambda: self._stderr.extend(self.proc.stderr), daemon=True).start()
 
     def status_mb(self, field: str) -> float | None:
-        try:
-            for line in Path(f"/proc/{self.proc.pid}/status").read_text().splitlines():
-                if line.startswith(field + ":"):
-                    return int(line.split()[1]) / 1024
-        except OSError:
-            return None
-        return None
+        return proc_status_mb(self.proc.pid, field)
 
     def start_sampling(self) -> None:
         self.rss_start_mb = self.rss_peak_mb = self.status_mb("VmRSS")
