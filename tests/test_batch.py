@@ -306,3 +306,17 @@ def test_bench_batch_size_measures_every_method_and_transformers_batched_generat
                                                               for t in (0.0, 1.0)}
     assert all(r["batch_size"] == 2 and r["prompts"] == 4 and r["tokens_per_s"] > 0 for r in rows)
     assert "batched ar" in out
+
+
+@pytest.mark.parametrize("args,needle", [
+    (["generate", "--prompt-file", "{jsonl}", "--batch-size", "0"], "--batch-size"),
+    (["generate", "--prompt-file", "{blank}", "--lines"], "no prompts"),
+    (["serve", "--max-batch", "0"], "--max-batch"),
+    (["bench", "--batch-size", "0", "--out", "{out}"], "--batch-size"),
+])
+def test_batch_options_refuse_bad_values_in_one_line(tmp_path, capsys, args, needle):
+    (tmp_path / "p.jsonl").write_text('"a"\n"b"\n')
+    (tmp_path / "blank.txt").write_text("\n  \n")
+    args = [a.format(jsonl=tmp_path / "p.jsonl", blank=tmp_path / "blank.txt", out=tmp_path / "o") for a in args]
+    code, _, err = run_cli(capsys, *args)
+    assert_one_line_error(code, err, needle)
