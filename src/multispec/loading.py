@@ -14,9 +14,15 @@ _DTYPES = {"float32": torch.float32, "fp32": torch.float32, "bfloat16": torch.bf
            "float16": torch.float16, "fp16": torch.float16}
 
 
+CROSS_VOCAB_MODES = {"tli": "token-level intersection (the draft proposes the tokens both vocabularies have)",
+                     "uag": "text re-tokenization (the draft's text re-encoded with the target's tokenizer, a chain)"}
+
+
 @dataclass
 class Pair:
-    """A target model, an optional draft model sharing its vocabulary, and their tokenizer."""
+    """A target model, an optional draft model, and the target's tokenizer (the text's tokens: the output is always
+    the target's). A draft with another tokenizer drafts through `cross_vocab` ("tli" or "uag", None when the
+    vocabularies agree), with `bridge` mapping the two vocabularies and `draft_tokenizer` its own."""
 
     target: torch.nn.Module
     draft: torch.nn.Module | None
@@ -24,6 +30,9 @@ class Pair:
     target_path: str
     draft_path: str | None
     compile: bool = False  # generate's default backend: "compiled" when True, else "hf"
+    cross_vocab: str | None = None
+    draft_tokenizer: object = None
+    bridge: object = None  # models.vocab_bridge.VocabBridge when cross_vocab
 
     @property
     def device(self) -> torch.device:
@@ -31,10 +40,12 @@ class Pair:
 
 
 def load_pair(target: str | None = None, draft: str | None = None, device: str | None = None,
-              dtype: str | torch.dtype | None = None, compile: bool = False) -> Pair:
+              dtype: str | torch.dtype | None = None, compile: bool = False, cross_vocab: str | None = None) -> Pair:
     """Load a target/draft pair from local Hugging Face directories (or hub names where a hub is reachable).
 
-    target=None and draft=None load the embedded default pair. The draft must share the target's vocabulary.
+    target=None and draft=None load the embedded default pair. A draft with another tokenizer (its tokenizer files
+    beside it) drafts in the target's tokens through cross_vocab: "tli" (default: token-level intersection) or "uag"
+    (text re-tokenization); one line on stderr says which (docs/cross_vocab.md).
     device: default "cuda" when available, else "cpu". dtype: default float32 on CPU, bfloat16 on CUDA.
     compile=True: `generate` runs on the compiled fast backend unless told otherwise (backend="compiled": the
     static-cache backend with its steps torch.compile'd; Llama-family models only, checked here). Every step size
@@ -42,6 +53,8 @@ def load_pair(target: str | None = None, draft: str | None = None, device: str |
     compiled code on disk, so later loads take seconds). On this project's CPU it is not faster overall (README).
     """
     check(isinstance(compile, bool), f"compile must be True or False, got {compile!r}")
+    check(cross_vocab is None or cross_vocab in CROSS_VOCAB_MODES,
+          f"cross_vocab must be one of {', '.join(CROSS_VOCAB_MODES)}, got {cross_vocab!r}")
     if target is None:
         check(draft is None, "a draft was given without a target; give both, or neither for the default pair")
         target, draft = DEFAULT_PAIR_DIR / "target", DEFAULT_PAIR_DIR / "draft"
@@ -54,17 +67,22 @@ def load_pair(target: str | None = None, draft: str | None = None, device: str |
     dtype = dtype or (torch.bfloat16 if device.type == "cuda" else torch.float32)
     t_model = _load_model(str(target), device, dtype)
     tokenizer = load_tokenizer(str(target))
-    d_model = None
+    d_model = d_tok = bridge = None
     if draft is not None:
         d_model = _load_model(str(draft), device, dtype)
         tv, dv = vocab_rows(t_model), vocab_rows(d_model)
-        check(tv == dv, f"draft and target vocabularies differ: the target has {tv} output tokens, the draft {dv}; "
-                        "speculative decoding needs one shared vocabulary")
         d_tok = load_tokenizer(str(draft), required=False)
-        if d_tok is not None:
-            check(d_tok.get_vocab() == tokenizer.get_vocab(),
-                  "draft and target tokenizers differ (same size, different tokens); use a draft trained with the "
-                  "target's tokenizer")
+        shared = tv == dv and (d_tok is None or d_tok.get_vocab() == tokenizer.get_vocab())
+        if shared:
+            check(cross_vocab is None, f"cross_vocab={cross_vocab!r} is for a draft with another tokenizer; this "
+                                       "draft shares the target's vocabulary")
+            d_tok = None
+        else:
+            check(d_tok is not None, f"draft and target vocabularies differ ({dv} vs {tv} output tokens) and the "
+                                     f"draft has no tokenizer files to map one to the other; put the draft's "
+                                     f"tokenizer files beside its weights in {draft}")
+            cross_vocab = cross_vocab or "tli"
+            bridge = _bridge(tokenizer, d_tok, tv, dv, cross_vocab)
     if compile:
         from multispec.models import make_backend
 
@@ -74,7 +92,22 @@ def load_pair(target: str | None = None, draft: str | None = None, device: str |
         for m in models:
             make_backend(m, "compiled", max_len=128).warm_up()  # every step size now, not mid-generation
     return Pair(target=t_model, draft=d_model, tokenizer=tokenizer, target_path=str(target),
-                draft_path=None if draft is None else str(draft), compile=compile)
+                draft_path=None if draft is None else str(draft), compile=compile,
+                cross_vocab=cross_vocab if bridge is not None else None, draft_tokenizer=d_tok, bridge=bridge)
+
+
+def _bridge(tokenizer, d_tok, tv: int, dv: int, mode: str):
+    """The two vocabularies' map, and the one line on stderr that says how this draft drafts."""
+    import sys
+
+    from multispec.models.vocab_bridge import VocabBridge
+
+    bridge = VocabBridge(tokenizer, d_tok, tv, dv)
+    check(mode != "tli" or bridge.size > 0, "the draft's and the target's vocabularies share no token; "
+                                            "use cross_vocab='uag' (text re-tokenization)")
+    print(f"multispec: the draft has another tokenizer; drafting by {CROSS_VOCAB_MODES[mode]} "
+          f"[{mode}; {bridge.describe()}]", file=sys.stderr, flush=True)
+    return bridge
 
 
 def resolve_device(device: str | torch.device | None) -> torch.device:

@@ -30,9 +30,11 @@ class HFCounts:
 
 def hf_assisted_generate(target: torch.nn.Module, draft: torch.nn.Module, ids: list[int], sampling: SamplingConfig,
                          max_new_tokens: int, seed: int, eos_ids: set[int],
-                         num_assistant_tokens: int | None = None) -> tuple[list[int], HFCounts]:
+                         num_assistant_tokens: int | None = None,
+                         tokenizers: tuple | None = None) -> tuple[list[int], HFCounts]:
     """One assisted generation. ids: prompt token ids (BOS included). num_assistant_tokens=None keeps transformers'
-    defaults; N sets num_assistant_tokens=N with the constant schedule. Returns (new token ids, counts)."""
+    defaults; N sets num_assistant_tokens=N with the constant schedule. tokenizers: (target's, draft's) for a draft
+    of another tokenizer: transformers' universal assisted generation. Returns (new token ids, counts)."""
     saved = draft.generation_config
     gc = copy.deepcopy(saved)
     if num_assistant_tokens is not None:
@@ -54,6 +56,8 @@ def hf_assisted_generate(target: torch.nn.Module, draft: torch.nn.Module, ids: l
     kwargs = dict(max_new_tokens=max_new_tokens, do_sample=not sampling.greedy,
                   eos_token_id=eos or None, pad_token_id=eos[0] if eos else 0,
                   attention_mask=torch.ones_like(input_ids))
+    if tokenizers is not None:
+        kwargs.update(tokenizer=tokenizers[0], assistant_tokenizer=tokenizers[1])
     if not sampling.greedy:
         kwargs.update(temperature=float(sampling.temperature), top_k=sampling.top_k or 0,
                       top_p=1.0 if sampling.top_p is None else float(sampling.top_p))

@@ -44,13 +44,13 @@ def run_bench(target: str | None = None, draft: str | None = None, datasets: lis
               out: str | Path | None = None, threads: int | None = None, device: str | None = None,
               dtype: str | None = None, max_prompt_tokens: int | None = 512, prompt_field: str = "prompt",
               best_probe: int = 3, pair=None, progress: bool = True, command: list[str] | None = None,
-              shadow_target: str | None = None) -> dict:
+              shadow_target: str | None = None, cross_vocab: str | None = None) -> dict:
     """Benchmark `methods` on `datasets`; returns the results dict (see docs/bench.md) and, when `out` is given,
     writes it there. limit: an int for every data set (per category for spec-bench), or per data set as
     {name: N} or 'name=N,name=N'. `pair`: an already loaded `api.Pair` (then target/draft/device/dtype are not used).
     shadow_target: 'LAYERSxHIDDEN' (e.g. '12x768'): every target forward (engine methods and hf-assisted alike) also
     runs a random Llama of that shape, so that step costs are a larger model's while acceptance stays the pair's;
-    every output says so (settings.shadow_target.label)."""
+    every output says so (settings.shadow_target.label). cross_vocab: load_pair's, for a draft of another tokenizer."""
     from multispec.bench.report import write_outputs
     from multispec.loading import eos_ids, load_pair, vocab_rows
     from multispec.text import encode_prompt
@@ -99,7 +99,8 @@ def run_bench(target: str | None = None, draft: str | None = None, datasets: lis
         if target is None:  # the embedded default pair
             pair = load_pair(device=device, dtype=dtype)
         else:
-            pair = load_pair(target=target, draft=draft if wants_draft else None, device=device, dtype=dtype)
+            pair = load_pair(target=target, draft=draft if wants_draft else None, device=device, dtype=dtype,
+                             cross_vocab=cross_vocab if wants_draft else None)
     bos = pair.tokenizer.bos_token_id
     encoded = {}
     for d, ps in prompts.items():
@@ -278,7 +279,8 @@ def _make_runner(spec: MethodSpec, pair, eos: set[int], shadow: _Shadow | None =
             n = knob if knob is not None else spec.hf_tokens
             handle = shadow.hook(pair.target) if shadow is not None else None
             try:
-                new, c = hf_assisted_generate(pair.target, pair.draft, ids, sampling, max_new, seed, eos, n)
+                new, c = hf_assisted_generate(pair.target, pair.draft, ids, sampling, max_new, seed, eos, n,
+                                              (pair.tokenizer, pair.draft_tokenizer) if pair.cross_vocab else None)
             finally:
                 if handle is not None:
                     handle.remove()

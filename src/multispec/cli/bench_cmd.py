@@ -16,6 +16,9 @@ def _floats(text: str) -> list[float]:
 @cli.command("bench")
 @click.option("--target", help="Target model directory (default: the embedded default pair).")
 @click.option("--draft", help="Draft model directory (needed by every method but ar).")
+@click.option("--cross-vocab", type=click.Choice(["tli", "uag"]), help="A draft with another tokenizer: tli "
+              "(default) drafts the tokens both vocabularies share; uag re-encodes the draft's text with the target's "
+              "tokenizer (chains only). docs/cross_vocab.md")
 @click.option("--dataset", "datasets", default="humaneval", show_default=True,
               help="Data set(s), comma-separated: humaneval, gsm8k, mt-bench, spec-bench, alpaca, or a .jsonl path.")
 @click.option("--data-dir", help="Folder holding the data files (default: $MULTISPEC_DATA).")
@@ -49,7 +52,7 @@ def _floats(text: str) -> list[float]:
               "decodes every prompt, N sequences at a time; total tokens/s (hf-assisted specs become transformers' "
               "batched generate). Fast backend.")
 @click.option("--quiet", is_flag=True, help="No progress bar.")
-def bench_command(target, draft, datasets, data_dir, prompt_field, methods, temperatures, top_k, top_p,
+def bench_command(target, draft, cross_vocab, datasets, data_dir, prompt_field, methods, temperatures, top_k, top_p,
                   max_new_tokens, max_prompt_tokens, limit, offset, repeats, warmup, best_probe, seed, out, threads,
                   device, dtype, shadow_target, batch_size, quiet):
     """Benchmark methods on a prompt set; writes results.json, results.md and plots to --out."""
@@ -64,7 +67,7 @@ def bench_command(target, draft, datasets, data_dir, prompt_field, methods, temp
         click.echo(f"warning: {warning}", err=True)
 
     if batch_size is not None:
-        _batch_bench(target, draft, datasets, data_dir, methods, temperatures, batch_size, max_new_tokens, limit, seed,
+        _batch_bench(target, draft, cross_vocab, datasets, data_dir, methods, temperatures, batch_size, max_new_tokens, limit, seed,
                      out, device, dtype, shadow_target, quiet)
         return
     results = run_bench(target=target, draft=draft, datasets=datasets, data_dir=data_dir, methods=methods,
@@ -73,7 +76,7 @@ def bench_command(target, draft, datasets, data_dir, prompt_field, methods, temp
                         seed=seed, out=out, threads=threads, device=device, dtype=dtype,
                         max_prompt_tokens=max_prompt_tokens or None, prompt_field=prompt_field,
                         best_probe=best_probe, progress=not quiet, command=["multispec", *sys.argv[1:]],
-                        shadow_target=shadow_target)
+                        shadow_target=shadow_target, cross_vocab=cross_vocab)
     label = shadow_label_of(results)
     if label:
         click.echo(label)
@@ -89,7 +92,7 @@ def bench_command(target, draft, datasets, data_dir, prompt_field, methods, temp
     click.echo(f"wrote {out}/results.json, results.md, speedup.png" + (f"  ({label})" if label else ""))
 
 
-def _batch_bench(target, draft, datasets, data_dir, methods, temperatures, batch_size, max_new_tokens, limit, seed,
+def _batch_bench(target, draft, cross_vocab, datasets, data_dir, methods, temperatures, batch_size, max_new_tokens, limit, seed,
                  out, device, dtype, shadow_target, quiet) -> None:
     from multispec.bench.batched import run_batch_bench
     from multispec.errors import check
@@ -99,7 +102,7 @@ def _batch_bench(target, draft, datasets, data_dir, methods, temperatures, batch
                                  "--batch-size")
     check(limit is None or limit.isdigit(), "with --batch-size, --limit is one number of prompts per data set")
     temps = _floats(temperatures)
-    pair = load_pair(target=target, draft=draft, device=device, dtype=dtype)
+    pair = load_pair(target=target, draft=draft, device=device, dtype=dtype, cross_vocab=cross_vocab)
     results = run_batch_bench(pair, [d.strip() for d in datasets.split(",")], data_dir, methods, temps, batch_size,
                               max_new_tokens, int(limit) if limit else None, seed, out,
                               command=["multispec", *sys.argv[1:]],

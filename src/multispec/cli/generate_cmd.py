@@ -22,7 +22,10 @@ SEED_MAX = 2**63 - 1
 @click.option("--batch-size", type=click.IntRange(1, 256), help="Several prompts: how many decode at once "
               "(default: all, at most 256).")
 @click.option("--target", help="Target model: local Hugging Face directory (default: the embedded default pair).")
-@click.option("--draft", help="Draft model sharing the target's vocabulary.")
+@click.option("--draft", help="Draft model (another tokenizer: see --cross-vocab).")
+@click.option("--cross-vocab", type=click.Choice(["tli", "uag"]), help="A draft with another tokenizer: tli "
+              "(default) drafts the tokens both vocabularies share; uag re-encodes the draft's text with the target's "
+              "tokenizer (chains only). docs/cross_vocab.md")
 @click.option("--method", type=click.Choice(method_names()), default=DEFAULT_METHOD, show_default=True)
 @method_options
 @click.option("--temperature", type=float, help="0 means greedy. Default: the target's generation_config.json "
@@ -47,7 +50,7 @@ SEED_MAX = 2**63 - 1
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object: the stats plus `text` and `token_ids`.")
 @click.option("--baseline", is_flag=True, help="Also run plain decoding (ar) on the same settings and report the "
               "speedup over it.")
-def generate_command(prompt, prompt_file, per_line, batch_size, target, draft, method, temperature, top_k, top_p, seed, max_new_tokens,
+def generate_command(prompt, prompt_file, per_line, batch_size, target, draft, cross_vocab, method, temperature, top_k, top_p, seed, max_new_tokens,
                      reproducible, stop, device, dtype, backend, compile_, threads, stream, as_json, baseline, **method_kw):
     """Generate a continuation of PROMPT with speculative decoding ('-': read it from stdin)."""
     from multispec.api import generate, load_pair, resolve_device
@@ -83,7 +86,7 @@ def generate_command(prompt, prompt_file, per_line, batch_size, target, draft, m
 
     if many and not compile_ and backend_given is None:
         backend = None  # generate picks the fast backend for a batch where the model has one
-    pair = load_pair(target=target, draft=draft, device=device, dtype=dtype, compile=backend == "compiled")
+    pair = load_pair(target=target, draft=draft, device=device, dtype=dtype, cross_vocab=cross_vocab, compile=backend == "compiled")
     if many:
         results = generate(pair, prompts, method=method, max_new_tokens=max_new_tokens, temperature=temperature,
                            top_k=top_k, top_p=top_p, seed=seed, stop=stops or None, backend=backend,

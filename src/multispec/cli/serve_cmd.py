@@ -24,7 +24,10 @@ FORCE_GRACE_S = 0.3  # after stop_all, time for the error replies to go out befo
 
 @cli.command("serve")
 @click.option("--target", help="Target model: local Hugging Face directory (default: the embedded default pair).")
-@click.option("--draft", help="Draft model sharing the target's vocabulary.")
+@click.option("--draft", help="Draft model (another tokenizer: see --cross-vocab).")
+@click.option("--cross-vocab", type=click.Choice(["tli", "uag"]), help="A draft with another tokenizer: tli "
+              "(default) drafts the tokens both vocabularies share; uag re-encodes the draft's text with the target's "
+              "tokenizer (chains only). docs/cross_vocab.md")
 @click.option("--method", type=click.Choice(method_names()), default=None,
               help="Decoding method (default: multispec.generate's default).")
 @method_options
@@ -55,7 +58,7 @@ FORCE_GRACE_S = 0.3  # after stop_all, time for the error replies to go out befo
 @click.option("--threads", type=click.IntRange(min=1), help="torch CPU threads per op (default: torch's choice).")
 @click.option("--log-level", type=click.Choice(["critical", "error", "warning", "info", "debug"]), default="info",
               show_default=True)
-def serve_command(target, draft, method, host, port, served_model_name, max_concurrent, max_batch, max_queue,
+def serve_command(target, draft, cross_vocab, method, host, port, served_model_name, max_concurrent, max_batch, max_queue,
                   request_timeout,
                   chat_template, device, dtype, backend, compile_, drain_timeout, threads, log_level, **method_kw):
     """Serve the pair over HTTP with the OpenAI API: /v1/completions, /v1/chat/completions, /v1/models,
@@ -88,7 +91,9 @@ def serve_command(target, draft, method, host, port, served_model_name, max_conc
     from multispec.api import load_pair
     from multispec.serve import ServeSettings, create_app
 
-    pair = load_pair(target=target, draft=draft, device=device, dtype=dtype, compile=backend == "compiled")
+    pair = load_pair(target=target, draft=draft, device=device, dtype=dtype, cross_vocab=cross_vocab, compile=backend == "compiled")
+    check(max_batch == 1 or pair.cross_vocab is None, "--max-batch: a draft with another tokenizer drafts one "
+                                                       "sequence at a time; use --max-concurrent")
     if backend is None:
         from multispec.decoding.batch import batch_backend
 

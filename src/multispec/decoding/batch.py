@@ -37,9 +37,14 @@ SEQUENTIAL_NOTE = ("the transformers backend runs a batch's sequences one at a t
                    "rows); --backend fast batches them")
 
 
+CROSS_VOCAB_NOTE = ("a draft with another tokenizer drafts one sequence at a time (batched slots hold one "
+                    "vocabulary's rows)")
+
+
 def batchable(decoder: Decoder) -> bool:
-    """Whether the decoder's backend can batch (the fast backend; compiled code runs batches eagerly)."""
-    return decoder.backend in ("fast", "compiled")
+    """Whether the decoder can batch: the fast backend (compiled code runs batches eagerly), with a draft of the
+    target's own vocabulary."""
+    return decoder.backend in ("fast", "compiled") and decoder.pair.cross_vocab is None
 
 
 def batch_backend(pair) -> str:
@@ -64,6 +69,8 @@ class BatchGroup:
     def __init__(self, decoder: Decoder, slots: int, rows: int):
         from multispec.models.fast import FastNet
 
+        check(decoder.pair.cross_vocab is None, f"batched decoding: {CROSS_VOCAB_NOTE}; use one slot per worker "
+                                                "(serve --max-concurrent)")
         check(batchable(decoder), f"batched decoding runs on the fast backend, not {decoder.backend!r}")
         self.decoder, self.slots, self.rows = decoder, slots, rows
         self.batcher = StepBatcher()
@@ -170,7 +177,8 @@ def generate_batch(decoder: Decoder, prompts, batch_size: int | None = None, max
         group = BatchGroup(decoder, size, rows)
         lanes, notes = group.lanes, []
     else:
-        lanes, notes, size = [decoder], [SEQUENTIAL_NOTE], 1
+        lanes, size = [decoder], 1
+        notes = [CROSS_VOCAB_NOTE if decoder.pair.cross_vocab is not None else SEQUENTIAL_NOTE]
     free: queue.SimpleQueue = queue.SimpleQueue()
     for lane in lanes:
         free.put(lane)

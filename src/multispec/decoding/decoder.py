@@ -74,6 +74,9 @@ class Decoder:
         self.cheap = CheapDraft(vocab=draft_vocab, dtype=draft_dtype)  # validated here, one line on bad values
         check(not self.cheap.active or self.uses_draft, f"draft_vocab / draft_dtype make the draft model cheaper, and "
                                                         f"method {self.config.name!r} does not draft with one here")
+        check(self.cheap.vocab is None or pair.cross_vocab is None,
+              "draft_vocab restricts a draft that shares the target's vocabulary; a draft with another tokenizer "
+              "already drafts from the tokens the two vocabularies share")
         self.draft_model = self.cheap.draft_model(pair.draft) if self.uses_draft else None  # int8: a copy, once
         self.token_freq = self.cheap.frequencies(pair.tokenizer, vocab_rows(pair.draft)) \
             if self.uses_draft else None
@@ -81,9 +84,13 @@ class Decoder:
         self.loaded = loaded if loaded is not None else \
             (self.entry.load(self.config, pair) if self.entry.load is not None else {})
         self.policy = self.entry.make_policy(self.config, pair, self.loaded)
+        if self.uses_draft and pair.cross_vocab == "uag":
+            _refuse_where_retokenizing(self.config, self.entry, self.policy)
         self.eos_ids = eos_ids(pair)
         self.vocab_size = vocab_rows(pair.target)
-        models = [pair.target] + ([pair.draft] if pair.draft is not None and self.config.name != "ar" else [])
+        # a draft of another tokenizer reads a window of the text where its positions run out (models/intersection)
+        models = [pair.target] + ([pair.draft] if pair.draft is not None and self.config.name != "ar"
+                                  and pair.cross_vocab is None else [])
         limits = [n for n in (max_positions(m) for m in models) if n is not None]
         self.context = min(limits) if limits else None  # the model's positions; None when the configs say nothing
         self._target = self._draft = None
@@ -157,7 +164,10 @@ class Decoder:
             kw = {} if self.backend == "hf" else {"max_len": rows}
             target = make_backend(self.pair.target, self.backend, **kw)
             self._target = self.wrap_target(target) if self.wrap_target is not None else target
-            self._draft = make_backend(self.draft_model, self.backend, **kw) if self.uses_draft else None
+            self._draft = None
+            if self.uses_draft:
+                self._draft = make_backend(self.draft_model, self.backend, **kw) if self.pair.cross_vocab is None \
+                    else cross_vocab_backend(self.pair, self.draft_model, self.backend, len(self.config.tree))
             self._rows = rows
         return self._target, self._draft
 
@@ -268,6 +278,7 @@ class Decoder:
             "backend": self.backend,
             "draft_vocab": self.cheap.vocab,
             "draft_dtype": self.cheap.dtype,
+            "cross_vocab": self.pair.cross_vocab if self.uses_draft else None,
             **metrics.stats(),
         }
         extra = self.policy.report()
@@ -286,6 +297,33 @@ def _backend_name(pair: Pair, backend) -> str:
     check(not (pair.compile and backend == "hf"),
           "backend 'hf' asked for on a pair loaded with compile=True; compiling applies to the fast backend")
     return backend
+
+
+def cross_vocab_backend(pair: Pair, draft_model, kind: str, depth: int = 0):
+    """The draft's backend in the target's token ids for a draft of another tokenizer (pair.cross_vocab): its own
+    backend, sized to its own positions (at most 4,096 rows), behind the mode's wrapper. depth: the method's chain
+    depth (0: adaptive, e.g. auto); re-tokenization drafts half as many draft tokens again per proposal (a target
+    token often spans more than one of a smaller vocabulary's), at most 8."""
+    from multispec.models import make_backend
+    from multispec.models.intersection import IntersectionDraft
+    from multispec.models.retokenize import RetokenizedDraft
+
+    rows = min(max_positions(pair.draft) or 4096, 4096)
+    inner = make_backend(draft_model, kind, **({} if kind == "hf" else {"max_len": rows}))
+    if pair.cross_vocab == "uag":
+        lookahead = min(8, depth + depth // 2 + 1) if depth else 8
+        return RetokenizedDraft(inner, pair.tokenizer, pair.draft_tokenizer, vocab_rows(pair.target), rows,
+                                lookahead)
+    return IntersectionDraft(inner, pair.bridge, rows)
+
+
+def _refuse_where_retokenizing(config: MethodConfig, entry, policy) -> None:
+    """Text re-tokenization proposes one deterministic chain, with no draft hidden states: refuse what needs more."""
+    check(not entry.may_draft_trees(config), f"method {config.name!r} drafts token trees, and a draft re-tokenized "
+                                             "from text proposes one chain; use sd or auto, or cross_vocab='tli'")
+    check(not getattr(policy, "needs_hidden", False),
+          f"method {config.name!r} reads the draft's hidden states, which text re-tokenization does not have; use "
+          "sd or auto, or cross_vocab='tli'")
 
 
 def _refuse_trees_where_inexact(pair: Pair, config: MethodConfig, uses_draft: bool) -> None:

@@ -321,7 +321,8 @@ def _auto_policy(config: MethodConfig, pair, loaded: dict):
     chains_only = any(m is not None and hasattr(m, "config") and tree_refusal(m) for m in (pair.target, pair.draft))
     if chains_only:  # suffix trees are trees
         proposers = tuple(p for p in proposers if p != "suffix")
-    return AutoPolicy(proposers=proposers, max_nodes=config.max_nodes, max_width=1 if chains_only else 4,
+    one_chain = chains_only or getattr(pair, "cross_vocab", None) == "uag"  # a re-tokenized draft: one chain
+    return AutoPolicy(proposers=proposers, max_nodes=config.max_nodes, max_width=1 if one_chain else 4,
                       suffix_store=store)
 
 
