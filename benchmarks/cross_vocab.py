@@ -42,7 +42,7 @@ def main() -> None:
     ap.add_argument("--limit", type=int, default=40)
     ap.add_argument("--temperatures", default="0,1")
     ap.add_argument("--max-new-tokens", type=int, default=128)
-    ap.add_argument("--systems", help="comma-separated labels (default: all)")
+    ap.add_argument("--systems", help="labels separated by ';' (default: all)")
     ap.add_argument("--out", required=True)
     args = ap.parse_args()
 
@@ -60,7 +60,7 @@ def main() -> None:
     pairs = {"own": load_pair(target, f"{args.models}/pycode-v1/draft", device="cpu", dtype="float32")}
     for mode in ("tli", "uag"):
         pairs[mode] = load_pair(target, str(DEFAULT_DRAFT), device="cpu", dtype="float32", cross_vocab=mode)
-    chosen = SYSTEMS if not args.systems else [s for s in SYSTEMS if s[0] in args.systems.split(",")]
+    chosen = SYSTEMS if not args.systems else [s for s in SYSTEMS if s[0] in args.systems.split(";")]
     decoders = {label: None if method == "hf" else Decoder(pairs[p], method, "fast", **opts)
                 for label, p, method, opts in chosen}
     prompts = load_prompts("humaneval", data_dir=args.data_dir, limit=args.limit)

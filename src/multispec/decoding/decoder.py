@@ -53,7 +53,9 @@ class Decoder:
     wrap_target(backend) -> backend: wraps the target backend (the bench's shadow target). loaded: the method's
     trained models, already read (spawn passes them). draft_vocab=N: the draft's output layer restricted to the
     N most frequent tokens plus the prompt's (grown with every committed token); draft_dtype="int8": int8 draft
-    weights (CPU). Both only make the draft cheaper: the output law is the target's either way (models/cheap.py)."""
+    weights (CPU). Both only make the draft cheaper: the output law is the target's either way (models/cheap.py).
+    `auto`, given neither, uses the form of the draft whose step is fastest here (draft_dtype="float32": the draft
+    as loaded)."""
 
     def __init__(self, pair: Pair, method: str | MethodConfig = "auto", backend: str | None = None, *,
                  wrap_target: Callable | None = None, loaded: dict | None = None, draft_vocab: int | None = None,
@@ -72,6 +74,11 @@ class Decoder:
         from multispec.models.cheap import CheapDraft
 
         self.cheap = CheapDraft(vocab=draft_vocab, dtype=draft_dtype)  # validated here, one line on bad values
+        if self.entry.chooses_cheap_draft and not self.cheap.active and draft_dtype is None and self.uses_draft \
+                and pair.cross_vocab is None:  # auto: the fastest form of the draft on this machine (models/cheap)
+            from multispec.models.cheap import choose_cheap_draft
+
+            self.cheap = choose_cheap_draft(pair.draft, pair.tokenizer, self.backend)
         check(not self.cheap.active or self.uses_draft, f"draft_vocab / draft_dtype make the draft model cheaper, and "
                                                         f"method {self.config.name!r} does not draft with one here")
         check(self.cheap.vocab is None or pair.cross_vocab is None,

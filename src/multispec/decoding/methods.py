@@ -95,7 +95,9 @@ class MethodEntry:
     drafts_trees(config): whether a round may draft siblings, which models that attend by cache row cannot verify
     (the Decoder refuses the method there; default: a level of config.tree wider than one).
     reproducible_when_seeded: a seeded sampling run verifies with position-keyed noise by default (auto: its plans
-    follow measured timings, so without the mode a seed would not fix its text; docs/reproducible.md)."""
+    follow measured timings, so without the mode a seed would not fix its text; docs/reproducible.md).
+    chooses_cheap_draft: given neither draft_vocab nor draft_dtype, the Decoder drafts with the fastest form of the
+    draft on this machine (auto; models/cheap.choose_cheap_draft)."""
 
     name: str
     options: frozenset
@@ -108,6 +110,7 @@ class MethodEntry:
     drafts_trees: Callable[[MethodConfig], bool] | None = None
     summary: str = ""
     reproducible_when_seeded: bool = False  # a seeded run at T > 0 uses the reproducible mode unless told not to
+    chooses_cheap_draft: bool = False  # without draft_vocab / draft_dtype, the Decoder picks the fastest draft form
 
     def drafts_with_model(self, config: MethodConfig) -> bool:
         return self.uses_draft(config) if self.uses_draft is not None else self.needs_draft
@@ -374,7 +377,7 @@ def _suffix_policy(config: MethodConfig, pair, loaded: dict):
 for _entry in (
     MethodEntry("auto", frozenset({"proposers", "max_nodes"}), _build_auto, _auto_policy, needs_draft=False,
                 uses_draft=lambda c: "draft" in c.proposers, tree_nodes=lambda c: c.max_nodes, load=_load_auto,
-                reproducible_when_seeded=True,
+                reproducible_when_seeded=True, chooses_cheap_draft=True,
                 summary="per round: no speculation, a lookup chain or a draft tree, from measured acceptance and "
                         "costs"),
     MethodEntry("ar", frozenset(), _build_ar, _fixed_tree_policy, needs_draft=False,

@@ -22,6 +22,7 @@ import torch
 from multispec.errors import check
 
 DRAFT_DTYPES = ("float32", "int8")  # float32: the draft as loaded
+INT8_COPY = "_multispec_int8_copy"
 
 
 @dataclass(frozen=True)
@@ -54,7 +55,26 @@ class CheapDraft:
             return draft
         from multispec.models.int8 import quantize_draft
 
-        return quantize_draft(draft)
+        weight = draft.get_input_embeddings().weight
+        copy = draft.__dict__.get(INT8_COPY)
+        if copy is None or weight.device.type != "cpu" or weight.dtype != torch.float32:
+            copy = quantize_draft(draft)  # refuses a draft off the CPU or not in float32
+            draft.__dict__[INT8_COPY] = copy  # one copy per draft (kept outside its modules: not a submodule)
+        return copy
+
+    def ready_frequencies(self, tokenizer, vocab_size: int | None = None):
+        """The frequencies `frequencies` would use when they need no counting (a file given, the default pair's,
+        or one counted on this machine before), else None."""
+        from multispec.token_freq import DEFAULT_PAIR_FILE, TokenFrequencies, tokenizer_fingerprint
+
+        if self.frequency_file is not None or self.vocab is None:
+            return self.frequencies(tokenizer, vocab_size)
+        fingerprint = tokenizer_fingerprint(tokenizer)
+        default = TokenFrequencies.load(DEFAULT_PAIR_FILE)
+        if default.fingerprint == fingerprint and vocab_size in (None, default.vocab_size):
+            return self.frequencies(tokenizer, vocab_size)
+        return self.frequencies(tokenizer, vocab_size) if _freq_path(fingerprint, vocab_size or len(tokenizer)) \
+            .is_file() else None
 
     def frequencies(self, tokenizer, vocab_size: int | None = None):
         """token_freq.TokenFrequencies for the draft's tokenizer, or None when no reduced vocabulary is asked
@@ -73,9 +93,7 @@ class CheapDraft:
             if default.fingerprint == fingerprint and (vocab_size in (None, default.vocab_size)):
                 freq = default
             else:
-                root = os.environ.get("MULTISPEC_CACHE_DIR") or os.path.join(os.path.expanduser("~"), ".cache",
-                                                                             "multispec")
-                path = Path(root) / "token_freq" / f"{fingerprint[:16]}-{vocab_size or len(tokenizer)}.json"
+                path = _freq_path(fingerprint, vocab_size or len(tokenizer))
                 if path.is_file():
                     freq = TokenFrequencies.load(path)
                 else:
@@ -97,3 +115,123 @@ class CheapDraft:
         from multispec.token_freq import draft_vocab
 
         return draft_vocab(freq, self.vocab, prompt_ids)
+
+
+def _freq_path(fingerprint: str, vocab_size: int) -> Path:
+    root = os.environ.get("MULTISPEC_CACHE_DIR") or os.path.join(os.path.expanduser("~"), ".cache", "multispec")
+    return Path(root) / "token_freq" / f"{fingerprint[:16]}-{vocab_size}.json"
+
+
+# ---------------------------------------------------------------------------------------- auto's choice of draft
+AUTO_VOCAB = 1024  # acceptance within 1 % of the full draft's once S grows with the text (cheap_draft/steps.md)
+CHOICE_GAIN = 0.9  # a cheaper form is used when its step takes at most this share of the full draft's
+_CHOICES: dict[str, CheapDraft] = {}
+
+
+def choose_cheap_draft(draft: torch.nn.Module, tokenizer, kind: str) -> CheapDraft:
+    """The cheapest form of `draft` on this machine for `auto` (which chooses when the user sets neither
+    draft_vocab nor draft_dtype): the full draft, int8 weights (CPU, float32), a reduced output layer of AUTO_VOCAB
+    tokens (where token frequencies are at hand without counting), or both, whichever has the fastest one-token
+    step, if it takes at most CHOICE_GAIN of the full draft's. Timed once per (draft, backend, device, threads)
+    and kept on disk beside the cost calibrations (cache_root()/cheap-draft-v1.json): ~0.3 s the first time."""
+    from multispec.loading import vocab_rows
+
+    key = _choice_key(draft, kind)
+    if key in _CHOICES:
+        return _CHOICES[key]
+    stored = _load_choices().get(key)
+    if isinstance(stored, dict) and set(stored) <= {"vocab", "dtype"}:
+        try:
+            _CHOICES[key] = CheapDraft(**stored)
+            return _CHOICES[key]
+        except Exception:  # noqa: BLE001 - a malformed entry is measured again
+            pass
+    weight = draft.get_input_embeddings().weight
+    candidates = [CheapDraft()]
+    int8 = weight.device.type == "cpu" and weight.dtype == torch.float32
+    if int8:
+        candidates.append(CheapDraft(dtype="int8"))
+    vocab = vocab_rows(draft)
+    freq = CheapDraft(vocab=AUTO_VOCAB).ready_frequencies(tokenizer, vocab) if vocab > 2 * AUTO_VOCAB else None
+    if freq is not None:
+        candidates.append(CheapDraft(vocab=AUTO_VOCAB))
+        if int8:
+            candidates.append(CheapDraft(vocab=AUTO_VOCAB, dtype="int8"))
+    seconds = _time_steps(draft, candidates, freq, kind) if len(candidates) > 1 else [1.0]
+    best = min(range(len(candidates)), key=lambda i: seconds[i])
+    choice = candidates[best] if seconds[best] <= CHOICE_GAIN * seconds[0] else candidates[0]
+    _CHOICES[key] = choice
+    _store_choice(key, {"vocab": choice.vocab, "dtype": choice.dtype})
+    return choice
+
+
+def _time_steps(draft, candidates: list[CheapDraft], freq, kind: str, steps: int = 12) -> list[float]:
+    """The fastest of `steps` one-token steps (after 64 tokens of context) of each candidate, interleaved."""
+    import time
+
+    from multispec.models import make_backend
+    from multispec.models.base import forward_chain
+
+    quantized = None
+    backends = []
+    for c in candidates:
+        if c.dtype == "int8":
+            quantized = quantized or c.draft_model(draft)
+        b = make_backend(quantized if c.dtype == "int8" else draft, kind, **({} if kind == "hf" else
+                                                                           {"max_len": 96}))
+        if c.vocab is not None:
+            b.set_vocab_subset(c.subset(freq, []))
+        forward_chain(b, torch.arange(64) % 50 + 10)
+        backends.append(b)
+    best = [float("inf")] * len(candidates)
+    token = torch.tensor([11])
+    with torch.inference_mode():
+        for _ in range(steps):
+            for i, b in enumerate(backends):
+                t0 = time.perf_counter()
+                forward_chain(b, token)
+                best[i] = min(best[i], time.perf_counter() - t0)
+                b.keep(torch.arange(64))
+    return best
+
+
+def _choice_key(draft, kind: str) -> str:
+    import platform
+
+    cfg = getattr(draft, "config", None)
+    name = getattr(cfg, "_name_or_path", "") or type(draft).__name__
+    weight = draft.get_input_embeddings().weight
+    return "|".join(str(x) for x in (name, sum(p.numel() for p in draft.parameters()), kind, weight.device,
+                                      weight.dtype, torch.get_num_threads(),
+                                      platform.processor() or platform.machine()))
+
+
+def _choice_file() -> Path:
+    from multispec.paths import cache_root
+
+    return cache_root() / "cheap-draft-v1.json"
+
+
+def _load_choices() -> dict:
+    import json
+
+    try:
+        data = json.loads(_choice_file().read_text())
+    except (OSError, ValueError):
+        return {}
+    return data if isinstance(data, dict) else {}
+
+
+def _store_choice(key: str, entry: dict) -> None:
+    import json
+
+    data = _load_choices()
+    data[key] = entry
+    try:  # a choice that cannot be kept is measured again next time; nothing else is lost
+        path = _choice_file()
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_suffix(".tmp")
+        tmp.write_text(json.dumps(data))
+        tmp.replace(path)
+    except OSError:
+        pass
