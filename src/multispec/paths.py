@@ -38,3 +38,17 @@ def cache_root() -> Path:
         return Path(root)
     xdg = os.environ.get("XDG_CACHE_HOME")
     return Path(xdg if xdg and os.path.isabs(xdg) else os.path.join(os.path.expanduser("~"), ".cache")) / "multispec"
+
+
+def save_cache_json(path: Path, data) -> None:
+    """Write a cache file (JSON) whole or not at all: through a temporary file renamed over it. A cache that cannot
+    be written is only measured again next time, so failing to write it is silent."""
+    import json
+
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_suffix(".tmp")
+        tmp.write_text(json.dumps(data))
+        tmp.replace(path)
+    except OSError:
+        pass

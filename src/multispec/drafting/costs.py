@@ -246,16 +246,11 @@ def _disk() -> dict:
 def _store(key: str, entry: dict, memory: bool = True) -> None:
     if memory:
         _MEMORY[key] = entry
-    path = _cache_file()
-    try:  # the disk cache only saves a calibration on the next run; failing to write it loses nothing else
-        data = _disk()
-        data[key] = entry
-        path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = path.with_suffix(".tmp")
-        tmp.write_text(json.dumps(data))
-        tmp.replace(path)
-    except OSError:
-        pass
+    from multispec.paths import save_cache_json
+
+    data = _disk()
+    data[key] = entry
+    save_cache_json(_cache_file(), data)  # it only saves a calibration on the next run
 
 
 # ---------------------------------------------------------------------------------------------------- batched costs

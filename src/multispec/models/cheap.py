@@ -134,7 +134,7 @@ def choose_cheap_draft(draft: torch.nn.Module, tokenizer, kind: str) -> CheapDra
     tokens (where token frequencies are at hand without counting), or both, whichever has the fastest one-token
     step, if it takes at most CHOICE_GAIN of the full draft's. Timed once per (draft, backend, device, threads)
     and kept on disk beside the cost calibrations (cache_root()/cheap-draft-v1.json): ~0.3 s the first time."""
-    from multispec.loading import vocab_rows
+    from multispec.models.int8 import linear_shape
 
     key = _choice_key(draft, kind)
     if key in _CHOICES:
@@ -151,7 +151,7 @@ def choose_cheap_draft(draft: torch.nn.Module, tokenizer, kind: str) -> CheapDra
     int8 = weight.device.type == "cpu" and weight.dtype == torch.float32
     if int8:
         candidates.append(CheapDraft(dtype="int8"))
-    vocab = vocab_rows(draft)
+    vocab = linear_shape(draft.get_output_embeddings())[0]
     freq = CheapDraft(vocab=AUTO_VOCAB).ready_frequencies(tokenizer, vocab) if vocab > 2 * AUTO_VOCAB else None
     if freq is not None:
         candidates.append(CheapDraft(vocab=AUTO_VOCAB))
@@ -223,15 +223,8 @@ def _load_choices() -> dict:
 
 
 def _store_choice(key: str, entry: dict) -> None:
-    import json
+    from multispec.paths import save_cache_json
 
     data = _load_choices()
     data[key] = entry
-    try:  # a choice that cannot be kept is measured again next time; nothing else is lost
-        path = _choice_file()
-        path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = path.with_suffix(".tmp")
-        tmp.write_text(json.dumps(data))
-        tmp.replace(path)
-    except OSError:
-        pass
+    save_cache_json(_choice_file(), data)
