@@ -172,6 +172,9 @@ def _time_steps(draft, candidates: list[CheapDraft], freq, kind: str, steps: int
     from multispec.models import make_backend
     from multispec.models.base import forward_chain
 
+    from multispec.models.int8 import linear_shape
+
+    vocab = linear_shape(draft.get_output_embeddings())[0]
     quantized = None
     backends = []
     for c in candidates:
@@ -181,10 +184,10 @@ def _time_steps(draft, candidates: list[CheapDraft], freq, kind: str, steps: int
                                                                            {"max_len": 96}))
         if c.vocab is not None:
             b.set_vocab_subset(c.subset(freq, []))
-        forward_chain(b, torch.arange(64) % 50 + 10)
+        forward_chain(b, torch.arange(64) % vocab)
         backends.append(b)
     best = [float("inf")] * len(candidates)
-    token = torch.tensor([11])
+    token = torch.tensor([11 % vocab])
     with torch.inference_mode():
         for _ in range(steps):
             for i, b in enumerate(backends):

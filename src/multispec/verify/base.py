@@ -22,6 +22,7 @@ from typing import Callable
 import torch
 
 from multispec.errors import check
+from multispec.sampling import sample_rows
 
 EPS = 1e-12  # residual mass below this: sample from the current target instead (SPEC §1 convention 5)
 
@@ -131,7 +132,7 @@ def sample_plan(plan: Plan, drafts: torch.Tensor, generator: torch.Generator | N
         first = _first_true(coins * plan.den < plan.num)  # [B], S when every step rejects
         step_draft = torch.tensor(plan.index + (-1,), dtype=torch.long, device=drafts.device)
         accepted = step_draft[first]
-    residual_token = torch.multinomial(plan.residual, 1, generator=generator).squeeze(1)  # [B]
+    residual_token = sample_rows(plan.residual, 1, generator)[:, 0]  # [B]
     if plan.route:
         match = _first_true(drafts == residual_token[:, None])  # [B], n when no draft matches
         routed = torch.where(match < drafts.shape[1], match, torch.full_like(match, -1))
@@ -162,7 +163,7 @@ def evaluate_plan(plan: Plan, drafts: torch.Tensor) -> NodeLaw:
 # ----------------------------------------------------------------------------------- i.i.d. draft law
 def draw_iid(q: torch.Tensor, n: int, generator: torch.Generator | None) -> torch.Tensor:
     """n i.i.d. drafts per row. q: float [B, V]. Returns long [B, n]."""
-    return torch.multinomial(q, n, replacement=True, generator=generator)
+    return sample_rows(q, n, generator)
 
 
 def law_iid(q: torch.Tensor, n: int) -> tuple[torch.Tensor, torch.Tensor]:

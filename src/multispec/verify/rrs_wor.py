@@ -11,6 +11,7 @@ from __future__ import annotations
 import torch
 
 from multispec.errors import check
+from multispec.sampling import sample_rows
 from multispec.verify.base import Plan, VerifierSpec, gather, normalize_or
 
 _PAD_KEY = -1e6  # below any log q + Gumbel key; padding tokens (q = 0) follow in index order
@@ -23,6 +24,8 @@ def draw_wor(q: torch.Tensor, n: int, generator: torch.Generator | None) -> torc
     """
     b, v = q.shape
     check(n <= v, f"cannot draw {n} drafts without replacement from a vocabulary of {v} tokens")
+    if n == 1 and bool((q.sum(-1) > 0).all()):  # one draft: plain sampling, without V Gumbel keys
+        return sample_rows(q, 1, generator)
     u = torch.rand(b, v, generator=generator, dtype=torch.float64, device=q.device).clamp_min(1e-300)
     gumbel = -torch.log(-torch.log(u))  # [B, V]
     pad = _PAD_KEY - torch.arange(v, dtype=torch.float64, device=q.device)  # [V]
