@@ -36,6 +36,8 @@ PRIOR_WEIGHT = 2.0
 SHRINK = 3.0  # pseudo-observations pulling a depth's estimate towards the pooled one for its rank
 PROBE_PERIODS = (8, 16, 32, 64)
 SCALE_RATE = 0.2  # how fast measured forward times correct the calibrated costs within a generation
+CATCH_UP_ROUNDS = 8  # the draft's catch-up forward is charged over this many rounds (see _draft_plan)
+SCALE_STEP = 0.05  # a cost correction that moved this much (relative) remakes the cached plans
 BATCH_PLAIN_FROM = 4  # sampling (T > 0) in a batch of at least this many sequences: plain steps only
 BATCH_SKIP_BELOW = 0.8  # in a batch: plans predicted below this fraction of a plain step's rate start a back-off
 MARGIN = 0.03
@@ -181,6 +183,7 @@ class AutoPolicy(DraftPolicyBase):
         self._greedy = None
         self.scale = {"t1": 1.0, "tn": 1.0, "d": 1.0}
         self.scale_version = 0
+        self._scale_seen = dict(self.scale)  # the scales the cached plans were made with
         self.current: RoundPlan | None = None
         self.round_conf = []
         self._pending = 1
@@ -194,6 +197,7 @@ class AutoPolicy(DraftPolicyBase):
         self._batch_skip = self._batch_backoff = 0
         self._suffix_predicted = 0.0
         self._plan_cache: dict = {}
+        self._curves = None  # (target, draft) seconds by forward size, read from the cost model in prepare
 
     def prepare(self, target, draft, context_len: int) -> None:
         self.has_draft = draft is not None and "draft" in self.proposers
@@ -206,6 +210,11 @@ class AutoPolicy(DraftPolicyBase):
         entry_overhead = getattr(self.costs, "overhead", None)
         if entry_overhead:
             self.overhead = dict(entry_overhead)
+        self._curves = None
+        if self.costs is not None and self.batch is None:  # frozen for the generation: read once, not per plan
+            n = range(1, self.max_nodes + 2)
+            self._curves = ([0.0] + [self.costs.target(i) for i in n],
+                            [0.0] + [self.costs.draft(i) if self.costs.draft is not None else 0.0 for i in n])
 
     # ------------------------------------------------------------------ planning
     def plan_round(self, history: list[int], pending: int) -> RoundPlan:
@@ -299,7 +308,11 @@ class AutoPolicy(DraftPolicyBase):
         if predicted > 0 and measured > 0:
             ratio = min(3.0, max(1 / 3, measured / predicted))
             self.scale[key] = (1 - SCALE_RATE) * self.scale[key] + SCALE_RATE * self.scale[key] * ratio
-            self.scale_version += 1
+            # plans are remade (a draft plan costs ~0.4 ms, 5 % of a small target's step) only when a scale has
+            # moved by SCALE_STEP since they were made, not on every round's jitter
+            if abs(self.scale[key] / self._scale_seen[key] - 1) > SCALE_STEP:
+                self._scale_seen = dict(self.scale)
+                self.scale_version += 1
 
     # ------------------------------------------------------------------ chains stopped token by token
     def start_round(self) -> None:
@@ -350,9 +363,19 @@ class AutoPolicy(DraftPolicyBase):
             self._greedy = (self.draft_acc.version,
                             *greedy_tree(lambda d, r: rates[d][r], self.max_nodes, self.max_depth, self.max_width))
         _, nodes, reach = self._greedy
-        c_draft = [0.0] + [self._d(n) for n in range(1, self.max_nodes + 1)]
-        c_target = [0.0] + [self._t(n) for n in range(1, self.max_nodes + 2)]
-        base = self._d(pending) + self.overhead["round_s"]  # the first draft forward feeds the pending chain
+        if self._curves is not None:  # the calibrated curves times this generation's corrections (as _t, _d)
+            raw_t, raw_d = self._curves
+            t1, tn, sd = self.scale["t1"], self.scale["tn"], self.scale["d"]
+            c_target = [0.0, raw_t[1] * t1] + [x * tn for x in raw_t[2:]]
+            c_draft = [x * sd for x in raw_d[:self.max_nodes + 1]]
+        else:
+            c_draft = [0.0] + [self._d(n) for n in range(1, self.max_nodes + 1)]
+            c_target = [0.0] + [self._t(n) for n in range(1, self.max_nodes + 2)]
+        # The first draft forward feeds the pending chain (the prompt, when the draft's prefill was deferred, and
+        # every token committed since the draft last ran). That catch-up is paid once and then serves every later
+        # round, so it is charged spread over CATCH_UP_ROUNDS rounds: charged whole, it made the draft look dearer
+        # the longer auto went without it, and at T = 1 auto stayed on plain steps where draft chains paid 1.2x.
+        base = self._d(1) + (self._d(pending) - self._d(1)) / CATCH_UP_ROUNDS + self.overhead["round_s"]
         best_n, best_tps = 1, -1.0
         expected, fed_sum, deepest = 1.0, 0.0, 0
         sizes = [0] * (self.max_depth + 2)

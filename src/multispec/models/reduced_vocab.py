@@ -103,6 +103,12 @@ class VocabSubset:
 
     vocab_subset = None
 
+    @property
+    def cost_key(self) -> str:
+        """Part of auto's cost-cache key (drafting/costs.model_key): a reduced layer's steps cost less than the full
+        one's, so its size (to the next power of two) keeps their calibrations apart."""
+        return "" if self.vocab_subset is None else f"vocab{1 << (self.vocab_subset.size - 1).bit_length()}"
+
     def _full_head(self) -> torch.nn.Module:
         raise NotImplementedError
 
