@@ -78,6 +78,26 @@ def test_auto_backs_off_when_speculation_cannot_pay_and_drafts_when_it_can():
     assert plan.proposer == "draft" and plan.tree.max_depth >= 4
 
 
+def test_a_long_catch_up_does_not_keep_auto_off_a_paying_draft():
+    """After plain steps (or a deferred prefill) the draft has many tokens pending. Its catch-up forward is paid
+    once and serves every later round: spread over CATCH_UP_ROUNDS, it no longer keeps auto on plain steps where
+    chains pay (T = 1 on pycode-v1: 1.02x -> 1.10x); charged whole to one round, it did (a broken variant)."""
+    from multispec.drafting import auto
+
+    costs = _costs(0.010, 0.0005, 0.0015)  # a draft step 15 % of a target step; 8 tokens verify for 13.5 ms
+    costs.draft = CostCurve([0.0015 + 0.0004 * (b - 1) for b in BUCKETS])  # 256 pending: a 0.1 s catch-up
+    policy = _policy(costs, accept=0.6)
+    assert policy.plan_round([1, 2, 3], 1).proposer == "draft"
+    assert policy.plan_round([1, 2, 3], 256).proposer == "draft"
+    whole = _policy(costs, accept=0.6)
+    whole_charge = auto.CATCH_UP_ROUNDS
+    try:
+        auto.CATCH_UP_ROUNDS = 1  # the catch-up charged to one round
+        assert whole.plan_round([1, 2, 3], 256).proposer == "none"
+    finally:
+        auto.CATCH_UP_ROUNDS = whole_charge
+
+
 def test_auto_probes_while_backed_off():
     policy = _policy(_costs(0.010, 0.010, 0.009), accept=0.3)
     kinds = [policy.plan_round([1, 2, 3], 1).proposer for _ in range(20)]

@@ -68,8 +68,10 @@ class IntersectionDraft:
             d_mask, d_pos = None, torch.arange(p0, p0 + n_new)
         else:
             mask = mask.to(torch.bool).cpu()
-            cached = mask[:, :v0][owner][:, torch.tensor(self.owner, dtype=torch.long)] if p0 else \
-                torch.zeros(n_new, 0, dtype=torch.bool)  # [P, p0]
+            if bool(mask[:, :v0].all()):  # every cached row (the round's first forward): no gather
+                cached = torch.ones(n_new, p0, dtype=torch.bool)  # [P, p0]
+            else:
+                cached = mask[:, :v0][owner][:, torch.tensor(self.owner, dtype=torch.long)]
             new = mask[:, v0:][owner][:, owner]  # [P, P]
             same = owner[:, None] == owner[None, :]
             new &= ~same | torch.ones(n_new, n_new, dtype=torch.bool).tril()  # a token's own spelling: causal
@@ -91,16 +93,29 @@ class IntersectionDraft:
         return ForwardOut(logits=self.bridge.to_target_logits(logits), hidden=hidden)
 
     def keep(self, indices: torch.Tensor) -> None:
-        """Keep virtual rows `indices` (the prefix and an accepted path: a chain again)."""
-        keep = [r for v in indices.tolist() for r in self.rows[v]]
-        self.inner.keep(torch.tensor(keep, dtype=torch.long))
-        rows, n = [], 0
-        for v in indices.tolist():
+        """Keep virtual rows `indices` (the prefix and an accepted path: a chain again). The rows before the first
+        one that moves stay as they are; only the tail is rewritten."""
+        idx = indices.tolist()
+        m = 0
+        while m < len(idx) and idx[m] == m:
+            m += 1
+        start = self._end(m)  # draft rows of the unchanged virtual prefix
+        tail = [r for v in idx[m:] for r in self.rows[v]]
+        self.inner.keep(torch.cat([torch.arange(start), torch.tensor(tail, dtype=torch.long)]))
+        rows, n = self.rows[:m], start
+        for v in idx[m:]:
             rows.append(list(range(n, n + len(self.rows[v]))))
             n += len(self.rows[v])
-        self.tokens = [self.tokens[r] for r in keep]
-        self.owner = [v for v, rs in enumerate(rows) for _ in rs]
+        self.tokens = self.tokens[:start] + [self.tokens[r] for r in tail]
+        self.owner = self.owner[:start] + [m + i for i, v in enumerate(idx[m:]) for _ in self.rows[v]]
         self.rows, self.chain = rows, True
+
+    def _end(self, m: int) -> int:
+        """Draft rows held by virtual rows [0, m) (rows dropped by a restart hold none)."""
+        for v in range(m - 1, -1, -1):
+            if self.rows[v]:
+                return self.rows[v][-1] + 1
+        return 0
 
     # ------------------------------------------------------------------ windows
     def _is_chain(self, mask: torch.Tensor | None) -> bool:
