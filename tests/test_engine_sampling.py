@@ -98,8 +98,10 @@ def test_sequence_verifiers_match_target_law(method, options, sampling_name):
     assert law_pvalue(counts, exact(sampling_name)) > 1e-3
 
 
-@pytest.mark.parametrize("method,options", [("mcsd", {"tree": (3, 2), "verifier": "mcns"}),
-                                            ("ti-mcsd", {"tree": (2, 2, 1)})])
-def test_lossy_methods_fail_the_same_test(method, options):
-    counts = sample_counts(method, options, SAMPLINGS["T1"], n=N_LOSSY)
+# ti-mcsd's longest-chain bias is smaller on this pair: 5,000 runs gave p = 0.09 on one seed stream, 20,000 give
+# p ~ 1e-22
+@pytest.mark.parametrize("method,options,n", [("mcsd", {"tree": (3, 2), "verifier": "mcns"}, N_LOSSY),
+                                              ("ti-mcsd", {"tree": (2, 2, 1)}, 4 * N_LOSSY)])
+def test_lossy_methods_fail_the_same_test(method, options, n):
+    counts = sample_counts(method, options, SAMPLINGS["T1"], n=n)
     assert law_pvalue(counts, exact("T1")) < 1e-3

@@ -166,7 +166,8 @@ def choose_cheap_draft(draft: torch.nn.Module, tokenizer, kind: str) -> CheapDra
 
 
 def _time_steps(draft, candidates: list[CheapDraft], freq, kind: str, steps: int = 12) -> list[float]:
-    """The fastest of `steps` one-token steps (after 64 tokens of context) of each candidate, interleaved."""
+    """The fastest of `steps` one-token steps (after 64 tokens of context, fewer for a draft with fewer positions)
+    of each candidate, interleaved."""
     import time
 
     from multispec.models import make_backend
@@ -175,16 +176,19 @@ def _time_steps(draft, candidates: list[CheapDraft], freq, kind: str, steps: int
     from multispec.models.int8 import linear_shape
 
     vocab = linear_shape(draft.get_output_embeddings())[0]
+    cfg = getattr(draft, "config", None)
+    limit = getattr(cfg.get_text_config() if hasattr(cfg, "get_text_config") else cfg, "max_position_embeddings", None)
+    ctx = max(1, min(64, (limit or 96) - 2))  # a context the draft can hold
     quantized = None
     backends = []
     for c in candidates:
         if c.dtype == "int8":
             quantized = quantized or c.draft_model(draft)
         b = make_backend(quantized if c.dtype == "int8" else draft, kind, **({} if kind == "hf" else
-                                                                           {"max_len": 96}))
+                                                                           {"max_len": ctx + 2}))
         if c.vocab is not None:
             b.set_vocab_subset(c.subset(freq, []))
-        forward_chain(b, torch.arange(64) % vocab)
+        forward_chain(b, torch.arange(ctx) % vocab)
         backends.append(b)
     best = [float("inf")] * len(candidates)
     token = torch.tensor([11 % vocab])
@@ -194,7 +198,7 @@ def _time_steps(draft, candidates: list[CheapDraft], freq, kind: str, steps: int
                 t0 = time.perf_counter()
                 forward_chain(b, token)
                 best[i] = min(best[i], time.perf_counter() - t0)
-                b.keep(torch.arange(64))
+                b.keep(torch.arange(ctx))
     return best
 
 
