@@ -187,9 +187,10 @@ def test_a_draft_beyond_its_positions_reads_a_window(model_dirs):
         pair = load_pair(str(model_dirs / "target"), str(model_dirs / "draft"), device="cpu", cross_vocab=mode)
         pair.draft.config.max_position_embeddings = 40  # read by cross_vocab_backend: a 40-row draft
         decoder = Decoder(pair, "sd", "fast", k=3)
-        r = decoder.generate(PROMPT * 3, max_new_tokens=60, temperature=0, ignore_eos=True)
-        ids = pair.tokenizer(PROMPT * 3).input_ids
-        assert r.token_ids == greedy_reference(pair.target, ids, 60)
+        for prompt in (PROMPT * 3, PROMPT * 20):  # the second alone is longer than the draft's positions
+            r = decoder.generate(prompt, max_new_tokens=60, temperature=0, ignore_eos=True)
+            ids = pair.tokenizer(prompt).input_ids
+            assert r.token_ids == greedy_reference(pair.target, ids, 60)
         if mode == "tli":
             assert decoder._draft.restarts > 0
         else:

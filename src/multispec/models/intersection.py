@@ -56,8 +56,12 @@ class IntersectionDraft:
         ids = tokens.tolist()
         spelled = [self.bridge.expand(t) for t in ids]
         n_new = sum(len(s) for s in spelled)
-        if len(self.tokens) + n_new + ROUND_ROOM > self.capacity and self.chain and self._is_chain(mask):
+        chain = self.chain and self._is_chain(mask)
+        if len(self.tokens) + n_new + ROUND_ROOM > self.capacity and chain:
             self._restart(n_new)
+            if len(self.tokens) + n_new + ROUND_ROOM > self.capacity:  # a long chain (a prompt): its newest part
+                spelled = self._newest(spelled, max(1, self.capacity // 2 - len(self.tokens)))
+                n_new = sum(len(s) for s in spelled)
         if len(self.tokens) + n_new > self.capacity:  # a tree level that no longer fits: uniform proposals
             return self._uniform(ids, spelled, want_hidden)
         v0, p0 = len(self.rows), len(self.tokens)
@@ -89,7 +93,7 @@ class IntersectionDraft:
             p0 += len(s)
         self.tokens.extend(feed.tolist())
         self.owner.extend((owner + v0).tolist())
-        self.chain = self.chain and self._is_chain(mask)
+        self.chain = chain
         return ForwardOut(logits=self.bridge.to_target_logits(logits), hidden=hidden)
 
     def keep(self, indices: torch.Tensor) -> None:
@@ -150,6 +154,16 @@ class IntersectionDraft:
         self.rows, self.tokens = rows, feed
         self.owner = [v for v, rs in enumerate(rows) for _ in rs]
         self.restarts += 1
+
+    @staticmethod
+    def _newest(spelled: list[list[int]], budget: int) -> list[list[int]]:
+        """The spellings of a chain with only its newest tokens kept, within `budget` draft rows (the last token
+        always: its logits are read); the older ones hold no draft rows, as after a restart."""
+        first, total = len(spelled) - 1, len(spelled[-1])
+        while first > 0 and total + len(spelled[first - 1]) <= budget:
+            first -= 1
+            total += len(spelled[first])
+        return [[] for _ in spelled[:first]] + spelled[first:]
 
     def _uniform(self, ids: list[int], spelled, want_hidden: bool) -> ForwardOut:
         """Rows that the draft cannot hold: the uniform law on the intersection (lossless, if useless)."""
