@@ -17,22 +17,16 @@ import argparse
 import json
 import os
 import shutil
-import socket
 import subprocess
 import sys
 import tempfile
-import time
 import urllib.request
 from pathlib import Path
 
+from local_server import free_port, wait_healthy
+
 ROOT = Path(__file__).resolve().parents[1]
 GUIDELLM_VERSION = "0.8.1"
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def counters(port: int) -> dict[str, float]:
@@ -69,14 +63,7 @@ def main() -> None:
                                "--max-queue", str(4 * args.streams)], env=env, stdout=subprocess.DEVNULL,
                               stderr=subprocess.DEVNULL)
     try:
-        for _ in range(600):
-            try:
-                urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=1)
-                break
-            except OSError:
-                if server.poll() is not None:
-                    raise SystemExit(f"the server exited with {server.returncode}")
-                time.sleep(0.5)
+        wait_healthy(port, server)
         before = counters(port)
         with tempfile.TemporaryDirectory() as tmp:
             report_path = Path(tmp) / "guidellm.json"

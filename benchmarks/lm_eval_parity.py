@@ -19,13 +19,12 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import socket
 import subprocess
 import sys
 import tempfile
-import time
-import urllib.request
 from pathlib import Path
+
+from local_server import free_port, wait_healthy
 
 ROOT = Path(__file__).resolve().parents[1]
 PYCODE = ROOT.parent / "shared" / "models" / "pycode-v1"
@@ -68,27 +67,17 @@ def evaluate(model: str, model_args: str, tasks: Path) -> dict:
             "gen": [s["resps"][0][0] for s in sorted(samples["ms_gen"], key=lambda s: s["doc_id"])]}
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def start_server(python: str, target: str, draft: str, port: int, method: str) -> subprocess.Popen:
     env = {**os.environ, "PYTHONPATH": str(ROOT / "src")}
     proc = subprocess.Popen([python, "-m", "multispec", "serve", "--target", target, "--draft", draft, "--method",
                              method, "--threads", "1", "--port", str(port), "--served-model-name", "pycode",
                              "--max-concurrent", "1"], env=env)
-    for _ in range(600):
-        try:
-            urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=1)
-            return proc
-        except OSError:
-            if proc.poll() is not None:
-                raise SystemExit(f"the server exited with {proc.returncode}")
-            time.sleep(0.5)
-    proc.kill()
-    raise SystemExit("the server did not start within 300 s")
+    try:
+        wait_healthy(port, proc)
+    except SystemExit:
+        proc.kill()
+        raise
+    return proc
 
 
 def main() -> None:

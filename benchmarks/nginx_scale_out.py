@@ -17,7 +17,6 @@ import json
 import os
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
@@ -25,6 +24,8 @@ import threading
 import time
 import urllib.request
 from pathlib import Path
+
+from local_server import free_port, wait_healthy
 
 ROOT = Path(__file__).resolve().parents[1]
 NGINX_CONF = """
@@ -50,12 +51,6 @@ http {{
 """
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def ensure_nginx() -> str | None:
     """The nginx binary, installed from the distribution's packages if missing; None (and why) when impossible."""
     found = shutil.which("nginx") or (Path("/usr/sbin/nginx").is_file() and "/usr/sbin/nginx")
@@ -70,19 +65,6 @@ def ensure_nginx() -> str | None:
     if not found:
         print("skipped: `apt-get install nginx` did not give an nginx binary")
     return found or None
-
-
-def wait_healthy(port: int, proc: subprocess.Popen, seconds: float = 300) -> None:
-    end = time.time() + seconds
-    while time.time() < end:
-        try:
-            urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=1)
-            return
-        except OSError:
-            if proc.poll() is not None:
-                raise SystemExit(f"a process exited with {proc.returncode} before answering /health")
-            time.sleep(0.3)
-    raise SystemExit(f"nothing answered /health on port {port} within {seconds} s")
 
 
 def complete(port: int, prompt: str, max_tokens: int) -> tuple[int, str | None]:
