@@ -19,10 +19,8 @@ def pair(monkeypatch, tmp_path):
     monkeypatch.setenv("MULTISPEC_CACHE_DIR", str(tmp_path))
     monkeypatch.setattr(cheap, "_CHOICES", {})
     freq = TokenFrequencies("test", V, tuple(range(V, 0, -1)), "test")
-    monkeypatch.setattr(cheap.CheapDraft, "ready_frequencies",
-                        lambda self, tokenizer, vocab_size=None: freq if self.vocab is not None else None)
     monkeypatch.setattr(cheap.CheapDraft, "frequencies",
-                        lambda self, tokenizer, vocab_size=None: freq if self.vocab is not None else None)
+                        lambda self, tokenizer, vocab_size=None, count=True: freq if self.vocab is not None else None)
     target = tiny_llama(vocab=V, hidden=16, layers=1, heads=2, kv_heads=1, seed=0)
     draft = tiny_llama(vocab=V, hidden=16, layers=1, heads=2, kv_heads=1, seed=1)
     tok = SimpleNamespace(eos_token_id=None, bos_token_id=None)

@@ -62,23 +62,11 @@ class CheapDraft:
             draft.__dict__[INT8_COPY] = copy  # one copy per draft (kept outside its modules: not a submodule)
         return copy
 
-    def ready_frequencies(self, tokenizer, vocab_size: int | None = None):
-        """The frequencies `frequencies` would use when they need no counting (a file given, the default pair's,
-        or one counted on this machine before), else None."""
-        from multispec.token_freq import DEFAULT_PAIR_FILE, TokenFrequencies, tokenizer_fingerprint
-
-        if self.frequency_file is not None or self.vocab is None:
-            return self.frequencies(tokenizer, vocab_size)
-        fingerprint = tokenizer_fingerprint(tokenizer)
-        default = TokenFrequencies.load(DEFAULT_PAIR_FILE)
-        if default.fingerprint == fingerprint and vocab_size in (None, default.vocab_size):
-            return self.frequencies(tokenizer, vocab_size)
-        return self.frequencies(tokenizer, vocab_size) if _freq_path(fingerprint, vocab_size or len(tokenizer)) \
-            .is_file() else None
-
-    def frequencies(self, tokenizer, vocab_size: int | None = None):
+    def frequencies(self, tokenizer, vocab_size: int | None = None, count: bool = True):
         """token_freq.TokenFrequencies for the draft's tokenizer, or None when no reduced vocabulary is asked
-        for. vocab_size: the draft's output rows (checked against vocab)."""
+        for. vocab_size: the draft's output rows (checked against vocab). count=False: None instead of counting
+        the calibration text (~8 s) when no frequencies are at hand (a file given, the default pair's, or one
+        counted on this machine before)."""
         if self.vocab is None:
             return None
         from multispec.token_freq import (DEFAULT_PAIR_FILE, TokenFrequencies, calibration_texts, count_tokens,
@@ -96,6 +84,8 @@ class CheapDraft:
                 path = _freq_path(fingerprint, vocab_size or len(tokenizer))
                 if path.is_file():
                     freq = TokenFrequencies.load(path)
+                elif not count:
+                    return None
                 else:
                     texts, source = calibration_texts()
                     freq = count_tokens(tokenizer, texts, source, vocab_size=vocab_size)
@@ -152,7 +142,8 @@ def choose_cheap_draft(draft: torch.nn.Module, tokenizer, kind: str) -> CheapDra
     if int8:
         candidates.append(CheapDraft(dtype="int8"))
     vocab = linear_shape(draft.get_output_embeddings())[0]
-    freq = CheapDraft(vocab=AUTO_VOCAB).ready_frequencies(tokenizer, vocab) if vocab > 2 * AUTO_VOCAB else None
+    freq = CheapDraft(vocab=AUTO_VOCAB).frequencies(tokenizer, vocab, count=False) if vocab > 2 * AUTO_VOCAB \
+        else None
     if freq is not None:
         candidates.append(CheapDraft(vocab=AUTO_VOCAB))
         if int8:
