@@ -211,7 +211,8 @@ class AutoPolicy(DraftPolicyBase):
         if entry_overhead:
             self.overhead = dict(entry_overhead)
         self._curves = None
-        if self.costs is not None and self.batch is None:  # frozen for the generation: read once, not per plan
+        # the costs are frozen for the generation: read once here (_t, _d), not interpolated again for every plan
+        if self.costs is not None and self.batch is None:
             n = range(1, self.max_nodes + 2)
             self._curves = ([0.0] + [self.costs.target(i) for i in n],
                             [0.0] + [self.costs.draft(i) if self.costs.draft is not None else 0.0 for i in n])
@@ -293,7 +294,8 @@ class AutoPolicy(DraftPolicyBase):
             b = max(1, batcher.live)
             base = costs.forward("target", b, 1)
             return base / b + (costs.forward("target", b, 1 + (n - 1) / b) - base if n > 1 else 0.0)
-        return self.costs.target(n) * (self.scale["t1"] if n == 1 else self.scale["tn"])
+        raw = self._curves[0][n] if self._curves is not None and n < len(self._curves[0]) else self.costs.target(n)
+        return raw * (self.scale["t1"] if n == 1 else self.scale["tn"])
 
     def _d(self, n: int) -> float:
         if self.costs.draft is None:
@@ -302,7 +304,8 @@ class AutoPolicy(DraftPolicyBase):
             batcher, costs = self.batch
             k = max(1, batcher.last.get(0, 1))
             return costs.forward("draft", k, n) / k
-        return self.costs.draft(n) * self.scale["d"]
+        raw = self._curves[1][n] if self._curves is not None and n < len(self._curves[1]) else self.costs.draft(n)
+        return raw * self.scale["d"]
 
     def _learn(self, key: str, predicted: float, measured: float) -> None:
         if predicted > 0 and measured > 0:
@@ -363,14 +366,8 @@ class AutoPolicy(DraftPolicyBase):
             self._greedy = (self.draft_acc.version,
                             *greedy_tree(lambda d, r: rates[d][r], self.max_nodes, self.max_depth, self.max_width))
         _, nodes, reach = self._greedy
-        if self._curves is not None:  # the calibrated curves times this generation's corrections (as _t, _d)
-            raw_t, raw_d = self._curves
-            t1, tn, sd = self.scale["t1"], self.scale["tn"], self.scale["d"]
-            c_target = [0.0, raw_t[1] * t1] + [x * tn for x in raw_t[2:]]
-            c_draft = [x * sd for x in raw_d[:self.max_nodes + 1]]
-        else:
-            c_draft = [0.0] + [self._d(n) for n in range(1, self.max_nodes + 1)]
-            c_target = [0.0] + [self._t(n) for n in range(1, self.max_nodes + 2)]
+        c_draft = [0.0] + [self._d(n) for n in range(1, self.max_nodes + 1)]
+        c_target = [0.0] + [self._t(n) for n in range(1, self.max_nodes + 2)]
         # The first draft forward feeds the pending chain (the prompt, when the draft's prefill was deferred, and
         # every token committed since the draft last ran). That catch-up is paid once and then serves every later
         # round, so it is charged spread over CATCH_UP_ROUNDS rounds: charged whole, it made the draft look dearer
