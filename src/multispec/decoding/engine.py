@@ -262,7 +262,9 @@ def _di_round(target, draft, state, policy, sampling, spec, gen_draft, gen_verif
     t_fwd = time.perf_counter() - t1
     tok = tokens.tolist()
     rows_history = _node_history(state, d_tree, tokens, range(n), out.logits)
-    adjusted = _adjusted(out.logits, sampling, rows_history)
+    # the adjusted logits are read greedy and for logprobs; sampling, process_logits adjusts them itself
+    adjusted = _adjusted(out.logits, sampling, rows_history) if sampling.greedy or state.logprobs is not None \
+        else None
     p = None
     if sampling.greedy:  # the greedy verifier needs only each row's argmax: no one-hot p, no q, no plans
         path, nxt = walk_tree_greedy(d_tree, tok, (adjusted if adjusted is not None else out.logits).argmax(-1).tolist())
