@@ -1,6 +1,6 @@
 """A backend for any attention-only transformers causal LM (AutoModelForCausalLM), through its own forward.
 
-Supported: transformers 5.x (tested with 5.23). The cache is a plain `DynamicCache()` (every layer a `DynamicLayer`
+Supported: transformers 5.x (tested with 5.23 and 5.24; the cache argument's two names: models/hf_compat.py). The cache is a plain `DynamicCache()` (every layer a `DynamicLayer`
 holding all rows, [B, heads, seq, head_dim]) and the backend records the position of every row. Sliding-window and
 chunked layers (Mistral, Gemma 2/3, gpt-oss, Llama 4, ...) keep all rows too; their window is applied in the mask, by
 position distance, one 4D additive mask per layer type (a dict when the model mixes types, as transformers 5.x
@@ -21,6 +21,7 @@ from transformers import DynamicCache
 
 from multispec.errors import MultispecError
 from multispec.models.base import ForwardOut
+from multispec.models.hf_compat import cache_kwargs
 from multispec.models.int8 import linear_shape
 from multispec.models.layout import AttentionLayout, attention_layout
 from multispec.models.reduced_vocab import VocabSubset
@@ -105,7 +106,7 @@ class HFBackend(VocabSubset):
             else None
         try:
             out = self.model(input_ids=tokens.to(self.device)[None], position_ids=positions.to(self.device)[None],
-                             attention_mask=attn, past_key_values=self.cache, use_cache=True,
+                             attention_mask=attn, use_cache=True, **cache_kwargs(self.model, self.cache),
                              **({"logits_to_keep": 1} if last_only and self._keeps_logits else {}))
         finally:
             if hook is not None:
@@ -123,7 +124,7 @@ class HFBackend(VocabSubset):
         """forward's path with a vocabulary subset: the base model, then the subset's rows of the output layer."""
         out = self.model.base_model(input_ids=tokens.to(self.device)[None],
                                     position_ids=positions.to(self.device)[None], attention_mask=attn,
-                                    past_key_values=self.cache, use_cache=True)
+                                    use_cache=True, **cache_kwargs(self.model.base_model, self.cache))
         hidden = out.last_hidden_state[0]  # [N, H]
         if last_only:
             hidden = hidden[-1:]

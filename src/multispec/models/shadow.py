@@ -19,6 +19,7 @@ import torch
 
 from multispec.errors import check
 from multispec.models.base import ForwardOut, causal_mask, takes_last_only
+from multispec.models.hf_compat import passed_cache
 
 HEAD_DIM = 64
 SHAPE_RE = re.compile(r"^\s*(\d+)\s*[xX]\s*(\d+)\s*$")
@@ -123,7 +124,7 @@ def shadow_hook(model: torch.nn.Module, shadow) -> torch.utils.hooks.RemovableHa
         ids = kwargs.get("input_ids", args[0] if args else None)
         if ids is None:
             return
-        cache = kwargs.get("past_key_values")
+        cache = passed_cache(kwargs)
         past = int(cache.get_seq_length()) if cache is not None else 0
         if past == 0:  # a new generation
             shadow.reset()

@@ -21,6 +21,7 @@ from pathlib import Path
 import numpy as np
 
 from multispec.errors import MultispecError, check
+from multispec.models.hf_compat import cache_kwargs, output_cache
 from multispec.paths import writable_file
 
 DATASETS = {"humaneval": ("humaneval.jsonl.gz", "prompt"), "alpaca": ("alpaca_eval.jsonl", "instruction")}
@@ -136,15 +137,15 @@ def collect_logits(config: OptimalRunConfig, prompts: list[str], progress) -> li
             ids = tok(prompt, return_tensors="pt").input_ids[:, -MAX_PROMPT_TOKENS:]  # [1, L0]
             start = ids.shape[1]
             step = target(input_ids=ids, use_cache=True)
-            cache, logits = step.past_key_values, step.logits[:, -1]
+            cache, logits = output_cache(step), step.logits[:, -1]
             for _ in range(config.max_new_tokens):
                 probs = torch.softmax(logits.float(), -1)  # [1, V], T = 1
                 nxt = torch.multinomial(probs, 1, generator=gen) if config.sample else probs.argmax(-1, keepdim=True)
                 ids = torch.cat([ids, nxt], 1)
                 if eos is not None and int(nxt) == eos:
                     break
-                step = target(input_ids=nxt, past_key_values=cache, use_cache=True)
-                cache, logits = step.past_key_values, step.logits[:, -1]
+                step = target(input_ids=nxt, use_cache=True, **cache_kwargs(target, cache))
+                cache, logits = output_cache(step), step.logits[:, -1]
             lt = target(input_ids=ids).logits[0, start - 1 : -1].float()  # [L, V]
             ld = draft(input_ids=ids).logits[0, start - 1 : -1].float()
             check(lt.shape == ld.shape, f"target and draft vocabularies differ: {lt.shape[-1]} vs {ld.shape[-1]}")

@@ -1,0 +1,42 @@
+"""The two spellings of a transformers model's KV cache argument across the 5.x releases multispec supports.
+
+transformers <= 5.23 takes and returns `past_key_values`; 5.24 renamed it `cache` (the old name still works there but
+warns, and is announced for removal in 5.40). Every call site that drives a model's forward itself passes the cache
+through `cache_kwargs` and reads it back with `output_cache`, so neither release warns and neither breaks."""
+from __future__ import annotations
+
+import functools
+import inspect
+from typing import Any
+
+import torch
+
+OLD, NEW = "past_key_values", "cache"
+
+
+def cache_argument(model: torch.nn.Module) -> str:
+    """The name under which `model.forward` takes its KV cache: "cache" (transformers >= 5.24) or
+    "past_key_values" (earlier releases, and custom code that kept the old name)."""
+    return _cache_argument(type(model))
+
+
+@functools.lru_cache(maxsize=None)
+def _cache_argument(cls: type) -> str:  # read once per model class: a forward pays a dict lookup, not a signature
+    return NEW if NEW in inspect.signature(cls.forward).parameters else OLD
+
+
+def cache_kwargs(model: torch.nn.Module, cache: Any) -> dict[str, Any]:
+    """{name: cache} for `model(...)`, under the name this model's forward takes."""
+    return {cache_argument(model): cache}
+
+
+def output_cache(out: Any) -> Any:
+    """The cache a forward returned (`out.cache` from 5.24 on, `out.past_key_values` before)."""
+    cache = getattr(out, NEW, None)
+    return cache if cache is not None else getattr(out, OLD, None)
+
+
+def passed_cache(kwargs: dict[str, Any]) -> Any:
+    """The cache a caller passed to a forward (a hook's view of its keyword arguments), under either name."""
+    cache = kwargs.get(NEW)
+    return cache if cache is not None else kwargs.get(OLD)
