@@ -11,6 +11,7 @@ from multispec.models.base import ForwardOut
 
 class MemoBackend:
     name = "memo"
+    max_positions = None  # the Backend protocol: no position limit
 
     def __init__(self, model: torch.nn.Module, memo: dict | None = None):
         self.model = model

@@ -195,10 +195,10 @@ def test_lookup_keeps_the_target_law():
 def test_lookup_with_a_broken_verifier_fails_the_same_test(monkeypatch):
     """Broken variant: verify lookup tokens against a uniform draft law instead of the point mass they were
     drawn from (a wrong q in the acceptance ratio and residual). The same chi-square test must catch it."""
-    import multispec.decoding.engine as engine
+    import multispec.drafting.proposers as proposers
 
-    real = engine.one_hot_law
-    monkeypatch.setattr(engine, "one_hot_law", lambda tokens, vocab, n: real(tokens, vocab, n) * 0 + 1.0 / vocab)
+    real = proposers.one_hot_law
+    monkeypatch.setattr(proposers, "one_hot_law", lambda tokens, vocab, n: real(tokens, vocab, n) * 0 + 1.0 / vocab)
     assert _pvalue(_counts("lookup", 3_000, forced=False)) < 1e-3
 
 

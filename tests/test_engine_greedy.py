@@ -43,9 +43,10 @@ def test_ti_mcsd_wide_is_reported_lossy():
 def test_greedy_uses_the_greedy_verifier(monkeypatch):
     """At temperature 0 the verifier name does not matter: drafting takes the top-n and verification is greedy."""
     import multispec.decoding.engine as engine
+    import multispec.decoding.state as state
 
     seen = []
-    real, real_greedy = engine.get_sequence_verifier, engine.walk_tree_greedy
+    real, real_greedy = state.get_sequence_verifier, engine.walk_tree_greedy
 
     def spy(name):
         seen.append(name)
@@ -55,7 +56,7 @@ def test_greedy_uses_the_greedy_verifier(monkeypatch):
         seen.append("greedy-walk")  # the greedy verifier's walk on argmax ints (tests/test_greedy_fast_path.py)
         return real_greedy(tree, tokens, best)
 
-    monkeypatch.setattr(engine, "get_sequence_verifier", spy)
+    monkeypatch.setattr(state, "get_sequence_verifier", spy)
     monkeypatch.setattr(engine, "walk_tree_greedy", greedy_spy)
     target, draft = tiny_pair(vocab=12, seed=1)
     for verifier in ("rrs", "rrs-wor", "kseq", "greedy-md", "mcns", "traversal"):

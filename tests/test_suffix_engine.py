@@ -42,10 +42,15 @@ def test_suffix_trees_from_a_shared_store_are_lossless_and_the_iid_variant_is_ca
     assert law_pvalue(counts, exact) > 1e-3
     # broken: siblings verified as if each were drawn i.i.d. from the first child's law (rrs instead of the
     # without-replacement walk): a rejected first sibling makes the second one certain
-    import multispec.decoding.engine as engine
-    from multispec.verify.sequence import get_sequence_verifier
+    import dataclasses
 
-    monkeypatch.setattr(engine, "_WALK", get_sequence_verifier("rrs"))
+    from multispec.drafting.proposers import PROPOSERS, SuffixTreeProposer
+
+    class IidSiblings(SuffixTreeProposer):
+        def propose(self, inputs, plan, max_tree):
+            return dataclasses.replace(super().propose(inputs, plan, max_tree), verifier="rrs")
+
+    monkeypatch.setitem(PROPOSERS, "suffix", IidSiblings())
     bad, _ = _counts(3_000, config, [])
     assert law_pvalue(bad, exact) < 1e-6
 

@@ -33,8 +33,15 @@ class Metrics:
     finish_reason: str = "length"  # "stop" (EOS or a stop string) or "length" (max_new_tokens or the context)
 
     def count(self, outcome: RoundOutcome) -> None:
-        """Add one round."""
+        """Add one round: the only writer of the per-round counters and times (the prefill's and the totals are
+        set by the loop)."""
         self.rounds += 1
+        self.target_calls += 1
+        self.draft_calls += outcome.draft_calls
+        self.drafted_tokens += outcome.drafted
+        self.t_draft += outcome.times.draft_s
+        self.t_verify += outcome.times.verify_s
+        self.t_cache += outcome.times.cache_s
         self.accepted += outcome.accepted
         self.drafted_depth += outcome.depth
         if outcome.depth <= 0:

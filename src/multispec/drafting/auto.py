@@ -448,20 +448,20 @@ class AutoPolicy(DraftPolicyBase):
         self.usage[key] += 1
         row = self.realised[key]
         row[0] += committed
-        row[1] += times["round_s"]
+        row[1] += times.round_s
         row[2] += plan.predicted_tps or 0.0
         row[3] += 1
         if self.costs is not None and self.batch is None:  # batched: a forward's time includes waiting for others
             n = len(tree)
-            self.costs.observe("target", self.costs.target(n), times["target_fwd_s"])
-            self._learn("t1" if n == 1 else "tn", self._t(n), times["target_fwd_s"])
-            if times.get("proposer") == "draft":
-                raw = self.draft_time(tree, times["pending"])
-                self.costs.observe("draft", raw, times["draft_s"])
-                self._learn("d", raw * self.scale["d"], times["draft_s"])
-            levels = tree.max_depth if times.get("proposer") == "draft" else 0
-            forward = times["target_fwd_s"] + (times["draft_s"] if levels else 0.0)
-            other = max(0.0, times["round_s"] - forward)
+            self.costs.observe("target", self.costs.target(n), times.target_fwd_s)
+            self._learn("t1" if n == 1 else "tn", self._t(n), times.target_fwd_s)
+            if times.proposer == "draft":
+                raw = self.draft_time(tree, times.pending)
+                self.costs.observe("draft", raw, times.draft_s)
+                self._learn("d", raw * self.scale["d"], times.draft_s)
+            levels = tree.max_depth if times.proposer == "draft" else 0
+            forward = times.target_fwd_s + (times.draft_s if levels else 0.0)
+            other = max(0.0, times.round_s - forward)
             self.round_log.append((levels, other))
             if levels == 0:  # per-round overhead, learned as it goes
                 self.overhead["round_s"] += SCALE_RATE * (other - self.overhead["round_s"])

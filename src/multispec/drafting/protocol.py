@@ -29,15 +29,34 @@ from multispec.tree import Tree
 @dataclass(frozen=True)
 class RoundPlan:
     """What one round drafts. tree: the max tree (depth 0: no speculation, the target decodes one token).
-    proposer: "draft" (the draft model grows `tree`), "lookup" (`tokens` copied from the context, a chain),
-    "suffix" (`tokens` of a whole tree from suffix structures, node order, root excluded) or "none". label: a short name for stats; predicted_tps: the planner's expected tokens/s (auto only)."""
+    proposer: the registered proposer that drafts it (drafting/proposers.py): "draft" (the draft model grows
+    `tree`), "lookup" (`tokens` copied from the context, a chain), "suffix" (`tokens` of a whole tree from suffix
+    structures, node order, root excluded), "none", or any other registered one. tokens: what the policy already
+    proposed (lookup, suffix: the root is not repeated). label: a short name for stats; predicted_tps: the
+    planner's expected tokens/s (auto only); ngram: lookup's matched n-gram length."""
 
     tree: Tree
     proposer: str = "draft"
     tokens: tuple[int, ...] = ()
     label: str = ""
     predicted_tps: float | None = None
-    ngram: int = 0  # lookup: the length of the matched n-gram
+    ngram: int = 0
+
+
+@dataclass(frozen=True)
+class RoundTimes:
+    """Seconds of one round's phases (the names Metrics reports as draft_s / verify_s / cache_s summed).
+    draft_s: planning and proposing; target_fwd_s: the verification forward alone; verify_s: that forward and
+    the verifier; cache_s: keeping the accepted path; round_s: all of it. pending: committed tokens the draft had
+    not consumed when the round began. proposer: the proposer that drafted (after the round's budget cut)."""
+
+    round_s: float = 0.0
+    draft_s: float = 0.0
+    target_fwd_s: float = 0.0
+    verify_s: float = 0.0
+    cache_s: float = 0.0
+    pending: int = 0
+    proposer: str = "none"
 
 
 @dataclass(frozen=True)
@@ -46,7 +65,7 @@ class RoundOutcome:
     plan: the plan drafted (target-initialized rounds: the policy's tree as a plan). tree: the tree actually drafted
     (a truncation of the plan's). path: accepted node indices from the root (0, ...). committed: the token ids the
     round committed. accepted: draft tokens accepted. depth: the deepest drafted level of draft tokens.
-    times: seconds of the round's phases (round_s, target_fwd_s, draft_s) and pending / proposer."""
+    drafted: draft tokens sent to the target (target-drawn level-1 tokens excluded); draft_calls: draft forwards."""
 
     plan: RoundPlan
     tree: Tree
@@ -54,13 +73,16 @@ class RoundOutcome:
     committed: list[int]
     accepted: int
     depth: int
-    times: dict = field(default_factory=dict)
+    drafted: int = 0
+    draft_calls: int = 0
+    times: RoundTimes = field(default_factory=RoundTimes)
 
 
 class DraftPolicy(Protocol):
     """See the module docstring for when each member is called."""
 
     needs_hidden: bool  # keep_drafting reads the draft's hidden states (the backend then returns them)
+    defers_draft_prefill: bool  # the engine leaves the prompt pending: the first drafting round feeds it
 
     def reset(self) -> None: ...
 

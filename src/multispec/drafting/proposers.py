@@ -1,0 +1,177 @@
+"""Proposers: where a round's draft tokens come from. One class per source; the engine calls
+`PROPOSERS[plan.proposer].propose(inputs, plan, max_tree)` and never names one.
+
+    policy.plan_round(...) ─► RoundPlan(tree, proposer="lookup", tokens=...)      a policy only chooses
+    get_proposer(plan.proposer).propose(RoundInputs, plan, max_tree) ─► Proposal  tokens [N], q [N, V] or None
+    engine: target.forward(proposal.tokens, ...) ─► verify ─► keep                 decoding/engine.py
+
+A proposal is a BFS prefix of the round's max tree (`max_tree`, already cut to the round's budget): its positions
+and its tree mask are sliced from the max tree's one mask (SPEC §3.5). `q[u]` is the law node u's children were
+drawn from: what every lossless verifier needs. A deterministic source (lookup, suffix, any rule without a draft
+model) proposes point masses; the verifier then accepts child x with probability p(x) and otherwise draws from p
+with x removed, which is exact. Greedy runs never read q, so a proposer may leave it None there.
+
+A new proposer is one class with `name`, `feeds_draft` and `propose`, registered with `register_proposer`, plus a
+method entry whose policy plans with its name (tests/test_proposers.py does this for "repeat the last token").
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Callable, Protocol
+
+import torch
+
+from multispec.drafting.grow import DrawFn, StopPolicy, grow_tree
+from multispec.drafting.lookup import one_hot_law
+from multispec.drafting.protocol import RoundPlan
+from multispec.drafting.suffix import first_child_law
+from multispec.errors import check
+from multispec.models.base import Backend
+from multispec.sampling import SamplingConfig
+from multispec.tree import Tree
+from multispec.verify.keyed import node_keys
+
+
+@dataclass(frozen=True)
+class RoundInputs:
+    """What a proposer may read in one round (built by the engine; never mutated by a proposer).
+
+    history: prompt + committed tokens, oldest first. pending: committed tokens the draft model has not consumed;
+    pending[-1] is the root (node 0, the newest committed token, not yet in the target's cache).
+    root_position: the root's position (= the target's cache_len). vocab: the width of q (the target's rows).
+    draft: the draft model's backend, or None. draw(q [B, V], n, generator) -> long [B, n]: the verifier's draft
+    law. key: the seed of a keyed verifier (gls): drafts are then coupled to the noise of their positions.
+    node_history(tree) -> history(rows, tokens, logits) | None: the processors' history of a node's path
+    (penalties, min_tokens), None when the sampling reads none."""
+
+    history: list[int]
+    pending: list[int]
+    root_position: int
+    vocab: int
+    sampling: SamplingConfig
+    draft: Backend | None
+    draw: DrawFn
+    generator: torch.Generator
+    policy: StopPolicy
+    key: int | None
+    node_history: Callable[[Tree], Callable | None]
+
+
+@dataclass(frozen=True)
+class Proposal:
+    """One round's draft. tree: the drafted topology, the first len(tree) nodes of max_tree.
+    tokens: long [N], tokens[0] the root. q: float [N, V] the law each node's children came from (zero rows at
+    leaves), or None in greedy runs. draft_fed: nodes the draft model consumed (a BFS prefix from the root; 0: it
+    consumed nothing, and the committed tokens stay pending for it). draft_root: the draft-cache row of node 0.
+    draft_calls: draft forwards spent. verifier: the sequence verifier this proposal needs instead of the run's
+    (None: the run's); a keyed (reproducible) run keeps its own."""
+
+    tree: Tree
+    max_tree: Tree
+    tokens: torch.Tensor
+    q: torch.Tensor | None
+    draft_fed: int = 0
+    draft_root: int | None = None
+    draft_calls: int = 0
+    verifier: str | None = None
+
+    @property
+    def drafted(self) -> int:
+        """Draft tokens sent to the target (the root excluded)."""
+        return len(self.tree) - 1
+
+
+class Proposer(Protocol):
+    name: str  # the key a RoundPlan names it by
+    feeds_draft: bool  # whether it drafts with the draft model (which then consumes the pending tokens)
+
+    def propose(self, inputs: RoundInputs, plan: RoundPlan, max_tree: Tree) -> Proposal: ...
+
+
+def _root_only(inputs: RoundInputs, max_tree: Tree) -> Proposal:
+    return Proposal(max_tree.truncate(0), max_tree, torch.tensor(inputs.pending[-1:], dtype=torch.long), None)
+
+
+def point_mass_chain(inputs: RoundInputs, chain: list[int]) -> Proposal:
+    """A chain of deterministic tokens after the root; q: a point mass on each node's child."""
+    if not chain:
+        return _root_only(inputs, Tree.chain(0))
+    tree = Tree.chain(len(chain))
+    tokens = torch.tensor(inputs.pending[-1:] + list(chain), dtype=torch.long)  # [N]
+    q = None if inputs.sampling.greedy else one_hot_law(tokens, inputs.vocab, len(tokens))
+    return Proposal(tree, tree, tokens, q)
+
+
+class NoProposer:
+    """No speculation: the root alone, one plain target step."""
+
+    name = "none"
+    feeds_draft = False
+
+    def propose(self, inputs: RoundInputs, plan: RoundPlan, max_tree: Tree) -> Proposal:
+        return _root_only(inputs, max_tree)
+
+
+class LookupProposer:
+    """A chain copied from the context (prompt lookup): the plan's tokens (the policy matched them, drafting/
+    lookup.py), cut to the round's depth."""
+
+    name = "lookup"
+    feeds_draft = False
+
+    def propose(self, inputs: RoundInputs, plan: RoundPlan, max_tree: Tree) -> Proposal:
+        return point_mass_chain(inputs, list(plan.tokens[:max_tree.max_depth]))
+
+
+class SuffixTreeProposer:
+    """A tree from suffix tries (drafting/suffix.py): the plan's tokens in node order, root excluded. Deterministic
+    distinct siblings with first-child point masses, verified by the rrs-wor node walk, which reaches sibling i
+    with probability p(token i), the most any lossless verifier gives such a tree."""
+
+    name = "suffix"
+    feeds_draft = False
+
+    def propose(self, inputs: RoundInputs, plan: RoundPlan, max_tree: Tree) -> Proposal:
+        # the round's cut keeps whole levels of the BFS tree: a prefix of the plan's nodes, tokens still aligned
+        tokens = torch.tensor(inputs.pending[-1:] + list(plan.tokens[:len(max_tree) - 1]), dtype=torch.long)
+        q = None if inputs.sampling.greedy else first_child_law(max_tree, tokens, inputs.vocab)
+        return Proposal(max_tree, max_tree, tokens, q, verifier="rrs-wor")
+
+
+class DraftModelProposer:
+    """The draft model grows the max tree level by level (drafting/grow.py), the policy may stop it early. It first
+    feeds the pending tokens, so it consumes them; a keyed run couples each draw to its position's noise."""
+
+    name = "draft"
+    feeds_draft = True
+
+    def propose(self, inputs: RoundInputs, plan: RoundPlan, max_tree: Tree) -> Proposal:
+        check(inputs.draft is not None, "this round drafts with the draft model, but the pair has none")
+        keys = node_keys(max_tree, inputs.key, inputs.root_position) if inputs.key is not None else None
+        d = grow_tree(inputs.draft, inputs.pending, max_tree, [], 0, inputs.sampling, inputs.draw, inputs.generator,
+                      inputs.policy, keys=keys, history=inputs.node_history(max_tree))
+        return Proposal(d.tree, max_tree, d.tokens, d.q, draft_fed=d.fed, draft_root=d.root_index,
+                        draft_calls=d.draft_calls)
+
+
+PROPOSERS: dict[str, Proposer] = {}
+
+
+def register_proposer(proposer: Proposer, replace: bool = False) -> Proposer:
+    """Make `proposer` available to plans under its name (a policy plans with RoundPlan(tree, proposer=name))."""
+    check(replace or proposer.name not in PROPOSERS, f"proposer {proposer.name!r} is already registered")
+    PROPOSERS[proposer.name] = proposer
+    return proposer
+
+
+def unregister_proposer(name: str) -> None:
+    PROPOSERS.pop(name, None)
+
+
+def get_proposer(name: str) -> Proposer:
+    check(name in PROPOSERS, f"unknown proposer {name!r}; registered: {', '.join(PROPOSERS)}")
+    return PROPOSERS[name]
+
+
+for _p in (NoProposer(), LookupProposer(), SuffixTreeProposer(), DraftModelProposer()):
+    register_proposer(_p)
