@@ -70,3 +70,43 @@ def chi_square_pvalue(counts: np.ndarray, probs: np.ndarray) -> float:
     assert obs_m[~keep].sum() == 0, "samples fell on zero-probability outcomes"
     obs_m, exp_m = obs_m[keep], exp_m[keep]
     return float(stats.chisquare(obs_m, exp_m * obs_m.sum() / exp_m.sum()).pvalue)
+
+
+class ScriptedPolicy:
+    """A test policy whose plans follow a script, (history, round index) -> RoundPlan, so that plans switch
+    between proposers and shapes from round to round. It defers the draft's prefill as auto does (the draft then
+    catches up on its pending tokens whenever a plan drafts)."""
+
+    defers_draft_prefill = True
+    needs_hidden = False
+
+    def __init__(self, script):
+        self.script, self.rounds = script, 0
+
+    def reset(self) -> None:
+        self.rounds = 0
+
+    def plan_round(self, history, pending):
+        self.rounds += 1
+        return self.script(history, self.rounds - 1)
+
+    def join_batch(self, batcher, batch_costs, sampling) -> None:
+        pass
+
+    def prepare(self, target, draft, context_len) -> None:
+        pass
+
+    def start_round(self) -> None:
+        pass
+
+    def keep_drafting(self, depth, parent_hidden, parent_q, new_tokens=None) -> bool:
+        return True
+
+    def observe(self, outcome) -> None:
+        pass
+
+    def finish(self, history) -> None:
+        pass
+
+    def report(self):
+        return None

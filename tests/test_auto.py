@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 import torch
 
-from engine_utils import chi_square_pvalue, exact_joint, greedy_reference, run, tiny_pair
+from engine_utils import ScriptedPolicy, chi_square_pvalue, exact_joint, greedy_reference, run, tiny_pair
 from memo_backend import MemoBackend
 from multispec.drafting.auto import Acceptance, AutoPolicy, greedy_tree, to_tree
 from multispec.drafting.costs import BUCKETS, CostCurve, CostModel, calibrate, get_cost_model
@@ -65,7 +65,7 @@ def _policy(costs, accept: float) -> AutoPolicy:
     policy.has_draft = True
     for _ in range(50):  # 50 observed chain rounds with acceptance `accept` at every depth
         for d in range(1, 6):
-            policy.draft_acc.add(d, 1, bool(np.random.default_rng(d).random() < accept) if accept not in (0, 1)
+            policy.planner.draft_acc.add(d, 1, bool(np.random.default_rng(d).random() < accept) if accept not in (0, 1)
                                  else bool(accept))
     return policy
 
@@ -82,7 +82,7 @@ def test_a_long_catch_up_does_not_keep_auto_off_a_paying_draft():
     """After plain steps (or a deferred prefill) the draft has many tokens pending. Its catch-up forward is paid
     once and serves every later round: spread over CATCH_UP_ROUNDS, it no longer keeps auto on plain steps where
     chains pay (T = 1 on pycode-v1: 1.02x -> 1.10x); charged whole to one round, it did (a broken variant)."""
-    from multispec.drafting import auto
+    from multispec.drafting.auto import plans as auto
 
     costs = _costs(0.010, 0.0005, 0.0015)  # a draft step 15 % of a target step; 8 tokens verify for 13.5 ms
     costs.draft = CostCurve([0.0015 + 0.0004 * (b - 1) for b in BUCKETS])  # 256 pending: a 0.1 s catch-up
@@ -164,7 +164,7 @@ def _counts(method: str, n: int, forced: bool) -> np.ndarray:
     d = MemoBackend(draft, _MEMO.setdefault("d", {}))
     config = build_method(method)
     counts = np.zeros(V ** L, dtype=np.int64)
-    policies = [AutoPolicy(forced_plans=_forced(k)) for k in range(4)] if forced else None
+    policies = [ScriptedPolicy(_forced(k)) for k in range(4)] if forced else None
     from multispec.decoding.methods import build_policy
 
     for seed in range(n):

@@ -6,11 +6,10 @@ import numpy as np
 import pytest
 import torch
 
-from engine_utils import exact_joint, tiny_pair
+from engine_utils import ScriptedPolicy, exact_joint, tiny_pair
 from memo_backend import MemoBackend
 from multispec.decoding.engine import generate_ids
 from multispec.decoding.methods import build_method, build_policy
-from multispec.drafting.auto import AutoPolicy
 from multispec.drafting.protocol import RoundPlan
 from multispec.errors import MultispecError
 from multispec.models import make_backend
@@ -38,7 +37,7 @@ def _forced_auto():
     """auto with its plans forced to change between rounds (none, draft chain, draft tree, lookup)."""
     plans = [RoundPlan(Tree.chain(0), "none"), RoundPlan(Tree.chain(2), "draft"),
              RoundPlan(Tree.from_shape((2, 1)), "draft")]
-    return AutoPolicy(forced_plans=lambda history, i: plans[(i * 7 + len(history)) % 3])
+    return ScriptedPolicy(lambda history, i: plans[(i * 7 + len(history)) % 3])
 
 
 def run_all(target, draft, prompt, seed, n=12):

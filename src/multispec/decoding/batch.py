@@ -98,8 +98,6 @@ class Lane(Decoder):
         self.target = decoder.wrap_target(self.target) if decoder.wrap_target is not None else self.target
         self.draft = SlotBackend(group.batcher, group.draft_cache, slot, decoder.draft_model) \
             if group.draft_cache is not None else None
-        if group.batch_costs is not None and hasattr(self.policy, "batch"):
-            self.policy.batch = (group.batcher, group.batch_costs)
         self._target = self._draft = None
 
     def run(self, prompt_ids, sampling, max_new_tokens, seed, stop=None, on_tokens=None, reproducible=False,
@@ -109,8 +107,8 @@ class Lane(Decoder):
                                        f"batch has {self.group.rows} per sequence")
         if self.draft is not None and self.cheap.vocab is not None:
             self.draft.set_vocab_subset(self.cheap.subset(self.token_freq, prompt_ids))
-        if hasattr(self.policy, "sampling_in_batch"):
-            self.policy.sampling_in_batch = not sampling.greedy
+        if self.group.batch_costs is not None:
+            self.policy.join_batch(self.group.batcher, self.group.batch_costs, not sampling.greedy)
         self.group.batcher.join()
         try:
             return generate_ids(self.target, self.draft, prompt_ids, self.config, sampling, max_new_tokens, seed,

@@ -15,17 +15,20 @@ from multispec.tree import Tree
 
 
 class FixedTree(DraftPolicyBase):
-    """Draft the whole max tree every round (sd with fixed k, mcsd, ti-mcsd); subclasses stop it early."""
+    """Draft the whole max tree every round (sd with fixed k, mcsd, ti-mcsd); subclasses stop it early.
+    proposer: the registered proposer that drafts it (drafting/proposers.py; default: the draft model)."""
 
-    def __init__(self, tree: Tree):
-        self.tree = tree
+    proposer = "draft"
+
+    def __init__(self, tree: Tree, proposer: str = "draft"):
+        self.tree, self.proposer = tree, proposer
 
     def round_tree(self) -> Tree:
         return self.tree
 
     def plan_round(self, history: list[int], pending: int) -> RoundPlan:
         tree = self.round_tree()
-        return RoundPlan(tree, "draft" if tree.max_depth > 0 else "none")
+        return RoundPlan(tree, self.proposer if tree.max_depth > 0 else "none")
 
 
 class LookupPolicy(DraftPolicyBase):

@@ -2,6 +2,7 @@
 
 One generation, as the engine drives it (decoding/engine.py):
 
+    policy.join_batch(batcher, costs, sampling)  # only in a batch lane: plan with the batch's costs
     policy.reset()                               # adaptive state starts afresh (STYLE §2.12)
     policy.prepare(target, draft, context_len)   # once, after the prefill (auto calibrates its costs here)
     every round:
@@ -86,6 +87,11 @@ class DraftPolicy(Protocol):
 
     def reset(self) -> None: ...
 
+    def join_batch(self, batcher, batch_costs, sampling: bool) -> None:
+        """This policy plans one sequence of a batch (decoding/batch.py) for the next generation: batcher the
+        StepBatcher (its live size), batch_costs the batched cost table, sampling whether the sequence samples."""
+        ...
+
     def prepare(self, target, draft, context_len: int) -> None: ...
 
     def plan_round(self, history: list[int], pending: int) -> RoundPlan:
@@ -119,6 +125,9 @@ class DraftPolicyBase:
     needs_hidden = False
 
     def reset(self) -> None:
+        pass
+
+    def join_batch(self, batcher, batch_costs, sampling: bool) -> None:
         pass
 
     def prepare(self, target, draft, context_len: int) -> None:

@@ -1,0 +1,156 @@
+"""auto's candidate plans and their values: E[committed tokens] / predicted seconds over a cost view
+(drafting/auto/costs.py), with E[tokens] = 1 + Σ_nodes P(reach) from the acceptance estimates.
+
+Plans: no speculation (one target step); a prompt-lookup chain of any length up to the match; a suffix tree from
+the context and past requests (depth chosen by predicted tokens/s); or a draft tree built greedily for the
+estimated acceptance (a chain is the tree this yields when second-rank acceptance is low).
+"""
+from __future__ import annotations
+
+from multispec.drafting.auto.acceptance import DECAY, Acceptance, greedy_tree, to_tree
+from multispec.drafting.lookup import NgramIndex
+from multispec.drafting.protocol import RoundOutcome, RoundPlan
+from multispec.drafting.suffix import SuffixProposer
+from multispec.tree import Tree
+
+CATCH_UP_ROUNDS = 8  # the draft's catch-up forward is charged over this many rounds (see Planner.draft)
+SUFFIX_PRIOR = 2.0  # pseudo-counts of the suffix calibration
+SUFFIX_PRIOR_CALIB = 0.5  # where the calibration starts: a node reached half as often as its frequency score says
+
+ROOT = Tree.chain(0)
+CHAINS = [Tree.chain(k) for k in range(65)]
+
+
+class Planner:
+    """The candidate plans of one generation and what they learned. Plans depend only on this generation's
+    outcomes and the frozen costs, never on a round's own coins, so every round stays lossless."""
+
+    def __init__(self, max_nodes: int, max_depth: int, max_width: int, lookup_tokens: int, max_ngram: int,
+                 suffix_store=None):
+        self.max_nodes, self.max_depth, self.max_width = max_nodes, max_depth, max_width
+        self.lookup_tokens = lookup_tokens
+        self.draft_acc = Acceptance({1: 0.5, 2: 0.2, 3: 0.12, 4: 0.08})
+        self.lookup_acc = Acceptance({1: 0.3, 2: 0.4, 3: 0.5})  # keyed (depth, matched n-gram length)
+        self.ngrams = NgramIndex(max_ngram)
+        self.suffix = SuffixProposer(suffix_store, depth=suffix_store.depth) if suffix_store is not None \
+            else SuffixProposer()
+        # decayed sums: accepted nodes, predicted (Σ scores of the drafted nodes)
+        self.suffix_calib = [SUFFIX_PRIOR * SUFFIX_PRIOR_CALIB, SUFFIX_PRIOR]
+        self.suffix_predicted = 0.0
+        self.pending = 1  # the draft plan's pending count (rounded), read by chains stopped token by token
+        self._greedy = None
+        self._cache: dict = {}
+
+    def ar(self, costs) -> RoundPlan:
+        return RoundPlan(ROOT, "none", label="ar", predicted_tps=1.0 / (costs.t(1) + costs.overhead["round_s"]))
+
+    def draft(self, costs, pending: int) -> RoundPlan:
+        # pending counted to the next power of two: while auto decodes without its draft (the prompt and every
+        # token since stay pending), the plan is recomputed when the catch-up cost doubles, not every round
+        pending = 1 << max(0, pending - 1).bit_length()
+        self.pending = pending
+        key = (self.draft_acc.version, pending, costs.version, costs.live)
+        if self._cache.get("key") == key:
+            return self._cache["plan"]
+        if self._greedy is None or self._greedy[0] != self.draft_acc.version:  # changes with acceptance only
+            rates = self.draft_acc.table(self.max_depth + 1, self.max_width + 1)
+            self._greedy = (self.draft_acc.version,
+                            *greedy_tree(lambda d, r: rates[d][r], self.max_nodes, self.max_depth, self.max_width))
+        _, nodes, reach = self._greedy
+        best_n, best_tps = _best_draft_size(costs, nodes, reach, pending, self.max_nodes, self.max_depth)
+        tree = to_tree(nodes[:best_n])
+        if tree.max_depth == len(tree) - 1:  # a chain: drafted up to max_depth, stopped token by token
+            plan = RoundPlan(CHAINS[self.max_depth], "draft", label="draft chain", predicted_tps=best_tps)
+        else:
+            plan = RoundPlan(tree, "draft", label=f"draft tree {len(tree) - 1}", predicted_tps=best_tps)
+        self._cache = {"key": key, "plan": plan}
+        return plan
+
+    def lookup(self, costs, history: list[int]) -> RoundPlan | None:
+        tokens, n = self.ngrams.propose(history, self.lookup_tokens)
+        if not tokens:
+            return None
+        best_k, best_tps, expected, reach = 0, -1.0, 1.0, 1.0
+        rates = self.lookup_acc.table(max(16, len(tokens)), 4)
+        for k in range(1, len(tokens) + 1):
+            reach *= rates[k][n]
+            expected += reach
+            tps = expected / (costs.t(k + 1) + costs.overhead["round_s"])
+            if tps > best_tps:
+                best_k, best_tps = k, tps
+        tree = CHAINS[best_k] if best_k < len(CHAINS) else Tree.chain(best_k)
+        return RoundPlan(tree, "lookup", tuple(tokens[:best_k]), label=f"lookup {best_k}", predicted_tps=best_tps,
+                         ngram=n)
+
+    def suffix_tree(self, costs, history: list[int]) -> RoundPlan | None:
+        """A suffix tree (drafting/suffix.py), truncated to the depth with the best predicted tokens/s. A node's
+        reach is its frequency score times a calibration learned online (accepted / Σ predicted scores)."""
+        prop = self.suffix.propose(history, self.max_nodes)
+        if len(prop.tree) == 1:
+            return None
+        calib = self.suffix_calib[0] / self.suffix_calib[1]
+        tree, best = prop.tree, (0, -1.0, 0.0)
+        for d in range(1, tree.max_depth + 1):
+            n = tree.level_end(d)
+            predicted = sum(prop.scores[1:n])
+            tps = (1 + calib * predicted) / (costs.t(n) + costs.overhead["round_s"])
+            if tps > best[1]:
+                best = (d, tps, predicted)
+        d, tps, self.suffix_predicted = best
+        sub = tree if d == tree.max_depth else tree.truncate(d)
+        return RoundPlan(sub, "suffix", tuple(prop.tokens[1:len(sub)]), label=f"suffix {len(sub) - 1}",
+                         predicted_tps=tps)
+
+    def learn(self, outcome: RoundOutcome) -> None:
+        """What a speculative round's accepted path says of its proposer's acceptance."""
+        learn = {"suffix": self._learn_suffix, "lookup": self._learn_ranks, "draft": self._learn_ranks}
+        learn[outcome.plan.proposer](outcome)
+
+    def _learn_suffix(self, outcome: RoundOutcome) -> None:
+        self.suffix_calib = [DECAY * self.suffix_calib[0] + (len(outcome.path) - 1),
+                             DECAY * self.suffix_calib[1] + self.suffix_predicted]
+
+    def _learn_ranks(self, outcome: RoundOutcome) -> None:
+        """Draft trees: c(depth, rank) along the path; a lookup chain: keyed by (depth, matched n-gram length)."""
+        plan, tree, path = outcome.plan, outcome.tree, outcome.path
+        acc = self.draft_acc if outcome.draft_calls else self.lookup_acc
+        acc.decay()
+        for i, node in enumerate(path):
+            children = tree.children[node]
+            if not children:
+                break
+            nxt = path[i + 1] if i + 1 < len(path) else None
+            for rank, child in enumerate(children, start=1):
+                acc.add(i + 1, rank if outcome.draft_calls else plan.ngram, child == nxt)
+                if child == nxt:
+                    break
+
+
+def _best_draft_size(costs, nodes, reach, pending: int, max_nodes: int, max_depth: int) -> tuple[int, float]:
+    """The number of greedy-order nodes with the best predicted tokens/s, and that rate. The first draft forward
+    feeds the pending chain (the prompt, when the draft's prefill was deferred, and every token committed since the
+    draft last ran); that catch-up is paid once and serves every later round, so it is charged spread over
+    CATCH_UP_ROUNDS rounds: charged whole, it made the draft look dearer the longer auto went without it, and at
+    T = 1 auto stayed on plain steps where draft chains paid 1.2x."""
+    c_draft = [0.0] + [costs.d(n) for n in range(1, max_nodes + 1)]
+    c_target = [0.0] + [costs.t(n) for n in range(1, max_nodes + 2)]
+    base = costs.d(1) + (costs.d(pending) - costs.d(1)) / CATCH_UP_ROUNDS + costs.overhead["round_s"]
+    best_n, best_tps = 1, -1.0
+    expected, fed_sum, deepest = 1.0, 0.0, 0
+    sizes = [0] * (max_depth + 2)
+    depth_of: list[int] = []
+    for n, ((parent, _), r) in enumerate(zip(nodes, reach), start=1):
+        d = 1 if parent < 0 else depth_of[parent] + 1
+        depth_of.append(d)
+        if d > deepest:  # the previous deepest level is now fed to the draft
+            if deepest >= 1:
+                fed_sum += c_draft[sizes[deepest]]
+            deepest = d
+        elif d < deepest:  # a fed level grew
+            fed_sum += c_draft[sizes[d] + 1] - c_draft[sizes[d]]
+        sizes[d] += 1
+        expected += r
+        t = base + fed_sum + c_target[n + 1] + deepest * costs.overhead["level_s"]
+        if expected / t > best_tps:
+            best_n, best_tps = n, expected / t
+    return best_n, best_tps

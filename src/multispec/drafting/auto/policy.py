@@ -1,0 +1,197 @@
+"""`AutoPolicy`: every round, the candidate plan (drafting/auto/plans.py) with the most expected committed tokens
+per second over this sequence's cost view (drafting/auto/costs.py), with back-offs and probes.
+
+When no speculation wins, cheap probes (the best speculative plan, every 8, 16, 32, 64 rounds) keep the estimates
+alive so that auto can switch back. After a generation alone, the learned overheads and cost corrections are
+stored for the next one (`finish`); `report` only reads.
+"""
+from __future__ import annotations
+
+from collections import Counter, defaultdict
+
+from multispec.drafting.auto.acceptance import ConfidenceRates
+from multispec.drafting.auto.costs import AloneCosts, BatchShareCosts
+from multispec.drafting.auto.plans import Planner
+from multispec.drafting.costs import CostModel, get_cost_model, update_after_generation
+from multispec.drafting.protocol import DraftPolicyBase, RoundOutcome, RoundPlan
+
+PROBE_PERIODS = (8, 16, 32, 64)
+MARGIN = 0.03  # speculate only when predicted to beat a plain step by this much
+BATCH_PLAIN_FROM = 4  # sampling (T > 0) in a batch of at least this many sequences: plain steps only
+BATCH_SKIP_BELOW = 0.8  # in a batch: plans predicted below this fraction of a plain step's rate start a back-off
+# In a batch a plan's cost also falls on the other sequences (each speculating sequence lengthens every step, while
+# the batch ends with its slowest sequence), which the share model does not see: speculate only for a clear gain.
+BATCH_MARGIN = 0.25
+
+
+class AutoPolicy(DraftPolicyBase):
+    """proposers: which proposers may be used ("draft", "lookup", "suffix"). cost_model: fixed costs (tests);
+    None: measured on this machine (drafting/costs.py) when the generation starts."""
+
+    defers_draft_prefill = True  # a generation that never drafts never pays the draft's prefill
+
+    def __init__(self, proposers=("draft", "lookup"), max_nodes: int = 32, max_depth: int = 12,
+                 max_width: int = 4, lookup_tokens: int = 10, max_ngram: int = 3,
+                 cost_model: CostModel | None = None, suffix_store=None):
+        self.proposers = tuple(proposers)
+        self.shape = dict(max_nodes=max_nodes, max_depth=max_depth, max_width=max_width,
+                          lookup_tokens=lookup_tokens, max_ngram=max_ngram)
+        self.fixed_costs = cost_model
+        self.suffix_store = suffix_store  # "suffix": the store of past requests shared by the Decoder family
+        self._batch = None  # (StepBatcher, BatchCosts, sampling) while this policy plans one sequence of a batch
+        self.reset()
+
+    def reset(self) -> None:
+        self.planner = Planner(**self.shape, suffix_store=self.suffix_store)
+        self.costs = AloneCosts(self.fixed_costs, self.shape["max_nodes"]) if self.fixed_costs is not None else None
+        self.confidence = ConfidenceRates()
+        self.round_conf: list[float] = []
+        self.has_draft = False
+        self.current: RoundPlan | None = None
+        self.ar_streak = self.probe_level = 0
+        self._suffix_skip = self._suffix_backoff = 0
+        self._batch_skip = self._batch_backoff = 0
+        self.usage: Counter = Counter()
+        self.realised: dict[str, list[float]] = defaultdict(lambda: [0.0, 0.0, 0.0, 0])  # tokens, s, pred tps, n
+        self.stored_overhead: dict | None = None
+
+    def join_batch(self, batcher, batch_costs, sampling: bool) -> None:
+        self._batch = (batcher, batch_costs, sampling)
+
+    def prepare(self, target, draft, context_len: int) -> None:
+        self.has_draft = draft is not None and "draft" in self.proposers
+        if self._batch is not None:
+            batcher, table, sampling = self._batch
+            self.costs = BatchShareCosts(batcher, table, self.fixed_costs or table.cost_model(), sampling)
+        elif self.fixed_costs is None:
+            model = get_cost_model(target, getattr(target, "model", target), draft if self.has_draft else None,
+                                   getattr(draft, "model", draft) if self.has_draft else None, context_len)
+            self.costs = AloneCosts(model, self.shape["max_nodes"])
+
+    # ------------------------------------------------------------------ planning
+    def plan_round(self, history: list[int], pending: int) -> RoundPlan:
+        costs, planner = self.costs, self.planner
+        batched = costs.live > 1
+        if isinstance(costs, BatchShareCosts) and costs.sampling and costs.live >= BATCH_PLAIN_FROM:
+            # Measured (docs/batching.md): sampling in a batch of 4 or more, speculation of any kind lost 11-28 %
+            # to plain batched steps on every configuration tried (each speculating sequence lengthens every
+            # step, its planning runs in turn with everyone else's, and the batch ends with its slowest sequence).
+            self.current = planner.ar(costs)
+            return self.current
+        if self._batch_skip > 0:  # see below: a plain step without weighing the others
+            self._batch_skip -= 1
+            self.current = planner.ar(costs)
+            return self.current
+        ar = planner.ar(costs)
+        candidates = [p for p in (planner.draft(costs, pending) if self.has_draft else None,
+                                  planner.lookup(costs, history) if "lookup" in self.proposers else None,
+                                  self._suffix_plan(history, ar)) if p is not None]
+        best = max(candidates, key=lambda p: p.predicted_tps, default=ar)
+        if batched:
+            # every sequence's planning runs in turn between two forwards, so it costs the whole batch: when the
+            # best speculative plan falls well short of a plain step, plain steps follow for 1, 2, 4 ... 16 rounds
+            if best is ar or best.predicted_tps < ar.predicted_tps * BATCH_SKIP_BELOW:
+                self._batch_backoff = min(16, max(1, 2 * self._batch_backoff))
+                self._batch_skip = self._batch_backoff
+            else:
+                self._batch_backoff = 0
+        if best.predicted_tps < ar.predicted_tps * (1 + (BATCH_MARGIN if batched else MARGIN)):
+            best = ar
+        self.current = self._probe_or(best, candidates)
+        return self.current
+
+    def _suffix_plan(self, history: list[int], ar: RoundPlan) -> RoundPlan | None:
+        """A suffix proposal costs ~0.05-0.5 ms of Python: after one that loses to a plain step, the next 1, 2,
+        4 ... 16 rounds' proposals are skipped (sampling at T > 0 rarely repeats the context)."""
+        if "suffix" not in self.proposers:
+            return None
+        if self._suffix_skip > 0:
+            self._suffix_skip -= 1
+            return None
+        plan = self.planner.suffix_tree(self.costs, history)
+        if plan is not None:
+            if plan.predicted_tps < ar.predicted_tps:
+                self._suffix_backoff = min(16, max(1, 2 * self._suffix_backoff))
+                self._suffix_skip = self._suffix_backoff
+            else:
+                self._suffix_backoff = 0
+        return plan
+
+    def _probe_or(self, best: RoundPlan, speculative: list[RoundPlan]) -> RoundPlan:
+        """`best`, or, after a streak of plain steps as long as the probe period, the best speculative plan, to
+        keep its estimates current (in a batch a probe's forwards hold up every sequence: B times rarer)."""
+        if best.tree.max_depth > 0 or not speculative:
+            self.ar_streak = 0
+            if best.tree.max_depth > 0:
+                self.probe_level = 0
+            return best
+        self.ar_streak += 1
+        period = PROBE_PERIODS[min(self.probe_level, len(PROBE_PERIODS) - 1)] * self.costs.live
+        if self.ar_streak < period:
+            return best
+        self.ar_streak = 0
+        self.probe_level += 1
+        spec = max(speculative, key=lambda p: p.predicted_tps)
+        return RoundPlan(spec.tree, spec.proposer, spec.tokens, spec.label + " (probe)", spec.predicted_tps,
+                         spec.ngram)
+
+    # ------------------------------------------------------------------ chains stopped token by token
+    def start_round(self) -> None:
+        self.round_conf = []
+
+    def keep_drafting(self, depth, parent_hidden, parent_q, new_tokens=None) -> bool:
+        """Draft chains: after each draft token, draft one more only if that raises the expected committed tokens
+        per second, with the newest token's acceptance estimated from the draft's own probability of it
+        (ConfidenceRates). Reads draft-side state only, so the round stays lossless."""
+        plan = self.current
+        if plan is None or len(plan.tree) - 1 != plan.tree.max_depth:
+            return True  # trees: drafted whole
+        conf = float(parent_q[0, new_tokens[0]])
+        self.round_conf.append(conf)
+        reach, expected = 1.0, 1.0
+        for cf in self.round_conf:
+            reach *= self.confidence.rate(cf)
+            expected += reach
+        c, o = self.costs, self.costs.overhead
+        t_now = (c.d(self.planner.pending) + (depth - 1) * c.d(1) + c.t(depth + 1) + o["round_s"]
+                 + depth * o["level_s"])
+        nxt = self.confidence.rate(conf)  # confidence is persistent: the next token looks like this one
+        t_next = t_now + c.d(1) + c.t(depth + 2) - c.t(depth + 1) + o["level_s"]
+        return (expected + reach * nxt) / t_next > expected / t_now
+
+    # ------------------------------------------------------------------ learning
+    def observe(self, outcome: RoundOutcome) -> None:
+        plan, tree, path = outcome.plan, outcome.tree, outcome.path
+        key = plan.label.removesuffix(" (probe)")
+        self.usage[key] += 1
+        row = self.realised[key]
+        row[0] += len(path)  # accepted nodes + the token that ends the round
+        row[1] += outcome.times.round_s
+        row[2] += plan.predicted_tps or 0.0
+        row[3] += 1
+        self.costs.observe(outcome)
+        if len(tree) == 1:
+            return
+        self.planner.learn(outcome)
+        if outcome.draft_calls and self.round_conf:  # draft chains: acceptance by the draft's confidence
+            self.confidence.add_round(self.round_conf, len(path))
+
+    def finish(self, history: list[int]) -> None:
+        """Store the request for later suffix proposals; after a generation alone, the fitted overheads and the
+        cost corrections for the next generation (drafting/costs.py)."""
+        if "suffix" in self.proposers and self.suffix_store is not None:
+            self.suffix_store.add(None, list(history))
+        if isinstance(self.costs, AloneCosts):
+            self.stored_overhead = self.costs.fitted_overhead()
+            update_after_generation(self.costs.model, self.stored_overhead)
+
+    def report(self) -> dict:
+        plans = {}
+        for key, (tokens, secs, pred, n) in sorted(self.realised.items(), key=lambda kv: -kv[1][3]):
+            plans[key] = {"rounds": n, "tokens": int(tokens),
+                          "realised_tokens_per_s": tokens / secs if secs > 0 else None,
+                          "predicted_tokens_per_s": pred / n if n else None}
+        costs = self.costs
+        return {"plans": plans, "costs": None if costs is None else costs.model.summary(),
+                "overhead": dict(self.stored_overhead or (costs.overhead if costs is not None else {})),
+                "cost_correction": dict(costs.scale) if costs is not None else {}}
