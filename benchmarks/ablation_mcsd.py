@@ -7,7 +7,7 @@ Columns: tau, acceptance rate, tokens/s, speedup over ar, and the distortion mea
 log-likelihood per generated token (teacher-forced, T = 1 log-probs of the target model) minus ar's at the same
 temperature (0 for lossless methods up to sampling noise; W >= 2 target-initialized methods move it). Plus the exact
 first-token total-variation distance of ti-mcsd W=2 on the tiny pair of tests/test_engine_sampling.py
-(`multispec.drafting.ti_distortion`).
+(`multispec.optimal.ti_distortion`).
 
 Same prompts, token ids and seeds for every method; one untimed warm-up per method; the timed loop interleaves the
 methods per prompt. Writes benchmarks/results/ablation/{ablation.json, ablation.md} and, through
@@ -73,7 +73,7 @@ def target_loglik(model: torch.nn.Module, prompt: list[int], new: list[int]) -> 
 
 
 def tiny_tv_table() -> list[dict]:
-    from multispec.drafting.ti_distortion import tiny_pair_tv
+    from multispec.optimal.ti_distortion import tiny_pair_tv
 
     out = []
     for width, below, temp in [(2, (1,), 1.0), (2, (1, 1, 1), 1.0), (2, (2, 1), 1.0), (2, (2, 1), 0.7),
@@ -223,7 +223,7 @@ def markdown(results: dict) -> str:
         lines.append("")
     lines += ["## Exact first-token TV of ti-mcsd on the tiny pair", "",
               "Tiny random Llama pair of tests/test_engine_sampling.py (V = 8, prompt 1,4,2), exact enumeration "
-              "(`multispec.drafting.ti_distortion.first_token_law`).", "",
+              "(`multispec.optimal.ti_distortion.first_token_law`).", "",
               "| tree | T | TV(first token) |", "|---|---|---|"]
     for r in results["tiny_pair_first_token_tv"]:
         lines.append(f"| {','.join(map(str, r['tree']))} | {r['temperature']} | {r['first_token_tv']:.3g} |")

@@ -3,7 +3,6 @@ on prefill, decode and tree forwards, keeps paths like it, and generates identic
 import pytest
 import torch
 
-from engine_utils import run
 from helpers import PYCODE, needs_pycode, tiny_llama
 from multispec.models import forward_chain, make_backend
 from multispec.sampling import SamplingConfig

@@ -10,7 +10,6 @@ The prompt "baé" is the target's [b, aé] and the draft's [b, a, é].
 """
 import numpy as np
 import pytest
-import torch
 from tokenizers import Tokenizer, decoders, models
 from transformers import PreTrainedTokenizerFast
 

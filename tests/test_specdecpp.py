@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 import torch
 
-from engine_utils import chi_square_pvalue, greedy_reference, tiny_pair
+from engine_utils import greedy_reference, tiny_pair
 from multispec.api import Pair, generate
 from multispec.drafting.policies import ThresholdStop
 from multispec.errors import MultispecError

@@ -8,8 +8,8 @@ import tracemalloc
 import pytest
 import torch
 
-from multispec.drafting.suffix import (ContextIndex, SuffixPolicy, SuffixProposer, SuffixStore, _Trie,
-                                       first_child_law)
+from multispec.drafting.suffix import ContextIndex, SuffixPolicy, SuffixProposer, SuffixStore, first_child_law
+from multispec.drafting.suffix_trie import Trie as _Trie
 from multispec.errors import MultispecError
 from multispec.verify import REGISTRY
 from multispec.verify.traversal import traversal_law

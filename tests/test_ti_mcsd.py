@@ -3,7 +3,7 @@
 - W = 1 is lossless: greedy output equals target greedy; at T > 0 the subtree below the single level-1 token is
   verified by the RRS-without-replacement walk (P1's independent chain tests are lossy once siblings exist).
 - W >= 2 is reported lossy everywhere (MethodConfig, generate stats, CLI warning).
-- The exact first-token law of `multispec.drafting.ti_distortion` matches the engine (Monte Carlo, chi-square).
+- The exact first-token law of `multispec.optimal.ti_distortion` matches the engine (Monte Carlo, chi-square).
 - The target verifies only drafted nodes, with mask and positions sliced from the max tree's one mask.
 """
 from functools import cached_property
@@ -16,7 +16,7 @@ from engine_utils import chi_square_pvalue, greedy_reference, run, tiny_pair
 from helpers import tiny_llama
 from memo_backend import MemoBackend
 from multispec.drafting.policies import AnyChainAbove
-from multispec.drafting.ti_distortion import first_token_law, first_token_tv
+from multispec.optimal.ti_distortion import first_token_law, first_token_tv
 from multispec.decoding.engine import generate_ids
 from multispec.decoding.methods import build_policy
 from multispec.decoding.methods import build_method

@@ -122,7 +122,7 @@ class Lane(Decoder):
 
 
 def _batch_costs(group: BatchGroup):
-    from multispec.drafting.costs import get_batch_costs
+    from multispec.drafting.batch_costs import get_batch_costs
 
     d = group.decoder
     return get_batch_costs(group.target_cache, d.pair.target, group.draft_cache, d.draft_model)

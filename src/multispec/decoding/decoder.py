@@ -19,6 +19,8 @@ from multispec.decoding.engine import generate_ids
 from multispec.decoding.logprobs import LogprobRecorder, TokenLogprob
 from multispec.decoding.methods import MethodConfig, build_method, get_method
 from multispec.decoding.metrics import Metrics
+from multispec.decoding.pair_checks import (backend_name, cross_vocab_backend, refuse_trees_where_inexact,
+                                            refuse_where_retokenizing)
 from multispec.errors import check
 from multispec.loading import Pair, eos_ids, max_positions, vocab_rows
 from multispec.sampling import SamplingConfig
@@ -67,7 +69,7 @@ class Decoder:
         else:
             self.config = build_method(method, **method_options)
         self.entry = get_method(self.config.name)
-        self.pair, self.backend, self.wrap_target = pair, _backend_name(pair, backend), wrap_target
+        self.pair, self.backend, self.wrap_target = pair, backend_name(pair, backend), wrap_target
         check(not self.entry.needs_draft or pair.draft is not None,
               f"method {self.config.name!r} needs a draft model; load the pair with a draft")
         self.uses_draft = pair.draft is not None and self.entry.drafts_with_model(self.config)
@@ -87,12 +89,12 @@ class Decoder:
         self.draft_model = self.cheap.draft_model(pair.draft) if self.uses_draft else None  # int8: a copy, once
         self.token_freq = self.cheap.frequencies(pair.tokenizer, vocab_rows(pair.draft)) \
             if self.uses_draft else None
-        _refuse_trees_where_inexact(pair, self.config, self.uses_draft)
+        refuse_trees_where_inexact(pair, self.config, self.uses_draft)
         self.loaded = loaded if loaded is not None else \
             (self.entry.load(self.config, pair) if self.entry.load is not None else {})
         self.policy = self.entry.make_policy(self.config, pair, self.loaded)
         if self.uses_draft and pair.cross_vocab == "uag":
-            _refuse_where_retokenizing(self.config, self.entry, self.policy)
+            refuse_where_retokenizing(self.config, self.entry, self.policy)
         self.eos_ids = eos_ids(pair)
         self.vocab_size = vocab_rows(pair.target)
         # a draft of another tokenizer reads a window of the text where its positions run out (models/intersection)
@@ -292,56 +294,3 @@ class Decoder:
         if extra is not None:
             stats[c.name] = extra
         return stats
-
-
-def _backend_name(pair: Pair, backend) -> str:
-    """The backend to run: `backend` checked, or the pair's default (compiled when loaded with compile=True)."""
-    from multispec.models import BACKENDS
-
-    if backend is None:
-        return "compiled" if pair.compile else "hf"
-    check(backend in BACKENDS, f"unknown backend {backend!r}; choose one of {', '.join(BACKENDS)}")
-    check(not (pair.compile and backend == "hf"),
-          "backend 'hf' asked for on a pair loaded with compile=True; compiling applies to the fast backend")
-    return backend
-
-
-def cross_vocab_backend(pair: Pair, draft_model, kind: str, depth: int = 0):
-    """The draft's backend in the target's token ids for a draft of another tokenizer (pair.cross_vocab): its own
-    backend, sized to its own positions (at most 4,096 rows), behind the mode's wrapper. depth: the method's chain
-    depth (0: adaptive, e.g. auto); re-tokenization drafts half as many draft tokens again per proposal (a target
-    token often spans more than one of a smaller vocabulary's), at most 8."""
-    from multispec.models import make_backend
-    from multispec.models.intersection import IntersectionDraft
-    from multispec.models.retokenize import RetokenizedDraft
-
-    rows = min(max_positions(pair.draft) or 4096, 4096)
-    inner = make_backend(draft_model, kind, **({} if kind == "hf" else {"max_len": rows}))
-    if pair.cross_vocab == "uag":
-        lookahead = min(8, depth + depth // 2 + 1) if depth else 8
-        return RetokenizedDraft(inner, pair.tokenizer, pair.draft_tokenizer, vocab_rows(pair.target), rows,
-                                lookahead)
-    return IntersectionDraft(inner, pair.bridge, rows)
-
-
-def _refuse_where_retokenizing(config: MethodConfig, entry, policy) -> None:
-    """Text re-tokenization proposes one deterministic chain, with no draft hidden states: refuse what needs more."""
-    check(not entry.may_draft_trees(config), f"method {config.name!r} drafts token trees, and a draft re-tokenized "
-                                             "from text proposes one chain; use sd or auto, or cross_vocab='tli'")
-    check(not getattr(policy, "needs_hidden", False),
-          f"method {config.name!r} reads the draft's hidden states, which text re-tokenization does not have; use "
-          "sd or auto, or cross_vocab='tli'")
-
-
-def _refuse_trees_where_inexact(pair: Pair, config: MethodConfig, uses_draft: bool) -> None:
-    """Models whose attention depends on cache-row order or uses ALiBi by row (MPT, GPT-Neo local layers, Bloom,
-    Falcon-ALiBi) verify chains exactly but not token trees: refuse tree methods here, before any model runs
-    (`auto` keeps to chains for them itself, see its registry entry)."""
-    from multispec.models import tree_refusal
-
-    if not get_method(config.name).may_draft_trees(config):
-        return
-    reason = tree_refusal(pair.target) or (tree_refusal(pair.draft) if uses_draft and pair.draft is not None
-                                           else None)
-    check(reason is None, f"method {config.name!r} drafts token trees, and tree methods are not supported on this "
-                          f"model ({reason}); use auto, sd, specdecpp, lookup or ar")

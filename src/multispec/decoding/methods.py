@@ -21,150 +21,14 @@ newest token is below h, transformers' assistant_confidence_threshold) or `entro
 """
 from __future__ import annotations
 
-import math
-from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable
 
-from multispec.errors import MultispecError, check, parse_bool
-
-DEFAULT_METHOD = "auto"  # the API's, the CLI's and the server's default method: change it here only
-AUTO_PROPOSERS = ("draft", "lookup", "suffix")  # what auto may use
-# suffix by default: +12-25 % tokens/s greedy on HumanEval / Spec-Bench, 1-6 % slower at T = 1
-# (benchmarks/results/suffix/, benchmarks/results/current; docs/suffix.md)
-DEFAULT_AUTO_PROPOSERS = ("draft", "lookup", "suffix")
-HEAD_DIRNAME = "acceptance_head"  # specdecpp looks for its head here, in the draft's directory
-MAX_TREE_NODES = 64  # auto's and suffix's max_nodes: the largest tree one round may draft
-
-
-@dataclass(frozen=True)
-class MethodConfig:
-    name: str
-    tree: tuple[int, ...] = ()  # max tree shape below the root; () for ar
-    verifier: str = "sd"
-    heuristic: bool = False
-    target_init: bool = False  # level 1 drawn from the target (ti-mcsd; dynamic with target_init)
-    decision_model: str | None = None
-    beta: float = 0.4
-    head: str | None = None
-    threshold: float = 0.7
-    k_min: int = 2
-    k_max: int = 20
-    confidence: float | None = None  # training-free stop: draft probability of the newest token below this
-    entropy: float | None = None  # training-free stop: AdaEDL entropy bound below this
-    ngram: int = 3  # lookup: longest n-gram matched
-    proposers: tuple[str, ...] = DEFAULT_AUTO_PROPOSERS  # auto
-    max_nodes: int = 32  # auto and suffix: the largest tree a round may draft
-    options: dict = field(default_factory=dict, compare=False)
-
-    @property
-    def width(self) -> int:
-        return self.tree[0] if self.tree else 0
-
-    @property
-    def lossless(self) -> bool:
-        """Lossless at every temperature (the conservative flag, used before the temperature is known)."""
-        return self.lossless_at(0.0) and self.lossless_at(1.0)
-
-    def lossless_at(self, temperature: float) -> bool:
-        """Whether the output law equals the processed target's at this temperature.
-
-        Temperature 0: the engine verifies every draft-initialized method greedily (argmax of p), so all of them are
-        lossless; target-initialized trees with W >= 2 are not (a level-1 token that is not the argmax can win by
-        a longer accepted chain). Temperature > 0: the verifier decides; `greedy` is the temperature-0 verifier and
-        commits argmax p, not a draw from p, so it is LOSSY there."""
-        from multispec.verify.sequence import get_sequence_verifier
-
-        if self.target_init:
-            return self.width == 1
-        if temperature == 0 or self.name == "ar":
-            return True
-        return self.verifier != "greedy" and get_sequence_verifier(self.verifier).lossless
-
-
-@dataclass(frozen=True)
-class MethodEntry:
-    """One decoding method.
-
-    name, options: the method's name and the option names it takes. build(options) -> MethodConfig: validate the
-    options (already stripped of None values) and fill in defaults. needs_draft: refused on a pair without a draft.
-    uses_draft(config): whether a run drafts with the draft model (default: needs_draft). load(config, pair) -> dict:
-    trained models read from disk, once per Decoder family (`Decoder.spawn` shares them). make_policy(config, pair,
-    loaded) -> DraftPolicy: a fresh policy (its adaptive state resets every generation). tree_nodes(config): the
-    most tree nodes one round may draft (sizes static caches; default: the full tree of config.tree).
-    drafts_trees(config): whether a round may draft siblings, which models that attend by cache row cannot verify
-    (the Decoder refuses the method there; default: a level of config.tree wider than one).
-    reproducible_when_seeded: a seeded sampling run verifies with position-keyed noise by default (auto: its plans
-    follow measured timings, so without the mode a seed would not fix its text; docs/reproducible.md).
-    chooses_cheap_draft: given neither draft_vocab nor draft_dtype, the Decoder drafts with the fastest form of the
-    draft on this machine (auto; models/cheap.choose_cheap_draft)."""
-
-    name: str
-    options: frozenset
-    build: Callable[[dict], MethodConfig]
-    make_policy: Callable[[MethodConfig, object, dict], object]
-    needs_draft: bool = True
-    uses_draft: Callable[[MethodConfig], bool] | None = None
-    load: Callable[[MethodConfig, object], dict] | None = None
-    tree_nodes: Callable[[MethodConfig], int] | None = None
-    drafts_trees: Callable[[MethodConfig], bool] | None = None
-    summary: str = ""
-    reproducible_when_seeded: bool = False  # a seeded run at T > 0 uses the reproducible mode unless told not to
-    chooses_cheap_draft: bool = False  # without draft_vocab / draft_dtype, the Decoder picks the fastest draft form
-
-    def drafts_with_model(self, config: MethodConfig) -> bool:
-        return self.uses_draft(config) if self.uses_draft is not None else self.needs_draft
-
-    def may_draft_trees(self, config: MethodConfig) -> bool:
-        return self.drafts_trees(config) if self.drafts_trees is not None else any(w > 1 for w in config.tree)
-
-    def max_tree_nodes(self, config: MethodConfig) -> int:
-        if self.tree_nodes is not None:
-            return self.tree_nodes(config)
-        return sum(math.prod(config.tree[:d + 1]) for d in range(len(config.tree)))
-
-
-REGISTRY: dict[str, MethodEntry] = {}
-
-
-def register(entry: MethodEntry, replace: bool = False) -> MethodEntry:
-    """Add a method to the registry (generate, bench, serve and the CLI see it at once)."""
-    check(replace or entry.name not in REGISTRY, f"method {entry.name!r} is already registered")
-    REGISTRY[entry.name] = entry
-    return entry
-
-
-def unregister(name: str) -> None:
-    REGISTRY.pop(name, None)
-
-
-def method_names() -> tuple[str, ...]:
-    return tuple(REGISTRY)
-
-
-def get_method(name: str) -> MethodEntry:
-    check(isinstance(name, str), f"method must be a string, got {name!r}")
-    check(name in REGISTRY, f"unknown method {name!r}; choose one of {', '.join(REGISTRY)}")
-    return REGISTRY[name]
-
-
-def build_method(name: str, **options) -> MethodConfig:
-    """Validate `name` and its options; raise MultispecError naming the first problem."""
-    entry = get_method(name)
-    options = {k: v for k, v in options.items() if v is not None}
-    unknown = set(options) - entry.options
-    check(not unknown, f"method {name!r} does not take option(s) {', '.join(sorted(unknown))}; "
-                       f"it takes {', '.join(sorted(entry.options)) or 'none'}")
-    return entry.build(options)
-
-
-def build_policy(config: MethodConfig, pair=None, loaded: dict | None = None):
-    """The draft policy of `config`, loading its trained models unless `loaded` holds them. pair: the loaded Pair
-    (None in tests that drive the engine directly: then no trained models and every auto proposer is allowed)."""
-    entry = get_method(config.name)
-    if loaded is None:
-        loaded = entry.load(config, pair) if entry.load is not None else {}
-    return entry.make_policy(config, pair, loaded)
+from multispec.decoding.method_checks import chain_verifier, integer, max_nodes as max_nodes_option, \
+    node_or_sequence_verifier, prob, shape, stop_rule
+from multispec.decoding.registry import (AUTO_PROPOSERS, DEFAULT_AUTO_PROPOSERS, DEFAULT_METHOD, HEAD_DIRNAME,  # noqa: F401
+                                         MAX_TREE_NODES, REGISTRY, MethodConfig, MethodEntry, build_method,
+                                         build_policy, get_method, method_names, register, unregister)
+from multispec.errors import check, parse_bool
 
 
 # ---------------------------------------------------------------------------------------------- the methods
@@ -178,38 +42,38 @@ def _build_auto(o: dict) -> MethodConfig:
         if isinstance(proposers, str) else tuple(proposers)
     bad = [x for x in proposers if x not in AUTO_PROPOSERS]
     check(proposers and not bad, f"auto: proposers must be among {', '.join(AUTO_PROPOSERS)}, got {proposers!r}")
-    return MethodConfig(name="auto", verifier="traversal", proposers=proposers, max_nodes=_max_nodes(o, 32), options=o)
+    return MethodConfig(name="auto", verifier="traversal", proposers=proposers, max_nodes=max_nodes_option(o, 32), options=o)
 
 
 def _build_lookup(o: dict) -> MethodConfig:
-    k = _int(o.get("k", 10), "k", 1)
-    return MethodConfig(name="lookup", tree=(1,) * k, verifier="block", ngram=_int(o.get("ngram", 3), "ngram", 1),
+    k = integer(o.get("k", 10), "k", 1)
+    return MethodConfig(name="lookup", tree=(1,) * k, verifier="block", ngram=integer(o.get("ngram", 3), "ngram", 1),
                         options=o)
 
 
 def _build_sd(o: dict) -> MethodConfig:
-    confidence, entropy = _stop_rule(o)
-    k = _int(o.get("k", 4), "k", 1)
+    confidence, entropy = stop_rule(o)
+    k = integer(o.get("k", 4), "k", 1)
     heuristic = parse_bool(o.get("heuristic", False), "heuristic")
     check(not (heuristic and (confidence is not None or entropy is not None)),
           "sd: choose one of heuristic, confidence, entropy")
     # block by default: never worse than token-level sd in expectation, +10-12% MAL at k >= 6 (docs/results.md)
-    verifier = _chain_verifier(o.get("verifier", "block"), "sd")
+    verifier = chain_verifier(o.get("verifier", "block"), "sd")
     return MethodConfig(name="sd", tree=(1,) * k, verifier=verifier, heuristic=heuristic,
                         confidence=confidence, entropy=entropy, options=o)
 
 
 def _build_mcsd(o: dict) -> MethodConfig:
-    tree = _shape(o.get("tree", (4, 2, 2, 1)))
+    tree = shape(o.get("tree", (4, 2, 2, 1)))
     # traversal by default: +4.8% / +8.6% MAL over the rrs-wor walk at T = 1 on identical drafts (docs/results.md)
-    verifier = _verifier(o.get("verifier", "traversal"), tree)
+    verifier = node_or_sequence_verifier(o.get("verifier", "traversal"), tree)
     return MethodConfig(name="mcsd", tree=tree, verifier=verifier, options=o)
 
 
 def _build_ti_mcsd(o: dict) -> MethodConfig:
-    tree = _shape(o.get("tree", (2, 4, 3, 1, 1)))
+    tree = shape(o.get("tree", (2, 4, 3, 1, 1)))
     if "width" in o:
-        tree = (_int(o["width"], "width", 1),) + tree[1:]
+        tree = (integer(o["width"], "width", 1),) + tree[1:]
     check(len(tree) >= 2, "ti-mcsd needs a tree of depth >= 2 (level 1 comes from the target)")
     verifier = o.get("verifier", "sd")  # "sd": P1's chains, or the rrs-wor walk below level 1 when W = 1
     check(verifier == "sd" or (verifier == "traversal" and tree[0] == 1),
@@ -219,13 +83,13 @@ def _build_ti_mcsd(o: dict) -> MethodConfig:
 
 
 def _build_dynamic(o: dict) -> MethodConfig:
-    confidence, entropy = _stop_rule(o)
-    width = _int(o.get("width", 4), "width", 1)
-    depth = _int(o.get("depth", 5), "depth", 1)
-    beta = _prob(o.get("beta", 0.4), "beta")
+    confidence, entropy = stop_rule(o)
+    width = integer(o.get("width", 4), "width", 1)
+    depth = integer(o.get("depth", 5), "depth", 1)
+    beta = prob(o.get("beta", 0.4), "beta")
     target_init = parse_bool(o.get("target_init", False), "target_init")
     tree = (width,) + (1,) * (depth - 1 + (1 if target_init else 0))
-    verifier = "sd" if target_init else _verifier(o.get("verifier", "rrs-wor"), tree)
+    verifier = "sd" if target_init else node_or_sequence_verifier(o.get("verifier", "rrs-wor"), tree)
     dm = o.get("decision_model")
     if dm is not None:
         check(Path(dm).exists(), f"decision model not found: {dm}")
@@ -237,13 +101,13 @@ def _build_dynamic(o: dict) -> MethodConfig:
 
 
 def _build_specdecpp(o: dict) -> MethodConfig:
-    k_min = _int(o.get("k_min", 2), "k_min", 1)
-    k_max = _int(o.get("k_max", 20), "k_max", k_min)
-    h = _prob(o.get("threshold", 0.7), "threshold")
+    k_min = integer(o.get("k_min", 2), "k_min", 1)
+    k_max = integer(o.get("k_max", 20), "k_max", k_min)
+    h = prob(o.get("threshold", 0.7), "threshold")
     head = o.get("head")
     if head is not None:
         check(Path(head).exists(), f"acceptance head not found: {head}")
-    verifier = _chain_verifier(o.get("verifier", "sd"), "specdecpp")
+    verifier = chain_verifier(o.get("verifier", "sd"), "specdecpp")
     return MethodConfig(name="specdecpp", tree=(1,) * k_max, verifier=verifier,
                         head=None if head is None else str(head), threshold=h, k_min=k_min, k_max=k_max, options=o)
 
@@ -337,18 +201,18 @@ SUFFIX_STORE_TOKENS = 200_000  # the shared store's default cap (tokens); about 
 
 
 def _build_suffix(o: dict) -> MethodConfig:
-    max_nodes = _max_nodes(o, 16)
+    max_nodes = max_nodes_option(o, 16)
     factor = o.get("factor", 2.0)
     check(isinstance(factor, (int, float)) and not isinstance(factor, bool) and factor > 0,
           f"suffix: factor must be a number > 0, got {factor!r}")
-    _prob(o.get("min_prob", 0.1), "min_prob")
+    prob(o.get("min_prob", 0.1), "min_prob")
     store = o.get("store")
     if store is not None:
         from multispec.drafting.suffix import SuffixStore
 
         check(isinstance(store, SuffixStore), f"suffix: store must be a SuffixStore, got {type(store).__name__}")
     else:
-        _int(o.get("store_tokens", SUFFIX_STORE_TOKENS), "store_tokens", 0)
+        integer(o.get("store_tokens", SUFFIX_STORE_TOKENS), "store_tokens", 0)
     # the node walk with rrs-wor and first-child point masses: lossless, and each sibling is reached with
     # probability p(token), the most any lossless verifier gives a deterministic tree (traversal reaches fewer)
     return MethodConfig(name="suffix", verifier="rrs-wor", max_nodes=max_nodes, options=o)
@@ -401,55 +265,3 @@ for _entry in (
                 summary="a token tree from suffix tries over the context and past requests, no draft model"),
 ):
     register(_entry)
-
-
-def _stop_rule(o: dict) -> tuple[float | None, float | None]:
-    confidence = None if o.get("confidence") is None else _prob(o["confidence"], "confidence")
-    entropy = None if o.get("entropy") is None else _prob(o["entropy"], "entropy")
-    check(confidence is None or entropy is None, "choose one stopping rule: confidence or entropy")
-    return confidence, entropy
-
-
-def _max_nodes(o: dict, default: int) -> int:
-    n = _int(o.get("max_nodes", default), "max_nodes", 1)
-    check(n <= MAX_TREE_NODES, f"max_nodes must be at most {MAX_TREE_NODES} (one round's tree), got {n}")
-    return n
-
-
-def _int(v, name: str, lo: int) -> int:
-    check(isinstance(v, int) and not isinstance(v, bool) and v >= lo, f"{name} must be an integer >= {lo}, got {v!r}")
-    return v
-
-
-def _prob(v, name: str) -> float:
-    check(isinstance(v, (int, float)) and 0 <= v <= 1, f"{name} must be in [0, 1], got {v!r}")
-    return float(v)
-
-
-def _shape(v) -> tuple[int, ...]:
-    from multispec.tree import Tree, parse_shape  # torch: imported when a method is built, not for `--help`
-
-    check(isinstance(v, (str, tuple, list)), f"tree must be a shape such as (4, 2, 2, 1) or '4,2,2,1', got {v!r}")
-    shape = parse_shape(v) if isinstance(v, str) else tuple(v)
-    Tree.from_shape(shape)
-    return shape
-
-
-def _verifier(name: str, tree: tuple[int, ...]) -> str:
-    """A node verifier (walked from the root) or a sequence verifier (block: chains; traversal: trees)."""
-    from multispec.verify.sequence import get_sequence_verifier
-
-    check(isinstance(name, str), f"verifier must be a name, got {name!r}")
-    spec = get_sequence_verifier(name)
-    try:
-        spec.check_widths(set(tree))
-    except MultispecError as e:
-        raise MultispecError(f"tree {','.join(map(str, tree))} does not suit verifier {name!r}: {e}") from None
-    return name
-
-
-def _chain_verifier(name, method: str) -> str:
-    """sd and specdecpp draft one chain: token-level `sd` or `block` verification."""
-    check(name in ("sd", "block"), f"method {method!r} verifies its chain with verifier 'sd' (token by token) "
-                                   f"or 'block' (jointly), got {name!r}")
-    return name

@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import json
 import math
-import os
 import platform
 import time
 import warnings
@@ -87,9 +86,9 @@ def model_key(backend, role_model) -> str:
     cfg = getattr(role_model, "config", None)
     name = getattr(cfg, "_name_or_path", "") or type(role_model).__name__
     n_params = sum(p.numel() for p in role_model.parameters()) if hasattr(role_model, "parameters") else 0
-    return "|".join(str(x) for x in (getattr(backend, "name", type(backend).__name__),
+    return "|".join(str(x) for x in (backend.name,
                                       getattr(backend, "cost_key", ""), name, n_params,
-                                      getattr(backend, "device", "cpu"), getattr(backend, "dtype", ""),
+                                      backend.device, getattr(backend, "dtype", ""),
                                       torch.get_num_threads(), platform.processor() or platform.machine()))
 
 
@@ -102,7 +101,7 @@ def calibrate(backends: list, budget_s: float, reps: int = 3) -> list[list[float
 
     def run(b, n):
         ctx = b.cache_len
-        tokens = torch.randint(0, int(getattr(b, "vocab_size", 2)), (n,), generator=torch.Generator().manual_seed(n))
+        tokens = torch.randint(0, int(b.vocab_size), (n,), generator=torch.Generator().manual_seed(n))
         draftable = getattr(b, "draftable", None)  # a draft of another vocabulary: tokens it drafts, one row each
         if draftable is not None:
             tokens = draftable[tokens % len(draftable)]
@@ -113,7 +112,7 @@ def calibrate(backends: list, budget_s: float, reps: int = 3) -> list[list[float
         return dt
 
     def room(b) -> int:  # tokens that still fit after the cached rows (positions, static cache rows)
-        limits = [x for x in (getattr(b, "max_positions", None), getattr(b, "max_len", None)) if x]
+        limits = [x for x in (b.max_positions, getattr(b, "max_len", None)) if x]
         return min(limits) - b.cache_len if limits else 1 << 30
 
     fits = min(room(b) for b in backends)
@@ -251,126 +250,3 @@ def _store(key: str, entry: dict, memory: bool = True) -> None:
     data = _disk()
     data[key] = entry
     save_cache_json(_cache_file(), data)  # it only saves a calibration on the next run
-
-
-# ---------------------------------------------------------------------------------------------------- batched costs
-BATCH_SIZES = (1, 2, 4, 8, 16, 32, 64)
-BATCH_TOKENS = (1, 2, 4, 8, 16)  # tokens per sequence measured; BUCKETS beyond are extrapolated
-BATCH_BUDGET_S = 4.0
-
-
-@dataclass
-class BatchCosts:
-    """seconds[model][i][j]: one batched forward of BATCH_SIZES[i] sequences × BUCKETS[j] tokens each (model
-    "target" or "draft"), measured up to the batch's slots and extrapolated linearly beyond."""
-
-    seconds: dict
-    key: str = ""
-    source: str = "calibrated"
-    _memo: dict = field(default_factory=dict, repr=False)  # every lane of a batch asks the same few questions
-
-    def forward(self, model: str, sequences: int, n: float) -> float:
-        """Predicted seconds of a batched forward of `sequences` × n tokens (linear in the batch size between
-        measured sizes, CostCurve in n)."""
-        hit = self._memo.get((model, sequences, n))
-        if hit is None:
-            hit = self._memo[(model, sequences, n)] = self._forward(model, sequences, n)
-        return hit
-
-    def _forward(self, model: str, sequences: int, n: float) -> float:
-        rows = self.seconds[model]
-        sizes = BATCH_SIZES[:len(rows)]
-        b = max(1, sequences)
-        for i in range(1, len(sizes)):
-            if b <= sizes[i] or i == len(sizes) - 1:
-                lo, hi = CostCurve(rows[i - 1])(n), CostCurve(rows[i])(n)
-                return lo + (hi - lo) * (b - sizes[i - 1]) / (sizes[i] - sizes[i - 1])
-        return CostCurve(rows[0])(n) * b
-
-    def share(self, model: str, sequences: int, n: int) -> float:
-        """One sequence's share of a batched forward in which every sequence brings n tokens."""
-        return self.forward(model, sequences, n) / max(1, sequences)
-
-    def cost_model(self) -> CostModel:
-        """The batch-1 curves as a CostModel (what `auto` reports and falls back on)."""
-        d = self.seconds.get("draft")
-        return CostModel(CostCurve(list(self.seconds["target"][0])), CostCurve(list(d[0])) if d else None,
-                         key=self.key, source=self.source)
-
-
-def get_batch_costs(target_cache, target_model, draft_cache=None, draft_model=None,
-                    budget_s: float = BATCH_BUDGET_S) -> BatchCosts:
-    """The batched cost table of these models on this machine for up to the caches' slots, measured with
-    models/batched.run_batch on the (still empty) caches on first use and cached in memory and on disk."""
-    slots = target_cache.slots
-    sizes = [b for b in BATCH_SIZES if b <= slots] or [1]
-    if len(sizes) < len(BATCH_SIZES) and sizes[-1] < slots:
-        sizes.append(BATCH_SIZES[len(sizes)])  # the next size up is extrapolated, so `slots` is covered
-    probe = type("probe", (), {"name": "batched", "device": target_cache.net.device, "dtype": target_cache.net.dtype})
-    key = "batch|" + model_key(probe, target_model) + "||" + (model_key(probe, draft_model) if draft_cache else "-")
-    cached = _MEMORY.get(key) or _disk().get(key)
-    if isinstance(cached, dict) and _batch_entry_ok(cached, draft_cache is not None, len(sizes)):
-        _MEMORY[key] = cached
-        return BatchCosts({k: v for k, v in cached.items() if v is not None}, key=key, source="cached")
-    caches = {"target": target_cache, **({"draft": draft_cache} if draft_cache is not None else {})}
-    seconds = {name: _calibrate_batched(c, sizes, budget_s / len(caches)) for name, c in caches.items()}
-    _store(key, {"target": seconds["target"], "draft": seconds.get("draft")})
-    return BatchCosts(seconds, key=key)
-
-
-def _calibrate_batched(cache, sizes: list[int], budget_s: float) -> list[list[float]]:
-    """seconds[i][j] for sizes[i] sequences × BUCKETS[j] tokens after a context of up to 128 rows, the fastest of
-    two runs (one where the budget runs out); sizes beyond the cache's slots and tokens past BATCH_TOKENS or the
-    rows are extrapolated linearly."""
-    from multispec.models.batched import Step, run_batch
-
-    ctx = max(0, min(128, cache.rows - BATCH_TOKENS[-1] - 1))
-    measurable = [n for n in BATCH_TOKENS if ctx + n <= cache.rows]
-    gen = torch.Generator().manual_seed(0)
-    start = time.perf_counter()
-
-    def timed(b: int, n: int) -> float:
-        steps = [Step(s, torch.randint(0, cache.net.vocab_size, (n,), generator=gen), torch.arange(ctx, ctx + n))
-                 for s in range(b)]
-        for s in range(b):
-            cache.lens[s] = ctx
-        t0 = time.perf_counter()
-        run_batch(cache, steps)
-        return time.perf_counter() - t0
-
-    timed(1, 1)  # warm-up
-    table = []
-    for b in sizes:
-        row = []
-        for n in measurable:
-            if b > cache.slots or (row and time.perf_counter() - start > budget_s):
-                break
-            runs = 1 if time.perf_counter() - start > budget_s / 2 else 2
-            row.append(min(timed(b, n) for _ in range(runs)))
-        table.append(row)
-    cache.lens[:] = [0] * cache.slots
-    out = []
-    for i, row in enumerate(table):
-        if not row:  # a size past the slots or the budget: linear in the batch from the two sizes below
-            a, c = out[i - 1], out[i - 2] if i >= 2 else [x / sizes[i - 1] for x in out[i - 1]]
-            size_a, size_c = sizes[i - 1], sizes[i - 2] if i >= 2 else 0
-            slope = [(x - y) / (size_a - size_c) for x, y in zip(a, c)]
-            out.append([x + s * (sizes[i] - size_a) for x, s in zip(a, slope)])
-            continue
-        while len(row) < len(BUCKETS):
-            j = len(row)
-            slope = (row[-1] - row[-2]) / (BUCKETS[j - 1] - BUCKETS[j - 2]) if j >= 2 else row[-1]
-            row.append(row[-1] + slope * (BUCKETS[j] - BUCKETS[j - 1]))
-        for j in range(1, len(row)):
-            row[j] = max(row[j], row[j - 1])
-        out.append(row)
-    for i in range(1, len(out)):  # more sequences never cost less (noise aside)
-        out[i] = [max(x, y) for x, y in zip(out[i], out[i - 1])]
-    return out
-
-
-def _batch_entry_ok(entry: dict, with_draft: bool, n_sizes: int) -> bool:
-    def table_ok(t) -> bool:
-        return isinstance(t, list) and len(t) >= n_sizes and all(_curve_ok(row) for row in t)
-
-    return table_ok(entry.get("target")) and (not with_draft or table_ok(entry.get("draft")))

@@ -84,41 +84,21 @@ def grow_tree(
     q = torch.zeros(n_nodes, draft.vocab_size)
     base = draft.cache_len
     root_index = base + len(pending) - 1
-    ancestor = max_tree.ancestor_mask
     if policy is not None:
         policy.start_round()
-
-    # First forward: pending chain (causal) + known levels (tree mask under the root).
-    m = len(pending) - 1  # pending tokens before the root
-    n_first = m + n_known
-    mask = torch.zeros(n_first, base + n_first, dtype=torch.bool)
-    mask[:, :base] = True
-    mask[:m + 1, base:base + m + 1] = torch.ones(m + 1, m + 1, dtype=torch.bool).tril()
-    mask[m:, base:base + m] = True  # the root and known nodes see the pending chain
-    mask[m:, base + m:] = ancestor[:n_known, :n_known]
-    positions = torch.cat([torch.arange(base, base + m), root_index + max_tree.depth_tensor[:n_known]])
-    feed = torch.cat([torch.tensor(pending[:-1], dtype=torch.long), tokens[:n_known]])
     want = want_hidden or (policy is not None and policy.needs_hidden)
-    out = draft.forward(feed, positions, mask, want_hidden=want)
-    calls = 1
+    out = _first_forward(draft, pending, max_tree, tokens[:n_known], base, root_index, want)
+    m, calls = len(pending) - 1, 1  # m: pending tokens before the root
     rows = range(known_depth and max_tree.level(known_depth).start, n_known)  # nodes whose children come next
     logits, hidden = out.logits[m:][rows.start:], (out.hidden[m:][rows.start:] if want else None)
-    depth = known_depth
-    fed = n_known
+    depth, fed = known_depth, n_known
     while True:
-        parent_q = _draft_dists(logits, sampling) if history is None else \
-            _draft_dists(logits, sampling, history(rows, tokens, logits))
+        parent_q = _draft_dists(logits, sampling, None if history is None else history(rows, tokens, logits))
         q[rows.start:rows.stop] = parent_q
         child_level = max_tree.level(depth + 1)
-        for parent in rows:
-            kids = max_tree.children[parent]
-            if kids:
-                drafted = coupled_draw(q[parent][None], len(kids), keys.row(parent)) if keys is not None \
-                    else draw(q[parent][None], len(kids), generator)
-                tokens[kids[0]:kids[-1] + 1] = drafted[0]
+        _draw_children(max_tree, rows, q, tokens, draw, generator, keys)
         depth += 1
-        last = depth >= max_tree.max_depth
-        if last or (policy is not None and not policy.keep_drafting(
+        if depth >= max_tree.max_depth or (policy is not None and not policy.keep_drafting(
                 depth, hidden, parent_q, tokens[child_level.start:child_level.stop])):
             break
         rows = child_level
@@ -131,6 +111,35 @@ def grow_tree(
     tree = max_tree.truncate(depth) if depth < max_tree.max_depth else max_tree
     return Draft(tree=tree, tokens=tokens[:len(tree)], q=q[:len(tree)], fed=fed, root_index=root_index,
                  draft_calls=calls)
+
+
+def _draw_children(max_tree: Tree, rows: range, q: torch.Tensor, tokens: torch.Tensor, draw: DrawFn,
+                   generator: torch.Generator, keys: PositionKeys | None) -> None:
+    """Draw the children of the nodes in `rows` from their laws q [N, V] into tokens [N] (coupled to the position
+    noise in a keyed run)."""
+    for parent in rows:
+        kids = max_tree.children[parent]
+        if kids:
+            drafted = coupled_draw(q[parent][None], len(kids), keys.row(parent)) if keys is not None \
+                else draw(q[parent][None], len(kids), generator)
+            tokens[kids[0]:kids[-1] + 1] = drafted[0]
+
+
+def _first_forward(draft: Backend, pending: list[int], max_tree: Tree, known: torch.Tensor, base: int,
+                   root_index: int, want_hidden: bool):
+    """The round's first draft forward: the pending chain (causal) and the known nodes (the root and any levels
+    already chosen; known: long [n_known]) under the tree mask below the root."""
+    n_known = len(known)
+    m = len(pending) - 1  # pending tokens before the root
+    n_first = m + n_known
+    mask = torch.zeros(n_first, base + n_first, dtype=torch.bool)
+    mask[:, :base] = True
+    mask[:m + 1, base:base + m + 1] = torch.ones(m + 1, m + 1, dtype=torch.bool).tril()
+    mask[m:, base:base + m] = True  # the root and known nodes see the pending chain
+    mask[m:, base + m:] = max_tree.ancestor_mask[:n_known, :n_known]
+    positions = torch.cat([torch.arange(base, base + m), root_index + max_tree.depth_tensor[:n_known]])
+    feed = torch.cat([torch.tensor(pending[:-1], dtype=torch.long), known])
+    return draft.forward(feed, positions, mask, want_hidden=want_hidden)
 
 
 def _draft_dists(logits: torch.Tensor, sampling: SamplingConfig, history=None) -> torch.Tensor:

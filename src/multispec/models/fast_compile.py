@@ -71,7 +71,7 @@ class CompiledStep:
         """Run N real tokens as a bucket-sized step. Returns (logits [N, V], hidden [N, H] or None)."""
         n = tokens.shape[0]
         b = bucket(n)
-        pad, total, dev = b - n, start + b, backend.device
+        total, dev = start + b, backend.device
         width = backend.k_cache[0].shape[1] if self.full_width else total
         # Fresh tensors every call (never the caller's): dynamo guards on how a tensor was made (inference mode or
         # not), and a caller's tensor of exactly bucket size would otherwise compile the bucket a second time.

@@ -15,7 +15,6 @@ import torch
 from tqdm import tqdm
 
 from multispec.errors import MultispecError
-from multispec.zoo.corpus import read_documents
 from multispec.zoo.data import EOT_ID
 
 HUMANEVAL_FILE = "humaneval.jsonl.gz"

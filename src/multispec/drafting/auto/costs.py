@@ -5,7 +5,8 @@ which one it has.
 """
 from __future__ import annotations
 
-from multispec.drafting.costs import BatchCosts, CostModel
+from multispec.drafting.batch_costs import BatchCosts
+from multispec.drafting.costs import CostModel
 from multispec.drafting.protocol import RoundOutcome
 from multispec.tree import Tree
 

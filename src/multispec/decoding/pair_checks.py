@@ -1,0 +1,60 @@
+"""What a Decoder checks of its pair before any model runs (the backend, trees where attention cannot verify them,
+what text re-tokenization cannot draft), and the draft backend of a draft with another tokenizer."""
+from __future__ import annotations
+
+from multispec.decoding.methods import MethodConfig, get_method
+from multispec.errors import check
+from multispec.loading import Pair, max_positions, vocab_rows
+
+
+def backend_name(pair: Pair, backend) -> str:
+    """The backend to run: `backend` checked, or the pair's default (compiled when loaded with compile=True)."""
+    from multispec.models import BACKENDS
+
+    if backend is None:
+        return "compiled" if pair.compile else "hf"
+    check(backend in BACKENDS, f"unknown backend {backend!r}; choose one of {', '.join(BACKENDS)}")
+    check(not (pair.compile and backend == "hf"),
+          "backend 'hf' asked for on a pair loaded with compile=True; compiling applies to the fast backend")
+    return backend
+
+
+def cross_vocab_backend(pair: Pair, draft_model, kind: str, depth: int = 0):
+    """The draft's backend in the target's token ids for a draft of another tokenizer (pair.cross_vocab): its own
+    backend, sized to its own positions (at most 4,096 rows), behind the mode's wrapper. depth: the method's chain
+    depth (0: adaptive, e.g. auto); re-tokenization drafts half as many draft tokens again per proposal (a target
+    token often spans more than one of a smaller vocabulary's), at most 8."""
+    from multispec.models import make_backend
+    from multispec.models.intersection import IntersectionDraft
+    from multispec.models.retokenize import RetokenizedDraft
+
+    rows = min(max_positions(pair.draft) or 4096, 4096)
+    inner = make_backend(draft_model, kind, **({} if kind == "hf" else {"max_len": rows}))
+    if pair.cross_vocab == "uag":
+        lookahead = min(8, depth + depth // 2 + 1) if depth else 8
+        return RetokenizedDraft(inner, pair.tokenizer, pair.draft_tokenizer, vocab_rows(pair.target), rows,
+                                lookahead)
+    return IntersectionDraft(inner, pair.bridge, rows)
+
+
+def refuse_where_retokenizing(config: MethodConfig, entry, policy) -> None:
+    """Text re-tokenization proposes one deterministic chain, with no draft hidden states: refuse what needs more."""
+    check(not entry.may_draft_trees(config), f"method {config.name!r} drafts token trees, and a draft re-tokenized "
+                                             "from text proposes one chain; use sd or auto, or cross_vocab='tli'")
+    check(not policy.needs_hidden,
+          f"method {config.name!r} reads the draft's hidden states, which text re-tokenization does not have; use "
+          "sd or auto, or cross_vocab='tli'")
+
+
+def refuse_trees_where_inexact(pair: Pair, config: MethodConfig, uses_draft: bool) -> None:
+    """Models whose attention depends on cache-row order or uses ALiBi by row (MPT, GPT-Neo local layers, Bloom,
+    Falcon-ALiBi) verify chains exactly but not token trees: refuse tree methods here, before any model runs
+    (`auto` keeps to chains for them itself, see its registry entry)."""
+    from multispec.models import tree_refusal
+
+    if not get_method(config.name).may_draft_trees(config):
+        return
+    reason = tree_refusal(pair.target) or (tree_refusal(pair.draft) if uses_draft and pair.draft is not None
+                                           else None)
+    check(reason is None, f"method {config.name!r} drafts token trees, and tree methods are not supported on this "
+                          f"model ({reason}); use auto, sd, specdecpp, lookup or ar")
