@@ -16,7 +16,7 @@ from helpers import save_tiny_pair  # noqa: E402
 
 from multispec import generate, load_pair  # noqa: E402
 from multispec.api import GenerationResult  # noqa: E402
-from multispec.serve import ServeSettings, create_app  # noqa: E402
+from multispec.serve import ServeSettings, create_app, uvicorn_config  # noqa: E402
 from multispec.text import StopStrings, Streamer  # noqa: E402
 
 NAME = "tiny"
@@ -28,17 +28,17 @@ TEMPLATE = ("{% for m in messages %}<{{ m['role'] }}>{{ m['content'] }}\n{% endf
 class ServerThread:
     """uvicorn serving `app` on 127.0.0.1 (a free port) in a daemon thread."""
 
-    def __init__(self, app):
+    def __init__(self, app, api_key: str = "none"):
         self.app = app
         sock = socket.socket()
         sock.bind(("127.0.0.1", 0))
         self.port = sock.getsockname()[1]
-        self.server = uvicorn.Server(uvicorn.Config(app, log_level="warning"))
+        self.server = uvicorn.Server(uvicorn_config(app, log_level="warning"))
         self.thread = threading.Thread(target=self.server.run, kwargs={"sockets": [sock]}, daemon=True)
         self.thread.start()
         assert _eventually(lambda: self.server.started), "server did not start"
         self.url = f"http://127.0.0.1:{self.port}"
-        self.client = openai.OpenAI(base_url=self.url + "/v1", api_key="none", max_retries=0, timeout=60)
+        self.client = openai.OpenAI(base_url=self.url + "/v1", api_key=api_key, max_retries=0, timeout=60)
 
     def close(self):
         self.server.should_exit = True

@@ -288,3 +288,65 @@ def test_continuous_batching_serves_logprobs_and_penalties(pair):
                                                            alone.logprobs)) < 1e-4
     finally:
         s.close()
+
+
+def test_too_many_prompts_name_prompt_and_too_many_samples_name_n(server):
+    """The server holds 2 + 16 generations: 100 prompts are the prompt's fault, 2 prompts x n 16 are n's."""
+    err = post(server, "/v1/completions", {"prompt": ["x"] * 100, "max_tokens": 1}, 400)["error"]
+    assert err["param"] == "prompt" and "100 generations" in err["message"]
+    err = post(server, "/v1/completions", {"prompt": ["x", "y"], "n": 16, "max_tokens": 1}, 400)["error"]
+    assert err["param"] == "n" and "32 generations" in err["message"]
+
+
+@pytest.mark.parametrize("path,body,param", [
+    ("/v1/completions", {"prompt": [5] * 250, "max_tokens": 10}, "max_tokens"),
+    ("/v1/completions", {"prompt": [5] * 256, "max_tokens": 1}, "prompt"),
+    ("/v1/completions", {"prompt": [5] * 256, "max_tokens": 0, "echo": True}, "prompt"),
+    ("/v1/completions", {"prompt": [[5], [5] * 300], "max_tokens": 1}, "prompt.1"),
+    ("/v1/chat/completions", {"messages": [{"role": "user", "content": "x " * 300}]}, "messages"),
+    ("/v1/chat/completions", {"messages": [{"role": "user", "content": "x"}], "max_tokens": 300}, "max_tokens"),
+])
+def test_requests_past_the_context_name_the_field_to_shorten(server, path, body, param):
+    """The tiny model has 256 positions: the prompt alone too long names the prompt (or messages), a prompt that
+    fits with max_tokens too large names max_tokens; vLLM's wording."""
+    err = post(server, path, body, 400)["error"]
+    assert err["param"] == param and err["code"] == "context_length_exceeded", err
+    assert err["message"].startswith("this model's maximum context length is 256 tokens. However, ")
+    assert post(server, "/v1/completions", {"prompt": [5] * 255, "max_tokens": 0, "echo": True})["choices"]
+
+
+def test_echo_text_offsets_index_the_returned_text(server, pair):
+    """The BOS is in the tokens but not in the echoed text: text_offset[i] is where token i starts in the choice's
+    text (OpenAI's meaning), the BOS at 0 with no length. (logit_bias makes the random model write " x" tokens.)"""
+    x = pair.tokenizer(" x", add_special_tokens=False)["input_ids"]
+    assert len(x) == 1
+    for body in ({"prompt": "def f(x): return x", "echo": True, "logprobs": 1, "max_tokens": 3},
+                 {"prompt": [pair.tokenizer.bos_token_id] + x, "echo": True, "logprobs": 0, "max_tokens": 2},
+                 {"prompt": "for n in", "logprobs": 0, "max_tokens": 4}):
+        choice = post(server, "/v1/completions", {**body, "temperature": 0, "logit_bias": {str(x[0]): 100}})
+        text, lp = choice["choices"][0]["text"], choice["choices"][0]["logprobs"]
+        offsets = lp["text_offset"]
+        assert len(offsets) == len(lp["tokens"]) and text.endswith(" x x")
+        ends = offsets[1:] + [len(text)]
+        want = ["" if t == pair.tokenizer.bos_token else t for t in lp["tokens"]]
+        assert [text[a:b] for a, b in zip(offsets, ends)] == want, (offsets, lp["tokens"], text)
+        assert "".join(want) == text
+
+
+def test_top_k_0_and_minus_1_are_off_even_over_the_model_s_top_k(pair):
+    """vLLM's top_k -1 (and 0) mean off: they are not replaced by the model's generation_config top_k when
+    temperature is left to generation_config too. Here the config samples at T = 1 with top_k 1."""
+    own = load_pair(target=pair.target_path, draft=pair.draft_path, device="cpu")
+    own.target.generation_config.update(do_sample=True, temperature=1.0, top_k=1)
+    s = ServerThread(create_app(own, ServeSettings(model_name=NAME, method="sd", method_options={"k": 3})))
+    try:
+        decoder = Decoder(own, "sd", k=3)
+        full = decoder.generate("def f(x):", max_new_tokens=12, temperature=1.0, seed=3).token_ids
+        top1 = decoder.generate("def f(x):", max_new_tokens=12, temperature=1.0, top_k=1, seed=3).token_ids
+        assert full != top1
+        body = {"prompt": "def f(x):", "max_tokens": 12, "seed": 3, "return_token_ids": True}
+        for top_k in (-1, 0):
+            assert post(s, "/v1/completions", {**body, "top_k": top_k})["choices"][0]["token_ids"] == full
+        assert post(s, "/v1/completions", body)["choices"][0]["token_ids"] == top1  # not set: the model's
+    finally:
+        s.close()

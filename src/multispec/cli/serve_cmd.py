@@ -41,6 +41,13 @@ FORCE_GRACE_S = 0.3  # after stop_all, time for the error replies to go out befo
               "backend; replaces --max-concurrent). 1: each generation runs its own forwards.")
 @click.option("--max-queue", type=click.IntRange(min=0), default=32, show_default=True,
               help="Admitted requests waiting for a slot; beyond it, HTTP 429 with Retry-After.")
+@click.option("--max-model-len", type=click.IntRange(min=1),
+              help="Most tokens (prompt + output) a request may take; the batch slots' caches are sized for it. "
+              "Default: what fits a share of the memory available at start-up (docs/serve.md), at most the model's "
+              "positions; the start-up line says which.")
+@click.option("--api-key", envvar="MULTISPEC_API_KEY", show_envvar=True,
+              help="Require `Authorization: Bearer KEY` on /v1/*, /tokenize and /detokenize (401 otherwise); only "
+              "/health and /metrics stay open.")
 @click.option("--request-timeout", type=click.FloatRange(min=0, min_open=True), default=600.0, show_default=True,
               help="Seconds from arrival (queueing included) before a request is cancelled.")
 @click.option("--chat-template", type=click.Path(exists=True, dir_okay=False),
@@ -59,7 +66,7 @@ FORCE_GRACE_S = 0.3  # after stop_all, time for the error replies to go out befo
 @click.option("--log-level", type=click.Choice(["critical", "error", "warning", "info", "debug"]), default="info",
               show_default=True)
 def serve_command(target, draft, cross_vocab, method, host, port, served_model_name, max_concurrent, max_batch, max_queue,
-                  request_timeout,
+                  max_model_len, api_key, request_timeout,
                   chat_template, device, dtype, backend, compile_, drain_timeout, threads, log_level, **method_kw):
     """Serve the pair over HTTP with the OpenAI API: /v1/completions, /v1/chat/completions, /v1/models,
     /health, /metrics."""
@@ -75,6 +82,8 @@ def serve_command(target, draft, cross_vocab, method, host, port, served_model_n
           f"--compile runs the compiled fast backend; it cannot be combined with --backend {backend}")
     check(max_batch == 1 or backend != "hf", "--max-batch batches on the fast backend; the transformers backend "
                                              "(--backend hf) runs one sequence per forward: use --max-concurrent")
+    check(api_key is None or api_key.strip() != "", "--api-key (or MULTISPEC_API_KEY) is empty; give a key, or "
+                                                    "unset it to serve without one")
     backend = "compiled" if compile_ else backend
     template = decode_text(Path(chat_template).read_bytes(), f"the chat template file {chat_template}") \
         if chat_template else None
@@ -86,10 +95,8 @@ def serve_command(target, draft, cross_vocab, method, host, port, served_model_n
         import torch
 
         torch.set_num_threads(threads)
-    import uvicorn
-
     from multispec.api import load_pair
-    from multispec.serve import ServeSettings, create_app
+    from multispec.serve import ServeSettings, create_app, uvicorn_config
 
     pair = load_pair(target=target, draft=draft, device=device, dtype=dtype, cross_vocab=cross_vocab, compile=backend == "compiled")
     check(max_batch == 1 or pair.cross_vocab is None, "--max-batch: a draft with another tokenizer drafts one "
@@ -105,15 +112,16 @@ def serve_command(target, draft, cross_vocab, method, host, port, served_model_n
     name = served_model_name or Path(pair.target_path).name
     settings = ServeSettings(model_name=name, method=method, method_options=options, backend=backend,
                              max_concurrent=max_concurrent, max_queue=max_queue, max_batch=max_batch,
-                             request_timeout=request_timeout,
-                             chat_template=template)
+                             request_timeout=request_timeout, chat_template=template, max_model_len=max_model_len,
+                             api_key=api_key)
     app = create_app(pair, settings)  # builds the workers' Decoders: the method is checked against the pair here
+    click.echo(app.state.cache_report, err=True)
     bos = pair.tokenizer.bos_token_id
     # One short generation before the port opens: it warms the first call up.
     warm = app.state.scheduler.decoder.generate([bos if bos is not None else 0], max_new_tokens=2, temperature=0.0)
     click.echo(f"serving {name} ({warm.stats['method']}{'' if warm.stats['lossless'] else ', LOSSY'}) on "
                f"http://{host}:{port}/v1", err=True)
-    config = uvicorn.Config(app, host=host, port=port, log_level=log_level,
+    config = uvicorn_config(app, host=host, port=port, log_level=log_level,
                             timeout_graceful_shutdown=drain_timeout + 5 * FORCE_GRACE_S)
     _Server(config, app, drain_timeout).run()
 

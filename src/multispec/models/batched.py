@@ -47,6 +47,11 @@ class SlotCache:
         self.pos = torch.zeros(slots, rows, dtype=torch.long, device=net.device)  # position of each row
         self.lens = [0] * slots
 
+    @property
+    def nbytes(self) -> int:
+        """Memory its buffers take: keys, values and positions of every slot's rows."""
+        return sum(t.nbytes for t in (*self.k, *self.v, self.pos))
+
     def keep(self, slot: int, indices: torch.Tensor) -> None:
         """Keep rows `indices` (long [K], increasing) of `slot` (FastBackend.keep, on the slot's views)."""
         from multispec.models.fast import keep_rows

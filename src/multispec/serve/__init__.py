@@ -2,8 +2,9 @@
 
 app.py: endpoints and error objects; protocol.py: pydantic request/response models; scheduler.py: the bounded
 queue and the worker threads, each with its own Decoder; metrics.py: Prometheus metrics with vLLM's spec-decode
-names.
+names; memory.py: --max-model-len and the caches' memory; http.py: uvicorn's config, with a header timeout.
 """
 from multispec.serve.app import ServeSettings, create_app
+from multispec.serve.http import uvicorn_config
 
-__all__ = ["ServeSettings", "create_app"]
+__all__ = ["ServeSettings", "create_app", "uvicorn_config"]

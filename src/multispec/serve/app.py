@@ -15,7 +15,8 @@ from pydantic import BaseModel
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from multispec.errors import MultispecError
-from multispec.serve.edge import APIError, Edge, ServeSettings, error_json, refuse
+from multispec.serve.edge import APIError, Edge, RequireApiKey, ServeSettings, error_json, refuse
+from multispec.serve.memory import cache_report, choose_max_model_len
 from multispec.serve.metrics import ServerMetrics
 from multispec.serve.protocol import (AssistantMessage, ChatChoice, ChatChunkChoice, ChatCompletionChunk,
                                       ChatCompletionRequest, ChatCompletionResponse, CompletionChoice,
@@ -23,7 +24,7 @@ from multispec.serve.protocol import (AssistantMessage, ChatChoice, ChatChunkCho
                                       DetokenizeResponse, ErrorResponse, ModelCard, ModelList, SpecDecodeMetrics,
                                       TokenizeRequest, TokenizeResponse, Usage)
 from multispec.serve.scheduler import Job, QueueFull, Scheduler, decoder_generate
-from multispec.serve.shapes import TokenText, chat_logprobs, completion_logprobs
+from multispec.serve.shapes import TokenText, chat_logprobs, completion_logprobs, text_offsets
 
 __all__ = ["APIError", "ServeSettings", "create_app"]
 
@@ -33,17 +34,23 @@ COMPLETION_DEFAULT_MAX_TOKENS = 16  # OpenAI's default for /v1/completions
 
 def create_app(pair, settings: ServeSettings, generate_fn=None) -> FastAPI:
     """The ASGI app serving `pair`: one Decoder per worker, built here (the method and its trained models are
-    checked and read now, once). generate_fn(decoder, prompt_ids, **sampling) -> GenerationResult: the Decoder's
-    own `generate` unless given (tests pass a blocking one)."""
+    checked and read now, once), and the batch slots' caches. generate_fn(decoder, prompt_ids, **sampling) ->
+    GenerationResult: the Decoder's own `generate` unless given (tests pass a blocking one). app.state.cache_report:
+    the caches' memory, one line for start-up."""
     from multispec.decoding.decoder import Decoder
     from multispec.decoding.methods import DEFAULT_METHOD
 
     decoder = Decoder(pair, settings.method or DEFAULT_METHOD, settings.backend, **settings.method_options)
+    generations = settings.max_batch if settings.max_batch > 1 else settings.max_concurrent
+    max_model_len, why = choose_max_model_len(decoder, generations, settings.max_model_len)
     scheduler = Scheduler(decoder, settings.max_concurrent, settings.max_queue, generate_fn or decoder_generate,
-                          settings.max_batch)
+                          settings.max_batch, max_model_len=max_model_len)
     metrics = ServerMetrics(scheduler)
     app = FastAPI(title="multispec", summary="OpenAI-compatible server with lossless speculative decoding")
+    if settings.api_key is not None:
+        app.add_middleware(RequireApiKey, key=settings.api_key)
     app.state.scheduler, app.state.metrics, app.state.settings = scheduler, metrics, settings
+    app.state.cache_report = cache_report(scheduler, why)
     app.router.add_event_handler("shutdown", scheduler.shutdown)
     live: dict[int, object] = {}  # id -> Run of every request still being answered
 
@@ -58,7 +65,7 @@ def create_app(pair, settings: ServeSettings, generate_fn=None) -> FastAPI:
         return len(runs)
 
     app.state.live_runs, app.state.stop_all = live, stop_all
-    edge = Edge(settings, decoder)
+    edge = Edge(settings, decoder, max_model_len)
     edge.max_concurrent = scheduler.max_concurrent
     created = int(time.time())
 
@@ -76,7 +83,8 @@ def create_app(pair, settings: ServeSettings, generate_fn=None) -> FastAPI:
         log.exception("unhandled error")
         return error_json(APIError(500, f"internal error: {type(e).__name__}", type="internal_error"))
 
-    @app.api_route("/health", methods=["GET", "HEAD"])
+    @app.get("/health")
+    @app.head("/health", include_in_schema=False)  # one operation in the OpenAPI schema (no duplicate id)
     async def health():
         return {"status": "ok", "running": scheduler.running, "waiting": scheduler.waiting}
 
@@ -127,7 +135,7 @@ def create_app(pair, settings: ServeSettings, generate_fn=None) -> FastAPI:
         if max_tokens == 0 and not req.echo:
             raise APIError(400, "max_tokens: 0 is allowed only with echo (to score the prompt); give at least 1",
                            param="max_tokens")
-        edge.check_count(len(req.prompt) * req.n)
+        edge.check_count(len(req.prompt), req.n)
         prompts = []
         for i, prompt in enumerate(req.prompt):
             param = "prompt" if len(req.prompt) == 1 else f"prompt.{i}"
@@ -135,12 +143,12 @@ def create_app(pair, settings: ServeSettings, generate_fn=None) -> FastAPI:
                 ids = await edge.off_loop(edge.prompt_ids, prompt, req.add_special_tokens, param)
             else:
                 ids = edge.check_ids(prompt, param)
-            prompts.append((prompt, ids))
+            prompts.append((prompt, ids, param))
         # an echoed prompt is scored when logprobs are asked for, and always with max_tokens 0 (a prefill only)
         score_prompt = req.echo and (req.logprobs is not None or max_tokens == 0)
-        jobs = [edge.job(req, ids, max_tokens, j, logprobs=req.logprobs, prompt_logprobs=score_prompt)
-                for _, ids in prompts for j in range(req.n)]
-        texts = [p if isinstance(p, str) else None for p, _ in prompts for _ in range(req.n)]
+        jobs = [edge.job(req, ids, max_tokens, param, j, logprobs=req.logprobs, prompt_logprobs=score_prompt)
+                for _, ids, param in prompts for j in range(req.n)]
+        texts = [p if isinstance(p, str) else None for p, _, _ in prompts for _ in range(req.n)]
         return await _respond(request, req, jobs, chat=False, prompt_texts=texts)
 
     @app.post("/v1/chat/completions", response_model=ChatCompletionResponse)
@@ -154,15 +162,15 @@ def create_app(pair, settings: ServeSettings, generate_fn=None) -> FastAPI:
         refuse(req.continue_final_message, "continue_final_message")
         if req.top_logprobs is not None and not req.logprobs:
             raise APIError(400, "top_logprobs needs logprobs: true", param="top_logprobs")
-        edge.check_count(req.n)
+        edge.check_count(1, req.n)
         ids = await edge.off_loop(edge.chat_ids, req.messages, False, req.add_generation_prompt)
         max_tokens = _first_set(req.max_completion_tokens, req.max_tokens, None)
         if max_tokens == 0:
             raise APIError(400, "max_tokens must be at least 1", param="max_tokens")
         if max_tokens is None:
-            max_tokens = max(1, edge.context - len(ids)) if edge.context is not None else 1 << 20
+            max_tokens = max(1, edge.context - len(ids))
         logprobs = (req.top_logprobs or 0) if req.logprobs else None
-        jobs = [edge.job(req, ids, max_tokens, j, logprobs=logprobs) for j in range(req.n)]
+        jobs = [edge.job(req, ids, max_tokens, "messages", j, logprobs=logprobs) for j in range(req.n)]
         return await _respond(request, req, jobs, chat=True)
 
     async def _respond(request: Request, req, jobs: list[Job], chat: bool, prompt_texts=None):
@@ -299,9 +307,12 @@ class _Reply:
         if self.chat:
             return chat_logprobs(result.logprobs, self.token_text, top)
         entries, ids = list(result.logprobs), list(result.token_ids)
+        offsets = text_offsets(self.edge.decode, ids, result.text)  # into the choice's text
         if self.req.echo:
+            echo = self._echo_text(index)
+            offsets = text_offsets(self.edge.decode, job.prompt_ids, echo) + [len(echo) + o for o in offsets]
             entries, ids = list(result.prompt_logprobs) + entries, list(job.prompt_ids) + ids
-        return completion_logprobs(entries, ids, self.token_text, top)
+        return completion_logprobs(entries, ids, self.token_text, top, offsets)
 
     async def _choice(self, index: int, result):
         lp = await asyncio.to_thread(self._logprobs, index, result)

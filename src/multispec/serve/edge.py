@@ -5,6 +5,7 @@ Tokenizing runs off the event loop: a long prompt must not hold up /health or ot
 from __future__ import annotations
 
 import asyncio
+import hmac
 import json
 import secrets
 import threading
@@ -25,7 +26,10 @@ from multispec.validate import check_text, logit_bias as validate_bias, token_id
 class ServeSettings:
     """model_name: the id clients pass as `model`. method None: generate's own default method. chat_template: a
     Jinja template overriding the tokenizer's. request_timeout: seconds from arrival (queueing included).
-    read_timeout: seconds for a request's body to arrive (a half-sent request gets 408)."""
+    read_timeout: seconds for a request's headers to arrive (else the connection is closed, serve/http.py) and for
+    its body (else 408). max_model_len: the most tokens (prompt + output) a request may take (None: what fits the
+    cache budget, serve/memory.py). api_key: when set, every path but /health and /metrics needs
+    `Authorization: Bearer <api_key>` (RequireApiKey)."""
 
     model_name: str
     method: str | None = None
@@ -38,7 +42,9 @@ class ServeSettings:
     retry_after_s: int = 1
     chat_template: str | None = None
     max_body_bytes: int = 1 << 20
-    read_timeout: float = 30.0  # seconds for a request body to arrive in full
+    read_timeout: float = 30.0
+    max_model_len: int | None = None
+    api_key: str | None = field(default=None, repr=False)
 
 
 class APIError(Exception):
@@ -51,6 +57,36 @@ class APIError(Exception):
 
 def error_json(e: APIError) -> JSONResponse:
     return JSONResponse(ErrorResponse(error=e.body).model_dump(), status_code=e.status, headers=e.headers)
+
+
+OPEN_PATHS = ("/health", "/metrics")  # open with an API key too, as in vLLM: for load balancers and Prometheus
+
+
+class RequireApiKey:
+    """ASGI middleware (vLLM's --api-key): every path but OPEN_PATHS (the /v1 API, /tokenize, /detokenize, the
+    OpenAPI pages) needs `Authorization: Bearer <key>`, compared in constant time, else 401 with an OpenAI error
+    object. Closed by default, so that no route is left open by a path spelled another way."""
+
+    def __init__(self, app, key: str):
+        self.app, self.key = app, key.encode("utf-8")
+
+    async def __call__(self, scope, receive, send):
+        if scope["type"] == "http" and scope["path"] not in OPEN_PATHS:
+            given = _bearer(scope["headers"])
+            if given is None or not hmac.compare_digest(given, self.key):
+                message = ("no API key: send it as `Authorization: Bearer <key>`" if given is None else
+                           "incorrect API key")
+                e = APIError(401, message, code="invalid_api_key", headers={"WWW-Authenticate": "Bearer"})
+                await error_json(e)(scope, receive, send)
+                return
+        await self.app(scope, receive, send)
+
+
+def _bearer(headers: list[tuple[bytes, bytes]]) -> bytes | None:
+    """The token of the request's first Authorization header if its scheme is Bearer (any case), else None."""
+    value = next((v for k, v in headers if k == b"authorization"), None)
+    scheme, _, token = (value or b"").strip().partition(b" ")
+    return token.strip() if scheme.lower() == b"bearer" and token.strip() else None
 
 
 def _type_tag(part) -> bool:
@@ -81,12 +117,14 @@ class Edge:
     fields checked as generate checks them. Tokenizing runs off the event loop (`off_loop`): a long prompt must
     not hold up /health or other requests."""
 
-    def __init__(self, settings: ServeSettings, decoder):
+    def __init__(self, settings: ServeSettings, decoder, max_model_len: int):
         self.settings = settings
         self.decoder = decoder
         self.reproducible_when_seeded = decoder.entry.reproducible_when_seeded  # the served method's default
         self.tokenizer = decoder.pair.tokenizer
-        self.context = decoder.context  # the Decoder's: the smaller of target's and draft's positions, or None
+        self.context = max_model_len  # at most the Decoder's context (the smaller of target's and draft's positions)
+        self.context_name = "this model's maximum context length" if max_model_len == decoder.context else \
+            "this server's maximum context length (--max-model-len)"
         self.vocab = decoder.vocab_size
         self.max_concurrent = settings.max_concurrent  # create_app sets the scheduler's (max_batch with batching)
         self._lock = threading.Lock()  # fast tokenizers may refuse concurrent use ("Already borrowed")
@@ -140,11 +178,13 @@ class Edge:
         refuse(rf is not None and rf.type != "text", "response_format")
         return req
 
-    def check_count(self, generations: int) -> None:
+    def check_count(self, prompts: int, n: int) -> None:
+        """Refuse more generations (prompts x n) than the server holds at once, naming `prompt` when the prompts
+        alone are too many."""
         most = self.max_concurrent + self.settings.max_queue
-        if generations > most:
-            raise APIError(400, f"the request asks for {generations} generations (prompts x n); this server holds at "
-                           f"most {most} at once", param="n")
+        if prompts * n > most:
+            raise APIError(400, f"the request asks for {prompts * n} generations ({prompts} prompt(s) x n {n}); this "
+                           f"server holds at most {most} at once", param="prompt" if prompts > most else "n")
 
     def check_ids(self, ids: list[int], param: str, allow_empty: bool = False) -> list[int]:
         if not ids and not allow_empty:
@@ -193,17 +233,26 @@ class Edge:
         with self._lock:
             return self.tokenizer.convert_ids_to_tokens(ids)
 
-    def job(self, req, ids: list[int], max_tokens: int, sample: int = 0, logprobs: int | None = None,
-            prompt_logprobs: bool = False) -> Job:
-        """The request's j-th generation of `ids`, checked as generate checks its settings, before it is queued."""
-        if self.context is not None and len(ids) + max_tokens > self.context:
-            raise APIError(400, f"this model's maximum context length is {self.context} tokens; the request asks "
-                           f"for {len(ids) + max_tokens} ({len(ids)} in the prompt, {max_tokens} to generate)",
+    def job(self, req, ids: list[int], max_tokens: int, prompt_param: str, sample: int = 0,
+            logprobs: int | None = None, prompt_logprobs: bool = False) -> Job:
+        """The request's j-th generation of `ids`, checked as generate checks its settings, before it is queued.
+        prompt_param: the field that holds the prompt (prompt, prompt.1, messages), named when it is too long."""
+        field_name = prompt_param.split(".")[0]  # vLLM's wording below
+        if len(ids) >= self.context:  # generate needs a position after the prompt, even to score it only
+            raise APIError(400, f"{self.context_name} is {self.context} tokens. However, your {field_name} has "
+                           f"{len(ids)} tokens, which leaves no room for the completion. Please reduce the length "
+                           f"of the {field_name}.", param=prompt_param, code="context_length_exceeded")
+        if len(ids) + max_tokens > self.context:
+            raise APIError(400, f"{self.context_name} is {self.context} tokens. However, you requested "
+                           f"{len(ids) + max_tokens} tokens ({len(ids)} in the {field_name}, {max_tokens} in the "
+                           f"completion). Please reduce the length of the {field_name} or completion.",
                            param="max_tokens", code="context_length_exceeded")
         if req.min_tokens > max_tokens:
             raise APIError(400, f"min_tokens ({req.min_tokens}) must be at most max_tokens ({max_tokens})",
                            param="min_tokens")
-        top_k = None if req.top_k in (None, -1, 0) else req.top_k
+        # top_k -1 or 0 (vLLM's "off") is explicit: top-k over the whole vocabulary keeps every token, where None
+        # (not set) would take the model's generation_config top_k when temperature is not set either
+        top_k = self.vocab if req.top_k in (-1, 0) else req.top_k
         temperature = None if req.temperature is None else float(req.temperature)
         top_p = None if req.top_p is None else float(req.top_p)
         options = {k: v for k, v in dict(

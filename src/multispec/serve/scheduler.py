@@ -8,8 +8,8 @@ worker, built at start-up, and a worker takes a free Decoder for a whole generat
   its slot) when it ends — finished, stopped, cancelled or timed out. max_concurrent = max_batch.
 - one sequence per forward (`max_batch` 1): Decoders from `Decoder.spawn` (trained models read once and shared),
   each owning its caches; the generations interleave round by round (torch releases the GIL inside its ops).
-Memory is bounded by max_concurrent caches of at most the model's context. Beyond max_concurrent + max_queue
-requests, `submit` raises QueueFull (HTTP 429).
+Memory is bounded by max_concurrent caches of at most max_model_len tokens (serve/memory.py). Beyond
+max_concurrent + max_queue requests, `submit` raises QueueFull (HTTP 429).
 
 Events flow from a generation thread to its request handler through an asyncio queue:
 ("text", delta) as text is committed, then exactly one of ("done", GenerationResult), ("cancelled", None),
@@ -78,18 +78,19 @@ def decoder_generate(decoder, prompt_ids: list[int], **kwargs):
 
 class Scheduler:
     """decoder: the first Decoder (the others are spawned from it, one per worker). generate_fn(decoder, prompt_ids,
-    max_new_tokens=, temperature=, top_k=, top_p=, seed=, stop=, stream=) -> GenerationResult."""
+    max_new_tokens=, temperature=, top_k=, top_p=, seed=, stop=, stream=) -> GenerationResult. max_model_len: the
+    most tokens (prompt + output) a generation holds; batch slots are sized for it."""
 
     def __init__(self, decoder, max_concurrent: int, max_queue: int, generate_fn: Callable = decoder_generate,
-                 max_batch: int = 1):
+                 max_batch: int = 1, *, max_model_len: int):
         self.decoder = decoder
         self.generate_fn = generate_fn
+        self.max_model_len = max_model_len
         self.group = None
         if max_batch > 1:
             from multispec.decoding.batch import BatchGroup
 
-            rows = decoder.cache_rows(decoder.context or 4096)
-            self.group = BatchGroup(decoder, max_batch, rows)
+            self.group = BatchGroup(decoder, max_batch, decoder.cache_rows(max_model_len))
             self.decoders, max_concurrent = list(self.group.lanes), max_batch
         else:
             self.decoders = [decoder] + [decoder.spawn() for _ in range(max_concurrent - 1)]  # one per worker

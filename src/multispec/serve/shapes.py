@@ -34,16 +34,30 @@ class TokenText:
         return self._memo[token_id]
 
 
-def completion_logprobs(entries: list[TokenLogprob | None], ids: list[int], text: TokenText,
-                        top: int) -> CompletionLogprobs:
-    """entries[i] scores ids[i] (None: an echoed prompt's first token). top: alternatives per token."""
-    tokens, values, tops, offsets = [], [], [], []
-    offset = 0
+def text_offsets(decode, ids: list[int], text: str) -> list[int]:
+    """OpenAI's text_offset: where each of `ids` starts in `text`, their decoded text (decode(ids) -> str, special
+    tokens skipped). Decoded incrementally, each token with the tokens of the previous step as context (vLLM's
+    detokenizer): a special token that decodes to nothing (a BOS) moves no offset, and a character split over
+    several tokens is counted once, where it is complete. At most len(text) (an echoed prompt string may differ
+    from the decoded ids)."""
+    offsets, length, prefix, read = [], 0, 0, 0
+    for i in range(len(ids)):
+        offsets.append(min(length, len(text)))
+        before, after = decode(ids[prefix:read]), decode(ids[prefix:i + 1])
+        if len(after) > len(before) and not after.endswith("\ufffd"):
+            length += len(after) - len(before)
+            prefix, read = read, i + 1
+    return offsets
+
+
+def completion_logprobs(entries: list[TokenLogprob | None], ids: list[int], text: TokenText, top: int,
+                        offsets: list[int]) -> CompletionLogprobs:
+    """entries[i] scores ids[i] (None: an echoed prompt's first token). top: alternatives per token. offsets:
+    where each token starts in the choice's text (text_offsets)."""
+    tokens, values, tops = [], [], []
     for token_id, e in zip(ids, entries):
         s = text(token_id)
         tokens.append(s)
-        offsets.append(offset)
-        offset += len(s)
         if e is None:
             values.append(None)
             tops.append(None)
