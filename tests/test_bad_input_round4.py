@@ -46,6 +46,22 @@ def test_cli_top_k_zero_and_minus_one_are_off(capsys, dirs, top_k):
     assert json.loads(out)["top_k"] is None
 
 
+def test_cli_nan_logits_are_one_line(capsys, tmp_path):
+    """A target whose forward gives NaN logits (as float16 Gemma 3 does) at T > 0: one line naming the cause."""
+    from transformers import AutoModelForCausalLM
+
+    paths = save_tiny_pair(tmp_path)
+    target = AutoModelForCausalLM.from_pretrained(paths["target"])
+    with torch.no_grad():
+        target.lm_head.weight[3].fill_(float("nan"))
+    target.save_pretrained(paths["target"])
+    capsys.readouterr()  # the progress bars of saving and loading above
+    code, _, err = run_cli(capsys, "generate", "def f(x):", "--target", str(paths["target"]), "--draft",
+                           str(paths["draft"]), "--method", "sd", "--temperature", "0.7", "--threads", "1")
+    assert_one_line_error(code, err, "logits are NaN (its forward overflowed, as float16 does for some models); "
+                                     "load the pair in float32 or bfloat16 (--dtype)")
+
+
 def test_cli_warns_when_threads_pass_the_cores(capsys, monkeypatch, dirs):
     monkeypatch.setattr("multispec.threads.available_cores", lambda: 1)
     code, _, err = run_cli(capsys, "generate", "x", "--target", str(dirs["target"]), "--method", "ar",
@@ -152,7 +168,7 @@ def test_a_hub_id_offline_loads_from_the_cache_only_and_fails_at_once(monkeypatc
     monkeypatch.setenv("HF_HUB_CACHE", str(tmp_path / "hub"))  # an empty cache
     if offline == "env":
         monkeypatch.setenv("HF_HUB_OFFLINE", "1")
-    monkeypatch.setattr("multispec.loading._hub_reachable", lambda: offline == "env" or False)
+    monkeypatch.setattr("multispec.loading._hub_reachable", lambda: offline == "env")  # env: offline though reachable
     with pytest.raises(MultispecError, match="someorg/somemodel is not a local folder, the Hugging Face hub cannot "
                                              "be reached") as e:
         multispec.load_pair(target="someorg/somemodel")

@@ -317,9 +317,9 @@ def _speedup_text(s: dict) -> str:
 
 
 def _check_proposers(config, target: str | None, draft: str | None) -> None:
-    """Before loading (generate and serve): a method that needs a draft model gets one (only --target without --draft loads no draft; no
-    arguments load the default pair, which has one), and so does auto restricted to the draft proposer, which
-    without one would silently decode without speculation."""
+    """Before loading (generate and serve): a method that needs a draft model gets one (only --target without
+    --draft loads no draft; no arguments load the default pair, which has one), and so does auto restricted to the
+    draft proposer, which without one would silently decode without speculation."""
     if target is None or draft is not None:
         return
     if REGISTRY[config.name].needs_draft:
