@@ -52,7 +52,7 @@ def test_stream_callback_reassembles_text(pair):
 
 @pytest.mark.parametrize("kwargs,needle", [
     ({"top_p": 0.0}, "top_p"), ({"top_p": 1.5}, "top_p"), ({"temperature": -1.0}, "temperature"),
-    ({"top_k": 0}, "top_k"), ({"method": "mcsd", "tree": (4, 0)}, "tree shape"),
+    ({"top_k": -2}, "top_k"), ({"method": "mcsd", "tree": (4, 0)}, "tree shape"),
     ({"method": "mcsd", "verifier": "nope"}, "unknown verifier"), ({"method": "warp"}, "unknown method"),
     ({"method": "sd", "tree": (2, 2)}, "does not take"), ({"method": "mcsd", "verifier": "spechub"}, "spechub"),
     ({"max_new_tokens": 0}, "max_new_tokens"),
@@ -149,3 +149,33 @@ def test_auto_with_only_the_draft_proposer_needs_a_draft(pair):
                     draft_path=None)
     with pytest.raises(MultispecError, match="proposers=draft needs a draft model"):
         multispec.generate(no_draft, "x", method="auto", proposers="draft", max_new_tokens=2)
+
+
+# ----------------------------------------------------------------------------------- degenerate sampling (issue 41)
+@pytest.mark.parametrize("method", ["ar", "sd", "mcsd"])
+@pytest.mark.parametrize("kwargs", [{"temperature": 1e-310}, {"temperature": 1e-320},
+                                    {"temperature": 1.0, "top_p": 1e-300}, {"temperature": 0.7, "top_k": 0}])
+def test_degenerate_sampling_values_act_as_their_limits(pair, method, kwargs):
+    """A temperature that underflows is greedy, a tiny top_p keeps the top token: the greedy text, never an
+    out-of-range id; top_k 0 is off (so the row above only checks that it runs)."""
+    r = multispec.generate(pair, "def f(x):", method=method, max_new_tokens=8, seed=1, **kwargs)
+    assert all(0 <= t < pair.target.config.vocab_size for t in r.token_ids)
+    if "top_k" not in kwargs:
+        greedy = multispec.generate(pair, "def f(x):", method=method, max_new_tokens=8, temperature=0.0)
+        assert r.token_ids == greedy.token_ids
+
+
+@pytest.mark.parametrize("method", ["ar", "sd"])
+def test_nan_logits_are_a_one_line_error_naming_the_cause(pair, method):
+    import copy
+    from dataclasses import replace
+
+    import torch
+
+    target = copy.deepcopy(pair.target)
+    with torch.no_grad():
+        target.lm_head.weight[3].fill_(float("nan"))  # as a float16 forward that overflowed: one NaN logit a row
+    with pytest.raises(MultispecError, match="logits are NaN.*float32 or bfloat16") as e:
+        multispec.generate(replace(pair, target=target), "def f(x):", method=method, max_new_tokens=4,
+                           temperature=0.7, seed=0)
+    assert "\n" not in str(e.value) and e.value.partial.finish_reason == "abort"

@@ -232,8 +232,9 @@ def test_hf_backend_runs_a_batch_one_sequence_at_a_time_and_says_so(pair):
 
 @pytest.mark.parametrize("prompts,kw,needle", [
     ([], {}, "list of prompts is empty"),
-    (["def f(x):", ""], {}, "prompt 1: the prompt is empty"),
-    (["def f(x):", [0, 1]], {}, "mix strings and token-id lists"),
+    (["def f(x):", ""], {}, "prompts[1]: the prompt is empty"),
+    (["def f(x):", [0, 1]], {}, "mix strings and token-id lists (prompts[0] is a str, prompts[1] is not)"),
+    (["def f(x):", None], {}, "prompts[1]: the prompt must be a str or a list of token ids, got NoneType"),
     (["a", "b"], {"seed": [1, 2, 3]}, "3 seeds for 2 prompts"),
     (["a", "b"], {"batch_size": 0}, "batch_size must be"),
     (["a", "b"], {"stream": print}, "stream takes one prompt"),
@@ -257,20 +258,22 @@ def test_generate_cli_decodes_a_jsonl_file_and_repeated_prompt_files_as_a_batch(
     code, out, err = run_cli(capsys, *args, "--prompt-file", str(f), "--json", "--batch-size", "2")
     assert code == 0, err
     rows = [json.loads(line) for line in out.splitlines()]
-    assert [r["index"] for r in rows] == [0, 1] and [r["seed"] for r in rows] == [3, 4]
+    assert sorted((r["index"], r["seed"]) for r in rows) == [(0, 3), (1, 4)]
+    assert all("token_ids" in r for r in rows)
     assert "2 prompts, batch size 2" in err
     a, b = tmp_path / "a.txt", tmp_path / "b.txt"
     a.write_text("def f(x):")
     b.write_text("x = 1")
     code, out2, _ = run_cli(capsys, *args, "--prompt-file", str(a), "--prompt-file", str(b), "--json")
-    assert code == 0 and [json.loads(x)["text"] for x in out2.splitlines()] == [r["text"] for r in rows]
+    texts = dict(sorted((r["index"], r["text"]) for r in rows))
+    assert code == 0 and {json.loads(x)["index"]: json.loads(x)["text"] for x in out2.splitlines()} == texts
 
 
 @pytest.mark.parametrize("content,extra,needle", [
     ('{"prompt": 3}\n', (), "expected a JSON string"),
     ("not json\n", (), "line 1 is not JSON"),
     ('"a"\n"b"\n', ("--baseline",), "--baseline and --stream take one prompt"),
-    ('"a"\n""\n', (), "prompt 1 is empty"),
+    ('"a"\n""\n', (), "p.jsonl line 2: the prompt is empty"),
 ])
 def test_generate_cli_refuses_bad_prompt_files_in_one_line(tmp_path, capsys, content, extra, needle):
     f = tmp_path / "p.jsonl"

@@ -17,7 +17,7 @@ def test_defaults_and_greedy_flag():
 
 @pytest.mark.parametrize("kwargs", [
     {"temperature": -0.1}, {"temperature": float("nan")}, {"temperature": float("inf")}, {"temperature": "1"},
-    {"temperature": 1.0, "top_k": 0}, {"temperature": 1.0, "top_k": -2}, {"temperature": 1.0, "top_k": 2.5},
+    {"temperature": 1.0, "top_k": -2}, {"temperature": 1.0, "top_k": 2.5},
     {"temperature": 1.0, "top_p": 0.0}, {"temperature": 1.0, "top_p": 1.5}, {"temperature": 1.0, "top_p": -0.1},
     {"temperature": 1.0, "top_p": "0.9"},
 ])
@@ -95,3 +95,49 @@ def test_sample_shapes_support_and_seed():
     b = sample(probs.expand(3, 2, 3), torch.Generator().manual_seed(4))
     assert a.shape == (3, 2) and torch.equal(a, b)
     assert math.isclose(float(sample(torch.tensor([[0.0, 1.0]]), None)), 1.0)
+
+
+# ----------------------------------------------------------------------------------- degenerate values (issue 41)
+@pytest.mark.parametrize("t", [1e-310, 1e-320, 1e-45, 1e-38])
+def test_a_temperature_whose_division_overflows_is_greedy(t):
+    logits = torch.tensor([[0.0, 3.0, -2.0, 3.0], [1.0, -1.0, 0.5, 0.0]])  # a 0 logit: 0 / 0 is NaN
+    probs = process_logits(logits, SamplingConfig(temperature=t))
+    # the lowest argmax, as greedy (1e-38 divides without overflow: its exact tie is split, as softmax splits it)
+    assert probs.tolist() == [[0, 0.5, 0, 0.5] if t == 1e-38 else [0, 1, 0, 0], [1, 0, 0, 0]]
+    assert sample(probs, torch.Generator().manual_seed(0)).tolist()[1] == 0
+
+
+def test_an_overflowing_row_does_not_change_the_other_rows():
+    logits = torch.tensor([[1e37, 0.0, -1e37], [0.3, 0.2, 0.1]])
+    probs = process_logits(logits, SamplingConfig(temperature=0.01))  # row 0 overflows float32, row 1 does not
+    assert probs[0].tolist() == [1, 0, 0]
+    assert torch.allclose(probs[1], torch.softmax(logits[1] / 0.01, -1))
+
+
+@pytest.mark.parametrize("top_p", [1e-300, 1e-50, 1e-9])
+def test_a_tiny_top_p_keeps_the_most_likely_token(top_p):
+    logits = torch.tensor([[0.1, 2.0, 1.0], [5.0, 5.0, 0.0]])
+    probs = process_logits(logits, SamplingConfig(temperature=1.0, top_p=top_p))
+    assert probs.tolist() == [[0, 1, 0], [1, 0, 0]]  # a tie: the lowest index (stable order)
+
+
+@pytest.mark.parametrize("greedy", [True, False])
+def test_nan_logits_are_one_line_naming_the_cause(greedy):
+    logits = torch.tensor([[0.1, float("nan"), 1.0]], dtype=torch.float16)
+    with pytest.raises(MultispecError, match="logits are NaN.*float32 or bfloat16") as e:
+        process_logits(logits, SamplingConfig(temperature=0.0 if greedy else 0.7))
+    assert "\n" not in str(e.value)
+
+
+@pytest.mark.parametrize("row,needle", [([float("nan"), 1.0], "logits are NaN"), ([0.0, 0.0], "no finite positive")])
+def test_sample_rows_refuses_a_row_that_is_not_a_law(row, needle):
+    with pytest.raises(MultispecError, match=needle):
+        sample(torch.tensor([[0.5, 0.5], row]), torch.Generator().manual_seed(0))
+
+
+@pytest.mark.parametrize("off", [0, -1])
+def test_top_k_zero_and_minus_one_mean_off(off):
+    config = SamplingConfig(temperature=1.0, top_k=off)
+    assert config.top_k is None
+    logits = torch.tensor([1.0, 2.0, 3.0])
+    assert torch.allclose(process_logits(logits, config), torch.softmax(logits, -1))

@@ -2,12 +2,14 @@
 with one method, build the Decoder once (`multispec.decoding.decoder.Decoder`) and call its `generate`."""
 from __future__ import annotations
 
+import difflib
+import inspect
 from typing import Callable
 
 from multispec.decoding.decoder import Decoder, GenerationResult
-from multispec.decoding.methods import DEFAULT_METHOD
+from multispec.decoding.methods import DEFAULT_METHOD, REGISTRY
 from multispec.loading import DEFAULT_PAIR_DIR, Pair, load_pair, max_positions, resolve_device
-from multispec.errors import check
+from multispec.errors import MultispecError, check
 from multispec.validate import SEED_LIMIT
 
 __all__ = ["DEFAULT_PAIR_DIR", "Decoder", "GenerationResult", "Pair", "SEED_LIMIT", "generate", "load_pair",
@@ -23,6 +25,7 @@ def generate(pair: Pair, prompt: str | list[int] | list[str] | list[list[int]], 
              frequency_penalty: float | None = None, logit_bias: dict | None = None, min_tokens: int | None = None,
              ignore_eos: bool = False, stop_token_ids: list[int] | None = None, logprobs: int | None = None,
              prompt_logprobs: bool = False, logprobs_mode: str = "raw",
+             on_result: Callable[[int, GenerationResult], None] | None = None,
              **method_options) -> GenerationResult | list[GenerationResult]:
     """Generate with `method` (auto, ar, sd, mcsd, ti-mcsd, dynamic, specdecpp, lookup, or any registered method).
     Method options: k, heuristic, confidence, entropy, tree, verifier, width, depth, decision_model, beta, head,
@@ -66,7 +69,12 @@ def generate(pair: Pair, prompt: str | list[int] | list[str] | list[list[int]], 
     output is what it would be alone (its law at T > 0; its tokens greedy, up to near-ties of the batched
     arithmetic). seed: one per prompt, or an int s (prompt i uses s + i; each result's stats["seed"] says which).
     Batches run on the fast backend by default where the model has one; on "hf" the sequences run one at a time.
+    on_result(i, result) is called as each prompt's sequence finishes (in the order they finish). Interrupted
+    (Ctrl-C, SIGTERM, an error from on_result), a batch stops its running sequences after their current round and
+    the exception carries `.partial`: one result per prompt (finished, or finish_reason "abort" with the tokens so
+    far, empty for a prompt not started).
     """
+    _check_names(method_options)
     processors = dict(min_p=min_p, repetition_penalty=repetition_penalty, presence_penalty=presence_penalty,
                       frequency_penalty=frequency_penalty, logit_bias=logit_bias, min_tokens=min_tokens,
                       ignore_eos=ignore_eos, stop_token_ids=stop_token_ids, logprobs=logprobs,
@@ -74,15 +82,42 @@ def generate(pair: Pair, prompt: str | list[int] | list[str] | list[list[int]], 
     if _is_batch(prompt):
         from multispec.decoding.batch import batch_backend, generate_batch
 
-        check(stream is None, "stream takes one prompt; for several prompts read each result's text")
+        check(stream is None, "stream takes one prompt; for several prompts read each result's text (or pass "
+                              "on_result)")
         decoder = Decoder(pair, method, backend or batch_backend(pair), **method_options)
-        return generate_batch(decoder, prompt, batch_size, max_new_tokens, seed, temperature=temperature,
+        return generate_batch(decoder, prompt, batch_size, max_new_tokens, seed, on_result, temperature=temperature,
                               top_k=top_k, top_p=top_p, stop=stop, reproducible=reproducible, **processors)
     check(batch_size is None, "batch_size applies to a list of prompts")
+    check(on_result is None, "on_result applies to a list of prompts; one prompt streams with stream=")
     decoder = Decoder(pair, method, backend, **method_options)
     return decoder.generate(prompt, max_new_tokens=max_new_tokens, temperature=temperature, top_k=top_k,
                             top_p=top_p, seed=seed, stop=stop, stream=stream, reproducible=reproducible,
                             **processors)
+
+
+# names other libraries use for generate's arguments -> what multispec calls them
+OTHER_NAMES = {"max_tokens": "max_new_tokens (OpenAI's max_tokens)",
+               "max_length": "max_new_tokens (new tokens only; transformers' max_length counts the prompt too)",
+               "stop_sequences": "stop", "stop_strings": "stop", "do_sample": "temperature (0 is greedy)",
+               "random_seed": "seed", "num_beams": "none: speculative decoding samples one sequence"}
+KEYED_VERIFIERS = ("gls", "gumbel")  # the reproducible mode's verifiers, chosen by reproducible=True
+
+
+def _check_names(method_options: dict) -> None:
+    """Before any work: a keyword that is another library's name for one of generate's arguments, or a near-miss
+    of one, gets a did-you-mean line (instead of "method X does not take option Y"); the keyed verifiers are
+    reached through reproducible=True."""
+    options = set().union(*(entry.options for entry in REGISTRY.values()))
+    own = [n for n in inspect.signature(generate).parameters if n != "method_options"]
+    for name in method_options:
+        if name in OTHER_NAMES:
+            raise MultispecError(f"generate() has no argument {name!r}; did you mean {OTHER_NAMES[name]}?")
+        close = difflib.get_close_matches(name, own, n=1, cutoff=0.8)
+        if close and name not in options:
+            raise MultispecError(f"generate() has no argument {name!r}; did you mean {close[0]}?")
+    check(method_options.get("verifier") not in KEYED_VERIFIERS,
+          f"verifier {method_options.get('verifier')!r} is the keyed verifier of the reproducible mode: pass "
+          "reproducible=True (with a seed) instead, under any method (docs/reproducible.md)")
 
 
 def _is_batch(prompt) -> bool:

@@ -2,6 +2,7 @@
 backends cannot decode exactly (one line each, before any generation)."""
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -51,7 +52,15 @@ def load_pair(target: str | None = None, draft: str | None = None, device: str |
     static-cache backend with its steps torch.compile'd; Llama-family models only, checked here). Every step size
     is compiled here, at load, with a line on stderr each (minutes the first time on a CPU; torch caches the
     compiled code on disk, so later loads take seconds). On this project's CPU it is not faster overall (README).
+
+    Threads: torch's CPU threads are set as the CLI sets them (the free cores, at most 4; threads.py) unless you
+    chose them already (torch.set_num_threads, OMP_NUM_THREADS or MKL_NUM_THREADS).
+    Paths are checked before anything loads: a file (a .gguf), a folder without config.json or a target folder
+    without tokenizer files is refused in one line; a hub id while the hub cannot be reached loads from the local
+    cache only, at once (no retries), or is refused in one line.
     """
+    from multispec.threads import apply_library_default
+
     check(isinstance(compile, bool), f"compile must be True or False, got {compile!r}")
     check(cross_vocab is None or cross_vocab in CROSS_VOCAB_MODES,
           f"cross_vocab must be one of {', '.join(CROSS_VOCAB_MODES)}, got {cross_vocab!r}")
@@ -65,13 +74,19 @@ def load_pair(target: str | None = None, draft: str | None = None, device: str |
         check(dtype in _DTYPES, f"unknown dtype {dtype!r}; choose one of {', '.join(_DTYPES)}")
         dtype = _DTYPES[dtype]
     dtype = dtype or (torch.bfloat16 if device.type == "cuda" else torch.float32)
-    t_model = _load_model(str(target), device, dtype)
-    tokenizer = load_tokenizer(str(target))
+    target, draft = str(target), None if draft is None else str(draft)
+    hub = {path: _hub_access(path) for path in (target, draft) if path is not None}  # every path checked first
+    for path in hub:
+        _load_config(path, hub[path])
+    _check_tokenizer_files(target)
+    apply_library_default()
+    t_model = _load_model(target, device, dtype, hub[target])
+    tokenizer = load_tokenizer(target, hub=hub[target])
     d_model = d_tok = bridge = None
     if draft is not None:
-        d_model = _load_model(str(draft), device, dtype)
+        d_model = _load_model(draft, device, dtype, hub[draft])
         tv, dv = vocab_rows(t_model), vocab_rows(d_model)
-        d_tok = load_tokenizer(str(draft), required=False)
+        d_tok = load_tokenizer(draft, required=False, hub=hub[draft])
         shared = tv == dv and (d_tok is None or d_tok.get_vocab() == tokenizer.get_vocab())
         if shared:
             check(cross_vocab is None, f"cross_vocab={cross_vocab!r} is for a draft with another tokenizer; this "
@@ -91,9 +106,9 @@ def load_pair(target: str | None = None, draft: str | None = None, device: str |
             make_backend(m, "fast", max_len=1)  # refuses, in one line, a model the fast backend cannot run
         for m in models:
             make_backend(m, "compiled", max_len=128).warm_up()  # every step size now, not mid-generation
-    return Pair(target=t_model, draft=d_model, tokenizer=tokenizer, target_path=str(target),
-                draft_path=None if draft is None else str(draft), compile=compile,
-                cross_vocab=cross_vocab if bridge is not None else None, draft_tokenizer=d_tok, bridge=bridge)
+    return Pair(target=t_model, draft=d_model, tokenizer=tokenizer, target_path=target, draft_path=draft,
+                compile=compile, cross_vocab=cross_vocab if bridge is not None else None, draft_tokenizer=d_tok,
+                bridge=bridge)
 
 
 def _bridge(tokenizer, d_tok, tv: int, dv: int, mode: str):
@@ -131,31 +146,85 @@ def resolve_device(device: str | torch.device | None) -> torch.device:
     return d
 
 
-def _load_model(path: str, device: torch.device, dtype: torch.dtype) -> torch.nn.Module:
-    from transformers import AutoConfig, AutoModelForCausalLM
-    from transformers.utils import logging as hf_logging
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "tokenizer.model", "vocab.json", "spiece.model",
+                   "vocab.txt")  # any one of them: transformers can build the tokenizer
+HUB_PROBE_S = 3.0  # seconds to wait for the hub before loading hub ids from the local cache only
 
+
+def _hub_access(path: str) -> dict:
+    """from_pretrained keywords for `path`, checked before anything loads. A local path must be a model folder (not
+    a file such as a .gguf, and with a config.json); a path that is not local is a hub id: where the hub cannot be
+    reached (HF_HUB_OFFLINE set, or no connection within HUB_PROBE_S), it loads from the local cache only, so that
+    a model not cached fails at once instead of after transformers' retries."""
     p = Path(path)
-    if not p.exists() and (p.is_absolute() or path.startswith(".") or path.count("/") > 1):
-        raise MultispecError(f"model path not found: {path}")
+    if p.is_file():
+        gguf = p.suffix.lower() == ".gguf"
+        raise MultispecError(f"{path} is {'a GGUF file' if gguf else 'a file'}; give a Hugging Face model folder "
+                             "(config.json and safetensors weights)" + (": the original model's, or one written by "
+                             "transformers (from_pretrained(folder, gguf_file=...) then save_pretrained)" if gguf
+                             else ""))
+    if p.is_dir():
+        check((p / "config.json").is_file(), f"{path} has no config.json: not a Hugging Face model folder (expected "
+                                             "config.json and safetensors weights, as save_pretrained writes them)")
+        return {}
+    check(not (p.is_absolute() or path.startswith(".") or path.count("/") > 1), f"model path not found: {path}")
+    if os.environ.get("HF_HUB_OFFLINE", "").strip().lower() in ("1", "true", "yes", "on") or not _hub_reachable():
+        return {"local_files_only": True}
+    return {}
+
+
+def _hub_reachable() -> bool:
+    """Whether a TCP connection to the Hugging Face hub (HF_ENDPOINT, default huggingface.co) opens in time."""
+    import socket
+    from urllib.parse import urlparse
+
+    url = urlparse(os.environ.get("HF_ENDPOINT") or "https://huggingface.co")
     try:
-        config = AutoConfig.from_pretrained(path)
+        socket.create_connection((url.hostname, url.port or 443), timeout=HUB_PROBE_S).close()
+    except OSError:
+        return False
+    return True
+
+
+def _check_tokenizer_files(path: str) -> None:
+    """A local target folder holds tokenizer files: the text's tokens are the target's (checked before loading)."""
+    p = Path(path)
+    if p.is_dir():
+        check(any((p / name).is_file() for name in TOKENIZER_FILES),
+              f"{path} has no tokenizer files ({', '.join(TOKENIZER_FILES[:2])}, ...): the target's tokenizer must "
+              "sit beside its weights; copy it there from the model it was trained with")
+
+
+def _load_config(path: str, hub: dict) -> None:
+    """Read the model's config before any weights load (hub: from_pretrained keywords, `_hub_access`): one line
+    when it cannot be read, or names a model with no causal-LM class."""
+    from transformers import MODEL_FOR_CAUSAL_LM_MAPPING, AutoConfig
+
+    try:
+        config = AutoConfig.from_pretrained(path, **hub)
     except (OSError, ValueError) as e:
-        raise MultispecError(f"cannot load a model config from {path}: {str(e).splitlines()[0]}") from None
+        if hub.get("local_files_only"):
+            raise MultispecError(f"{path} is not a local folder, the Hugging Face hub cannot be reached (offline), and "
+                                 "it is not in the local cache; give a model folder, or download it first "
+                                 f"(hf download {path})") from None
+        raise MultispecError(f"cannot load a model config from {path}: {_one_line(e)}") from None
+    check(type(config) in MODEL_FOR_CAUSAL_LM_MAPPING, f"{path} is not a causal language model (config type "
+                                                       f"{type(config).__name__} has no AutoModelForCausalLM class)")
+
+
+def _load_model(path: str, device: torch.device, dtype: torch.dtype, hub: dict) -> torch.nn.Module:
+    """The model, once `_load_config` accepted its config (hub: its from_pretrained keywords)."""
     from safetensors import SafetensorError
+    from transformers import AutoModelForCausalLM
+    from transformers.utils import logging as hf_logging
 
     verbosity, bars = hf_logging.get_verbosity(), hf_logging.is_progress_bar_enabled()
     hf_logging.set_verbosity_error()
     hf_logging.disable_progress_bar()  # no "Loading weights" bars on every run
     try:
-        model = AutoModelForCausalLM.from_pretrained(path, dtype=dtype)
-    except ValueError as e:
-        if "Unrecognized configuration class" in str(e):
-            raise MultispecError(f"{path} is not a causal language model (config type {type(config).__name__} "
-                                 "has no AutoModelForCausalLM class)") from None
-        raise MultispecError(f"cannot load {path}: {_first_line(e)}") from None
-    except (OSError, SafetensorError, RuntimeError) as e:  # missing, truncated or corrupt weight files
-        raise MultispecError(f"cannot load {path}: {_first_line(e)}") from None
+        model = AutoModelForCausalLM.from_pretrained(path, dtype=dtype, **hub)
+    except (ValueError, OSError, SafetensorError, RuntimeError) as e:  # missing, truncated or corrupt weight files
+        raise MultispecError(f"cannot load {path}: {_one_line(e)}") from None
     finally:
         hf_logging.set_verbosity(verbosity)
         if bars:
@@ -173,24 +242,27 @@ def check_supported(model: torch.nn.Module, path: str) -> None:
     probe_model(model, path)
 
 
-def _first_line(e: BaseException) -> str:
-    lines = str(e).strip().splitlines()
-    return lines[0] if lines else type(e).__name__
+def _one_line(e: BaseException, limit: int = 300) -> str:
+    """A library's message as one line: its whitespace collapsed (not cut at its first line break, which can fall
+    mid-sentence), at most `limit` characters."""
+    text = " ".join(str(e).split()) or type(e).__name__
+    return text if len(text) <= limit else text[:limit - 3] + "..."
 
 
 def vocab_rows(model: torch.nn.Module) -> int:
     return int(model.get_output_embeddings().weight.shape[0])
 
 
-def load_tokenizer(path: str, required: bool = True):
+def load_tokenizer(path: str, required: bool = True, hub: dict | None = None):
+    """The tokenizer at `path` (hub: from_pretrained keywords, `_hub_access`); None when not required and absent."""
     from transformers import AutoTokenizer
 
     try:
-        return AutoTokenizer.from_pretrained(path)
+        return AutoTokenizer.from_pretrained(path, **(hub or {}))
     except (OSError, ValueError, TypeError) as e:
         if not required:
             return None
-        raise MultispecError(f"cannot load a tokenizer from {path}: {str(e).splitlines()[0]}") from None
+        raise MultispecError(f"cannot load a tokenizer from {path}: {_one_line(e)}") from None
 
 
 def max_positions(model: torch.nn.Module) -> int | None:

@@ -5,6 +5,11 @@ Temperature 0 means greedy: the processed distribution is one-hot on the argmax 
 index on ties). The order is vLLM's (v1 sampler): logit_bias and min_tokens, then the repetition, frequency and
 presence penalties, then temperature, min-p, top-k and top-p.
 
+Degenerate values act as their limits: a temperature so small that logits / T overflows samples greedily, and
+top-p always keeps the most likely token (vLLM's rule), however small top_p is. A law that is not a distribution
+(NaN logits, e.g. a float16 forward that overflowed) raises MultispecError naming the cause, here and in
+`sample_rows`: no sampler ever returns an out-of-range id.
+
 Penalties and min_tokens read the history of the row they process (`History`): in a drafted tree that history is
 the node's own path, so one target forward holds a different processed law at every node, and each is exactly the
 law plain decoding would use after that path (decoding/engine.py builds the per-node histories).
@@ -15,9 +20,12 @@ from dataclasses import dataclass
 
 import torch
 
-from multispec.errors import check
+from multispec.errors import MultispecError, check
 
 LOGIT_BIAS_LIMIT = 100.0  # OpenAI's range for a logit_bias value
+TOP_K_OFF = (0, -1)  # top_k values that mean "off" (transformers: 0; vLLM: 0 or -1)
+NAN_LOGITS = ("the model's logits are NaN (its forward overflowed, as float16 does for some models); load the "
+              "pair in float32 or bfloat16 (--dtype)")
 
 
 def _number(x) -> bool:
@@ -28,7 +36,8 @@ def _number(x) -> bool:
 class SamplingConfig:
     """How logits become probabilities. Validated on construction (OpenAI's / vLLM's ranges and meanings).
 
-    temperature: 0 for greedy, else > 0.  top_k: None or >= 1.  top_p: None or in (0, 1].
+    temperature: 0 for greedy, else > 0.  top_k: None or >= 1 (0 and -1 mean off, as in transformers and vLLM:
+    stored as None).  top_p: None or in (0, 1].
     min_p: None or in [0, 1]: drop tokens below min_p times the most likely one's probability.
     repetition_penalty > 0 (1 = off): a logit of a token seen in the prompt or the output is divided by it when
     positive, multiplied when negative (transformers, vLLM). presence_penalty, frequency_penalty in [-2, 2]
@@ -53,7 +62,11 @@ class SamplingConfig:
         check(t >= 0, f"temperature must be >= 0 (0 means greedy), got {t}")
         check(t != float("inf"), "temperature must be finite")
         if self.top_k is not None:
-            check(isinstance(self.top_k, int) and not isinstance(self.top_k, bool) and self.top_k >= 1, f"top_k must be an integer >= 1, got {self.top_k!r}")
+            check(isinstance(self.top_k, int) and not isinstance(self.top_k, bool)
+                  and (self.top_k >= 1 or self.top_k in TOP_K_OFF),
+                  f"top_k must be an integer >= 1 (0 or -1: off), got {self.top_k!r}")
+            if self.top_k in TOP_K_OFF:
+                object.__setattr__(self, "top_k", None)  # frozen: the one normalisation of a validated value
         if self.top_p is not None:
             check(
                 isinstance(self.top_p, (int, float)) and not isinstance(self.top_p, bool) and 0 < self.top_p <= 1,
@@ -143,15 +156,18 @@ def process_logits(logits: torch.Tensor, config: SamplingConfig, history: Histor
     """Turn raw logits into the processed next-token distribution.
 
     logits: float [..., V] on any device; history: see `adjust_logits` (rows of a 2-D logits). Returns float32
-    [..., V] probabilities (float64 for float64 logits) summing to 1 on the last axis. Greedy returns the one-hot argmax of the adjusted logits.
+    [..., V] probabilities (float64 for float64 logits) summing to 1 on the last axis. Greedy returns the one-hot
+    argmax of the adjusted logits.
     min-p keeps tokens whose probability is at least min_p times the largest; top-k keeps the k largest logits (ties
     at the k-th value are all kept, as in transformers); top-p keeps the smallest prefix of the sorted distribution
-    whose mass reaches top_p (the token that crosses top_p is kept).
+    whose mass reaches top_p (the token that crosses top_p is kept, and the most likely token always is). A row
+    that logits / temperature overflows is greedy (`_scaled`); NaN logits raise MultispecError (NAN_LOGITS).
     """
     logits = adjust_logits(logits, config, history) if config.adjusts else _float(logits)
+    check(not bool(logits.isnan().any()), NAN_LOGITS)
     if config.greedy:
-        return torch.nn.functional.one_hot(logits.argmax(-1), logits.shape[-1]).float()
-    logits = logits / config.temperature
+        return _one_hot_argmax(logits).float()
+    logits = _scaled(logits, config.temperature)
     if config.min_p:
         probs = torch.softmax(logits, dim=-1)
         low = probs < config.min_p * probs.max(-1, keepdim=True).values
@@ -163,11 +179,29 @@ def process_logits(logits: torch.Tensor, config: SamplingConfig, history: Histor
     if config.top_p is not None and config.top_p < 1:
         sorted_p, order = probs.sort(dim=-1, descending=True)
         mass_before = sorted_p.cumsum(-1) - sorted_p  # mass strictly before each sorted token
-        drop_sorted = mass_before >= config.top_p
+        drop_sorted = mass_before >= config.top_p  # a top_p below the dtype's smallest number rounds to 0 here...
+        drop_sorted[..., 0] = False  # ...so the most likely token is kept explicitly (vLLM)
         drop = torch.zeros_like(drop_sorted).scatter(-1, order, drop_sorted)
         probs = probs.masked_fill(drop, 0.0)
         probs = probs / probs.sum(-1, keepdim=True)
     return probs
+
+
+def _one_hot_argmax(logits: torch.Tensor) -> torch.Tensor:
+    """float [..., V] -> long [..., V]: one-hot on each row's argmax (lowest index on ties)."""
+    return torch.nn.functional.one_hot(logits.argmax(-1), logits.shape[-1])
+
+
+def _scaled(logits: torch.Tensor, temperature: float) -> torch.Tensor:
+    """logits / temperature: float [..., V], finite or -inf. A row whose division overflows (a temperature so small,
+    e.g. 1e-310, that it rounds to 0 in the logits' dtype, or whose quotient passes the dtype's largest number) is
+    the limit T -> 0 instead: 0 on its argmax and -inf elsewhere, i.e. greedy."""
+    scaled = logits / temperature
+    overflow = (scaled.isnan() | (scaled == float("inf"))).any(-1, keepdim=True)  # [..., 1]
+    if not bool(overflow.any()):
+        return scaled
+    greedy = torch.zeros_like(logits).masked_fill(_one_hot_argmax(logits) == 0, float("-inf"))  # [..., V]
+    return torch.where(overflow, greedy, scaled)
 
 
 def sample(probs: torch.Tensor, generator: torch.Generator | None) -> torch.Tensor:
@@ -183,9 +217,20 @@ def sample_rows(probs: torch.Tensor, n: int, generator: torch.Generator | None) 
 
     Why not torch.multinomial: on the CPU it draws one exponential per token for a single sample (~370 us at
     V = 8k, a twentieth of a small target's step, paid for every drafted and every committed token); this is
-    ~45 us."""
+    ~45 us.
+
+    A row with no mass or a non-finite one (NaN) raises MultispecError: inverting its cdf would give id V."""
     cdf = probs.double().cumsum(-1)  # [B, V]
     total = cdf[:, -1:]  # [B, 1]
+    if not bool(((total > 0) & total.isfinite()).all()):
+        raise MultispecError(_not_a_law(total))
     u = torch.rand(probs.shape[0], n, generator=generator, dtype=torch.float64, device=probs.device) * total
     u = torch.minimum(u, torch.nextafter(total, torch.zeros_like(total)))  # u < total even after rounding
     return torch.searchsorted(cdf, u, right=True)
+
+
+def _not_a_law(total: torch.Tensor) -> str:
+    """The message for rows of sample_rows that are not a distribution. total: float64 [B, 1], each row's mass."""
+    if bool(total.isnan().any()):
+        return NAN_LOGITS
+    return "internal: a sampling law has no finite positive mass (a row of zeros or infinities)"

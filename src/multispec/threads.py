@@ -1,6 +1,10 @@
 """CPU thread defaults: torch's default (one thread per core) stalls badly when other processes share the cores,
 because its worker threads wait on each other at every op (10-38x slower for the default pair on a busy 2-core
 machine). The default here takes the cores this process may use, minus the ones other work keeps busy, at most 4.
+
+The CLI applies it (`set_threads`, `--threads N` overrides); the library applies it when a pair loads
+(`apply_library_default`), unless the user chose the threads already: OMP_NUM_THREADS / MKL_NUM_THREADS set, or
+torch's thread count changed from torch's own default.
 """
 from __future__ import annotations
 
@@ -46,11 +50,49 @@ def default_threads() -> tuple[int, str | None]:
 
 
 def set_threads(threads: int | None) -> tuple[int, str | None]:
-    """Set torch's CPU threads: `threads` when given, else `default_threads()`. Returns (threads, warning)."""
+    """Set torch's CPU threads: `threads` when given, else `default_threads()`. Returns (threads, warning): the
+    default's busy-machine warning, or a warning when `threads` is more than the cores this process may use."""
     import torch
 
     warning = None
     if threads is None:
         threads, warning = default_threads()
+    elif threads > available_cores():
+        warning = (f"{threads} torch threads on {available_cores()} cores: threads beyond the cores wait on each "
+                   "other at every op (often several times slower); use at most the cores, or leave --threads out")
     torch.set_num_threads(threads)
+    _CHOSEN[:] = [threads]
     return threads, warning
+
+
+_CHOSEN: list[int] = []  # the thread count set_threads chose last in this process (empty: none yet)
+_THREAD_ENV = ("OMP_NUM_THREADS", "MKL_NUM_THREADS")
+
+
+def torch_default_threads() -> int:
+    """The thread count torch starts with when no environment variable sets it: its physical cores among those
+    this process may use (sysfs topology), else the available cores."""
+    cores = set()
+    try:
+        for cpu in os.sched_getaffinity(0):
+            with open(f"/sys/devices/system/cpu/cpu{cpu}/topology/core_id") as f:
+                core = f.read().strip()
+            with open(f"/sys/devices/system/cpu/cpu{cpu}/topology/physical_package_id") as f:
+                cores.add((f.read().strip(), core))
+    except (AttributeError, OSError):
+        return available_cores()
+    return len(cores) or available_cores()
+
+
+def apply_library_default() -> int | None:
+    """For the library (load_pair): set the CLI's default thread count unless the user chose one already (an
+    environment variable above, torch's count changed from torch's default) or set_threads ran. Returns the count
+    set, or None when left alone."""
+    import torch
+
+    if _CHOSEN or any(os.environ.get(name) for name in _THREAD_ENV):
+        return None
+    if torch.get_num_threads() != torch_default_threads():
+        return None
+    threads, _ = set_threads(None)
+    return threads

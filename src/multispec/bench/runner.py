@@ -25,7 +25,7 @@ from pathlib import Path
 import torch
 
 from multispec.bench.hf_assisted import hf_assisted_generate
-from multispec.bench.specs import HF_ASSISTED, HF_BEST_SWEEP, MethodSpec, parse_method_specs
+from multispec.bench.specs import HF_ASSISTED, HF_BEST_SWEEP, MethodSpec, check_draft_given, parse_method_specs
 from multispec.data import load_prompts, truncate_ids
 from multispec.errors import check
 from multispec.decoding.methods import HEAD_DIRNAME, get_method
@@ -80,9 +80,8 @@ def run_bench(target: str | None = None, draft: str | None = None, datasets: lis
 
         draft = str(DEFAULT_PAIR_DIR / "draft")
     draft_path = pair.draft_path if pair is not None else draft
+    check_draft_given(specs, draft_path is not None or (pair is not None and pair.draft is not None))
     needs_draft = any(s.name == HF_ASSISTED or get_method(s.name).needs_draft for s in specs)
-    check(not needs_draft or draft_path is not None or (pair is not None and pair.draft is not None),
-          "every method but ar needs a draft model: pass --draft")
     for s in specs:
         if s.name == "specdecpp" and s.config.head is None:
             check(draft_path is not None and (Path(draft_path) / HEAD_DIRNAME).is_dir(),

@@ -16,7 +16,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from multispec.errors import MultispecError, check, parse_bool
-from multispec.decoding.methods import MethodConfig, build_method, method_names
+from multispec.decoding.methods import REGISTRY, MethodConfig, build_method, method_names
 from multispec.models import BACKENDS
 
 HF_ASSISTED = "hf-assisted"
@@ -54,6 +54,19 @@ def parse_method_specs(text: str) -> list[MethodSpec]:
     dup = sorted({x for x in labels if labels.count(x) > 1})
     check(not dup, f"method spec(s) given twice: {', '.join(dup)}")
     return specs
+
+
+def check_draft_given(specs: list[MethodSpec], has_draft: bool, hf_assisted_drafts: bool = True) -> None:
+    """Before any model loads: refuse the specs that need a draft model when none is given, naming them and the
+    methods that need none. hf_assisted_drafts: whether hf-assisted runs here with the draft (the batched bench
+    runs transformers' plain batched generate instead)."""
+    needing = [s.label for s in specs if (s.name == HF_ASSISTED and hf_assisted_drafts)
+               or (s.name in REGISTRY and REGISTRY[s.name].needs_draft)]
+    if has_draft or not needing:
+        return
+    free = ", ".join(name for name, entry in REGISTRY.items() if not entry.needs_draft)
+    raise MultispecError(f"{', '.join(needing)} need{'s' if len(needing) == 1 else ''} a draft model: pass --draft, "
+                         f"or bench methods that need none ({free})")
 
 
 def parse_method_spec(text: str) -> MethodSpec:

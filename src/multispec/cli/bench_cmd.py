@@ -1,5 +1,8 @@
 """`multispec bench`: every method on one prompt set, with the same token ids and seeds (docs/bench.md)."""
 import sys
+import time
+from contextlib import contextmanager
+from pathlib import Path
 
 import click
 
@@ -15,7 +18,7 @@ def _floats(text: str) -> list[float]:
 
 @cli.command("bench")
 @click.option("--target", help="Target model directory (default: the embedded default pair).")
-@click.option("--draft", help="Draft model directory (needed by every method but ar).")
+@click.option("--draft", help="Draft model directory (needed by every method but ar, auto, lookup and suffix).")
 @click.option("--cross-vocab", type=click.Choice(["tli", "uag"]), help="A draft with another tokenizer: tli "
               "(default) drafts the tokens both vocabularies share; uag re-encodes the draft's text with the target's "
               "tokenizer (chains only). docs/cross_vocab.md")
@@ -27,7 +30,7 @@ def _floats(text: str) -> list[float]:
               help="Method specs separated by ';', e.g. 'ar;sd:k=4;mcsd:tree=4-2-2-1,verifier=rrs-wor;"
                    "hf-assisted;hf-assisted:best'.")
 @click.option("--temperatures", default="0", show_default=True, help="Comma-separated, 0 = greedy, e.g. 0,1.")
-@click.option("--top-k", type=int)
+@click.option("--top-k", type=int, help="Keep the k most likely tokens (0 or -1: off).")
 @click.option("--top-p", type=float)
 @click.option("--max-new-tokens", type=int, default=128, show_default=True)
 @click.option("--max-prompt-tokens", type=int, default=512, show_default=True,
@@ -40,7 +43,8 @@ def _floats(text: str) -> list[float]:
 @click.option("--best-probe", type=int, default=3, show_default=True,
               help="hf-assisted:best: prompts used to pick num_assistant_tokens.")
 @click.option("--seed", type=click.IntRange(0, 2**63 - 1), default=0, show_default=True)
-@click.option("--out", type=click.Path(), required=True, help="Output folder (results.json, results.md, *.png).")
+@click.option("--out", type=click.Path(), help="Output folder (results.json, results.md, *.png); default: "
+              "bench-DATE-TIME in the current folder.")
 @click.option("--threads", type=click.IntRange(min=1), help="torch CPU threads (default: the free cores, at most 4).")
 @click.option("--device")
 @click.option("--dtype", type=click.Choice(["float32", "bfloat16", "float16"]))
@@ -58,25 +62,29 @@ def bench_command(target, draft, cross_vocab, datasets, data_dir, prompt_field, 
     """Benchmark methods on a prompt set; writes results.json, results.md and plots to --out."""
     from multispec.bench import run_bench
     from multispec.bench.report import shadow_label_of, summarize
+    from multispec.bench.specs import check_draft_given, parse_method_specs
     from multispec.paths import writable_dir
     from multispec.threads import set_threads
 
-    writable_dir(out)  # before anything slow
-    threads, warning = set_threads(threads)
-    if warning:
-        click.echo(f"warning: {warning}", err=True)
-
-    if batch_size is not None:
-        _batch_bench(target, draft, cross_vocab, datasets, data_dir, methods, temperatures, batch_size, max_new_tokens, limit, seed,
-                     out, device, dtype, shadow_target, quiet)
-        return
-    results = run_bench(target=target, draft=draft, datasets=datasets, data_dir=data_dir, methods=methods,
-                        temperatures=_floats(temperatures), top_k=top_k, top_p=top_p,
-                        max_new_tokens=max_new_tokens, limit=limit, offset=offset, repeats=repeats, warmup=warmup,
-                        seed=seed, out=out, threads=threads, device=device, dtype=dtype,
-                        max_prompt_tokens=max_prompt_tokens or None, prompt_field=prompt_field,
-                        best_probe=best_probe, progress=not quiet, command=["multispec", *sys.argv[1:]],
-                        shadow_target=shadow_target, cross_vocab=cross_vocab)
+    out = out or f"bench-{time.strftime('%Y%m%d-%H%M%S')}"
+    check_draft_given(parse_method_specs(methods), target is None or draft is not None,
+                      hf_assisted_drafts=batch_size is None)
+    with _removed_if_left_empty(out):
+        writable_dir(out)  # before anything slow
+        threads, warning = set_threads(threads)
+        if warning:
+            click.echo(f"warning: {warning}", err=True)
+        if batch_size is not None:
+            _batch_bench(target, draft, cross_vocab, datasets, data_dir, methods, temperatures, batch_size,
+                         max_new_tokens, limit, seed, out, device, dtype, shadow_target, quiet)
+            return
+        results = run_bench(target=target, draft=draft, datasets=datasets, data_dir=data_dir, methods=methods,
+                            temperatures=_floats(temperatures), top_k=top_k, top_p=top_p,
+                            max_new_tokens=max_new_tokens, limit=limit, offset=offset, repeats=repeats, warmup=warmup,
+                            seed=seed, out=out, threads=threads, device=device, dtype=dtype,
+                            max_prompt_tokens=max_prompt_tokens or None, prompt_field=prompt_field,
+                            best_probe=best_probe, progress=not quiet, command=["multispec", *sys.argv[1:]],
+                            shadow_target=shadow_target, cross_vocab=cross_vocab)
     label = shadow_label_of(results)
     if label:
         click.echo(label)
@@ -90,6 +98,19 @@ def bench_command(target, draft, cross_vocab, datasets, data_dir, prompt_field, 
         click.echo(f"{r['dataset']:>12} T={r['temperature']:<4g} {name:<36} {r['tokens_per_s']:8.1f} tok/s "
                    f"{sp:>7}  tau {tau}{same}")
     click.echo(f"wrote {out}/results.json, results.md, speedup.png" + (f"  ({label})" if label else ""))
+
+
+@contextmanager
+def _removed_if_left_empty(out: str):
+    """An --out folder this run creates is removed again when the run fails before writing anything into it."""
+    folder = Path(out)
+    created = not folder.exists()
+    try:
+        yield
+    except BaseException:
+        if created and folder.is_dir() and not any(folder.iterdir()):
+            folder.rmdir()
+        raise
 
 
 def _batch_bench(target, draft, cross_vocab, datasets, data_dir, methods, temperatures, batch_size, max_new_tokens, limit, seed,

@@ -1,12 +1,14 @@
 """`multispec generate`: the main job."""
 import json
+import statistics
 import sys
+import time
 
 import click
 
 from multispec.cli import cli
 from multispec.cli.method_options import check_method_options, collect_method_options, method_options
-from multispec.decoding.methods import DEFAULT_METHOD, method_names
+from multispec.decoding.methods import DEFAULT_METHOD, REGISTRY, method_names
 from multispec.errors import MultispecError, check
 
 SEED_MAX = 2**63 - 1
@@ -30,7 +32,7 @@ SEED_MAX = 2**63 - 1
 @method_options
 @click.option("--temperature", type=float, help="0 means greedy. Default: the target's generation_config.json "
               "(its temperature/top-k/top-p if it sets do_sample, else greedy).")
-@click.option("--top-k", type=int)
+@click.option("--top-k", type=int, help="Keep the k most likely tokens (0 or -1: off, as in vLLM and transformers).")
 @click.option("--top-p", type=float)
 @click.option("--seed", type=click.IntRange(0, SEED_MAX), help="Sampling seed (default: a fresh one, reported).")
 @click.option("--max-new-tokens", type=click.IntRange(min=1), default=128, show_default=True,
@@ -47,9 +49,10 @@ SEED_MAX = 2**63 - 1
 @click.option("--threads", type=click.IntRange(min=1), help="torch CPU threads (default: the free cores, at most 4; "
               "1 on a busy machine, with a warning).")
 @click.option("--stream", is_flag=True, help="Print text as it is committed.")
-@click.option("--json", "as_json", is_flag=True, help="Print one JSON object: the stats plus `text` and `token_ids`.")
+@click.option("--json", "as_json", is_flag=True, help="Print one JSON object: the stats plus `text` and `token_ids` "
+              "(several prompts: one line per prompt, with its `index`, written as its sequence finishes).")
 @click.option("--baseline", is_flag=True, help="Also run plain decoding (ar) on the same settings and report the "
-              "speedup over it.")
+              "speedup over it: the median of 3 to 5 alternating runs of each, with its min-max spread.")
 def generate_command(prompt, prompt_file, per_line, batch_size, target, draft, cross_vocab, method, temperature, top_k, top_p, seed, max_new_tokens,
                      reproducible, stop, device, dtype, backend, compile_, threads, stream, as_json, baseline, **method_kw):
     """Generate a continuation of PROMPT with speculative decoding ('-': read it from stdin)."""
@@ -68,7 +71,6 @@ def generate_command(prompt, prompt_file, per_line, batch_size, target, draft, c
     options = collect_method_options(method_kw)
     SamplingConfig(temperature=1.0 if temperature is None else temperature, top_k=top_k, top_p=top_p)
     config = check_method_options(method, options)
-    _check_proposers(config, target, draft)
     stops = stop_strings(list(stop))
     resolve_device(device)
     check(not (compile_ and backend not in (None, "compiled")),
@@ -80,6 +82,7 @@ def generate_command(prompt, prompt_file, per_line, batch_size, target, draft, c
         not (config.lossless_at(0.0) or config.lossless_at(1.0))
     if warned:
         _lossy_warning(method, temperature)
+    _check_proposers(config, target, draft)
     _, warning = set_threads(threads)
     if warning:
         click.echo(f"warning: {warning}", err=True)
@@ -87,11 +90,12 @@ def generate_command(prompt, prompt_file, per_line, batch_size, target, draft, c
     if many and not compile_ and backend_given is None:
         backend = None  # generate picks the fast backend for a batch where the model has one
     pair = load_pair(target=target, draft=draft, device=device, dtype=dtype, cross_vocab=cross_vocab, compile=backend == "compiled")
+    kw = dict(method=method, max_new_tokens=max_new_tokens, temperature=temperature, top_k=top_k, top_p=top_p,
+              seed=seed, stop=stops or None, backend=backend, reproducible=reproducible, **options)
     if many:
-        results = generate(pair, prompts, method=method, max_new_tokens=max_new_tokens, temperature=temperature,
-                           top_k=top_k, top_p=top_p, seed=seed, stop=stops or None, backend=backend,
-                           reproducible=reproducible, batch_size=batch_size, **options)
-        _print_many(prompts, results, as_json, warned, method)
+        results = _generate_many(lambda on_result: generate(pair, prompts, batch_size=batch_size,
+                                                            on_result=on_result, **kw), prompts, as_json)
+        _report_many(results, warned, method)
         return
     if baseline:  # untimed first calls, so that neither timed run pays the one-off start-up costs
         for m in (method, "ar"):
@@ -101,9 +105,7 @@ def generate_command(prompt, prompt_file, per_line, batch_size, target, draft, c
     if stream and not as_json:
         sys.stdout.write(prompt)
     try:
-        result = generate(pair, prompt, method=method, max_new_tokens=max_new_tokens, temperature=temperature,
-                          top_k=top_k, top_p=top_p, seed=seed, stop=stops or None, stream=on_text, backend=backend,
-                          reproducible=reproducible, **options)
+        result = generate(pair, prompt, stream=on_text, **kw)
     except BaseException as e:  # show what was committed before the failure (streaming showed it already)
         partial = getattr(e, "partial", None)
         if partial is not None and not on_text and not as_json and partial.text:
@@ -116,13 +118,14 @@ def generate_command(prompt, prompt_file, per_line, batch_size, target, draft, c
         _lossy_warning(method, s["temperature"])
     for w in s["warnings"]:
         click.echo(f"warning: {w}", err=True)
+    _calibration_note(s)
     if baseline:
-        base = generate(pair, prompt, method="ar", max_new_tokens=max_new_tokens, temperature=s["temperature"],
-                        top_k=s["top_k"], top_p=s["top_p"], seed=s["seed"], stop=stops or None, backend=backend,
-                        reproducible=s["reproducible"])
-        b_rate = base.stats["tokens_per_s"]
-        s.update(baseline_tokens_per_s=b_rate,
-                 speedup=s["tokens_per_s"] / b_rate if s["tokens_per_s"] and b_rate else None)
+        same = dict(kw, temperature=s["temperature"], top_k=s["top_k"], top_p=s["top_p"], seed=s["seed"],
+                    reproducible=s["reproducible"])
+        ar = {k: v for k, v in same.items() if k not in options}
+        s.update(_speedup(lambda: generate(pair, prompt, **same).stats["tokens_per_s"],
+                          lambda: generate(pair, prompt, **dict(ar, method="ar")).stats["tokens_per_s"],
+                          s["tokens_per_s"]))
     if as_json:
         click.echo(json.dumps({**s, "text": result.text, "token_ids": result.token_ids}, indent=2))
         return
@@ -130,49 +133,143 @@ def generate_command(prompt, prompt_file, per_line, batch_size, target, draft, c
     click.echo(_summary(s, result.finish_reason), err=True)
 
 
-def _print_many(prompts: list[str], results, as_json: bool, warned: bool, method: str) -> None:
-    """Several prompts: one JSON object per line (--json: index, text, stats), else each prompt and its text under
-    a `### i` header; one stderr summary line for the batch."""
+BASELINE_RUNS = (3, 5)  # --baseline: at least, at most this many runs of each method
+BASELINE_SPREAD = 0.10  # ... stopping once (max - min) / median of the speedups is below this
+
+
+def _speedup(run_method, run_ar, first_rate: float | None) -> dict:
+    """--baseline: alternate ar and the method (its first run already done: first_rate tokens/s) until the speedups
+    agree within BASELINE_SPREAD or BASELINE_RUNS[1] pairs ran; the median speedup, its min and max, the runs and
+    ar's median tokens/s."""
+    rates, bases = [first_rate], []
+    while True:
+        bases.append(run_ar())
+        ratios = [r / b for r, b in zip(rates, bases) if r and b]
+        if len(ratios) < len(bases):  # no tokens in some run: no speedup to report
+            return {"speedup": None, "baseline_tokens_per_s": bases[-1], "baseline_runs": len(bases)}
+        mid = statistics.median(ratios)
+        if len(ratios) >= BASELINE_RUNS[1] or (len(ratios) >= BASELINE_RUNS[0]
+                                               and (max(ratios) - min(ratios)) / mid <= BASELINE_SPREAD):
+            return {"speedup": mid, "speedup_min": min(ratios), "speedup_max": max(ratios),
+                    "baseline_runs": len(ratios), "baseline_tokens_per_s": statistics.median(bases)}
+        rates.append(run_method())
+
+
+def _calibration_note(s: dict) -> None:
+    """One stderr line when this run of `auto` measured the machine's forward costs (its first on this model and
+    settings), which made it slower than the runs after it."""
+    costs = (s.get("auto") or {}).get("costs") or {}
+    if costs.get("source") == "calibrated":
+        took = f" ({costs['calibration_s']:.1f}s)" if costs.get("calibration_s") else ""
+        click.echo(f"note: auto measured this model's forward costs on this machine during this run{took}, once: "
+                   "kept in the multispec cache, so later runs skip it and run faster", err=True)
+
+
+def _generate_many(run, prompts: list[str], as_json: bool) -> list:
+    """Decode a batch with run(on_result) and print it: --json writes each sequence's line as it finishes (flushed,
+    so a killed run keeps them); text keeps every prompt in order, printed at the end. Interrupted, what finished
+    (and the tokens of the sequences cut short) is printed before the interrupt goes on."""
+    printer = _BatchPrinter(prompts, as_json)
+    try:
+        results = run(printer.finished)
+    except BaseException as e:
+        printer.rest(getattr(e, "partial", None) or [])
+        raise
+    printer.rest(results)
+    return results
+
+
+class _BatchPrinter:
+    """Prints a batch's results to stdout as `_generate_many` says, and a progress line on stderr when it is a
+    terminal (sequences done / total, tokens/s so far)."""
+
+    def __init__(self, prompts: list[str], as_json: bool):
+        self.prompts, self.as_json = prompts, as_json
+        self.printed: set[int] = set()
+        self.done = self.tokens = 0
+        self.start = time.perf_counter()
+        self.progress = sys.stderr.isatty()
+
+    def finished(self, i: int, r) -> None:
+        if self.as_json:
+            self._print(i, r)
+        self.done += 1
+        self.tokens += len(r.token_ids)
+        if self.progress:
+            secs = time.perf_counter() - self.start
+            sys.stderr.write(f"\r{self.done}/{len(self.prompts)} prompts done, "
+                             f"{self.tokens / secs if secs > 0 else 0:.1f} tok/s")
+            sys.stderr.flush()
+
+    def rest(self, results: list) -> None:
+        """Everything not printed yet, in order; a sequence that never started (no tokens, aborted) is left out."""
+        if self.progress and self.done:
+            sys.stderr.write("\r\033[K")
+        for i, r in enumerate(results):
+            if i not in self.printed and (r.finish_reason != "abort" or r.token_ids):
+                self._print(i, r)
+
+    def _print(self, i: int, r) -> None:
+        self.printed.add(i)
+        if self.as_json:
+            click.echo(json.dumps({"index": i, **{k: v for k, v in r.stats.items() if k != "batch"},
+                                   "finish_reason": r.finish_reason, "text": r.text, "token_ids": r.token_ids}))
+        else:
+            cut = " (interrupted)" if r.finish_reason == "abort" else ""
+            click.echo(f"### {i}{cut}\n{self.prompts[i]}{r.text}")
+        sys.stdout.flush()
+
+
+def _report_many(results, warned: bool, method: str) -> None:
+    """A finished batch's stderr lines: the lossy warning, each distinct warning once, and one summary."""
     s0 = results[0].stats
     if not warned and not s0["lossless"]:
         _lossy_warning(method, s0["temperature"])
     for w in dict.fromkeys(w for r in results for w in r.stats["warnings"]):
         click.echo(f"warning: {w}", err=True)
-    for i, (p, r) in enumerate(zip(prompts, results)):
-        if as_json:
-            click.echo(json.dumps({"index": i, **r.stats, "finish_reason": r.finish_reason, "text": r.text}))
-        else:
-            click.echo(f"### {i}\n{p}{r.text}")
+    _calibration_note(s0)
     b = s0["batch"]
     flag = "lossless" if s0["lossless"] else "LOSSY"
     mode = "greedy" if s0["temperature"] == 0 else f"T={s0['temperature']:g}"
-    click.echo(f"[{s0['method']}, {flag}, {mode}] {b['prompts']} prompts, batch size {b['size']}: "
-               f"{b['new_tokens']} tokens in {b['seconds']:.2f}s ({b['tokens_per_s'] or 0:.1f} tok/s); "
-               f"seeds {results[0].stats['seed']}..{results[-1].stats['seed']}", err=True)
+    line = (f"[{s0['method']}, {flag}, {mode}] {b['prompts']} prompts, batch size {b['size']}: "
+            f"{b['new_tokens']} tokens in {b['seconds']:.2f}s ({b['tokens_per_s'] or 0:.1f} tok/s)")
+    click.echo(line + ("" if s0["temperature"] == 0 else f"; {_seeds(results)}"), err=True)
+
+
+def _seeds(results) -> str:
+    """The batch's seeds, unambiguously: `seed S + index` when prompt i used S + i (--seed), else the first few."""
+    seeds = [r.stats["seed"] for r in results]
+    if len(seeds) == 1:
+        return f"seed {seeds[0]}"
+    if seeds == list(range(seeds[0], seeds[0] + len(seeds))):
+        return f"seed {seeds[0]} + index (prompt i used {seeds[0]} + i)"
+    shown = ", ".join(str(x) for x in seeds[:3]) + (", ..." if len(seeds) > 3 else "")
+    return f"fresh seeds, one per prompt: {shown} (--json lists each)"
 
 
 def _read_prompts(prompt: str | None, prompt_files: tuple[str, ...], per_line: bool) -> list[str]:
     """The prompts: PROMPT / stdin / each --prompt-file (a .jsonl file: one prompt per line), split into lines
-    with --lines. Each checked non-empty."""
+    with --lines. Each checked non-empty; an empty one is named by its source (file, line)."""
     files = tuple(prompt_files or ())
     if len(files) <= 1 and not (files and files[0].endswith(".jsonl")):
-        texts = [_read_prompt(prompt, files)]
+        sources = [("the prompt", _read_prompt(prompt, files))]
     else:
         check(prompt is None, "give the prompts as PROMPT or --prompt-file, not both")
-        texts = []
+        sources = []
         for f in files:
             with open(f, "rb") as fh:
                 text = decode_text(fh.read(), f"the prompt file {f}")
-            texts.extend(_jsonl_prompts(text, f) if f.endswith(".jsonl") else [text])
+            sources.extend(_jsonl_prompts(text, f) if f.endswith(".jsonl") else [(f"the prompt file {f}", text)])
     if per_line:
-        texts = [line for t in texts for line in t.splitlines() if line.strip()]
-    check(len(texts) >= 1, "no prompts: the prompt files hold no non-empty line")
-    for i, t in enumerate(texts):
-        check(t != "", "the prompt is empty" if len(texts) == 1 else f"prompt {i} is empty")
-    return texts
+        sources = [(label, line) for label, t in sources for line in t.splitlines() if line.strip()]
+    check(len(sources) >= 1, "no prompts: the prompt files hold no non-empty line")
+    for label, t in sources:
+        check(t != "", f"{label} is empty")
+    return [t for _, t in sources]
 
 
-def _jsonl_prompts(text: str, path: str) -> list[str]:
+def _jsonl_prompts(text: str, path: str) -> list[tuple[str, str]]:
+    """(where, prompt) for each non-blank line of a .jsonl prompt file; where: `PATH line N` (1-based)."""
     out = []
     for n, line in enumerate(text.splitlines(), start=1):
         if not line.strip():
@@ -185,7 +282,7 @@ def _jsonl_prompts(text: str, path: str) -> list[str]:
         item = item.get("prompt") if isinstance(item, dict) else item
         check(isinstance(item, str), f"{path} line {n}: expected a JSON string or an object with a string "
                                      "\"prompt\"")
-        out.append(item)
+        out.append((f"{path} line {n}: the prompt", item))
     return out
 
 
@@ -201,8 +298,7 @@ def _summary(s: dict, finish_reason: str) -> str:
     mode = "greedy" if s["temperature"] == 0 else f"T={s['temperature']:g}"
     line = (f"[{s['method']}, {flag}, {mode}] {s['new_tokens']} tokens in {s['seconds']:.2f}s "
             f"({s['tokens_per_s'] or 0:.1f} tok/s)")
-    if "speedup" in s and s["speedup"] is not None:
-        line += f", {s['speedup']:.2f}x plain decoding ({s['baseline_tokens_per_s']:.1f} tok/s)"
+    line += _speedup_text(s)
     if s["method"] != "ar":
         acc = "n/a" if s["draft_acceptance_rate"] is None else f"{s['draft_acceptance_rate']:.2f}"
         line += f"; {s['tau']:.2f} tokens per target call, draft acceptance {acc}"
@@ -212,10 +308,25 @@ def _summary(s: dict, finish_reason: str) -> str:
     return line
 
 
+def _speedup_text(s: dict) -> str:
+    """--baseline's part of the summary: the median speedup, its spread over the runs, ar's rate."""
+    if s.get("speedup") is None:
+        return ""
+    spread = f", {s['speedup_min']:.2f}-{s['speedup_max']:.2f}x over {s['baseline_runs']} runs"
+    return f", {s['speedup']:.2f}x plain decoding ({s['baseline_tokens_per_s']:.1f} tok/s{spread})"
+
+
 def _check_proposers(config, target: str | None, draft: str | None) -> None:
-    """auto restricted to the draft proposer needs a draft model: without one it would silently decode without
-    speculation. (Only --target without --draft loads no draft; no arguments load the default pair, which has one.)"""
-    if config.name == "auto" and config.proposers == ("draft",) and target is not None and draft is None:
+    """Before loading (generate and serve): a method that needs a draft model gets one (only --target without
+    --draft loads no draft; no arguments load the default pair, which has one), and so does auto restricted to the
+    draft proposer, which without one would silently decode without speculation."""
+    if target is None or draft is not None:
+        return
+    if REGISTRY[config.name].needs_draft:
+        free = ", ".join(name for name, entry in REGISTRY.items() if not entry.needs_draft)
+        raise MultispecError(f"--method {config.name} needs a draft model: give --draft, or use a method that needs "
+                             f"none ({free})")
+    if config.name == "auto" and config.proposers == ("draft",):
         raise MultispecError("--proposers draft needs a draft model: give --draft, or use --proposers lookup "
                              "(or draft,lookup)")
 

@@ -54,9 +54,17 @@ def collect_method_options(kwargs: dict) -> dict:
 
 def check_method_options(method: str | None, options: dict):
     """Validate the method's options and the Decoder's draft options (draft_vocab, draft_dtype) before any model
-    loads; returns the MethodConfig (None when method is None: the default method with no options checked)."""
+    loads; returns the MethodConfig (None when method is None: the default method with no options checked). The
+    keyed verifiers are refused here, pointing to --reproducible, the way to run them."""
+    from multispec.api import KEYED_VERIFIERS
     from multispec.decoding.methods import DEFAULT_METHOD, build_method
     from multispec.models.cheap import CheapDraft
+    from multispec.errors import check
+
+    verifier = options.get("verifier")
+    check(verifier not in KEYED_VERIFIERS, f"--verifier {verifier} is the keyed verifier of the reproducible mode, "
+                                           "chosen by --reproducible --seed N under any method (server requests: "
+                                           "\"reproducible\": true); docs/reproducible.md")
 
     CheapDraft(vocab=options.get("draft_vocab"), dtype=options.get("draft_dtype"))
     method_only = {k: v for k, v in options.items() if k not in ("draft_vocab", "draft_dtype")}
