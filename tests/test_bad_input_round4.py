@@ -46,8 +46,10 @@ def test_cli_top_k_zero_and_minus_one_are_off(capsys, dirs, top_k):
     assert json.loads(out)["top_k"] is None
 
 
-def test_cli_nan_logits_are_one_line(capsys, tmp_path):
-    """A target whose forward gives NaN logits (as float16 Gemma 3 does) at T > 0: one line naming the cause."""
+@pytest.mark.parametrize("method,temperature", [("sd", "0.7"), ("sd", "0"), ("ar", "0")])
+def test_cli_nan_logits_are_one_line(capsys, tmp_path, method, temperature):
+    """A target whose forward gives NaN logits (as float16 Gemma 3 does): one line naming the cause, greedy too
+    (argmax would take the NaN for the largest and print a token silently)."""
     from transformers import AutoModelForCausalLM
 
     paths = save_tiny_pair(tmp_path)
@@ -57,7 +59,7 @@ def test_cli_nan_logits_are_one_line(capsys, tmp_path):
     target.save_pretrained(paths["target"])
     capsys.readouterr()  # the progress bars of saving and loading above
     code, _, err = run_cli(capsys, "generate", "def f(x):", "--target", str(paths["target"]), "--draft",
-                           str(paths["draft"]), "--method", "sd", "--temperature", "0.7", "--threads", "1")
+                           str(paths["draft"]), "--method", method, "--temperature", temperature, "--threads", "1")
     assert_one_line_error(code, err, "logits are NaN (its forward overflowed, as float16 does for some models); "
                                      "load the pair in float32 or bfloat16 (--dtype)")
 

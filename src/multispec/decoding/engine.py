@@ -39,7 +39,7 @@ from multispec.drafting.proposers import Proposal, RoundInputs, get_proposer
 from multispec.drafting.protocol import DraftPolicy, RoundOutcome, RoundTimes
 from multispec.errors import check
 from multispec.models.base import Backend, forward_chain
-from multispec.sampling import SamplingConfig, process_logits
+from multispec.sampling import SamplingConfig, greedy_argmax, process_logits
 from multispec.verify.keyed import node_keys
 from multispec.verify.tree_walk import walk_tree_greedy
 
@@ -177,7 +177,7 @@ def _verify(run: Run, state: State, proposal: Proposal, out, lt: int) -> tuple[l
     p = None
     if sampling.greedy:  # each row's argmax is all the greedy walk needs: no p, no q
         ranked = adjusted if adjusted is not None else out.logits
-        path, nxt = walk_tree_greedy(tree, tokens.tolist(), ranked.argmax(-1).tolist())
+        path, nxt = walk_tree_greedy(tree, tokens.tolist(), greedy_argmax(ranked).tolist())
     else:
         p = process_logits(out.logits, sampling, rows_history)
         rng = node_keys(tree, run.key, lt) if run.key is not None else run.gen_verify

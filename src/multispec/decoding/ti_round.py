@@ -15,7 +15,7 @@ import torch
 from multispec.decoding.state import Run, State, adjusted_logits
 from multispec.drafting.grow import grow_tree
 from multispec.drafting.protocol import RoundOutcome, RoundTimes
-from multispec.sampling import SamplingConfig, process_logits
+from multispec.sampling import SamplingConfig, greedy_argmax, process_logits
 from multispec.tree import Tree
 from multispec.verify import get_verifier
 from multispec.verify.ti_chains import verify_chains
@@ -82,6 +82,7 @@ def _next_law(run: Run, state: State, logits: torch.Tensor, rows_history, p: tor
 def _draw_level1(state: State, width: int, sampling: SamplingConfig, gen: torch.Generator) -> list[int]:
     """W distinct tokens from the target's next-token law: top-W when greedy, else sampled without replacement."""
     if sampling.greedy:
+        greedy_argmax(state.rank_next)  # NaN logits: one line, not a silent token
         return state.rank_next.topk(width).indices.tolist()
     p = state.p_next
     width = min(width, int((p > 0).sum()))
