@@ -212,9 +212,19 @@ def test_load_pair_leaves_threads_the_user_chose(untouched_threads, monkeypatch,
     ({"max_tokens": 5}, "no argument 'max_tokens'; did you mean max_new_tokens (OpenAI's max_tokens)?"),
     ({"max_length": 5}, "did you mean max_new_tokens"),
     ({"temprature": 0.5}, "no argument 'temprature'; did you mean temperature?"),
-    ({"method": "mcsd", "verifier": "gls"}, "pass reproducible=True"),
+    ({"method": "mcsd", "verifier": "gls"}, "ask for the mode instead (reproducible=True with a seed"),
 ])
 def test_api_names_from_other_libraries_get_a_did_you_mean(pair, kwargs, needle):
     with pytest.raises(MultispecError) as e:
         multispec.generate(pair, "x", **kwargs)
     assert needle in str(e.value)
+
+
+@pytest.mark.parametrize("method,verifier", [("mcsd", "gls"), ("mcsd", "gumbel"), ("dynamic", "gls")])
+def test_keyed_verifiers_are_refused_where_every_method_is_built(method, verifier):
+    """build_method is where the API, the Decoder, bench specs and the server's method options all pass: the keyed
+    verifiers are refused there, pointing to the reproducible mode."""
+    from multispec.decoding.methods import build_method
+
+    with pytest.raises(MultispecError, match="keyed verifier of the reproducible mode"):
+        build_method(method, verifier=verifier)

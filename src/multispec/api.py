@@ -105,8 +105,7 @@ KEYED_VERIFIERS = ("gls", "gumbel")  # the reproducible mode's verifiers, chosen
 
 def _check_names(method_options: dict) -> None:
     """Before any work: a keyword that is another library's name for one of generate's arguments, or a near-miss
-    of one, gets a did-you-mean line (instead of "method X does not take option Y"); the keyed verifiers are
-    reached through reproducible=True."""
+    of one, gets a did-you-mean line (instead of "method X does not take option Y")."""
     options = set().union(*(entry.options for entry in REGISTRY.values()))
     own = [n for n in inspect.signature(generate).parameters if n != "method_options"]
     for name in method_options:
@@ -115,9 +114,6 @@ def _check_names(method_options: dict) -> None:
         close = difflib.get_close_matches(name, own, n=1, cutoff=0.8)
         if close and name not in options:
             raise MultispecError(f"generate() has no argument {name!r}; did you mean {close[0]}?")
-    check(method_options.get("verifier") not in KEYED_VERIFIERS,
-          f"verifier {method_options.get('verifier')!r} is the keyed verifier of the reproducible mode: pass "
-          "reproducible=True (with a seed) instead, under any method (docs/reproducible.md)")
 
 
 def _is_batch(prompt) -> bool:

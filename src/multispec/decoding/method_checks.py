@@ -43,6 +43,9 @@ def node_or_sequence_verifier(name: str, tree: tuple[int, ...]) -> str:
 
     check(isinstance(name, str), f"verifier must be a name, got {name!r}")
     spec = get_sequence_verifier(name)
+    check(not spec.keyed, f"verifier {name!r} is the keyed verifier of the reproducible mode: ask for the mode "
+                          "instead (reproducible=True with a seed; --reproducible --seed N; \"reproducible\": true in a "
+                          "request), under any method (docs/reproducible.md)")
     try:
         spec.check_widths(set(tree))
     except MultispecError as e:
