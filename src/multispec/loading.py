@@ -210,6 +210,9 @@ def _load_config(path: str, hub: dict) -> None:
         raise MultispecError(f"cannot load a model config from {path}: {_one_line(e)}") from None
     check(type(config) in MODEL_FOR_CAUSAL_LM_MAPPING, f"{path} is not a causal language model (config type "
                                                        f"{type(config).__name__} has no AutoModelForCausalLM class)")
+    from multispec.models.layout import attention_layout
+
+    attention_layout(config)  # recurrent or cache-sharing architectures: refused from the config, before any weights
 
 
 def _load_model(path: str, device: torch.device, dtype: torch.dtype, hub: dict) -> torch.nn.Module:

@@ -21,7 +21,7 @@ from transformers import DynamicCache
 
 from multispec.errors import MultispecError
 from multispec.models.base import ForwardOut
-from multispec.models.hf_compat import cache_kwargs
+from multispec.models.hf_compat import cache_argument
 from multispec.models.int8 import linear_shape
 from multispec.models.layout import AttentionLayout, attention_layout
 from multispec.models.reduced_vocab import VocabSubset
@@ -43,6 +43,7 @@ class HFBackend(VocabSubset):
         self.vocab_size, self.hidden_size = linear_shape(self._head)  # float or int8 (models/int8.py)
         # transformers' causal LMs take logits_to_keep (output layer on the last rows only); custom code may not
         self._keeps_logits = "logits_to_keep" in inspect.signature(model.forward).parameters
+        self._cache_arg = cache_argument(model)  # "cache" (transformers >= 5.24) or "past_key_values"
         self.cache: DynamicCache | None = None
         self._pos = torch.zeros(0, dtype=torch.long)  # position of each cache row (CPU: no device sync)
         self._rows_are_positions = True  # row i holds position i (a plain chain): the model's own masks are right
@@ -106,7 +107,7 @@ class HFBackend(VocabSubset):
             else None
         try:
             out = self.model(input_ids=tokens.to(self.device)[None], position_ids=positions.to(self.device)[None],
-                             attention_mask=attn, use_cache=True, **cache_kwargs(self.model, self.cache),
+                             attention_mask=attn, use_cache=True, **{self._cache_arg: self.cache},
                              **({"logits_to_keep": 1} if last_only and self._keeps_logits else {}))
         finally:
             if hook is not None:
@@ -124,7 +125,7 @@ class HFBackend(VocabSubset):
         """forward's path with a vocabulary subset: the base model, then the subset's rows of the output layer."""
         out = self.model.base_model(input_ids=tokens.to(self.device)[None],
                                     position_ids=positions.to(self.device)[None], attention_mask=attn,
-                                    use_cache=True, **cache_kwargs(self.model.base_model, self.cache))
+                                    use_cache=True, **{self._cache_arg: self.cache})
         hidden = out.last_hidden_state[0]  # [N, H]
         if last_only:
             hidden = hidden[-1:]

@@ -5,7 +5,6 @@ warns, and is announced for removal in 5.40). Every call site that drives a mode
 through `cache_kwargs` and reads it back with `output_cache`, so neither release warns and neither breaks."""
 from __future__ import annotations
 
-import functools
 import inspect
 from typing import Any
 
@@ -17,12 +16,8 @@ OLD, NEW = "past_key_values", "cache"
 def cache_argument(model: torch.nn.Module) -> str:
     """The name under which `model.forward` takes its KV cache: "cache" (transformers >= 5.24) or
     "past_key_values" (earlier releases, and custom code that kept the old name)."""
-    return _cache_argument(type(model))
-
-
-@functools.lru_cache(maxsize=None)
-def _cache_argument(cls: type) -> str:  # read once per model class: a forward pays a dict lookup, not a signature
-    return NEW if NEW in inspect.signature(cls.forward).parameters else OLD
+    forward = getattr(model, "forward", model)  # a module, or any callable standing in for one
+    return NEW if NEW in inspect.signature(forward).parameters else OLD
 
 
 def cache_kwargs(model: torch.nn.Module, cache: Any) -> dict[str, Any]:
