@@ -16,7 +16,7 @@ from pathlib import Path
 from pycode_args import add_pycode_args, load_pycode
 
 METHODS = [("ar", {}), ("sd", {"k": 4}), ("mcsd", {}), ("ti-mcsd", {}), ("ti-mcsd", {"tree": "1,4,3,1,1"}),
-           ("dynamic", {}), ("specdecpp", {"head": "heads/pycode-v1/acceptance"}), ("lookup", {}), ("auto", {})]
+           ("dynamic", {}), ("specdecpp", {"head": "heads/pycode-v1/acceptance"}), ("lookup", {}), ("suffix", {}), ("auto", {})]
 
 
 def main() -> None:

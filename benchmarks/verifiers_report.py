@@ -14,7 +14,6 @@ from __future__ import annotations
 import argparse
 import json
 import shlex
-from collections import defaultdict
 from pathlib import Path
 
 import numpy as np
