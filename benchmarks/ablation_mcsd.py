@@ -1,4 +1,4 @@
-"""Ablation of the three P1 ideas (SPEC §6) on pycode-v1: target-initialized trees, the dynamic sliced mask with a
+"""Ablation of the three P1 ideas (design §6) on pycode-v1: target-initialized trees, the dynamic sliced mask with a
 fork tree, and the two decision models.
 
 Rows: ar, sd (k=4), mcsd (4,2,2,1), ti-mcsd (2,4,3,1,1), ti-mcsd W=1 (1,4,3,1,1), dynamic fork (W=4, D=5) without a

@@ -3,7 +3,7 @@
 For every benchmarks/results/**/results.json written by `multispec bench` (or by a script that uses
 `multispec.bench.report.write_outputs`), rewrite results.md, speedup.png and pareto.png (where a knob was swept) beside
 it, then write benchmarks/results/FIGURES.md: each figure with the JSON it comes from and the command that made the
-JSON (STYLE §2.11). JSON files in another schema are listed as skipped.
+JSON (style §2.11). JSON files in another schema are listed as skipped.
 
     .venv/bin/python benchmarks/make_figures.py [--results benchmarks/results]
 """

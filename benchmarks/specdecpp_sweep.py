@@ -1,4 +1,4 @@
-"""SpecDec++ sweep (SPEC §7.7): target-only `ar`, fixed-k `sd` (k = 1..10) and `specdecpp` over a grid of
+"""SpecDec++ sweep (design §7.7): target-only `ar`, fixed-k `sd` (k = 1..10) and `specdecpp` over a grid of
 thresholds h, in one run, on the same prompts and seeds.
 
 Per configuration and sampling setting: tokens/s, tau (tokens per target call), discard rate (discarded draft

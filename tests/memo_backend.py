@@ -1,5 +1,5 @@
 """A backend whose 'KV cache' records (token, position) entries and whose logits are looked up by the exact
-visible context (SPEC §11.3). Any mask, position or keep-path bug changes the context a token sees, so it changes
+visible context (design §11.3). Any mask, position or keep-path bug changes the context a token sees, so it changes
 the logits or trips the contiguity assertion. Logits come from a real model, memoised per context, which makes
 1e4-sample end-to-end chi-square tests affordable on a CPU."""
 from __future__ import annotations

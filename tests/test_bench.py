@@ -1,5 +1,5 @@
 """`multispec bench`: method-spec parsing, a 2-prompt run on a tiny in-process pair, output writing. No timing
-assertions (STYLE §2.11)."""
+assertions (style §2.11)."""
 import json
 
 import pytest

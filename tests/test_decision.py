@@ -1,4 +1,4 @@
-"""P1 decision models (SPEC §6.3): features, save/load, the training loop, the data pipeline and the `dynamic`
+"""P1 decision models (design §6.3): features, save/load, the training loop, the data pipeline and the `dynamic`
 method's stopping rule. Tiny in-process models only."""
 from types import SimpleNamespace
 

@@ -126,7 +126,7 @@ def test_the_server_builds_one_decoder_per_worker_and_reads_the_head_once(pair, 
 
 
 def test_a_decoder_reused_gives_what_fresh_calls_give(pair):
-    """Built once, run many times: the policy's adaptive state and the caches reset between runs (STYLE §2.12),
+    """Built once, run many times: the policy's adaptive state and the caches reset between runs (style §2.12),
     also when a later prompt needs a larger static cache."""
     d = Decoder(pair, "auto", backend="fast")
     for prompt, n in ((PROMPT, 8), ("for n in range(2):\n    print(n)\n" * 3, 24), (PROMPT, 8)):

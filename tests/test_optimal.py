@@ -1,4 +1,4 @@
-"""Optimal acceptance (SPEC §8, §11.4, §11.5): prefix search vs a generic LP and vs brute force over subsets;
+"""Optimal acceptance (design §8, §11.4, §11.5): prefix search vs a generic LP and vs brute force over subsets;
 verifier acceptance vs the production enumeration and vs the optimum of its draft law."""
 import itertools
 import math
@@ -40,7 +40,7 @@ def draft_sets(q: np.ndarray, n: int, law: str) -> tuple[np.ndarray, np.ndarray]
                 left.remove(x)
             masks.append(sum(1 << x for x in tup))
             probs.append(pr)
-    else:  # greedy: top n-1 of q, then one draw from q off the top (SPEC §4.6)
+    else:  # greedy: top n-1 of q, then one draw from q off the top (design §4.6)
         top = [int(i) for i in np.argsort(-q, kind="stable")[: n - 1]]
         rest = [i for i in range(v) if i not in top and q[i] > 0]
         mass = sum(q[i] for i in rest)
@@ -57,13 +57,13 @@ def draft_sets(q: np.ndarray, n: int, law: str) -> tuple[np.ndarray, np.ndarray]
 
 
 def lp_optimum(p: np.ndarray, masks: np.ndarray, probs: np.ndarray) -> float:
-    """SPEC §8.4: max Σ 1[y ∈ S] π(S, y) over couplings of the draft-set law and p (HiGHS)."""
+    """design §8.4: max Σ 1[y ∈ S] π(S, y) over couplings of the draft-set law and p (HiGHS)."""
     v, m = p.size, masks.size
     member = ((masks[:, None] >> np.arange(v)[None, :]) & 1).astype(float)  # [M, V]
     a_rows = scipy.sparse.kron(scipy.sparse.eye(m), np.ones((1, v)))  # Σ_y π(S, y) = Q(S)
     a_cols = scipy.sparse.kron(np.ones((1, m)), scipy.sparse.eye(v))  # Σ_S π(S, y) = p(y)
     # rows as equalities, columns as <= p(y)·(1 + 1e-12): the totals agree, so the columns are tight at any
-    # feasible point; the slack only absorbs float rounding (spurious infeasibility, SPEC §8.4)
+    # feasible point; the slack only absorbs float rounding (spurious infeasibility, design §8.4)
     qs = np.maximum(probs, 0) / probs.sum()
     res = scipy.optimize.linprog(-member.ravel(), A_eq=a_rows.tocsr(), b_eq=qs, A_ub=a_cols.tocsr(),
                                  b_ub=p / p.sum() * (1 + 1e-12), bounds=(0, None), method="highs")
@@ -72,7 +72,7 @@ def lp_optimum(p: np.ndarray, masks: np.ndarray, probs: np.ndarray) -> float:
 
 
 def brute_force(p: np.ndarray, masks: np.ndarray, probs: np.ndarray) -> float:
-    """SPEC §8.1 subset form over all 2^V subsets H: min [1 + p(H) − Q(all drafts ∈ H)]."""
+    """design §8.1 subset form over all 2^V subsets H: min [1 + p(H) − Q(all drafts ∈ H)]."""
     v = p.size
     h = np.arange(2 ** v)
     inside = (masks[None, :] & ~h[:, None]) == 0  # [2^V, M] every draft in H
@@ -187,7 +187,7 @@ def test_torch_input_and_zero_tokens():
     assert optimal_acceptance(p, q, 2, replacement=False) == pytest.approx(1.0, abs=1e-6)
 
 
-# ----------------------------------------------------------------------------------- SPEC §11.5 fixtures
+# ----------------------------------------------------------------------------------- design §11.5 fixtures
 FIXTURES = [
     # p, q, n, 1-TV, a*iid, a*wor, a*greedy, RRS iid, K-SEQ, RRS wor, greedy verify, naive iid, SpecHub
     ((.5, .3, .2), (.2, .2, .6), 2, .6, .84, 1.0, 1.0, .76, .785330, .9, 1.0, .456, 1.0),

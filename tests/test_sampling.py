@@ -1,4 +1,4 @@
-"""Logit processing (SPEC §1 conventions 2-3): temperature, top-k, top-p, greedy one-hot, validation."""
+"""Logit processing (design §1.2-1.3): temperature, top-k, top-p, greedy one-hot, validation."""
 from __future__ import annotations
 
 import math

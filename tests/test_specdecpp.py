@@ -1,4 +1,4 @@
-"""SpecDec++ (SPEC §7): the acceptance head's save/load contract, the method end to end (greedy identity with the
+"""SpecDec++ (design §7): the acceptance head's save/load contract, the method end to end (greedy identity with the
 target, sampling losslessness), and the training loss going down on synthetic features. Tiny in-process models
 only; no ../shared."""
 import json

@@ -1,4 +1,4 @@
-"""Target-initialized trees (P1, SPEC §6.1, §6.6) and the dynamic sliced mask (§3.5, §6.2).
+"""Target-initialized trees (P1, design §6.1, §6.6) and the dynamic sliced mask (§3.5, §6.2).
 
 - W = 1 is lossless: greedy output equals target greedy; at T > 0 the subtree below the single level-1 token is
   verified by the RRS-without-replacement walk (P1's independent chain tests are lossy once siblings exist).
@@ -158,7 +158,7 @@ def test_sliced_fork_mask_with_target_level_one_matches_full_tree():
                            full.attention_mask(lt - 1, rows=range(1, len(full))))
     for d in range(1, depth + 1):
         n = full.level_end(d)
-        assert n - 1 == width * d  # SPEC §3.5: N_d = W (d + 1) with d draft levels below level 1 (here d - 1)
+        assert n - 1 == width * d  # design §3.5: N_d = W (d + 1) with d draft levels below level 1 (here d - 1)
         be = make_backend(model)
         forward_chain(be, torch.tensor(prefix))
         out = be.forward(tokens[1:n], full.position_ids(lt - 1)[1:n],

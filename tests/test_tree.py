@@ -1,4 +1,4 @@
-"""Token-tree topology (SPEC §3.1, §3.2, §3.5): masks, positions, paths, keep indices, sliced masks, validation."""
+"""Token-tree topology (design §3.1, §3.2, §3.5): masks, positions, paths, keep indices, sliced masks, validation."""
 from __future__ import annotations
 
 import random
@@ -98,7 +98,7 @@ def test_fork_tree_slices():
     width, depth = 3, 4
     tree = Tree.from_shape((width,) + (1,) * (depth - 1))
     for d in range(1, depth + 1):
-        assert tree.level_end(d) == 1 + width * d  # SPEC §3.5 with the root counted
+        assert tree.level_end(d) == 1 + width * d  # design §3.5 with the root counted
 
 
 def test_additive_mask():

@@ -1,4 +1,4 @@
-"""Tree verification (SPEC §4.7) on a small explicit tree with tabulated p/q per node.
+"""Tree verification (design §4.7) on a small explicit tree with tabulated p/q per node.
 
 A first-order toy model: p(x_t | x_{t-1}) = P[x_{t-1}], q(x_t | x_{t-1}) = Q[x_{t-1}] over V = 3 tokens. Every
 drafted tree of shape (k1, k2) is enumerated with its exact probability (the verifier's own draft law), the walk's

@@ -1,4 +1,4 @@
-"""Exact enumeration of every node verifier's output law (SPEC §11.1, §11.5).
+"""Exact enumeration of every node verifier's output law (design §11.1, §11.5).
 
 The draft law is enumerated exactly (spec.law_fn) and each tuple is pushed through the production plan with
 coins replaced by their probabilities (VerifierSpec.exact -> evaluate_plan), so the numbers come from the code
@@ -27,7 +27,7 @@ def _t(values) -> torch.Tensor:
 
 
 def _instances() -> list[tuple[str, torch.Tensor, torch.Tensor]]:
-    """(label, p, q) float64 [V] pairs: random Dirichlet instances plus the edge cases of SPEC §11.1."""
+    """(label, p, q) float64 [V] pairs: random Dirichlet instances plus the edge cases of design §11.1."""
     rng = np.random.default_rng(20240910)
     out = []
     for v, alpha, mix in [(3, 0.1, 0.05), (4, 0.3, 0.05), (5, 1.0, 0.05), (6, 3.0, 0.05), (6, 0.1, 0.0), (4, 1.0, 0.0)]:
@@ -68,7 +68,7 @@ def max_error(spec, p: torch.Tensor, q: torch.Tensor, n: int) -> float:
 
 
 def greedy_md_rate(p: torch.Tensor, q: torch.Tensor, n: int) -> float:
-    """p(T) + sum_{y not in T} min(p(y), q_T(y)), T = top-(n-1) of q (SPEC §4.6; naive match when q_T = 0)."""
+    """p(T) + sum_{y not in T} min(p(y), q_T(y)), T = top-(n-1) of q (design §4.6; naive match when q_T = 0)."""
     order = top_tokens(q[None], n)[0]
     top = order[: n - 1]
     q_t = q.clone()
@@ -141,7 +141,7 @@ def test_greedy_md_and_spechub_reach_the_greedy_rate():
         for n in range(1, min(v, 4) + 1):
             _, acc = REGISTRY["greedy-md"].exact(p, q, n)
             assert abs(acc - greedy_md_rate(p, q, n)) < TOL, (label, n)
-        if float(q.max()) < 1:  # SpecHub's pair has the law of greedy-md's pair as a set (SPEC §4.5)
+        if float(q.max()) < 1:  # SpecHub's pair has the law of greedy-md's pair as a set (design §4.5)
             _, hub = REGISTRY["spechub"].exact(p, q, 2)
             assert abs(hub - greedy_md_rate(p, q, 2)) < TOL, label
 
@@ -170,7 +170,7 @@ def test_draft_laws_are_distributions():
                 assert abs(float(weights.sum()) - 1) < TOL and float(weights.min()) >= 0
 
 
-# ----------------------------------------------------------------------------------- SPEC §11.5 fixtures
+# ----------------------------------------------------------------------------------- design §11.5 fixtures
 FIXTURES = [
     # p, q, n, 1-TV, RRS iid, K-SEQ, rho*, RRS w/o, greedy verify, naive iid, SpecHub
     ((.5, .3, .2), (.2, .2, .6), 2, 0.600000, 0.760000, 0.785330, 1.463325, 0.900000, 1.000000, 0.456000, 1.000000),

@@ -1,4 +1,4 @@
-"""Monte Carlo + Pearson chi-square of every verifier's production sampling path (SPEC §11.2).
+"""Monte Carlo + Pearson chi-square of every verifier's production sampling path (design §11.2).
 
 Each configuration runs 1e5 vectorised trials of spec.draw + spec.verify with a seeded generator; the output
 tokens are compared with p (cells with expected count < 5 merged, fail if p-value < 1e-3) and the empirical
@@ -144,7 +144,7 @@ def test_chi_square_catches_mutant(name):
 
 
 def test_chi_square_catches_reused_coin():
-    """BROKEN sampler: the residual is drawn by inverse CDF with the accept coin (SPEC §1 convention 4)."""
+    """BROKEN sampler: the residual is drawn by inverse CDF with the accept coin (design §1.4)."""
     p, q, _ = _ROW3
     gen = torch.Generator().manual_seed(0)
     big_p, big_q = p.expand(TRIALS, -1), q.expand(TRIALS, -1)

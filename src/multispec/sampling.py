@@ -1,6 +1,6 @@
 """Logit processing shared by target and draft: logit bias, min_tokens, penalties, temperature, min-p, top-k, top-p.
 
-The processed target distribution is the distribution every lossless method preserves (SPEC §1 conv. 2).
+The processed target distribution is the distribution every lossless method preserves (design §1.2).
 Temperature 0 means greedy: the processed distribution is one-hot on the argmax of the adjusted logits (lowest
 index on ties). The order is vLLM's (v1 sampler): logit_bias and min_tokens, then the repetition, frequency and
 presence penalties, then temperature, min-p, top-k and top-p.

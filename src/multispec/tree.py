@@ -1,9 +1,9 @@
-"""The token tree: topology only (tokens live with the proposer). SPEC §3.
+"""The token tree: topology only (tokens live with the proposer). design §3.
 
 Nodes are stored breadth-first (level-major). Node 0 is the root: the last committed token, which the target
 has not consumed yet. Every other node has a parent with a smaller index, siblings are contiguous and kept
 in drafting order, and depths never decrease along the order, so the first `level_end(d)` nodes form the
-tree truncated at depth d. That prefix property is what makes the dynamic sliced mask (SPEC §3.5) a plain
+tree truncated at depth d. That prefix property is what makes the dynamic sliced mask (design §3.5) a plain
 top-left block of the full mask.
 
 Terms used below, for a tree of N nodes placed after `prefix_len` cached tokens:
@@ -106,12 +106,12 @@ class Tree:
         return range(self.level_end(depth - 1) if depth > 0 else 0, self.level_end(depth))
 
     def level_end(self, depth: int) -> int:
-        """Number of nodes with depth <= `depth` (N_d of SPEC §3.5)."""
+        """Number of nodes with depth <= `depth` (N_d of design §3.5)."""
         return sum(1 for d in self.depths if d <= depth)
 
     def truncate(self, depth: int) -> "Tree":
         """The tree cut after `depth`: its first level_end(depth) nodes. Its ancestor mask is the top-left block
-        of this tree's (SPEC §3.5), shared rather than rebuilt."""
+        of this tree's (design §3.5), shared rather than rebuilt."""
         n = self.level_end(depth)
         if n == len(self.parents):
             return self
@@ -160,7 +160,7 @@ class Tree:
         """bool [R, prefix_len + C] topology-aware causal mask: prefix columns admitted, tree columns by ancestry.
 
         rows: the node rows to return (default all); cols: how many tree columns (default N). Slicing both to the
-        first N_d nodes gives the mask of the truncated tree (SPEC §3.5).
+        first N_d nodes gives the mask of the truncated tree (design §3.5).
         """
         rows = range(len(self)) if rows is None else rows
         cols = len(self) if cols is None else cols

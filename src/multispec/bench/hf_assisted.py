@@ -4,7 +4,7 @@ Same models (and dtype) as the multispec methods, same BOS-prefixed prompt ids, 
 (top-k is passed explicitly, 0 when unset, because transformers otherwise applies its default top_k=50 when sampling).
 The draft's generation_config is replaced by a copy for each call and restored afterwards, so the
 values transformers adapts and writes back (num_assistant_tokens, assistant_confidence_threshold) never leak from one
-prompt to the next, and the user's objects are left as they were (STYLE §2.12).
+prompt to the next, and the user's objects are left as they were (style §2.12).
 """
 from __future__ import annotations
 

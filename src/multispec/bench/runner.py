@@ -373,7 +373,7 @@ def step_costs(pair, context: int = COST_CONTEXT, steps: int = COST_STEPS, shado
                kinds: list[str] | None = None) -> dict:
     """Median seconds of one 1-token decode step of each model at `context` tokens of cached context, on each
     backend of `kinds` (default hf and fast; a backend the model cannot run is left out); cost_ratio = draft /
-    target (SPEC §1 c_ratio). The top-level keys are the hf backend's; per-backend figures are under "backends".
+    target (design §1: c_ratio). The top-level keys are the hf backend's; per-backend figures are under "backends".
     With `shadow`, the target's step includes the shadow's forward (as in every shadowed generation)."""
     from multispec.errors import MultispecError
     from multispec.models import BACKENDS, causal_mask, forward_chain, make_backend

@@ -61,7 +61,7 @@ def generate_command(prompt, prompt_file, per_line, batch_size, target, draft, c
     from multispec.sampling import SamplingConfig
     from multispec.threads import set_threads
 
-    # every check that needs no model first (STYLE 2.9)
+    # every check that needs no model first (style §2.9)
     prompts = _read_prompts(prompt, prompt_file, per_line)
     many = len(prompts) > 1 or per_line or any(f.endswith(".jsonl") for f in prompt_file)
     check(many or batch_size is None, "--batch-size applies to several prompts (--prompt-file repeated, a .jsonl "

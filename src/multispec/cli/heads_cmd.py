@@ -80,7 +80,7 @@ def train_acceptance_command(target, draft, prompt_files, datasets, data_dir, n_
 @click.option("--threads", type=int, help="torch CPU threads (default: torch's choice).")
 def train_decision_command(kind, target, draft, datasets, prompt_files, data_dir, n_prompts, max_new_tokens,
                            temperature, cache, out, epochs, lr, batch_size, seed, gen_batch, threads) -> None:
-    """Generate data with the target and draft, train a P1 decision model (SPEC §6.3), save the best epoch."""
+    """Generate data with the target and draft, train a P1 decision model (design §6.3), save the best epoch."""
     import torch
 
     from multispec.training.decision_data import DataConfig

@@ -16,7 +16,7 @@
 Two round shapes share the loop: draft-initialized (`_round` here: ar, sd, mcsd, dynamic, specdecpp, lookup,
 suffix, auto — the root is the newest committed token, which the target has not consumed; the walk commits the
 accepted path plus one bonus/residual token) and target-initialized (decoding/ti_round.py: ti-mcsd and dynamic with
-target_init, the one lossy shape, P1's longest accepted chain). Only `models/` touches caches (STYLE §2.4).
+target_init, the one lossy shape, P1's longest accepted chain). Only `models/` touches caches (style §2.4).
 
 History-dependent processors (penalties, min_tokens) give every tree node its own processed law: node u's row is
 processed with the committed history plus u's own path (decoding/node_history.py), in verification and in drafting.

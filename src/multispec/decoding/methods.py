@@ -1,5 +1,5 @@
 """The method registry: every decoding method is one `MethodEntry` — its options, whether it needs a draft, how it
-builds its validated `MethodConfig` (before any model runs, STYLE §2.9), which trained models it loads, and how it
+builds its validated `MethodConfig` (before any model runs, style §2.9), which trained models it loads, and how it
 builds its draft policy. A new method is one `register(MethodEntry(...))` plus one policy (drafting/protocol.py).
 
 | method    | drafting                                          | verification                     | lossless |

@@ -1,5 +1,5 @@
 """The method registry: every decoding method is one `MethodEntry` — its options, whether it needs a draft, how it
-builds its validated `MethodConfig` (before any model runs, STYLE §2.9), which trained models it loads, and how it
+builds its validated `MethodConfig` (before any model runs, style §2.9), which trained models it loads, and how it
 builds its draft policy. The built-in methods are registered by decoding/methods.py: import the registry from
 there, so that they are present.
 """

@@ -1,4 +1,4 @@
-"""The target-initialized round (P1 §6.6; ti-mcsd, dynamic with target_init): the only round shape that may be
+"""The target-initialized round (P1, design §6.6; ti-mcsd, dynamic with target_init): the only round shape that may be
 LOSSY (width W >= 2 at T > 0).
 
 The target already knows the next token's law p_next (from the previous round's verification forward, or the
@@ -38,7 +38,7 @@ def ti_round(run: Run, state: State, limit: tuple[int, int]) -> RoundOutcome:
     n = len(d.tree)
     # The root already sits in the target cache at row lt - 1, so the tree's mask over a prefix of lt - 1 rows,
     # without its root row, is exactly the mask of nodes 1..N-1. Mask and positions are sliced from the max tree's
-    # one mask (SPEC §3.5): only the n drafted nodes are sent, never padding.
+    # one mask (design §3.5): only the n drafted nodes are sent, never padding.
     out = run.target.forward(d.tokens[1:], max_tree.position_ids(lt - 1)[1:n],
                              max_tree.attention_mask(lt - 1, rows=range(1, n), cols=n))
     p = torch.zeros(n, out.logits.shape[-1])  # [N, V]: row 0 (the root) unused

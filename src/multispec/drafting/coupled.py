@@ -1,6 +1,6 @@
 """The draft law of the drafter-invariant verifiers `gumbel` and `gls` (issue 26): coupled drafting.
 
-q is the draft distribution (processed, SPEC §1). A node's children are the top n tokens of log q + G, where G is
+q is the draft distribution (processed, design §1). A node's children are the top n tokens of log q + G, where G is
 the Gumbel noise of the absolute position those children occupy, keyed by (seed, position) with
 `multispec.verify.keyed` -- the same noise the verifier uses for the target there. n = 1 is the chain draft
 d = argmax(log q + G); marginally the n drafts are n draws from q without replacement (the law `rrs-wor`

@@ -1,4 +1,4 @@
-"""Grow a token tree with the draft model, level by level (SPEC §3.3), one draft forward per level.
+"""Grow a token tree with the draft model, level by level (design §3.3), one draft forward per level.
 
 The draft cache holds every committed token except `pending` (tokens committed but not yet consumed by the
 draft: the root, and the last accepted node when it sat on the deepest drafted level). The first forward feeds

@@ -1,8 +1,8 @@
 """Draft policies (the protocol is in drafting/protocol.py): which tree to draft this round and when to stop growing it.
 
-A policy reads draft-side state only (SPEC §10.9), so the stopping decision never depends on the target's accept
+A policy reads draft-side state only (design §10.9), so the stopping decision never depends on the target's accept
 coins and every lossless verifier stays lossless. Adaptive state lives here and resets at the start of each
-generation (STYLE §2.12).
+generation (style §2.12).
 """
 from __future__ import annotations
 
@@ -71,7 +71,7 @@ class HeuristicK(FixedTree):
 
 
 class ThresholdStop(FixedTree):
-    """SpecDec++ (SPEC §7.6): chain drafting that stops once 1 - prod(predicted acceptance) > h, within
+    """SpecDec++ (design §7.6): chain drafting that stops once 1 - prod(predicted acceptance) > h, within
     [k_min, k_max]. `predict(hidden [n, H]) -> float [n]` is the acceptance head, fed the hidden state of the
     newest *consumed* draft token; the round's first forward consumes the verified root, which is skipped."""
 
@@ -95,7 +95,7 @@ class ThresholdStop(FixedTree):
 
 
 class AnyChainAbove(FixedTree):
-    """P1 decision models (SPEC §6.3): after each drafted level, stop when every chain's predicted acceptance of
+    """P1 decision models (design §6.3): after each drafted level, stop when every chain's predicted acceptance of
     its newest token is below beta. `predict(parent_hidden [n, H], parent_q [n, V]) -> float [n]`."""
 
     needs_hidden = True

@@ -6,7 +6,7 @@
     engine: target.forward(proposal.tokens, ...) ─► verify ─► keep                 decoding/engine.py
 
 A proposal is a BFS prefix of the round's max tree (`max_tree`, already cut to the round's budget): its positions
-and its tree mask are sliced from the max tree's one mask (SPEC §3.5). `q[u]` is the law node u's children were
+and its tree mask are sliced from the max tree's one mask (design §3.5). `q[u]` is the law node u's children were
 drawn from: what every lossless verifier needs. A deterministic source (lookup, suffix, any rule without a draft
 model) proposes point masses; the verifier then accepts child x with probability p(x) and otherwise draws from p
 with x removed, which is exact. Greedy runs never read q, so a proposer may leave it None there.

@@ -3,7 +3,7 @@
 One generation, as the engine drives it (decoding/engine.py):
 
     policy.join_batch(batcher, costs, sampling)  # only in a batch lane: plan with the batch's costs
-    policy.reset()                               # adaptive state starts afresh (STYLE §2.12)
+    policy.reset()                               # adaptive state starts afresh (style §2.12)
     policy.prepare(target, draft, context_len)   # once, after the prefill (auto calibrates its costs here)
     every round:
         plan = policy.plan_round(history, pending)        # which tree, from which proposer
@@ -14,7 +14,7 @@ One generation, as the engine drives it (decoding/engine.py):
     policy.finish(history)                       # the generation is over: prompt + committed tokens
     policy.report()                              # extra stats for this generation, or None
 
-A policy reads draft-side state only (SPEC §10.9): its decisions never depend on the target's accept coins of the
+A policy reads draft-side state only (design §10.9): its decisions never depend on the target's accept coins of the
 round being drafted, so every lossless verifier stays lossless whatever the policy decides.
 """
 from __future__ import annotations

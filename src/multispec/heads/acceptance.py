@@ -1,11 +1,11 @@
-"""The SpecDec++ acceptance-prediction head (SPEC §7.3) and its loss (§7.5).
+"""The SpecDec++ acceptance-prediction head (design §7.3) and its loss (§7.5).
 
 The head reads the draft's final hidden state at a draft token Y_i (after the final norm: the hidden of the draft
 forward that consumes Y_i) and predicts P(Y_i accepted | Y_<i accepted, prefix):
     h <- h + SiLU(W_d h + b_d)   for d = 1..D      (D = 3; independent weights unless share_blocks)
     logits = Linear(H, 2)(h);  P̂ = softmax(logits)[1]
 The released code builds its blocks as `[ResBlock(h)] * D`, i.e. one shared block applied D times;
-`share_blocks=True` reproduces that (SPEC §10.10). Blocks start as the identity (zero W, b), as in Medusa and the
+`share_blocks=True` reproduces that (design §10.10). Blocks start as the identity (zero W, b), as in Medusa and the
 released code.
 
 A saved head is a directory: `config.json` (format, hidden size, depth, share flag, training settings and metrics)
@@ -76,7 +76,7 @@ class AcceptanceHead(nn.Module):
 
 
 def weighted_bce(logits: torch.Tensor, y: torch.Tensor, w_rej: float) -> torch.Tensor:
-    """SPEC §7.5: -sum[w_rej (1-y) log(1-P̂) + y log P̂] / sum[w_rej (1-y) + y]. logits: float [n, 2];
+    """design §7.5: -sum[w_rej (1-y) log(1-P̂) + y log P̂] / sum[w_rej (1-y) + y]. logits: float [n, 2];
     y: float [n] soft labels in [0, 1]. Returns a scalar."""
     logp = torch.log_softmax(logits.float(), dim=-1)  # [n, 2]
     w0, w1 = w_rej * (1 - y), y

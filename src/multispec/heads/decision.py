@@ -1,4 +1,4 @@
-"""P1 decision models for early stopping of fork-tree drafting (SPEC §6.3).
+"""P1 decision models for early stopping of fork-tree drafting (design §6.3).
 
 After each drafted level, the `dynamic` method asks the decision model, for every chain, how likely the chain's
 newest draft token is to be accepted; when every chain is below beta, drafting stops (`AnyChainAbove`).
@@ -9,7 +9,7 @@ newest draft token is to be accepted; when every chain is below beta, drafting s
 |      | the newest token (after the final norm), float [H]    | sigmoid (P1: 768->512->256) | prob. min(1, p/q)    |
 | 2    | entropy of the draft distribution q there + its top-10 | 11 -> 44 -> 1, ReLU, sigmoid | hard: x == argmax p |
 
-Both read draft-side state only (SPEC §10.9). A saved model is a directory: `config.json` (format, type, sizes,
+Both read draft-side state only (design §10.9). A saved model is a directory: `config.json` (format, type, sizes,
 training settings, validation metrics) and `model.safetensors`.
 """
 from __future__ import annotations

@@ -1,6 +1,6 @@
-"""Optimal multi-draft acceptance rates (SPEC §8, P3) and each verifier's exact acceptance at one position.
+"""Optimal multi-draft acceptance rates (design §8, P3) and each verifier's exact acceptance at one position.
 
-p is ALWAYS the target distribution and q the draft distribution, both processed (SPEC §1).
+p is ALWAYS the target distribution and q the draft distribution, both processed (design §1).
 """
 from multispec.optimal.acceptance import optimal_acceptance, optimal_acceptance_greedy, optimal_acceptance_hub
 from multispec.optimal.verifiers import (

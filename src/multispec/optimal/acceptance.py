@@ -1,11 +1,11 @@
-"""Optimal acceptance rate of n-draft speculative decoding at one position (SPEC §8, P3).
+"""Optimal acceptance rate of n-draft speculative decoding at one position (design §8, P3).
 
-p is ALWAYS the target distribution and q the draft distribution (processed, SPEC §1). With the draft law Q
-fixed, the best any lossless verifier can do is the optimal-transport value (SPEC §8.1)
+p is ALWAYS the target distribution and q the draft distribution (processed, design §1). With the draft law Q
+fixed, the best any lossless verifier can do is the optimal-transport value (design §8.1)
 
     alpha* = min_{H ⊆ V} [ 1 + p(H) − Q(all n drafts ∈ H) ],
 
-and for the draft laws here an optimal H is a prefix of the tokens sorted by p/q ascending (SPEC §8.3: a proof
+and for the draft laws here an optimal H is a prefix of the tokens sorted by p/q ascending (design §8.3: a proof
 for i.i.d. drafts, an exhaustive check for drafts without replacement; docs/optimal.md). Tokens with q = 0
 are never in an optimal H (they add p mass and no Q mass), so the search runs over the support of q only.
 
@@ -77,7 +77,7 @@ def prefix_order(p: np.ndarray, q: np.ndarray) -> np.ndarray:
 
 
 def optimal_acceptance(p, q, n: int, replacement: bool = True) -> float:
-    """Exact optimal acceptance rate of n-draft speculative decoding (SPEC §8).
+    """Exact optimal acceptance rate of n-draft speculative decoding (design §8).
 
     p: target probabilities, float [V] (numpy or torch, any device); q: draft probabilities, float [V].
     n: number of drafts, i.i.d. from q (replacement=True) or drawn successively without replacement from q
@@ -201,7 +201,7 @@ def greedy_top(q: np.ndarray, k: int) -> np.ndarray:
 
 
 def optimal_acceptance_greedy(p, q, n: int) -> float:
-    """Optimal acceptance of P3's greedy draft law (SPEC §4.6, §8.2): T = top n−1 tokens of q, x_n ~ q_T.
+    """Optimal acceptance of P3's greedy draft law (design §4.6, §8.2): T = top n−1 tokens of q, x_n ~ q_T.
 
     p: target float [V]; q: draft float [V]; n >= 1 (at most the vocabulary size).
     α* = p(T) + Σ_{y∉T} min(p(y), q_T(y)), q_T = q restricted to V∖T, renormalized. When q(V∖T) = 0 the n-th draft is the next token of q's
@@ -221,7 +221,7 @@ def optimal_acceptance_greedy(p, q, n: int) -> float:
 
 
 def optimal_acceptance_hub(p, q) -> float:
-    """Optimal acceptance of SpecHub's pair law (n = 2, SPEC §4.5, §8.2): hub a = argmax q in every pair.
+    """Optimal acceptance of SpecHub's pair law (n = 2, design §4.5, §8.2): hub a = argmax q in every pair.
 
     p: target float [V]; q: draft float [V]. As a set the pair has the law of P3's greedy drafts with n = 2,
     so α* = p(a) + Σ_{y≠a} min(p(y), q(y)/(1 − q(a))) (p(a) when q(a) = 1).

@@ -1,4 +1,4 @@
-"""Exact distortion of target-initialized trees (P1, SPEC §6.1): the law of the first committed token.
+"""Exact distortion of target-initialized trees (P1, design §6.1): the law of the first committed token.
 
 `ti-mcsd` with W >= 2 draws W distinct level-1 tokens from the target's p_next, lets the draft grow a tree below
 each, tests every root-to-leaf chain on its own and keeps the chain with the longest accepted run (ties: lowest

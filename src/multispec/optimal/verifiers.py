@@ -1,6 +1,6 @@
 """Acceptance rate of each registered node verifier at one position, and the optimum of its draft law.
 
-p is ALWAYS the target distribution and q the draft distribution (processed, SPEC §1). Exact values come from
+p is ALWAYS the target distribution and q the draft distribution (processed, design §1). Exact values come from
 closed forms or O(n·V) recursions; RRS without replacement is exact (by enumerating its draft law with the
 production plan, `VerifierSpec.exact`) only when the support is small, otherwise Monte Carlo over the drafts
 with the production `draw` and `law` (coins replaced by their probabilities), reported with its standard error.
@@ -25,7 +25,7 @@ from multispec.optimal.acceptance import (
 
 VERIFIERS = ("sd", "mcns", "rrs", "rrs-wor", "kseq", "spechub", "greedy-md", "greedy", "ot")
 EXACT_WOR_TUPLES = 5_000  # enumerate RRS-wor's draft law up to this many ordered tuples
-EPS = 1e-12  # residual mass below this keeps the current target (SPEC §1 convention 5, as in verify.base)
+EPS = 1e-12  # residual mass below this keeps the current target (design §1.5, as in verify.base)
 
 
 @dataclass(frozen=True)
@@ -43,7 +43,7 @@ class Estimate:
 
 
 def naive_acceptance(p, q, n: int) -> float:
-    """SPEC §4.1 / §11.5 'naive iid': y ~ p accepted iff it is one of n i.i.d. drafts from q.
+    """design §4.1 / §11.5 'naive iid': y ~ p accepted iff it is one of n i.i.d. drafts from q.
 
     p: target float [V]; q: draft float [V]. Returns Σ_y p(y)(1 − (1 − q(y))^n).
     """
@@ -53,7 +53,7 @@ def naive_acceptance(p, q, n: int) -> float:
 
 
 def rrs_betas(p: np.ndarray, q: np.ndarray, n: int) -> np.ndarray:
-    """Per-step accept probabilities of RRS with i.i.d. drafts (SPEC §4.2). float [n].
+    """Per-step accept probabilities of RRS with i.i.d. drafts (design §4.2). float [n].
 
     The residual sequence p'_{i+1} = norm((p'_i − q)_+) does not depend on the drafted tokens, and given a
     rejection so far draft i ~ q is accepted with probability β_i = Σ min(q, p'_i).
@@ -70,7 +70,7 @@ def rrs_betas(p: np.ndarray, q: np.ndarray, n: int) -> np.ndarray:
 
 
 def kseq_acceptance(p: np.ndarray, q: np.ndarray, n: int) -> tuple[float, float]:
-    """K-SEQ acceptance 1 − (1 − β(ρ*))^n and ρ*, with ρ* from the production bisection (SPEC §4.4)."""
+    """K-SEQ acceptance 1 − (1 − β(ρ*))^n and ρ*, with ρ* from the production bisection (design §4.4)."""
     from multispec.verify.kseq import kseq_beta, kseq_rho
 
     pt, qt = torch.from_numpy(p)[None], torch.from_numpy(q)[None]  # [1, V] float64
@@ -80,7 +80,7 @@ def kseq_acceptance(p: np.ndarray, q: np.ndarray, n: int) -> tuple[float, float]
 
 
 def spechub_acceptance(p: np.ndarray, q: np.ndarray) -> float:
-    """SpecHub's acceptance summed stage by stage (SPEC §4.5), O(V). p: target [V]; q: draft [V]."""
+    """SpecHub's acceptance summed stage by stage (design §4.5), O(V). p: target [V]; q: draft [V]."""
     a = int(np.argmax(q))  # lowest index on ties, as verify.spechub
     qa, pa = q[a], p[a]
     q_off, p_off = q.copy(), p.copy()
@@ -101,7 +101,7 @@ def spechub_acceptance(p: np.ndarray, q: np.ndarray) -> float:
 
 def rrs_wor_acceptance(p: np.ndarray, q: np.ndarray, n: int, samples: int = 4096,
                        generator: torch.Generator | None = None) -> Estimate:
-    """RRS without replacement (SPEC §4.3): exact by enumeration when small, else Monte Carlo over drafts."""
+    """RRS without replacement (design §4.3): exact by enumeration when small, else Monte Carlo over drafts."""
     from multispec.verify import REGISTRY
 
     spec = REGISTRY["rrs-wor"]

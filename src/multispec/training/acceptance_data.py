@@ -1,4 +1,4 @@
-"""Training data of the acceptance head (SPEC §7.4): prompts, target responses, soft labels, mixed features.
+"""Training data of the acceptance head (design §7.4): prompts, target responses, soft labels, mixed features.
 
 Per prompt:
 1. the target samples a response X_1..X_m (processed by `sampling`, default T = 1, top-k 50);

@@ -1,4 +1,4 @@
-"""Training data for the P1 decision models (SPEC §6.3), adapted to small CPU pairs.
+"""Training data for the P1 decision models (design §6.3), adapted to small CPU pairs.
 
 P1 runs its target-initialized fork strategy (W = 10, depth 1, T = 1) and records, for every drafted token, the
 draft's features and the verification outcome. We use the equivalent teacher-forced form, which needs one

@@ -1,4 +1,4 @@
-"""Train the SpecDec++ acceptance head (SPEC §7.4-7.5): data -> head -> AdamW loop -> test metrics -> save.
+"""Train the SpecDec++ acceptance head (design §7.4-7.5): data -> head -> AdamW loop -> test metrics -> save.
 
 Prompts are split by prompt into train / validation / test. The head trains on cached draft features with the
 weighted soft-label BCE (w_rej on the rejection class); the epoch with the lowest validation loss is kept; test

@@ -1,4 +1,4 @@
-"""Train a P1 decision model (SPEC §6.3): data -> model -> Adam loop (progress bar, validation) -> save the best
+"""Train a P1 decision model (design §6.3): data -> model -> Adam loop (progress bar, validation) -> save the best
 epoch. Recipe as in P1's code: Adam lr 1e-3, batch 50, 10 epochs, keep the epoch with the lowest validation loss.
 Type 1: BCE on soft labels. Type 2: BCE on hard labels, classes balanced by down-sampling the majority class
 (in the training and the validation split, seeded).

@@ -1,4 +1,4 @@
-"""Node verifiers (SPEC §4) and the tree walk (SPEC §4.7).
+"""Node verifiers (design §4) and the tree walk (design §4.7).
 
 Every verifier is a pure function of the processed target p, the processed draft q, the drafted tokens and an
 explicit torch.Generator (see `base`). REGISTRY maps a name to its VerifierSpec, in a fixed order.

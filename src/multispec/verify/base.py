@@ -1,17 +1,17 @@
-"""Shared machinery of the node verifiers (SPEC §4): plans, the sampler and the exact evaluator.
+"""Shared machinery of the node verifiers (design §4): plans, the sampler and the exact evaluator.
 
 Every verifier is written as a *plan*. Conditional on reaching step s (all earlier steps rejected), step s
-offers draft `index[s]` and accepts it iff `u * den[s] < num[s]` for a fresh uniform u (SPEC §1 conventions
-4 and 6). If every step rejects, the output is drawn from `residual`, with independent randomness. Given the
-drafts, the state after k rejections is deterministic, so the whole plan is computed before any coin is
-thrown. The same plan is then either
+offers draft `index[s]` and accepts it iff `u * den[s] < num[s]` for a fresh uniform u (design §1.4, §1.6).
+If every step rejects, the output is drawn from `residual`, with independent randomness. Given the drafts, the
+state after k rejections is deterministic, so the whole plan is computed before any coin is thrown. The same
+plan is then either
 
 - sampled (`sample_plan`, the production path used by `VerifierSpec.verify`), or
 - evaluated exactly (`evaluate_plan`: each coin is replaced by its probability and a reach probability is
   carried along), which is what the exact enumeration tests and `VerifierSpec.exact` use.
 
 So the numbers checked by enumeration come from the code that samples. Notation: p is ALWAYS the target
-distribution and q the draft distribution, both already processed (SPEC §1).
+distribution and q the draft distribution, both already processed (design §1).
 """
 from __future__ import annotations
 
@@ -24,7 +24,7 @@ import torch
 from multispec.errors import check
 from multispec.sampling import sample_rows
 
-EPS = 1e-12  # residual mass below this: sample from the current target instead (SPEC §1 convention 5)
+EPS = 1e-12  # residual mass below this: sample from the current target instead (design §1.5)
 
 
 @dataclass(frozen=True)
@@ -48,7 +48,7 @@ class Plan:
         A step that does not apply to a row has num = 0.
     residual: float [B, V], rows sum to 1: the law of the new token when every step rejects.
     route: if True, a residual token equal to a draft counts as accepting the first draft with that token
-        (greedy-md, SPEC §4.6).
+        (greedy-md, design §4.6).
     """
 
     index: tuple[int, ...]

@@ -46,7 +46,7 @@ def _weights(tokens: torch.Tensor, p: torch.Tensor, q: torch.Tensor, g: int) -> 
 
 def _residual(w: float, p_row: torch.Tensor, q_row: torch.Tensor) -> torch.Tensor:
     """float [V]: norm((w p - q)_+), the law of the new token when the block stops at a node of weight w
-    (p itself when that has no mass, SPEC §1 convention 5)."""
+    (p itself when that has no mass, design §1.5)."""
     return normalize_or((w * p_row - q_row).clamp_min(0)[None], p_row[None])[0]
 
 

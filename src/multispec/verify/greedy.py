@@ -1,7 +1,7 @@
-"""Greedy verification (temperature 0, SPEC §2.3): accept the draft equal to argmax p.
+"""Greedy verification (temperature 0, design §2.3): accept the draft equal to argmax p.
 
 Drafts are the n most probable tokens of q (deterministic, lowest index on ties). The output is argmax p
-(lowest index on ties), so it is lossless when p is the processed greedy target, i.e. one-hot (SPEC §1.3).
+(lowest index on ties), so it is lossless when p is the processed greedy target, i.e. one-hot (design §1.3).
 """
 from __future__ import annotations
 

@@ -1,9 +1,9 @@
-"""P3 greedy multi-draft (SPEC §4.6): T = top-(n-1) tokens of q, the n-th draft x_n ~ q_T = norm(q off T).
+"""P3 greedy multi-draft (design §4.6): T = top-(n-1) tokens of q, the n-th draft x_n ~ q_T = norm(q off T).
 
 Verification is single-draft speculative sampling with draft q_T: accept x_n w.p. min(1, p(x_n)/q_T(x_n)),
 else y ~ norm((p - q_T)_+); a y in T is routed to that draft and counts as acceptance. This is lossless and
 reaches the optimal acceptance for its draft law, p(T) + sum_{y not in T} min(p(y), q_T(y)). When q has no mass
-off T, x_n is a padding token (the lowest index off T) and the verifier is SPEC §4.1's naive scheme:
+off T, x_n is a padding token (the lowest index off T) and the verifier is design §4.1's naive scheme:
 y ~ p, accepted if it is a draft. p is the target, q the draft.
 """
 from __future__ import annotations

@@ -1,6 +1,6 @@
 """Drafter-invariant verification (issue 26): `gumbel` for chains, `gls` for trees.
 
-p is ALWAYS the target and q the draft (processed, SPEC §1). Daliri, Musco, Suresh, "Coupling without
+p is ALWAYS the target and q the draft (processed, design §1). Daliri, Musco, Suresh, "Coupling without
 Communication and Drafter-Invariant Speculative Decoding" (arXiv 2408.07978): the target and the draft share the
 noise of each position. With G_t the position-keyed Gumbel noise of absolute position t (`verify.keyed`,
 key (seed, t, slot 0)):

@@ -1,4 +1,4 @@
-"""K-SEQ (SpecTr; SPEC §4.4). Drafts i.i.d. from q; not valid for drafts without replacement.
+"""K-SEQ (SpecTr; design §4.4). Drafts i.i.d. from q; not valid for drafts without replacement.
 
 With beta(rho) = sum_x min(q(x), p(x)/rho) and kappa(rho) = sum_{j<n} (1 - beta)^j, rho is the smallest
 value in [1, n] with rho >= kappa(rho), found per row (breakpoints p/q, then bisection). Draft i is accepted w.p.

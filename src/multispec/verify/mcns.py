@@ -2,13 +2,13 @@
 
 Each candidate x_i (i.i.d. from q) is accepted with probability min(1, p(x_i)/q(x_i)) against the UNCHANGED
 target p (a fresh coin each); the first accepted wins. If all are rejected, the new token is drawn once from
-norm((p - q)_+). The residual is not updated after each rejection (unlike RRS, SPEC §4.2), so for n >= 2
+norm((p - q)_+). The residual is not updated after each rejection (unlike RRS, design §4.2), so for n >= 2
 the output is biased towards tokens that q over-proposes. Kept as a baseline and as a negative control.
 
-Naming note: SPEC §4.1 calls "naive multi-candidate sampling" a DIFFERENT, lossless scheme (MCSD
+Naming note: design §4.1 calls "naive multi-candidate sampling" a DIFFERENT, lossless scheme (MCSD
 `speculative_sampling=False`): draw y ~ p and accept if y is among the drafts. Its acceptance with i.i.d.
-drafts is sum_y p(y) (1 - (1 - q(y))^n), the "naive iid" column of SPEC §11.5; `naive_match_acceptance`
-computes it. (greedy-md falls back to that scheme when its random draft has no mass, SPEC §4.6.)
+drafts is sum_y p(y) (1 - (1 - q(y))^n), the "naive iid" column of design §11.5; `naive_match_acceptance`
+computes it. (greedy-md falls back to that scheme when its random draft has no mass, design §4.6.)
 """
 from __future__ import annotations
 
@@ -26,7 +26,7 @@ def plan_mcns(p: torch.Tensor, q: torch.Tensor, drafts: torch.Tensor) -> Plan:
 
 
 def naive_match_acceptance(p: torch.Tensor, q: torch.Tensor, n: int) -> torch.Tensor:
-    """Acceptance of SPEC §4.1's lossless naive scheme (y ~ p, accept if y is one of n i.i.d. drafts from q).
+    """Acceptance of design §4.1's lossless naive scheme (y ~ p, accept if y is one of n i.i.d. drafts from q).
 
     p: target float [..., V]; q: draft float [..., V]. Returns float [...]: sum_y p(y) (1 - (1 - q(y))^n).
     """

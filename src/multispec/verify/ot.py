@@ -1,6 +1,6 @@
 """Optimal-transport node verifier `ot` for n drafts i.i.d. from q (docs/optimal.md §7).
 
-p is ALWAYS the target distribution and q the draft distribution (processed, SPEC §1). The verifier reaches
+p is ALWAYS the target distribution and q the draft distribution (processed, design §1). The verifier reaches
 the optimal acceptance α*(p, q, n) of `multispec.optimal.optimal_acceptance` with output law exactly p. It is
 Khisti et al.'s canonical decomposition with an exact first step:
 

@@ -1,4 +1,4 @@
-"""Recursive rejection sampling with replacement (SpecInfer; SPEC §4.2). Drafts i.i.d. from q.
+"""Recursive rejection sampling with replacement (SpecInfer; design §4.2). Drafts i.i.d. from q.
 
 p' = p; for each draft: accept with probability min(1, p'(x_i)/q(x_i)), else p' = norm((p' - q)_+) (q is
 not modified); if all are rejected, the new token is drawn from p'. p is the target, q the draft.

@@ -1,4 +1,4 @@
-"""Recursive rejection sampling without replacement (MCSD default; SPEC §4.3).
+"""Recursive rejection sampling without replacement (MCSD default; design §4.3).
 
 Drafts: sequential sampling without replacement, x_1 ~ q_1 = q, q_{i+1} = norm(q_i with x_i zeroed).
 Verification mirrors the renormalisation: step i accepts x_i with probability min(1, p'(x_i)/q'(x_i)) using

@@ -1,4 +1,4 @@
-"""Single-draft speculative sampling (SPEC §2.1): accept x ~ q with probability min(1, p(x)/q(x)),
+"""Single-draft speculative sampling (design §2.1): accept x ~ q with probability min(1, p(x)/q(x)),
 otherwise draw from norm((p - q)_+). p is the target, q the draft."""
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Sequence verifiers: verify a whole drafted chain or tree in one call (SPEC §4.7 and issue 13).
+"""Sequence verifiers: verify a whole drafted chain or tree in one call (design §4.7 and issue 13).
 
 A sequence verifier is a pure function of the drafted tree (topology and tokens), the target p and the draft q
 at every node (q[u] = the law u's children were drawn from) and an explicit torch.Generator; it returns the
@@ -105,7 +105,7 @@ def node_walk(spec: VerifierSpec) -> SequenceVerifierSpec:
         shapes="chain" if spec.drafts == 1 else "tree", draft=spec,
         verify_fn=lambda tree, tokens, p, q, gen: walk_tree(tree, tokens, p, q, spec, gen),
         law_fn=lambda tree, tokens, p, q: walk_tree_law(tree, tokens, p, q, spec),
-        source="node by node from the root (SPEC §4.7)")
+        source="node by node from the root (docs/design.md §4.7)")
 
 
 def _keyed_only(q, n, generator):

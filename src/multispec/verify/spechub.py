@@ -1,4 +1,4 @@
-"""SpecHub (n = 2 only; SPEC §4.5).
+"""SpecHub (n = 2 only; design §4.5).
 
 Hub a = argmax q (lowest index on ties). Draft pair: x_1 ~ q; if x_1 != a then x_2 = a, else x_2 ~ q restricted
 to tokens != a. Verification in four stages (pair (i, a) = hub second, pair (a, i) = hub first):

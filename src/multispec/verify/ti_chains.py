@@ -1,4 +1,4 @@
-"""Verification of a target-initialized tree (P1, SPEC §6.1 and §6.6). LOSSY when the tree has W >= 2 first-level
+"""Verification of a target-initialized tree (P1, design §6.1 and §6.6). LOSSY when the tree has W >= 2 first-level
 tokens: choosing the chain with the longest accepted continuation biases the first token towards tokens the
 draft continues well. With W = 1 it is single-draft speculative sampling with the bonus/residual draw moved to
 the start of the next round, and is lossless.
@@ -10,7 +10,7 @@ longest accepted run wins (ties: lowest path index; all zero: path 0).
 W = 1 at temperature > 0: P1's independent chain tests are lossy as soon as the level-1 node has two or more
 children (taking whichever sibling passes its own single-draft test over-weights the siblings, e.g. q = (.5, .5, 0),
 p = (.5, 0, .5) with 2 siblings always commits token 0). So with one level-1 token the subtree below it is verified
-by the lossless tree walk with recursive rejection sampling without replacement (SPEC §4.3, the law the engine
+by the lossless tree walk with recursive rejection sampling without replacement (design §4.3, the law the engine
 drafts siblings with), i.e. exactly MCSD below a target-drawn root; the walk's new token is returned as a one-hot
 `residual`, which makes it the next round's single level-1 token. For a chain below level 1 this is the same
 single-draft rule as before. `below` may replace that walk by another sequence verifier of the same draft law

@@ -1,4 +1,4 @@
-"""Tree verification (SPEC §4.7): apply a node verifier from the root down.
+"""Tree verification (design §4.7): apply a node verifier from the root down.
 
 At node u with children, the verifier sees p[u] (target) and q[u] (the draft law of u's children) and the
 children's tokens in drafting order. An accepted child is descended into. A new token equal to a child's token
