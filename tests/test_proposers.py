@@ -121,3 +121,22 @@ def test_repeat_runs_through_generate_batch_bench_and_serve(repeat, pair_dir, tm
                                                  temperature=0).text
     finally:
         server.close()
+
+
+def test_every_registry_option_is_a_flag_of_generate_and_serve():
+    """The CLI's method flags are generated from the registry: every option of every method (but Python objects)
+    is reachable, with the help its methods declared."""
+    import click
+
+    from multispec.cli import cli
+    from multispec.decoding.methods import REGISTRY
+
+    ctx = click.Context(cli)
+    for command in (cli.get_command(ctx, "generate"), cli.get_command(ctx, "serve")):
+        params = {p.name: p for p in command.params}
+        for entry in REGISTRY.values():
+            for option in entry.options:
+                if option.kind == "object":
+                    continue
+                assert option.name in params, f"--{option.name} missing from {command.name}"
+                assert option.help.split(" (")[0][:30] in params[option.name].help

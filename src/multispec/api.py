@@ -106,7 +106,7 @@ KEYED_VERIFIERS = ("gls", "gumbel")  # the reproducible mode's verifiers, chosen
 def _check_names(method_options: dict) -> None:
     """Before any work: a keyword that is another library's name for one of generate's arguments, or a near-miss
     of one, gets a did-you-mean line (instead of "method X does not take option Y")."""
-    options = set().union(*(entry.options for entry in REGISTRY.values()))
+    options = set().union(*(entry.option_names for entry in REGISTRY.values()))
     own = [n for n in inspect.signature(generate).parameters if n != "method_options"]
     for name in method_options:
         if name in OTHER_NAMES:

@@ -1,33 +1,41 @@
-"""The method options shared by `multispec generate` and `multispec serve`: one list, so that the two commands
-take the same options with the same help (build_method validates them)."""
+"""The method options of `multispec generate` and `multispec serve`, generated from the method registry: each
+method declares its options once (decoding/registry.py `Option`: kind, help, default), and every option of every
+registered method gets one flag here, its help naming what each method makes of it. build_method validates the
+values (one line, before any model loads)."""
 import click
 
-from multispec.decoding.methods import MAX_TREE_NODES
+from multispec.decoding.methods import REGISTRY, Option
 
-_OPTIONS = [  # click decorators, in the order --help lists them
-    click.option("--k", type=int, help="sd: draft tokens per round (default 4); lookup: at most this many (10)."),
-    click.option("--heuristic", is_flag=True, default=None, help="sd: adjust k like transformers (+2 / -1)."),
-    click.option("--confidence", type=float, help="sd / dynamic: stop drafting once the draft's probability of its "
-              "newest token is below this (transformers' assistant_confidence_threshold, e.g. 0.4)."),
-    click.option("--entropy", type=float, help="sd / dynamic: stop drafting once AdaEDL's acceptance bound "
-              "1 - sqrt(H(q)) is below this."),
-    click.option("--ngram", type=int, help="lookup: longest n-gram matched in the context (3)."),
-    click.option("--proposers", help="auto: any of draft,lookup,suffix (default all three; also draft+lookup); "
-                 "draft alone needs a draft model."),
-    click.option("--max-nodes", type=click.IntRange(1, MAX_TREE_NODES),
-                 help=f"auto / suffix: the largest tree it may draft (32 / 16; at most {MAX_TREE_NODES})."),
-    click.option("--tree", help="mcsd / ti-mcsd: tree shape, e.g. 4,2,2,1 (ti-mcsd: 2,4,3,1,1)."),
-    click.option("--verifier", help="sd / specdecpp: sd or block; mcsd / dynamic: verifier name, e.g. traversal "
-                 "(see `multispec verifiers`)."),
-    click.option("--width", type=int, help="ti-mcsd / dynamic: first-level width W."),
-    click.option("--depth", type=int, help="dynamic: maximum draft depth."),
-    click.option("--target-init", is_flag=True, default=None, help="dynamic: level 1 from the target (lossy if W>=2)."),
-    click.option("--decision-model", type=click.Path(), help="dynamic: decision-model directory."),
-    click.option("--beta", type=float, help="dynamic: stop when every chain's predicted acceptance < beta (0.4)."),
-    click.option("--head", type=click.Path(), help="specdecpp: acceptance-head directory."),
-    click.option("--threshold", type=float, help="specdecpp: stop when P(some rejection) > h (0.7)."),
-    click.option("--k-min", type=int, help="specdecpp: minimum draft length (2)."),
-    click.option("--k-max", type=int, help="specdecpp: maximum draft length (20)."),
+_CLICK_TYPES = {"int": int, "float": float, "str": str, "shape": str, "path": click.Path()}
+
+
+def _flag(name: str, declared: list[tuple[str, Option]]):
+    """One click option for `name`, declared by each (method, Option) in `declared`."""
+    kinds = {o.kind for _, o in declared}
+    kind = declared[0][1].kind if len(kinds) == 1 else "str"  # methods disagreeing: build_method parses
+    said: dict[str, list[str]] = {}  # one help text, the methods that say it
+    for m, o in declared:
+        said.setdefault(o.describe(), []).append(m)
+    text = "; ".join(f"{' / '.join(ms)}: {d}" for d, ms in said.items()) + "."
+    flag = "--" + name.replace("_", "-")
+    if kind == "flag":
+        return click.option(flag, is_flag=True, default=None, help=text)
+    bounds = {o.bounds for _, o in declared}
+    if kind == "int" and len(bounds) == 1 and None not in bounds:
+        return click.option(flag, type=click.IntRange(*declared[0][1].bounds), help=text)
+    return click.option(flag, type=_CLICK_TYPES[kind], help=text)
+
+
+def _registry_options() -> list:
+    by_name: dict[str, list[tuple[str, Option]]] = {}
+    for entry in REGISTRY.values():
+        for o in entry.options:
+            if o.kind != "object":  # Python objects (a shared store) have no command-line form
+                by_name.setdefault(o.name, []).append((entry.name, o))
+    return [_flag(name, declared) for name, declared in by_name.items()]
+
+
+_DECODER_OPTIONS = [  # the Decoder's own options, for every method drafting with the draft model
     click.option("--draft-vocab", type=int, help="Any method drafting with the draft model: its output layer on the "
                  "N most frequent tokens plus the prompt's (a cheaper draft; output unchanged)."),
     click.option("--draft-dtype", type=click.Choice(["float32", "int8"]), help="int8: int8 draft weights (CPU; a "
@@ -37,7 +45,7 @@ _OPTIONS = [  # click decorators, in the order --help lists them
 
 def method_options(command):
     """Decorator: add every method option to a click command (it receives them as keyword arguments)."""
-    for add in reversed(_OPTIONS):
+    for add in reversed(_registry_options() + _DECODER_OPTIONS):  # read when the command is built
         command = add(command)
     return command
 

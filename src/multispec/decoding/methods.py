@@ -26,7 +26,7 @@ from pathlib import Path
 from multispec.decoding.method_checks import chain_verifier, integer, max_nodes as max_nodes_option, \
     node_or_sequence_verifier, prob, shape, stop_rule
 from multispec.decoding.registry import (AUTO_PROPOSERS, DEFAULT_AUTO_PROPOSERS, DEFAULT_METHOD, HEAD_DIRNAME,  # noqa: F401
-                                         MAX_TREE_NODES, REGISTRY, MethodConfig, MethodEntry, build_method,
+                                         MAX_TREE_NODES, REGISTRY, MethodConfig, MethodEntry, Option, build_method,
                                          build_policy, get_method, method_names, register, unregister)
 from multispec.errors import check, parse_bool
 
@@ -238,30 +238,67 @@ def _suffix_policy(config: MethodConfig, pair, loaded: dict):
                         min_prob=float(config.options.get("min_prob", 0.1)))
 
 
+_VERIFIER_NODE = "a node or sequence verifier (`multispec verifiers`)"
+_CONFIDENCE = Option("confidence", "float", "stop drafting once the draft's probability of its newest token is "
+                                            "below this (transformers' assistant_confidence_threshold, e.g. 0.4)")
+_ENTROPY = Option("entropy", "float", "stop drafting once AdaEDL's acceptance bound 1 - sqrt(H(q)) is below this")
+_MAX_NODES = "the largest tree a round may draft (at most 64)"
+
 for _entry in (
-    MethodEntry("auto", frozenset({"proposers", "max_nodes"}), _build_auto, _auto_policy, needs_draft=False,
+    MethodEntry("auto", (Option("proposers", "str", "any of draft,lookup,suffix (also draft+lookup); draft alone "
+                                                    "needs a draft model", "all three"),
+                         Option("max_nodes", "int", _MAX_NODES, 32, (1, MAX_TREE_NODES))),
+                _build_auto, _auto_policy, needs_draft=False,
                 uses_draft=lambda c: "draft" in c.proposers, tree_nodes=lambda c: c.max_nodes, load=_load_auto,
                 reproducible_when_seeded=True, chooses_cheap_draft=True,
                 summary="per round: no speculation, a lookup chain or a draft tree, from measured acceptance and "
                         "costs"),
-    MethodEntry("ar", frozenset(), _build_ar, _fixed_tree_policy, needs_draft=False,
+    MethodEntry("ar", (), _build_ar, _fixed_tree_policy, needs_draft=False,
                 summary="plain decoding (target only)"),
-    MethodEntry("sd", frozenset({"k", "heuristic", "confidence", "entropy", "verifier"}), _build_sd,
-                _fixed_tree_policy, summary="a chain of k draft tokens"),
-    MethodEntry("mcsd", frozenset({"tree", "verifier"}), _build_mcsd, _fixed_tree_policy,
-                summary="a draft-initialized static tree (P1)"),
-    MethodEntry("ti-mcsd", frozenset({"tree", "width", "verifier"}), _build_ti_mcsd, _fixed_tree_policy,
+    MethodEntry("sd", (Option("k", "int", "draft tokens per round", 4),
+                       Option("heuristic", "flag", "adjust k like transformers (+2 after a full accept, else -1)"),
+                       _CONFIDENCE, _ENTROPY,
+                       Option("verifier", "str", "sd (token by token) or block (jointly)", "block")),
+                _build_sd, _fixed_tree_policy, summary="a chain of k draft tokens"),
+    MethodEntry("mcsd", (Option("tree", "shape", "tree shape below the root", "4,2,2,1"),
+                         Option("verifier", "str", _VERIFIER_NODE, "traversal")),
+                _build_mcsd, _fixed_tree_policy, summary="a draft-initialized static tree (P1)"),
+    MethodEntry("ti-mcsd", (Option("tree", "shape", "tree shape below the root, level 1 from the target",
+                                   "2,4,3,1,1"),
+                            Option("width", "int", "first-level width W (LOSSY when W >= 2)"),
+                            Option("verifier", "str", "traversal below a single level-1 token (W = 1), else none")),
+                _build_ti_mcsd, _fixed_tree_policy,
                 summary="level 1 from the target, the draft below (P1; LOSSY when W >= 2)"),
-    MethodEntry("dynamic", frozenset({"width", "depth", "verifier", "decision_model", "beta", "target_init",
-                                      "confidence", "entropy"}), _build_dynamic, _dynamic_policy,
-                load=_load_decision_model, summary="a fork tree grown level by level, a decision model may stop it"),
-    MethodEntry("specdecpp", frozenset({"head", "threshold", "k_min", "k_max", "verifier"}), _build_specdecpp,
-                _specdecpp_policy, load=_load_head, summary="a chain stopped by a trained acceptance head (P2)"),
-    MethodEntry("lookup", frozenset({"k", "ngram"}), _build_lookup, _lookup_policy, needs_draft=False,
+    MethodEntry("dynamic", (Option("width", "int", "first-level width W", 4),
+                            Option("depth", "int", "maximum draft depth", 5),
+                            Option("verifier", "str", _VERIFIER_NODE, "rrs-wor"),
+                            Option("decision_model", "path", "decision-model directory"),
+                            Option("beta", "float", "stop when every chain's predicted acceptance < beta", 0.4),
+                            Option("target_init", "flag", "level 1 from the target (LOSSY if W >= 2)"),
+                            _CONFIDENCE, _ENTROPY),
+                _build_dynamic, _dynamic_policy, load=_load_decision_model,
+                summary="a fork tree grown level by level, a decision model may stop it"),
+    MethodEntry("specdecpp", (Option("head", "path", "acceptance-head directory (default: the draft's "
+                                                     f"{HEAD_DIRNAME}/)"),
+                              Option("threshold", "float", "stop when P(some rejection) > h", 0.7),
+                              Option("k_min", "int", "minimum draft length", 2),
+                              Option("k_max", "int", "maximum draft length", 20),
+                              Option("verifier", "str", "sd or block", "sd")),
+                _build_specdecpp, _specdecpp_policy, load=_load_head,
+                summary="a chain stopped by a trained acceptance head (P2)"),
+    MethodEntry("lookup", (Option("k", "int", "at most this many tokens copied per round", 10),
+                           Option("ngram", "int", "longest n-gram matched in the context", 3)),
+                _build_lookup, _lookup_policy, needs_draft=False,
                 summary="a chain copied from the context (prompt lookup), no draft model"),
-    MethodEntry("suffix", frozenset({"max_nodes", "factor", "min_prob", "store_tokens", "store"}), _build_suffix,
-                _suffix_policy, needs_draft=False, load=_load_suffix_store, tree_nodes=lambda c: c.max_nodes,
-                drafts_trees=lambda c: True,
+    MethodEntry("suffix", (Option("max_nodes", "int", _MAX_NODES, 16, (1, MAX_TREE_NODES)),
+                           Option("factor", "float", "tree depth at most factor x the matched suffix's length", 2.0),
+                           Option("min_prob", "float", "children rarer than this (conditional frequency) are not "
+                                                       "drafted", 0.1),
+                           Option("store_tokens", "int", "tokens of past requests kept for later ones (0: none)",
+                                  SUFFIX_STORE_TOKENS),
+                           Option("store", "object", "a SuffixStore shared with other decoders")),
+                _build_suffix, _suffix_policy, needs_draft=False, load=_load_suffix_store,
+                tree_nodes=lambda c: c.max_nodes, drafts_trees=lambda c: True,
                 summary="a token tree from suffix tries over the context and past requests, no draft model"),
 ):
     register(_entry)

@@ -66,10 +66,30 @@ class MethodConfig:
 
 
 @dataclass(frozen=True)
+class Option:
+    """One option of one method, declared once: the CLI's flag, its type and its help are generated from it
+    (cli/method_options.py). kind: "int", "float", "str", "flag" (a boolean), "path", "shape" (a tree shape such
+    as 4,2,2,1) or "object" (Python only, e.g. a shared store: no flag). default: what the method applies when the
+    option is not given (None: nothing, or a rule the help states)."""
+
+    name: str
+    kind: str
+    help: str
+    default: object = None
+    bounds: tuple[int, int] | None = None  # "int": the closed range the flag accepts
+
+    def describe(self) -> str:
+        return self.help + ("" if self.default is None else f" ({self.default})")
+
+
+OPTION_KINDS = ("int", "float", "str", "flag", "path", "shape", "object")
+
+
+@dataclass(frozen=True)
 class MethodEntry:
     """One decoding method.
 
-    name, options: the method's name and the option names it takes. build(options) -> MethodConfig: validate the
+    name, options: the method's name and its options (`Option`: name, kind, help, default; declared once). build(options) -> MethodConfig: validate the
     options (already stripped of None values) and fill in defaults. needs_draft: refused on a pair without a draft.
     uses_draft(config): whether a run drafts with the draft model (default: needs_draft). load(config, pair) -> dict:
     trained models read from disk, once per Decoder family (`Decoder.spawn` shares them). make_policy(config, pair,
@@ -83,7 +103,7 @@ class MethodEntry:
     draft on this machine (auto; models/cheap.choose_cheap_draft)."""
 
     name: str
-    options: frozenset
+    options: tuple  # Option declarations; bare names are taken as undocumented "str" options
     build: Callable[[dict], MethodConfig]
     make_policy: Callable[[MethodConfig, object, dict], object]
     needs_draft: bool = True
@@ -94,6 +114,16 @@ class MethodEntry:
     summary: str = ""
     reproducible_when_seeded: bool = False  # a seeded run at T > 0 uses the reproducible mode unless told not to
     chooses_cheap_draft: bool = False  # without draft_vocab / draft_dtype, the Decoder picks the fastest draft form
+
+    def __post_init__(self) -> None:
+        specs = tuple(o if isinstance(o, Option) else Option(str(o), "str", "") for o in self.options)
+        for o in specs:
+            check(o.kind in OPTION_KINDS, f"method {self.name!r}: option {o.name!r} has unknown kind {o.kind!r}")
+        object.__setattr__(self, "options", specs)
+
+    @property
+    def option_names(self) -> frozenset:
+        return frozenset(o.name for o in self.options)
 
     def drafts_with_model(self, config: MethodConfig) -> bool:
         return self.uses_draft(config) if self.uses_draft is not None else self.needs_draft
@@ -135,9 +165,9 @@ def build_method(name: str, **options) -> MethodConfig:
     """Validate `name` and its options; raise MultispecError naming the first problem."""
     entry = get_method(name)
     options = {k: v for k, v in options.items() if v is not None}
-    unknown = set(options) - entry.options
+    unknown = set(options) - entry.option_names
     check(not unknown, f"method {name!r} does not take option(s) {', '.join(sorted(unknown))}; "
-                       f"it takes {', '.join(sorted(entry.options)) or 'none'}")
+                       f"it takes {', '.join(sorted(entry.option_names)) or 'none'}")
     return entry.build(options)
 
 
