@@ -382,6 +382,51 @@ def test_stop_holdback_never_sends_a_split_stop_and_adds_up():
     assert out == ["a", "b", "c"] and plain.cut_ids([97]) is None
 
 
+def test_streamer_token_mode_sends_each_chunk_with_the_tokens_it_completes():
+    """Token mode (the server's): a chunk carries the tokens whose text now lies within the text shown; a token held
+    back with a tail that could grow into a stop string waits, a character split over two tokens goes with its
+    second, a special token with the next text or the last chunk. The chunks' tokens and logprobs add up to the
+    result's, the texts to its text, and the prompt's logprobs come with the first chunk only."""
+
+    class Tok:  # ids < 256: that character; 300 + 301: "é" (alone, each is half of it); 0: special; 4xx: strings
+        strings = {400: "ab", 401: "c E", 402: "ND", 403: "N", 404: "x"}
+
+        def decode(self, ids, skip_special_tokens=True):
+            out, i = [], 0
+            while i < len(ids):
+                if ids[i:i + 2] == [300, 301]:
+                    out.append("é")
+                    i += 2
+                    continue
+                t = ids[i]
+                out.append(self.strings.get(t) or ("\ufffd" if t in (300, 301) else "" if t == 0 else chr(t)))
+                i += 1
+            return "".join(out)
+
+    class Recorder:  # a LogprobRecorder's lists, filled as rounds commit
+        prompt, prompt_tokens, tokens = True, [None, "p1"], []
+
+    stops, rec, sent = StopStrings(Tok(), ["END"]), Recorder(), []
+    streamer = Streamer(stops, sent.append, tokens=True, recorder=rec)
+    ids = []
+    for piece in ([400], [401], [403], [404, 300], [301, 0], [69, 402]):
+        ids += piece
+        rec.tokens += [f"lp{t}" for t in piece]
+        streamer.on_tokens(ids)
+    assert stops.cut_ids(ids) == len(ids)  # the engine stops here
+    text, kept = stops.final(ids)
+    streamer.flush(text, kept)
+    assert [(c.text, c.token_ids) for c in sent] == [("ab", [400]), ("c ", []), ("ENxé", [401, 403, 404, 300, 301]),
+                                                     ("", [0])]
+    assert "".join(c.text for c in sent) == text == "abc ENxé" and [t for c in sent for t in c.token_ids] == kept
+    assert all(c.logprobs == [f"lp{t}" for t in c.token_ids] for c in sent)
+    assert sent[0].prompt_logprobs == [None, "p1"] and all(c.prompt_logprobs is None for c in sent[1:])
+    plain = []  # without token mode, the callback gets bare deltas as before
+    s2 = Streamer(stops, plain.append)
+    s2.on_tokens([400, 401]), s2.flush("abc E", [400, 401])
+    assert plain == ["abc ", "E"]
+
+
 def test_generate_cli_reads_stdin_and_prompt_file_and_prints_finish_reason(tmp_path, pair):
     from click.testing import CliRunner
 

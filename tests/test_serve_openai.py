@@ -124,6 +124,50 @@ def test_chat_logprobs_with_the_client(server, pair):
     assert [t.logprob for t in got] == [t.logprob for t in content]
 
 
+def _in_text(pair, tokens: list[str]) -> str | None:
+    """The text of token strings as the server returns them (special tokens add none), or None where one is part
+    of a character (such tokens do not decode alone)."""
+    if any("\ufffd" in t for t in tokens):
+        return None
+    return "".join("" if t in pair.tokenizer.all_special_tokens else t for t in tokens)
+
+
+def test_streamed_completion_logprobs_come_with_the_chunks_of_their_tokens(server, pair):
+    """OpenAI sends logprobs with each chunk's tokens, not all with the last chunk: each chunk's tokens spell its
+    text, and over the chunks the logprobs (text_offset too) are the whole response's; an echoed prompt's come with
+    the echo."""
+    for echo in (False, True):
+        kw = dict(model=NAME, prompt="while True:", max_tokens=24, temperature=0, logprobs=2, echo=echo)
+        whole = server.client.completions.create(**kw).choices[0]
+        chunks = [c.choices[0] for c in server.client.completions.create(**kw, stream=True) if c.choices]
+        assert "".join(c.text for c in chunks) == whole.text
+        carrying = [c for c in chunks if c.logprobs is not None and c.logprobs.tokens]
+        assert len(carrying) >= 2 + echo, [c.text for c in chunks]
+        spelt = [_in_text(pair, c.logprobs.tokens) for c in carrying]
+        assert all(t in (None, c.text) for t, c in zip(spelt, carrying)), [(c.logprobs.tokens, c.text)
+                                                                             for c in carrying]
+        assert sum(t is not None and t != "" for t in spelt) >= 2
+        for field in ("tokens", "token_logprobs", "top_logprobs", "text_offset"):
+            assert [x for c in carrying for x in getattr(c.logprobs, field)] == getattr(whole.logprobs, field), field
+        if echo:
+            prompt = post(server, "/tokenize", {"prompt": "while True:"})["tokens"]
+            assert chunks[0].text == "while True:" and len(chunks[0].logprobs.tokens) == len(prompt)
+
+
+def test_streamed_chat_logprobs_come_with_the_chunks_of_their_tokens(server, pair):
+    kw = dict(model=NAME, messages=[{"role": "user", "content": "while True:"}], max_tokens=24, temperature=0,
+              logprobs=True, top_logprobs=2)
+    whole = server.client.chat.completions.create(**kw).choices[0].logprobs.content
+    chunks = [c.choices[0] for c in server.client.chat.completions.create(**kw, stream=True) if c.choices]
+    carrying = [c for c in chunks if c.logprobs is not None and c.logprobs.content]
+    assert len(carrying) >= 2, [c.delta.content for c in chunks]
+    spelt = [_in_text(pair, [t.token for t in c.logprobs.content]) for c in carrying]
+    assert all(t in (None, c.delta.content or "") for t, c in zip(spelt, carrying))
+    assert sum(t is not None and t != "" for t in spelt) >= 2
+    got = [t.model_dump() for c in carrying for t in c.logprobs.content]
+    assert got == [t.model_dump() for t in whole] and len(got) == len(whole)
+
+
 def test_tokenize_detokenize_and_models_retrieve(server, pair):
     out = post(server, "/tokenize", {"model": NAME, "prompt": "def f(x):"})
     assert out["tokens"] == pair.tokenizer("def f(x):")["input_ids"] and out["count"] == len(out["tokens"])

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import numbers
+from dataclasses import dataclass
 from typing import Callable
 
 import numpy as np
@@ -105,33 +106,122 @@ class StopStrings:
         return best
 
 
+class TokenEnds:
+    """Where the decoded text of a growing list of token ids ends cleanly, found incrementally as vLLM's detokenizer
+    does: each token decoded with the tokens of the previous step as context. A token that adds no text (a special
+    token) or only part of a character ends nowhere: it counts with the next token that completes text. decode(ids)
+    -> str. `starts[i]`: the text length before token i (OpenAI's text_offset); `ends`: (token count, text length)
+    at each clean end, (0, 0) first."""
+
+    def __init__(self, decode: Callable[[list[int]], str]):
+        self.decode = decode
+        self._reset()
+
+    def _reset(self) -> None:
+        self.ids: list[int] = []
+        self.starts: list[int] = []
+        self.ends: list[tuple[int, int]] = [(0, 0)]
+        self._length = self._prefix = self._read = 0
+
+    def extend(self, ids: list[int]) -> list[int]:
+        """Add ids; returns their starts."""
+        first = len(self.ids)
+        for t in ids:
+            self.starts.append(self._length)
+            self.ids.append(t)
+            before = self.decode(self.ids[self._prefix:self._read])
+            after = self.decode(self.ids[self._prefix:])
+            if len(after) > len(before) and not after.endswith("\ufffd"):
+                self._length += len(after) - len(before)
+                self._prefix, self._read = self._read, len(self.ids)
+                self.ends.append((len(self.ids), self._length))
+        return self.starts[first:]
+
+    def update(self, ids: list[int]) -> None:
+        """Follow `ids`, the whole list so far (started afresh if it does not extend the ids seen)."""
+        if ids[:len(self.ids)] != self.ids:
+            self._reset()
+        self.extend(ids[len(self.ids):])
+
+
+@dataclass(frozen=True)
+class StreamChunk:
+    """What a Streamer in token mode sends: a text delta and the committed tokens it covers, those whose decoded
+    text now lies within the text shown (TokenEnds) and came with no earlier chunk; over a generation the chunks'
+    token_ids add up to the result's token ids, and the last chunk carries what is left. logprobs: the recorder's
+    entries for token_ids (None without one); prompt_logprobs: the prompt's, with the first chunk (when scored)."""
+
+    text: str
+    token_ids: list[int] | None = None  # None: unknown (a stand-in generation that streams text only)
+    logprobs: list | None = None
+    prompt_logprobs: list | None = None
+
+
 class Streamer:
     """Calls back with text deltas as rounds commit tokens. Never shows text at or past a stop string, nor a tail
-    that could still grow into one, nor a half-decoded character; `flush(final_text)` sends the rest, so the deltas
-    always add up to the final text. `latest` keeps the committed ids (for a partial result on failure)."""
+    that could still grow into one, nor a half-decoded character; `flush(final_text, final_ids)` sends the rest, so
+    the deltas always add up to the final text. `latest` keeps the committed ids (for a partial result on failure).
+    tokens=True (the server's mode): the callback gets a StreamChunk, the delta with the tokens it covers and their
+    logprobs from `recorder` (a decoding.logprobs.LogprobRecorder, or None), instead of the bare delta."""
 
-    def __init__(self, stops: StopStrings, callback: Callable[[str], None] | None):
-        self.stops, self.callback = stops, callback
+    def __init__(self, stops: StopStrings, callback: Callable | None, tokens: bool = False, recorder=None):
+        self.stops, self.callback, self.tokens, self.recorder = stops, callback, tokens, recorder
         self.shown = ""
         self.latest: list[int] = []
+        self.sent = 0  # tokens sent (token mode)
+        self.chunks = 0
+        self._ends = TokenEnds(stops.decode)
 
     def on_tokens(self, new: list[int]) -> None:
         self.latest = list(new)
         if self.callback is None:
             return
-        text = self.stops.decode(new)
+        whole = self.stops.decode(new)
         floor = self.stops.floor(new)
-        cut = self.stops.first(text, floor) if self.stops and floor is not None else None
-        text = text[:cut] if cut is not None else text[:len(text) - self.stops.held(text)]
+        cut = self.stops.first(whole, floor) if self.stops and floor is not None else None
+        text = whole[:cut] if cut is not None else whole[:len(whole) - self.stops.held(whole)]
         if text.endswith("\ufffd"):
             return
-        self._send(text)
-
-    def _send(self, text: str) -> None:
         if len(text) > len(self.shown) and text.startswith(self.shown):
-            self.callback(text[len(self.shown):])
-            self.shown = text
+            self._send(text, new, self._covered(new, text, whole) if self.tokens else 0)
 
-    def flush(self, final_text: str) -> None:
-        if self.callback is not None:
-            self._send(final_text)
+    def _covered(self, new: list[int], text: str, whole: str) -> int:
+        """How many of `new` lie within `text` (whole: their decoded text): the last clean end whose text fits in
+        it and whose ids decode to a prefix of it (the test StopStrings.final keeps ids by, so no token sent here
+        is one the result drops)."""
+        self._ends.update(new)
+        for count, length in reversed(self._ends.ends):
+            if count <= self.sent:
+                break
+            if length <= len(text) and text.startswith(whole if count == len(new) else
+                                                        self.stops.decode(new[:count])):
+                return count
+        return self.sent
+
+    def _send(self, text: str, ids: list[int], upto: int) -> None:
+        delta = ""
+        if len(text) > len(self.shown) and text.startswith(self.shown):
+            delta, self.shown = text[len(self.shown):], text
+        if not self.tokens:
+            self.callback(delta)
+            return
+        rec = self.recorder
+        logprobs = None if rec is None else list(rec.tokens[self.sent:upto])
+        prompt = list(rec.prompt_tokens) if rec is not None and rec.prompt and not self.chunks else None
+        chunk = StreamChunk(delta, list(ids[self.sent:upto]), logprobs, prompt)
+        self.sent, self.chunks = upto, self.chunks + 1
+        self.callback(chunk)
+
+    def flush(self, final_text: str, final_ids: list[int] | None = None) -> None:
+        """Send the rest of final_text; in token mode, with the rest of final_ids (the result's ids; default: the
+        latest committed), even where no text is left (an EOS)."""
+        if self.callback is None:
+            return
+        more = len(final_text) > len(self.shown) and final_text.startswith(self.shown)
+        if not self.tokens:
+            if more:
+                self._send(final_text, self.latest, 0)
+            return
+        ids = self.latest if final_ids is None else list(final_ids)
+        if more or len(ids) > self.sent:
+            self._send(final_text, ids, max(len(ids), self.sent))

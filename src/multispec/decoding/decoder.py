@@ -209,9 +209,12 @@ class Decoder:
                  presence_penalty: float | None = None, frequency_penalty: float | None = None,
                  logit_bias: dict | None = None, min_tokens: int | None = None, ignore_eos: bool = False,
                  stop_token_ids: list[int] | None = None, logprobs: int | None = None,
-                 prompt_logprobs: bool = False, logprobs_mode: str = "raw") -> GenerationResult:
+                 prompt_logprobs: bool = False, logprobs_mode: str = "raw",
+                 stream_chunks: bool = False) -> GenerationResult:
         """See `multispec.generate`: every input is checked before any model runs; a failure part-way raises with
-        `.partial`, the GenerationResult of the tokens committed so far (finish_reason "abort")."""
+        `.partial`, the GenerationResult of the tokens committed so far (finish_reason "abort"). stream_chunks (the
+        server's): `stream` gets text.StreamChunks, each delta with the tokens it covers and their logprobs, instead
+        of bare deltas."""
         sampling = self.sampling(temperature, top_k, top_p, min_p, repetition_penalty, presence_penalty,
                                  frequency_penalty, logit_bias, min_tokens)
         reproducible = self.reproducible_mode(reproducible, seed, sampling)
@@ -232,10 +235,11 @@ class Decoder:
         seed = seed_or_fresh(seed)
         stops = StopStrings(self.pair.tokenizer, stop_strings(stop), after_tokens=sampling.min_tokens)
         check(stream is None or callable(stream), f"stream must be a callable taking a text delta, got {stream!r}")
+        check(isinstance(stream_chunks, bool), f"stream_chunks must be True or False, got {stream_chunks!r}")
         ids = encode_prompt(self.pair.tokenizer, self.vocab_size, prompt)
         warnings: list[str] = []
         max_new_tokens = self.fit_context(len(ids), max_new_tokens, warnings)
-        streamer = Streamer(stops, stream)
+        streamer = Streamer(stops, stream, tokens=stream_chunks, recorder=recorder if logprobs is not None else None)
         try:
             new, metrics = self.run(ids, sampling, max_new_tokens, seed, stops.cut_ids if stops else None,
                                     streamer.on_tokens, reproducible, ends, recorder)
@@ -246,7 +250,7 @@ class Decoder:
                                          finish_reason="abort")
             raise
         text, new_ids = stops.final(new)
-        streamer.flush(text)
+        streamer.flush(text, new_ids)
         stats = self.stats(metrics, sampling, reproducible)
         stats.update(seed=seed, prompt_tokens=len(ids), max_new_tokens=max_new_tokens, warnings=warnings)
         if recorder is not None:

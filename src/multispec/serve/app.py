@@ -24,7 +24,8 @@ from multispec.serve.protocol import (AssistantMessage, ChatChoice, ChatChunkCho
                                       DetokenizeResponse, ErrorResponse, ModelCard, ModelList, SpecDecodeMetrics,
                                       TokenizeRequest, TokenizeResponse, Usage)
 from multispec.serve.scheduler import Job, QueueFull, Scheduler, decoder_generate
-from multispec.serve.shapes import TokenText, chat_logprobs, completion_logprobs, text_offsets
+from multispec.serve.shapes import (StreamedLogprobs, TokenText, chat_logprobs, completion_logprobs,
+                                    text_offsets)
 
 __all__ = ["APIError", "ServeSettings", "create_app"]
 
@@ -356,28 +357,49 @@ class _Reply:
     async def sse(self):
         """data: chunk lines, then data: [DONE]. The generation's own stream never passes a stop string and its
         deltas add up to the final text (text.Streamer), so they are relayed as they come, tagged with their
-        choice index. Logprobs (when asked for) come with each choice's last chunk. A client that disconnects
-        closes this generator: the runs are cancelled in `finally`."""
+        choice index. Logprobs (when asked for) come with the chunk of their tokens (text.StreamChunk), an echoed
+        prompt's with the echo (sent once the prompt is scored); what no chunk carried comes with the choice's last.
+        A client that disconnects closes this generator: the runs are cancelled in `finally`."""
         sent = [""] * len(self.runs)
         usages: dict[int, Usage] = {}
         ended = False
+        logprobs = [None if job.options.get("logprobs") is None else
+                    StreamedLogprobs(self.edge.decode, self.token_text, job.options["logprobs"], self.chat)
+                    for job in self.jobs]
+        echo_waits = {i for i, lp in enumerate(logprobs) if lp is not None and self.req.echo and not self.chat}
         try:
             for i in range(len(self.runs)):
                 if self.chat:
                     yield self._sse(self._chunk(i, Delta(role="assistant", content="")))
-                elif self.req.echo:
+                elif self.req.echo and i not in echo_waits:
                     yield self._sse(self._chunk(i, await asyncio.to_thread(self._echo_text, i)))
             async for index, kind, payload in self.events():
+                if index in echo_waits and kind in ("text", "done"):  # the echo, with the prompt's logprobs
+                    echo_waits.discard(index)
+                    echo = await asyncio.to_thread(self._echo_text, index)
+                    lp = await asyncio.to_thread(logprobs[index].prompt, payload.prompt_logprobs,
+                                                 self.jobs[index].prompt_ids, echo)
+                    yield self._sse(self._chunk(index, echo, logprobs=lp))
                 if kind == "text":
-                    sent[index] += payload
-                    yield self._sse(self._chunk(index, Delta(content=payload) if self.chat else payload))
+                    sent[index] += payload.text
+                    lp = None
+                    if logprobs[index] is not None and payload.token_ids and payload.logprobs is not None:
+                        lp = await asyncio.to_thread(logprobs[index].chunk, payload.logprobs, payload.token_ids,
+                                                     len(sent[index]))
+                    if payload.text or lp is not None:
+                        yield self._sse(self._chunk(index, Delta(content=payload.text) if self.chat else payload.text,
+                                                    logprobs=lp))
                 elif kind == "done":
                     result = payload
                     usages[index], spec = self._finished(index, result)
                     rest = result.text[len(sent[index]):] if result.text.startswith(sent[index]) else ""
-                    lp = await asyncio.to_thread(self._logprobs, index, result)
-                    if rest or lp is not None:
-                        yield self._sse(self._chunk(index, Delta(content=rest) if self.chat else rest, logprobs=lp))
+                    sent[index] += rest
+                    lp, left = logprobs[index], None
+                    if lp is not None and len(result.token_ids) > lp.count:
+                        left = await asyncio.to_thread(lp.chunk, result.logprobs[lp.count:],
+                                                       result.token_ids[lp.count:], len(sent[index]))
+                    if rest or left is not None:
+                        yield self._sse(self._chunk(index, Delta(content=rest) if self.chat else rest, logprobs=left))
                     ids = result.token_ids if self.req.return_token_ids else None
                     yield self._sse(self._chunk(index, Delta() if self.chat else "", result.finish_reason, spec, ids))
                 elif kind in ("error", "timeout", "cancelled", "shutdown"):

@@ -12,9 +12,10 @@ Memory is bounded by max_concurrent caches of at most max_model_len tokens (serv
 max_concurrent + max_queue requests, `submit` raises QueueFull (HTTP 429).
 
 Events flow from a generation thread to its request handler through an asyncio queue:
-("text", delta) as text is committed, then exactly one of ("done", GenerationResult), ("cancelled", None),
-("error", exception). Cancelling a run (client gone, timeout) sets its event; the stream callback then raises
-Cancelled inside the generation thread at the next committed text, which unwinds `generate` and frees its caches.
+("text", text.StreamChunk) as text is committed (the delta, the tokens it covers and their logprobs), then exactly
+one of ("done", GenerationResult), ("cancelled", None), ("error", exception). Cancelling a run (client gone,
+timeout) sets its event; the stream callback then raises Cancelled inside the generation thread at the next
+committed text, which unwinds `generate` and frees its caches.
 """
 from __future__ import annotations
 
@@ -28,6 +29,7 @@ from dataclasses import dataclass, field
 from typing import Callable
 
 from multispec.errors import MultispecError
+from multispec.text import StreamChunk
 
 log = logging.getLogger("multispec.serve")
 
@@ -78,8 +80,9 @@ def decoder_generate(decoder, prompt_ids: list[int], **kwargs):
 
 class Scheduler:
     """decoder: the first Decoder (the others are spawned from it, one per worker). generate_fn(decoder, prompt_ids,
-    max_new_tokens=, temperature=, top_k=, top_p=, seed=, stop=, stream=) -> GenerationResult. max_model_len: the
-    most tokens (prompt + output) a generation holds; batch slots are sized for it."""
+    max_new_tokens=, temperature=, top_k=, top_p=, seed=, stop=, stream=, stream_chunks=True, ...) ->
+    GenerationResult (stream gets text.StreamChunks; a stand-in may stream bare text, and ignore stream_chunks).
+    max_model_len: the most tokens (prompt + output) a generation holds; batch slots are sized for it."""
 
     def __init__(self, decoder, max_concurrent: int, max_queue: int, generate_fn: Callable = decoder_generate,
                  max_batch: int = 1, *, max_model_len: int):
@@ -126,17 +129,17 @@ class Scheduler:
             if run.cancel.is_set():
                 raise Cancelled()
 
-            def on_text(delta: str) -> None:
+            def on_text(piece) -> None:  # a StreamChunk (a stand-in generate_fn may stream bare text)
                 if run.cancel.is_set():
                     raise Cancelled()
-                run.emit("text", delta)
+                run.emit("text", piece if isinstance(piece, StreamChunk) else StreamChunk(piece))
 
             decoder = self._free.get()  # never waits: at most max_concurrent jobs run at once
             try:
                 result = self.generate_fn(decoder, job.prompt_ids, max_new_tokens=job.max_tokens,
                                           temperature=job.temperature, top_k=job.top_k, top_p=job.top_p,
                                           seed=job.seed, stop=job.stop, stream=on_text,
-                                          reproducible=job.reproducible, **job.options)
+                                          reproducible=job.reproducible, stream_chunks=True, **job.options)
             finally:
                 self._free.put(decoder)
             run.emit("done", result)

@@ -11,6 +11,7 @@ import math
 
 from multispec.decoding.logprobs import TokenLogprob
 from multispec.serve.protocol import ChatLogprobs, ChatTokenLogprob, CompletionLogprobs, TopLogprob
+from multispec.text import TokenEnds
 
 NEG_INF_AS = -9999.0
 
@@ -37,17 +38,10 @@ class TokenText:
 def text_offsets(decode, ids: list[int], text: str) -> list[int]:
     """OpenAI's text_offset: where each of `ids` starts in `text`, their decoded text (decode(ids) -> str, special
     tokens skipped). Decoded incrementally, each token with the tokens of the previous step as context (vLLM's
-    detokenizer): a special token that decodes to nothing (a BOS) moves no offset, and a character split over
-    several tokens is counted once, where it is complete. At most len(text) (an echoed prompt string may differ
-    from the decoded ids)."""
-    offsets, length, prefix, read = [], 0, 0, 0
-    for i in range(len(ids)):
-        offsets.append(min(length, len(text)))
-        before, after = decode(ids[prefix:read]), decode(ids[prefix:i + 1])
-        if len(after) > len(before) and not after.endswith("\ufffd"):
-            length += len(after) - len(before)
-            prefix, read = read, i + 1
-    return offsets
+    detokenizer, text.TokenEnds): a special token that decodes to nothing (a BOS) moves no offset, and a character
+    split over several tokens is counted once, where it is complete. At most len(text) (an echoed prompt string may
+    differ from the decoded ids)."""
+    return [min(start, len(text)) for start in TokenEnds(decode).extend(ids)]
 
 
 def completion_logprobs(entries: list[TokenLogprob | None], ids: list[int], text: TokenText, top: int,
@@ -79,3 +73,31 @@ def chat_logprobs(entries: list[TokenLogprob], text: TokenText, top: int) -> Cha
         head = item(e.token_id, e.logprob)
         content.append(ChatTokenLogprob(**head.model_dump(), top_logprobs=[item(t, v) for t, v in e.top[:top]]))
     return ChatLogprobs(content=content)
+
+
+class StreamedLogprobs:
+    """One streamed choice's logprobs, chunk by chunk (text.StreamChunk), in its endpoint's shape: a chunk carries
+    its own tokens' logprobs, so that over the chunks they add up to the whole response's. Completions' text_offset
+    counts from the start of the choice's text (after the echoed prompt, when there is one) as in the whole
+    response. top: alternatives per token."""
+
+    def __init__(self, decode, text: TokenText, top: int, chat: bool):
+        self.decode, self.text, self.top, self.chat = decode, text, top, chat
+        self.ends = TokenEnds(decode)
+        self.base = 0  # the echoed prompt's length
+        self.count = 0  # tokens sent
+
+    def prompt(self, entries: list | None, ids: list[int], echo: str) -> CompletionLogprobs | None:
+        """The echoed prompt's logprobs (its chunk comes first; None where the prompt was not scored)."""
+        self.base = len(echo)
+        if entries is None:
+            return None
+        return completion_logprobs(list(entries), ids, self.text, self.top, text_offsets(self.decode, ids, echo))
+
+    def chunk(self, entries: list, ids: list[int], shown: int):
+        """entries score ids, the chunk's tokens; shown: the length of the choice's text with this chunk's."""
+        self.count += len(ids)
+        if self.chat:
+            return chat_logprobs(entries, self.text, self.top)
+        offsets = [self.base + min(start, shown) for start in self.ends.extend(ids)]
+        return completion_logprobs(entries, ids, self.text, self.top, offsets)
