@@ -44,7 +44,7 @@ def main() -> None:
 
     from multispec.bench.runner import environment
     from multispec.data import load_prompts
-    from multispec.decoding.batch import generate_batch
+    from multispec.decoding.batch_offline import generate_batch
     from multispec.decoding.decoder import Decoder
     from multispec.text import encode_prompt
 

@@ -36,7 +36,7 @@ def main() -> None:
     from multispec.bench.batched import hf_generate_batched
     from multispec.bench.runner import environment
     from multispec.data import load_prompts
-    from multispec.decoding.batch import generate_batch
+    from multispec.decoding.batch_offline import generate_batch
     from multispec.decoding.decoder import Decoder
 
     pair = load_pycode(args)

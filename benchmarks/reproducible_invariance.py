@@ -31,7 +31,7 @@ def main() -> None:
 
     from multispec.bench.runner import environment
     from multispec.data import load_prompts
-    from multispec.decoding.batch import generate_batch
+    from multispec.decoding.batch_offline import generate_batch
     from multispec.decoding.decoder import Decoder
     from multispec.drafting.auto import AutoPolicy
     from multispec.drafting.protocol import RoundPlan

@@ -80,7 +80,8 @@ def generate(pair: Pair, prompt: str | list[int] | list[str] | list[list[int]], 
                       ignore_eos=ignore_eos, stop_token_ids=stop_token_ids, logprobs=logprobs,
                       prompt_logprobs=prompt_logprobs, logprobs_mode=logprobs_mode)
     if _is_batch(prompt):
-        from multispec.decoding.batch import batch_backend, generate_batch
+        from multispec.decoding.batch import batch_backend
+        from multispec.decoding.batch_offline import generate_batch
 
         check(stream is None, "stream takes one prompt; for several prompts read each result's text (or pass "
                               "on_result)")

@@ -49,7 +49,8 @@ def run_batch_bench(pair, datasets: list[str], data_dir, methods: str, temperatu
                     progress=print) -> dict:
     """See the module docstring. Returns the results dict (rows, settings, meta) and writes it to `out`."""
     from multispec.bench.runner import environment
-    from multispec.decoding.batch import MAX_BATCH, generate_batch
+    from multispec.decoding.batch import MAX_BATCH
+    from multispec.decoding.batch_offline import generate_batch
     from multispec.decoding.decoder import Decoder
 
     check(isinstance(batch_size, int) and 1 <= batch_size <= MAX_BATCH,

@@ -1,23 +1,10 @@
 """The method registry: every decoding method is one `MethodEntry` — its options, whether it needs a draft, how it
 builds its validated `MethodConfig` (before any model runs, style §2.9), which trained models it loads, and how it
-builds its draft policy. A new method is one `register(MethodEntry(...))` plus one policy (drafting/protocol.py).
+builds its draft policy. A new method is one `register(MethodEntry(...))` plus one policy (drafting/protocol.py),
+and a new draft source one proposer (drafting/proposers.py).
 
-| method    | drafting                                          | verification                     | lossless |
-|-----------|---------------------------------------------------|----------------------------------|----------|
-| ar        | none (target only)                                | sample from the target           | yes      |
-| sd        | chain of k draft tokens (optionally heuristic k)  | `block` (default) or `sd`        | yes      |
-| mcsd      | draft-initialized static tree (default 4,2,2,1)   | `traversal` (default), any node verifier | per verifier |
-| ti-mcsd   | level 1 from the target, draft below (2,4,3,1,1)  | longest accepted chain (P1)      | only W=1 |
-|           |                                                   | (W=1: rrs-wor walk or traversal) |          |
-| dynamic   | fork tree (W,1,..,1) grown level by level, decision model may stop it | multi-draft verifier | per verifier |
-|           | (`traversal`; `block` when W = 1)                  |                                  |          |
-| specdecpp | chain up to k_max, acceptance head stops it       | single-draft `sd` or `block`     | yes      |
-| lookup    | chain copied from the context (prompt lookup), no draft model | `block`, q = one-hot | yes |
-| suffix    | tree from suffix tries over the context and past requests, no draft model | `rrs-wor` walk, q = first-child one-hot | yes |
-| auto      | per round: no speculation, a lookup chain, a suffix tree or a draft tree chosen from measured acceptance and costs | `traversal` (`rrs-wor` walk on suffix trees) | yes |
-
-`sd` and `dynamic` also take a training-free stopping rule: `confidence=h` (stop when the draft's probability of its
-newest token is below h, transformers' assistant_confidence_threshold) or `entropy=h` (AdaEDL's entropy bound).
+The methods, what each drafts and how it is verified: the README's "Methods and verifiers" table. Each entry's
+options are declared once (`Option`) and the CLI's flags are generated from them (cli/method_options.py).
 """
 from __future__ import annotations
 

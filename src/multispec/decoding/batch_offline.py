@@ -1,0 +1,182 @@
+"""The offline entry point of batches (`multispec.generate` with a list of prompts, `generate --batch-size`, the
+batched bench): every prompt checked first, then decoded `batch_size` at a time on the lanes of one BatchGroup
+(decoding/batch.py; a finished sequence's slot takes the next prompt at once), each result reported as it
+finishes, and an interrupt keeping every prompt's result so far."""
+from __future__ import annotations
+
+import queue
+import time
+from concurrent.futures import ThreadPoolExecutor, as_completed
+from typing import Callable
+
+from multispec.decoding.batch import (CROSS_VOCAB_NOTE, MAX_BATCH, SEQUENTIAL_NOTE, BatchGroup, Cancelled,
+                                      batchable)
+from multispec.decoding.decoder import Decoder, GenerationResult
+from multispec.errors import MultispecError, check
+from multispec.validate import integer, seed_or_fresh
+
+
+def seeds_for(seed, count: int) -> list[int]:
+    """Per-sequence seeds: a list (one per prompt), an int s (sequence i gets s + i, reported in its stats), or
+    None (a fresh seed each)."""
+    if isinstance(seed, (list, tuple)):
+        check(len(seed) == count, f"seed: got {len(seed)} seeds for {count} prompts; give one per prompt, one int "
+                                  "(sequence i then uses seed + i) or none")
+        return [seed_or_fresh(s) for s in seed]
+    if seed is None:
+        return [seed_or_fresh(None) for _ in range(count)]
+    base = seed_or_fresh(seed)
+    return [seed_or_fresh(base + i) for i in range(count)]
+
+
+def generate_batch(decoder: Decoder, prompts, batch_size: int | None = None, max_new_tokens: int = 128,
+                   seed=None, on_result: Callable[[int, GenerationResult], None] | None = None,
+                   **kwargs) -> list[GenerationResult]:
+    """Decode every prompt (a list of str or of token-id lists) with `decoder`'s pair and method, batch_size at a
+    time (default: all of them, at most MAX_BATCH), and return one GenerationResult per prompt, in order, each with
+    its own stats and seed. kwargs: as Decoder.generate (temperature, top_k, top_p, stop, reproducible). On the
+    transformers backend the sequences run one at a time (stats warn so).
+
+    on_result(i, result) is called in the caller's thread as each sequence finishes (in the order they finish).
+    If any sequence fails, the error is raised after the others finish; an interrupt (Ctrl-C, SIGTERM) or an error
+    from on_result stops the running sequences after their current round and is raised at once. Either way the
+    exception carries `.partial`: one result per prompt, finished or not (finish_reason "abort" for a sequence cut
+    short, with its tokens so far, or never started, empty)."""
+    encoded = _check_prompts(decoder, prompts)
+    max_new_tokens = integer(max_new_tokens, "max_new_tokens")
+    check(max_new_tokens is not None and max_new_tokens >= 1,
+          f"max_new_tokens must be an integer >= 1, got {max_new_tokens!r}")
+    size = integer(batch_size, "batch_size")
+    check(size is None or 1 <= size <= MAX_BATCH, f"batch_size must be an integer in [1, {MAX_BATCH}], got {size!r}")
+    size = min(size or len(prompts), len(prompts), MAX_BATCH)
+    seeds = seeds_for(seed, len(prompts))
+    decoder.sampling(kwargs.get("temperature"), kwargs.get("top_k"), kwargs.get("top_p"))  # checked before work
+    group, notes = _batch_group(decoder, encoded, size, max_new_tokens)
+    results: list = [None] * len(prompts)
+    errors: list = [None] * len(prompts)
+
+    def one(lane: Decoder, i: int) -> None:
+        try:
+            results[i] = lane.generate(prompts[i], max_new_tokens=max_new_tokens, seed=seeds[i], **kwargs)
+            results[i].stats["warnings"].extend(notes)
+        except Cancelled as e:  # the batch was interrupted: keep this sequence's tokens so far
+            results[i] = e.partial
+        except Exception as e:  # noqa: BLE001 - kept, raised after the others finish
+            errors[i] = e
+            results[i] = getattr(e, "partial", None) or _empty(seeds[i])
+
+    def done(i: int) -> None:
+        if on_result is not None and errors[i] is None:
+            on_result(i, results[i])
+
+    start = time.perf_counter()
+    try:
+        if group is None:
+            _decode_in_turn(decoder, len(prompts), one, done, results)
+        else:
+            _decode_in_lanes(group, len(prompts), one, done)
+    except BaseException as e:  # an interrupt or an on_result error: every prompt's result goes with it
+        e.partial = [r if r is not None else _empty(s) for r, s in zip(results, seeds)]
+        raise
+    _add_batch_stats(results, group, size, time.perf_counter() - start)
+    _raise_first_error(errors, results)
+    return results
+
+
+def _batch_group(decoder: Decoder, encoded: list[list[int]], size: int,
+                 max_new_tokens: int) -> tuple[BatchGroup | None, list[str]]:
+    """The group of `size` lanes the prompts decode on (None where the decoder cannot batch: one at a time), and
+    the notes every result's stats then carry."""
+    if not batchable(decoder):
+        return None, [CROSS_VOCAB_NOTE if decoder.pair.cross_vocab is not None else SEQUENTIAL_NOTE]
+    longest = max(len(ids) for ids in encoded)
+    rows = decoder.cache_rows(min(longest + max_new_tokens, decoder.context or 1 << 30))
+    return BatchGroup(decoder, size, rows), []
+
+
+def _check_prompts(decoder: Decoder, prompts) -> list[list[int]]:
+    """Each prompt a str or token ids (as `encode_prompt` takes them), all of one kind; returns their token ids.
+    Errors name the prompt by its index, prompts[i], as the results and the CLI's JSON lines do."""
+    from multispec.text import encode_prompt
+
+    check(isinstance(prompts, (list, tuple)), f"prompts must be a list of prompts, got {type(prompts).__name__}")
+    check(len(prompts) >= 1, "the list of prompts is empty; give at least one prompt")
+    encoded = []
+    for i, p in enumerate(prompts):
+        try:
+            encoded.append(encode_prompt(decoder.pair.tokenizer, decoder.vocab_size, p))
+        except MultispecError as e:
+            raise MultispecError(f"prompts[{i}]: {e}") from None
+    first = isinstance(prompts[0], str)
+    other = next((i for i, p in enumerate(prompts) if isinstance(p, str) != first), None)
+    check(other is None, f"the prompts mix strings and token-id lists (prompts[0] is "
+                         f"{'a str' if first else 'token ids'}, prompts[{other}] is not); give one kind")
+    return encoded
+
+
+def _decode_in_turn(decoder: Decoder, count: int, one, done, results: list) -> None:
+    """One sequence at a time, in this thread: an interrupt stops the running sequence where it is."""
+    for i in range(count):
+        try:
+            one(decoder, i)
+        except BaseException as e:  # KeyboardInterrupt: Decoder.generate put the tokens so far on it
+            results[i] = getattr(e, "partial", None)
+            raise
+        done(i)
+
+
+def _decode_in_lanes(group: BatchGroup, count: int, one, done) -> None:
+    """Every sequence on the group's lanes, each lane in a worker thread; results are reported here as they
+    finish. An exception here (an interrupt: signals reach this thread only) cancels the batch: the running lanes
+    stop after their current round (Lane.run), the waiting prompts never start."""
+    free: queue.SimpleQueue = queue.SimpleQueue()
+    for lane in group.lanes:
+        free.put(lane)
+
+    def task(i: int) -> None:
+        if group.cancelled.is_set():
+            return
+        lane = free.get()
+        try:
+            one(lane, i)
+        finally:
+            free.put(lane)
+
+    pool = ThreadPoolExecutor(len(group.lanes), thread_name_prefix="multispec-batch")
+    futures = {pool.submit(task, i): i for i in range(count)}
+    try:
+        for future in as_completed(futures):
+            done(futures[future])
+    except BaseException:
+        group.cancelled.set()
+        raise
+    finally:
+        pool.shutdown(wait=True, cancel_futures=True)
+
+
+def _empty(seed: int) -> GenerationResult:
+    """The result of a sequence that never started."""
+    return GenerationResult([], "", {"seed": seed, "new_tokens": 0, "warnings": []}, "abort")
+
+
+def _add_batch_stats(results: list, group: BatchGroup | None, size: int, wall: float) -> None:
+    tokens = sum(len(r.token_ids) for r in results)
+    batch = {"size": size if group is not None else 1, "prompts": len(results), "seconds": wall,
+             "new_tokens": tokens, "tokens_per_s": tokens / wall if wall > 0 else None,
+             **({"forwards": group.stats()} if group is not None else {})}
+    for r in results:
+        r.stats["batch"] = batch
+
+
+def _raise_first_error(errors: list, results: list) -> None:
+    """The first failed sequence's error, carrying every prompt's result as `.partial`."""
+    failed = [(i, e) for i, e in enumerate(errors) if e is not None]
+    if not failed:
+        return
+    i, e = failed[0]
+    e.partial = results
+    if isinstance(e, MultispecError):
+        error = MultispecError(f"prompts[{i}]: {e}")
+        error.partial = results
+        raise error from e
+    raise e
