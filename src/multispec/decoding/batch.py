@@ -31,7 +31,7 @@ from typing import Callable
 
 from multispec.decoding.decoder import Decoder, GenerationResult
 from multispec.decoding.engine import generate_ids
-from multispec.errors import MultispecError, check
+from multispec.errors import MultispecError, attach_partial, check
 from multispec.models.batched import SlotBackend, SlotCache, StepBatcher
 from multispec.validate import integer, seed_or_fresh
 
@@ -78,8 +78,9 @@ class BatchGroup:
         self.decoder, self.slots, self.rows = decoder, slots, rows
         self.batcher = StepBatcher()
         self.target_cache = SlotCache(FastNet.of(decoder.pair.target), slots, rows, priority=1)
-        self.draft_cache = SlotCache(FastNet.of(decoder.draft_model), slots, rows, priority=0) \
-            if decoder.uses_draft else None
+        draft_model = decoder.draft_model  # set exactly when the decoder drafts with it (uses_draft)
+        self.draft_cache = SlotCache(FastNet.of(draft_model), slots, rows, priority=0) \
+            if draft_model is not None else None
         self.batch_costs = _batch_costs(self) if decoder.config.name == "auto" else None
         self.lanes = [Lane(decoder, self, slot) for slot in range(slots)]
         self.cancelled = threading.Event()  # set: every lane stops after its current round (generate_batch)
@@ -169,9 +170,10 @@ def generate_batch(decoder: Decoder, prompts, batch_size: int | None = None, max
     exception carries `.partial`: one result per prompt, finished or not (finish_reason "abort" for a sequence cut
     short, with its tokens so far, or never started, empty)."""
     encoded = _check_prompts(decoder, prompts)
-    max_new_tokens = integer(max_new_tokens, "max_new_tokens")
-    check(max_new_tokens is not None and max_new_tokens >= 1,
-          f"max_new_tokens must be an integer >= 1, got {max_new_tokens!r}")
+    n_new = integer(max_new_tokens, "max_new_tokens")
+    if n_new is None or n_new < 1:
+        raise MultispecError(f"max_new_tokens must be an integer >= 1, got {n_new!r}")
+    max_new_tokens = n_new
     size = integer(batch_size, "batch_size")
     check(size is None or 1 <= size <= MAX_BATCH, f"batch_size must be an integer in [1, {MAX_BATCH}], got {size!r}")
     size = min(size or len(prompts), len(prompts), MAX_BATCH)
@@ -209,7 +211,7 @@ def generate_batch(decoder: Decoder, prompts, batch_size: int | None = None, max
         else:
             _decode_in_lanes(group, len(prompts), one, done)
     except BaseException as e:  # an interrupt or an on_result error: every prompt's result goes with it
-        e.partial = [r if r is not None else _empty(s) for r, s in zip(results, seeds)]
+        attach_partial(e, [r if r is not None else _empty(s) for r, s in zip(results, seeds)])
         raise
     _add_batch_stats(results, group, size, time.perf_counter() - start)
     _raise_first_error(errors, results)
@@ -218,6 +220,8 @@ def generate_batch(decoder: Decoder, prompts, batch_size: int | None = None, max
 
 class Cancelled(Exception):
     """Raised in a lane between rounds once its batch is interrupted: the lane's sequence stops there."""
+
+    partial: GenerationResult  # the tokens so far: set by Decoder.generate as the exception leaves it
 
 
 def _check_prompts(decoder: Decoder, prompts) -> list[list[int]]:
@@ -300,9 +304,9 @@ def _raise_first_error(errors: list, results: list) -> None:
     if not failed:
         return
     i, e = failed[0]
-    e.partial = results
+    attach_partial(e, results)
     if isinstance(e, MultispecError):
         error = MultispecError(f"prompts[{i}]: {e}")
-        error.partial = results
+        attach_partial(error, results)
         raise error from e
     raise e
