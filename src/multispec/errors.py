@@ -11,6 +11,12 @@ def check(condition: bool, message: str) -> None:
         raise MultispecError(message)
 
 
+def attach_partial(error: BaseException, partial: object) -> None:
+    """Put what was done before `error` on it as `error.partial` (generate, generate_batch: the results so far).
+    Any exception may carry it, an interrupt included, so it is set as a plain attribute of the instance."""
+    setattr(error, "partial", partial)
+
+
 _TRUE, _FALSE = ("true", "1"), ("false", "0")
 
 

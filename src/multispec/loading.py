@@ -5,10 +5,14 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import torch
 
 from multispec.errors import MultispecError, check
+
+if TYPE_CHECKING:
+    from multispec.models.vocab_bridge import VocabBridge
 
 DEFAULT_PAIR_DIR = Path(__file__).parent / "default_pair"
 _DTYPES = {"float32": torch.float32, "fp32": torch.float32, "bfloat16": torch.bfloat16, "bf16": torch.bfloat16,
@@ -33,7 +37,7 @@ class Pair:
     compile: bool = False  # generate's default backend: "compiled" when True, else "hf"
     cross_vocab: str | None = None
     draft_tokenizer: object = None
-    bridge: object = None  # models.vocab_bridge.VocabBridge when cross_vocab
+    bridge: VocabBridge | None = None  # set when cross_vocab
 
     @property
     def device(self) -> torch.device:

@@ -25,7 +25,7 @@ from __future__ import annotations
 
 import threading
 
-from multispec.decoding.decoder import Decoder
+from multispec.decoding.decoder import Decoder, GenerationResult
 from multispec.decoding.engine import generate_ids
 from multispec.errors import MultispecError, check
 from multispec.models.batched import SlotBackend, SlotCache, StepBatcher
@@ -73,8 +73,9 @@ class BatchGroup:
         self.decoder, self.slots, self.rows = decoder, slots, rows
         self.batcher = StepBatcher()
         self.target_cache = SlotCache(FastNet.of(decoder.pair.target), slots, rows, priority=1)
-        self.draft_cache = SlotCache(FastNet.of(decoder.draft_model), slots, rows, priority=0) \
-            if decoder.uses_draft else None
+        draft_model = decoder.draft_model  # set exactly when the decoder drafts with it (uses_draft)
+        self.draft_cache = SlotCache(FastNet.of(draft_model), slots, rows, priority=0) \
+            if draft_model is not None else None
         self.batch_costs = _batch_costs(self) if decoder.config.name == "auto" else None
         self.lanes = [Lane(decoder, self, slot) for slot in range(slots)]
         self.cancelled = threading.Event()  # set: every lane stops after its current round (generate_batch)
@@ -139,3 +140,5 @@ def _batch_costs(group: BatchGroup):
 
 class Cancelled(Exception):
     """Raised in a lane between rounds once its batch is interrupted: the lane's sequence stops there."""
+
+    partial: GenerationResult  # the tokens so far: set by Decoder.generate as the exception leaves it

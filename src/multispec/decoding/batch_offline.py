@@ -12,7 +12,7 @@ from typing import Callable
 from multispec.decoding.batch import (CROSS_VOCAB_NOTE, MAX_BATCH, SEQUENTIAL_NOTE, BatchGroup, Cancelled,
                                       batchable)
 from multispec.decoding.decoder import Decoder, GenerationResult
-from multispec.errors import MultispecError, check
+from multispec.errors import MultispecError, attach_partial, check
 from multispec.validate import integer, seed_or_fresh
 
 
@@ -43,9 +43,10 @@ def generate_batch(decoder: Decoder, prompts, batch_size: int | None = None, max
     exception carries `.partial`: one result per prompt, finished or not (finish_reason "abort" for a sequence cut
     short, with its tokens so far, or never started, empty)."""
     encoded = _check_prompts(decoder, prompts)
-    max_new_tokens = integer(max_new_tokens, "max_new_tokens")
-    check(max_new_tokens is not None and max_new_tokens >= 1,
-          f"max_new_tokens must be an integer >= 1, got {max_new_tokens!r}")
+    n_new = integer(max_new_tokens, "max_new_tokens")
+    if n_new is None or n_new < 1:
+        raise MultispecError(f"max_new_tokens must be an integer >= 1, got {n_new!r}")
+    max_new_tokens = n_new
     size = integer(batch_size, "batch_size")
     check(size is None or 1 <= size <= MAX_BATCH, f"batch_size must be an integer in [1, {MAX_BATCH}], got {size!r}")
     size = min(size or len(prompts), len(prompts), MAX_BATCH)
@@ -76,7 +77,7 @@ def generate_batch(decoder: Decoder, prompts, batch_size: int | None = None, max
         else:
             _decode_in_lanes(group, len(prompts), one, done)
     except BaseException as e:  # an interrupt or an on_result error: every prompt's result goes with it
-        e.partial = [r if r is not None else _empty(s) for r, s in zip(results, seeds)]
+        attach_partial(e, [r if r is not None else _empty(s) for r, s in zip(results, seeds)])
         raise
     _add_batch_stats(results, group, size, time.perf_counter() - start)
     _raise_first_error(errors, results)
@@ -174,9 +175,9 @@ def _raise_first_error(errors: list, results: list) -> None:
     if not failed:
         return
     i, e = failed[0]
-    e.partial = results
+    attach_partial(e, results)
     if isinstance(e, MultispecError):
         error = MultispecError(f"prompts[{i}]: {e}")
-        error.partial = results
+        attach_partial(error, results)
         raise error from e
     raise e

@@ -13,7 +13,7 @@ decode through this class.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Callable
+from typing import Any, Callable
 
 from multispec.decoding.engine import generate_ids
 from multispec.decoding.logprobs import LogprobRecorder, TokenLogprob
@@ -21,8 +21,9 @@ from multispec.decoding.methods import MethodConfig, build_method, get_method
 from multispec.decoding.metrics import Metrics
 from multispec.decoding.pair_checks import (backend_name, cross_vocab_backend, refuse_trees_where_inexact,
                                             refuse_where_retokenizing)
-from multispec.errors import check
+from multispec.errors import MultispecError, attach_partial, check
 from multispec.loading import Pair, eos_ids, max_positions, vocab_rows
+from multispec.models.base import Backend
 from multispec.sampling import SamplingConfig
 from multispec.text import StopStrings, Streamer, encode_prompt
 from multispec.validate import integer, logit_bias as check_logit_bias, real, seed_or_fresh, stop_strings, token_ids
@@ -73,22 +74,23 @@ class Decoder:
         check(not self.entry.needs_draft or pair.draft is not None,
               f"method {self.config.name!r} needs a draft model; load the pair with a draft")
         self.uses_draft = pair.draft is not None and self.entry.drafts_with_model(self.config)
+        drafting = pair.draft if self.uses_draft else None  # the draft model, when this decoder drafts with it
         from multispec.models.cheap import CheapDraft
 
         self.cheap = CheapDraft(vocab=draft_vocab, dtype=draft_dtype)  # validated here, one line on bad values
-        if self.entry.chooses_cheap_draft and not self.cheap.active and draft_dtype is None and self.uses_draft \
+        if self.entry.chooses_cheap_draft and not self.cheap.active and draft_dtype is None and drafting is not None \
                 and pair.cross_vocab is None:  # auto: the fastest form of the draft on this machine (models/cheap)
             from multispec.models.cheap import choose_cheap_draft
 
-            self.cheap = choose_cheap_draft(pair.draft, pair.tokenizer, self.backend)
+            self.cheap = choose_cheap_draft(drafting, pair.tokenizer, self.backend)
         check(not self.cheap.active or self.uses_draft, f"draft_vocab / draft_dtype make the draft model cheaper, and "
                                                         f"method {self.config.name!r} does not draft with one here")
         check(self.cheap.vocab is None or pair.cross_vocab is None,
               "draft_vocab restricts a draft that shares the target's vocabulary; a draft with another tokenizer "
               "already drafts from the tokens the two vocabularies share")
-        self.draft_model = self.cheap.draft_model(pair.draft) if self.uses_draft else None  # int8: a copy, once
-        self.token_freq = self.cheap.frequencies(pair.tokenizer, vocab_rows(pair.draft)) \
-            if self.uses_draft else None
+        self.draft_model = self.cheap.draft_model(drafting) if drafting is not None else None  # int8: a copy, once
+        self.token_freq = self.cheap.frequencies(pair.tokenizer, vocab_rows(drafting)) \
+            if drafting is not None else None
         refuse_trees_where_inexact(pair, self.config, self.uses_draft)
         self.loaded = loaded if loaded is not None else \
             (self.entry.load(self.config, pair) if self.entry.load is not None else {})
@@ -102,7 +104,8 @@ class Decoder:
                                   and pair.cross_vocab is None else [])
         limits = [n for n in (max_positions(m) for m in models) if n is not None]
         self.context = min(limits) if limits else None  # the model's positions; None when the configs say nothing
-        self._target = self._draft = None
+        self._target: Backend | None = None
+        self._draft: Backend | None = None
         self._rows = 0  # static-cache rows of the current fast/compiled backends
         self._warm_up()
 
@@ -110,8 +113,7 @@ class Decoder:
         """A compiled backend compiles every step size now, not mid-generation (FastNet keeps the code on the model,
         so this is cheap for a second Decoder of the same models)."""
         if self.backend == "compiled":
-            self._backends(1)
-            for b in (self._target, self._draft):
+            for b in self._backends(1):  # compiled backends (FastBackend) have warm_up
                 if b is not None:
                     b.warm_up()
 
@@ -175,8 +177,11 @@ class Decoder:
             self._target = self.wrap_target(target) if self.wrap_target is not None else target
             self._draft = None
             if self.uses_draft:
-                self._draft = make_backend(self.draft_model, self.backend, **kw) if self.pair.cross_vocab is None \
-                    else cross_vocab_backend(self.pair, self.draft_model, self.backend, len(self.config.tree))
+                draft_model = self.draft_model  # set whenever uses_draft (__init__)
+                if draft_model is None:
+                    raise RuntimeError("Decoder: drafts with a draft model but has none")
+                self._draft = make_backend(draft_model, self.backend, **kw) if self.pair.cross_vocab is None \
+                    else cross_vocab_backend(self.pair, draft_model, self.backend, len(self.config.tree))
             self._rows = rows
         return self._target, self._draft
 
@@ -187,7 +192,8 @@ class Decoder:
         transformers' `generate` does: its temperature, top_k and top_p when it sets do_sample, else greedy.
         The processors (min_p ... min_tokens, see SamplingConfig) are off unless given."""
         temperature, top_k, top_p = real(temperature, "temperature"), integer(top_k, "top_k"), real(top_p, "top_p")
-        processors = dict(min_p=real(min_p, "min_p"), logit_bias=check_logit_bias(logit_bias, self.vocab_size))
+        processors: dict[str, Any] = dict(min_p=real(min_p, "min_p"),
+                                          logit_bias=check_logit_bias(logit_bias, self.vocab_size))
         for name, value, off in (("repetition_penalty", repetition_penalty, 1.0),
                                  ("presence_penalty", presence_penalty, 0.0),
                                  ("frequency_penalty", frequency_penalty, 0.0)):
@@ -226,10 +232,11 @@ class Decoder:
         if logprobs is not None or prompt_logprobs:
             recorder = LogprobRecorder(top=0 if logprobs is None else logprobs, mode=logprobs_mode,
                                        prompt=prompt_logprobs)
-        max_new_tokens = integer(max_new_tokens, "max_new_tokens")
+        n_new = integer(max_new_tokens, "max_new_tokens")
         least = 0 if prompt_logprobs else 1  # 0 new tokens: the prompt's logprobs only (echo with max_tokens 0)
-        check(max_new_tokens is not None and max_new_tokens >= least,
-              f"max_new_tokens must be an integer >= {least}, got {max_new_tokens!r}")
+        if n_new is None or n_new < least:
+            raise MultispecError(f"max_new_tokens must be an integer >= {least}, got {n_new!r}")
+        max_new_tokens = n_new
         check(sampling.min_tokens <= max_new_tokens, f"min_tokens ({sampling.min_tokens}) must be at most "
                                                      f"max_new_tokens ({max_new_tokens})")
         seed = seed_or_fresh(seed)
@@ -245,9 +252,9 @@ class Decoder:
                                     streamer.on_tokens, reproducible, ends, recorder)
         except BaseException as e:  # keep what was committed: the caller gets it as e.partial, then the error
             new = list(streamer.latest)
-            e.partial = GenerationResult(token_ids=new, text=stops.decode(new),
-                                         stats={"seed": seed, "new_tokens": len(new), "warnings": warnings},
-                                         finish_reason="abort")
+            attach_partial(e, GenerationResult(token_ids=new, text=stops.decode(new),
+                                               stats={"seed": seed, "new_tokens": len(new), "warnings": warnings},
+                                               finish_reason="abort"))
             raise
         text, new_ids = stops.final(new)
         streamer.flush(text, new_ids)
@@ -258,7 +265,7 @@ class Decoder:
         return GenerationResult(
             token_ids=new_ids, text=text, stats=stats, finish_reason=metrics.finish_reason,
             logprobs=recorder.tokens[:len(new_ids)] if recorder is not None and logprobs is not None else None,
-            prompt_logprobs=recorder.prompt_tokens if prompt_logprobs else None)
+            prompt_logprobs=recorder.prompt_tokens if recorder is not None and prompt_logprobs else None)
 
     def reproducible_mode(self, reproducible: bool | None, seed, sampling: SamplingConfig) -> bool:
         """Whether a run verifies with position-keyed noise (the text fixed by the seed whatever the method, plan

@@ -38,7 +38,7 @@ from multispec.decoding.ti_round import ti_round
 from multispec.drafting.proposers import Proposal, RoundInputs, get_proposer
 from multispec.drafting.protocol import DraftPolicy, RoundOutcome, RoundTimes
 from multispec.errors import check
-from multispec.models.base import Backend, forward_chain
+from multispec.models.base import Backend, forward_chain, has_vocab_subset
 from multispec.sampling import SamplingConfig, greedy_argmax, process_logits
 from multispec.verify.keyed import node_keys
 from multispec.verify.tree_walk import walk_tree_greedy
@@ -71,7 +71,7 @@ def generate_ids(
         outcome = ti_round(run, state, limit) if method.target_init else _round(run, state, limit)
         run.policy.observe(outcome)
         c.count(outcome)
-        if draft is not None and getattr(draft, "vocab_subset", None) is not None:  # a reduced draft vocabulary
+        if draft is not None and has_vocab_subset(draft):  # a reduced draft vocabulary
             draft.extend_vocab_subset(outcome.committed)  # grows between rounds only: q is the law drafts came from
         new.extend(outcome.committed)
         state.history.extend(outcome.committed)
@@ -197,7 +197,10 @@ def _pending_after(run: Run, state: State, proposal: Proposal, path: list[int], 
     """What the draft has yet to consume after this round: what it was not fed of the accepted path, and nxt.
     A proposal that fed the draft keeps the draft's rows of the accepted path it consumed."""
     if proposal.draft_fed:
-        keep_path(run.draft, proposal.tree, [u for u in path if u < proposal.draft_fed], proposal.draft_root)
+        draft, draft_root = run.draft, proposal.draft_root
+        if draft is None or draft_root is None:  # a proposal that fed the draft model says where its rows start
+            raise RuntimeError("a proposal fed a draft model the run does not have, or gave no draft_root")
+        keep_path(draft, proposal.tree, [u for u in path if u < proposal.draft_fed], draft_root)
         return [tok[u] for u in path if u >= proposal.draft_fed] + [nxt]
     if run.draft is not None:  # the draft consumed nothing this round: it catches up when it next drafts
         return state.pending[:-1] + [tok[u] for u in path] + [nxt]

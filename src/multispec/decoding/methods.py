@@ -28,7 +28,7 @@ def _build_auto(o: dict) -> MethodConfig:
     proposers = tuple(x.strip() for x in proposers.replace("+", ",").split(",")) \
         if isinstance(proposers, str) else tuple(proposers)
     bad = [x for x in proposers if x not in AUTO_PROPOSERS]
-    check(proposers and not bad, f"auto: proposers must be among {', '.join(AUTO_PROPOSERS)}, got {proposers!r}")
+    check(bool(proposers) and not bad, f"auto: proposers must be among {', '.join(AUTO_PROPOSERS)}, got {proposers!r}")
     return MethodConfig(name="auto", verifier="traversal", proposers=proposers, max_nodes=max_nodes_option(o, 32), options=o)
 
 
@@ -170,7 +170,7 @@ def _auto_policy(config: MethodConfig, pair, loaded: dict):
     if pair is None:
         return AutoPolicy(proposers=config.proposers, max_nodes=config.max_nodes, suffix_store=store)
     proposers = tuple(p for p in config.proposers if p != "draft" or pair.draft is not None)
-    check(proposers, "auto: proposers=draft needs a draft model; load the pair with a draft, or let auto use "
+    check(bool(proposers), "auto: proposers=draft needs a draft model; load the pair with a draft, or let auto use "
                      "lookup (proposers=draft,lookup)")
     chains_only = any(m is not None and hasattr(m, "config") and tree_refusal(m) for m in (pair.target, pair.draft))
     if chains_only:  # suffix trees are trees

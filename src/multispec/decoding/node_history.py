@@ -42,10 +42,10 @@ class CommittedHistory:
     def for_nodes(self, tree: Tree, tokens: torch.Tensor, rows: range | list[int], vocab: int) -> History:
         """One row per node in `rows` of `tree` (tokens: long [N], tokens[0] the root): each node's history is the
         committed one plus the tokens of its own path below the root."""
-        rows = torch.as_tensor(list(rows), dtype=torch.long)
+        idx = torch.as_tensor(list(rows), dtype=torch.long)
         n = len(tokens)
-        below_root = tree.ancestor_mask[:n, :n][rows][:, 1:].float()  # [R, N-1]: u's path nodes below the root
+        below_root = tree.ancestor_mask[:n, :n][idx][:, 1:].float()  # [R, N-1]: u's path nodes below the root
         path_counts = below_root @ torch.nn.functional.one_hot(tokens[1:n], self.vocab).float()  # [R, V]
         counts = self.counts[None] + path_counts
         return History(seen=(self.seen[None] | (path_counts > 0))[:, :vocab], counts=counts[:, :vocab],
-                       out_len=self.out_len + tree.depth_tensor[:n][rows], stop_ids=self.stop_ids)
+                       out_len=self.out_len + tree.depth_tensor[:n][idx], stop_ids=self.stop_ids)

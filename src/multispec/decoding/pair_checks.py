@@ -28,12 +28,16 @@ def cross_vocab_backend(pair: Pair, draft_model, kind: str, depth: int = 0):
     from multispec.models.intersection import IntersectionDraft
     from multispec.models.retokenize import RetokenizedDraft
 
+    if pair.draft is None:  # callers build it for a pair with a cross-vocabulary draft only
+        raise RuntimeError("cross_vocab_backend: the pair has no draft")
     rows = min(max_positions(pair.draft) or 4096, 4096)
     inner = make_backend(draft_model, kind, **({} if kind == "hf" else {"max_len": rows}))
     if pair.cross_vocab == "uag":
         lookahead = min(8, depth + depth // 2 + 1) if depth else 8
         return RetokenizedDraft(inner, pair.tokenizer, pair.draft_tokenizer, vocab_rows(pair.target), rows,
                                 lookahead)
+    if pair.bridge is None:  # load_pair sets it with cross_vocab
+        raise RuntimeError("cross_vocab_backend: the pair has no vocabulary bridge")
     return IntersectionDraft(inner, pair.bridge, rows)
 
 

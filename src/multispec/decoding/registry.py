@@ -9,6 +9,7 @@ import math
 from dataclasses import dataclass, field
 from typing import Callable
 
+from multispec.drafting.protocol import DraftPolicy
 from multispec.errors import check
 
 DEFAULT_METHOD = "auto"  # the API's, the CLI's and the server's default method: change it here only
@@ -105,7 +106,7 @@ class MethodEntry:
     name: str
     options: tuple  # Option declarations; bare names are taken as undocumented "str" options
     build: Callable[[dict], MethodConfig]
-    make_policy: Callable[[MethodConfig, object, dict], object]
+    make_policy: Callable[[MethodConfig, object, dict], DraftPolicy]
     needs_draft: bool = True
     uses_draft: Callable[[MethodConfig], bool] | None = None
     load: Callable[[MethodConfig, object], dict] | None = None
@@ -171,7 +172,7 @@ def build_method(name: str, **options) -> MethodConfig:
     return entry.build(options)
 
 
-def build_policy(config: MethodConfig, pair=None, loaded: dict | None = None):
+def build_policy(config: MethodConfig, pair=None, loaded: dict | None = None) -> DraftPolicy:
     """The draft policy of `config`, loading its trained models unless `loaded` holds them. pair: the loaded Pair
     (None in tests that drive the engine directly: then no trained models and every auto proposer is allowed)."""
     entry = get_method(config.name)

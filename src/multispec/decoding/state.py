@@ -89,15 +89,19 @@ def prefill(target: Backend, prompt: list[int], target_init: bool, sampling: Sam
     """Feed the prompt (all of it for target-initialized methods, all but the root otherwise); with
     logprobs.prompt, every row's logits are kept to score the prompt's tokens (raw)."""
     ids = torch.tensor(prompt, dtype=torch.long)
-    score_prompt = logprobs is not None and logprobs.prompt
-    if score_prompt:
-        logprobs.prompt_tokens.append(None)
+    scorer = logprobs if logprobs is not None and logprobs.prompt else None  # scores the prompt's tokens
+    if scorer is not None:
+        scorer.prompt_tokens.append(None)
     fed = ids if target_init else ids[:-1]
-    out = forward_chain(target, fed, last_only=not score_prompt) if len(fed) else None
-    if score_prompt and len(prompt) > 1:
-        logprobs.add(torch.log_softmax(out.logits[:len(prompt) - 1].float(), -1), prompt[1:], prompt=True)
+    out = forward_chain(target, fed, last_only=scorer is None) if len(fed) else None
+    if scorer is not None and len(prompt) > 1:
+        if out is None:  # unreachable: a prompt of 2 or more tokens feeds at least one
+            raise RuntimeError("prefill: nothing was fed")
+        scorer.add(torch.log_softmax(out.logits[:len(prompt) - 1].float(), -1), prompt[1:], prompt=True)
     state = State(pending=[prompt[-1]], history=list(prompt), committed=committed, logprobs=logprobs)
     if target_init:
+        if out is None:  # unreachable: a target-initialized prefill feeds the whole (non-empty) prompt
+            raise RuntimeError("prefill: nothing was fed")
         raw = out.logits[-1:]  # [1, V]
         adjusted = adjusted_logits(raw, sampling, state.root_history(raw))
         state.rank_next = (adjusted if adjusted is not None else raw)[0]

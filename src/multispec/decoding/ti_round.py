@@ -31,7 +31,10 @@ def ti_round(run: Run, state: State, limit: tuple[int, int]) -> RoundOutcome:
     level1 = _draw_level1(state, len(max_tree.level(1)), run.sampling, run.gen_draft)
     if len(level1) < len(max_tree.level(1)):  # the target has fewer candidates than W (e.g. top-k): narrower tree
         max_tree = _narrow(max_tree, len(level1))
-    d = grow_tree(run.draft, state.pending, max_tree, level1, 1, run.sampling, _draft_law(run), run.gen_draft,
+    draft = run.draft
+    if draft is None:  # Decoder refuses these methods without a draft (MethodEntry.needs_draft)
+        raise RuntimeError("a target-initialized round drafts with the draft model, but the run has none")
+    d = grow_tree(draft, state.pending, max_tree, level1, 1, run.sampling, _draft_law(run), run.gen_draft,
                   run.policy, history=state.draft_history(max_tree))
     t1 = time.perf_counter()
     lt = run.target.cache_len  # includes the root
@@ -52,7 +55,7 @@ def ti_round(run: Run, state: State, limit: tuple[int, int]) -> RoundOutcome:
     fed_path = [u for u in path if u < d.fed]
     if fed_path[-1] == path[-1]:  # keep the newest committed token pending: it is the next root
         fed_path = fed_path[:-1]
-    run.draft.keep(d.tree.keep_indices(fed_path, d.root_index))
+    draft.keep(d.tree.keep_indices(fed_path, d.root_index))
     state.pending = [int(d.tokens[u]) for u in path if u not in fed_path]
     _next_law(run, state, out.logits, rows_history, p, path, verdict, d.tokens)
     t3 = time.perf_counter()
@@ -70,10 +73,13 @@ def _next_law(run: Run, state: State, logits: torch.Tensor, rows_history, p: tor
     adjusted = adjusted_logits(logits, run.sampling, rows_history)  # [n - 1, V]: nodes 1..n-1
     ranked = adjusted if adjusted is not None else logits
     if state.logprobs is not None:
+        previous = state.logprob_next  # set by the prefill, then by every round, when logprobs are recorded
+        if previous is None:
+            raise RuntimeError("target-initialized round: logprobs recorded but no log-probabilities carried over")
         rows = [u - 1 for u in path[1:-1]] + [verdict.next_node - 1]
         lp = state.logprobs.rows(run.sampling, logits[rows], None if adjusted is None else adjusted[rows],
                                  None if run.sampling.greedy else p[[u + 1 for u in rows]])
-        state.logprobs.add(torch.cat([state.logprob_next[None], lp[:-1]]), [int(tokens[u]) for u in path[1:]])
+        state.logprobs.add(torch.cat([previous[None], lp[:-1]]), [int(tokens[u]) for u in path[1:]])
         state.logprob_next = lp[-1]
     state.rank_next = ranked[verdict.next_node - 1]
     state.p_next = verdict.residual if verdict.residual is not None else p[verdict.next_node]
@@ -82,9 +88,14 @@ def _next_law(run: Run, state: State, logits: torch.Tensor, rows_history, p: tor
 def _draw_level1(state: State, width: int, sampling: SamplingConfig, gen: torch.Generator) -> list[int]:
     """W distinct tokens from the target's next-token law: top-W when greedy, else sampled without replacement."""
     if sampling.greedy:
-        greedy_argmax(state.rank_next)  # NaN logits: one line, not a silent token
-        return state.rank_next.topk(width).indices.tolist()
-    p = state.p_next
+        ranked = state.rank_next  # set by the prefill, then by every round
+        if ranked is None:
+            raise RuntimeError("target-initialized round: no next-token ranking carried over")
+        greedy_argmax(ranked)  # NaN logits: one line, not a silent token
+        return ranked.topk(width).indices.tolist()
+    p = state.p_next  # set at T > 0 by the prefill, then by every round
+    if p is None:
+        raise RuntimeError("target-initialized round: no next-token law carried over")
     width = min(width, int((p > 0).sum()))
     return torch.multinomial(p, width, replacement=False, generator=gen).tolist()
 

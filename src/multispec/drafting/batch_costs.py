@@ -93,7 +93,7 @@ def _calibrate_batched(cache, sizes: list[int], budget_s: float) -> list[list[fl
     timed(1, 1)  # warm-up
     table = []
     for b in sizes:
-        row = []
+        row: list[float] = []
         for n in measurable:
             if b > cache.slots or (row and time.perf_counter() - start > budget_s):
                 break
@@ -101,13 +101,13 @@ def _calibrate_batched(cache, sizes: list[int], budget_s: float) -> list[list[fl
             row.append(min(timed(b, n) for _ in range(runs)))
         table.append(row)
     cache.lens[:] = [0] * cache.slots
-    out = []
+    out: list[list[float]] = []
     for i, row in enumerate(table):
         if not row:  # a size past the slots or the budget: linear in the batch from the two sizes below
             a, c = out[i - 1], out[i - 2] if i >= 2 else [x / sizes[i - 1] for x in out[i - 1]]
             size_a, size_c = sizes[i - 1], sizes[i - 2] if i >= 2 else 0
-            slope = [(x - y) / (size_a - size_c) for x, y in zip(a, c)]
-            out.append([x + s * (sizes[i] - size_a) for x, s in zip(a, slope)])
+            slopes = [(x - y) / (size_a - size_c) for x, y in zip(a, c)]
+            out.append([x + s * (sizes[i] - size_a) for x, s in zip(a, slopes)])
             continue
         while len(row) < len(BUCKETS):
             j = len(row)

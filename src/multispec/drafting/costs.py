@@ -35,7 +35,7 @@ class CostCurve:
 
     seconds: list[float]
 
-    def __call__(self, n: int) -> float:
+    def __call__(self, n: float) -> float:
         """Predicted seconds of a forward of n >= 1 tokens (linear between buckets, linear beyond the last)."""
         b = BUCKETS
         if n <= b[0]:

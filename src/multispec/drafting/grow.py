@@ -26,12 +26,15 @@ DrawFn = Callable[[torch.Tensor, int, torch.Generator], torch.Tensor]
 class StopPolicy(Protocol):
     """Decides, after each drafted level, whether to draft another one. Reads draft-side state only."""
 
+    needs_hidden: bool  # keep_drafting reads the draft's hidden states (the draft forwards then return them)
+
     def start_round(self) -> None: ...
 
-    def keep_drafting(self, depth: int, parent_hidden: torch.Tensor, parent_q: torch.Tensor,
+    def keep_drafting(self, depth: int, parent_hidden: torch.Tensor | None, parent_q: torch.Tensor,
                       new_tokens: torch.Tensor | None = None) -> bool:
         """depth: levels drafted so far (>= 1). parent_hidden: float [n, H] draft hidden states at the nodes that
-        produced the newest level (hidden of the consumed token); parent_q: float [n, V] their distributions;
+        produced the newest level (hidden of the consumed token; None unless hidden states were asked for:
+        needs_hidden or want_hidden); parent_q: float [n, V] their distributions;
         new_tokens: long [m] the newest level's tokens."""
         ...
 

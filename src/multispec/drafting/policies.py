@@ -85,9 +85,11 @@ class ThresholdStop(FixedTree):
     def start_round(self) -> None:
         self.cum = 1.0
 
-    def keep_drafting(self, depth: int, parent_hidden: torch.Tensor, parent_q: torch.Tensor,
+    def keep_drafting(self, depth: int, parent_hidden: torch.Tensor | None, parent_q: torch.Tensor,
                       new_tokens: torch.Tensor | None = None) -> bool:
         if depth >= 2:  # parent is Y_{depth-1}, a draft token
+            if parent_hidden is None:
+                raise RuntimeError("ThresholdStop needs the draft's hidden states (needs_hidden), got None")
             self.cum *= float(self.predict(parent_hidden)[0])
         if depth < self.k_min:
             return True
@@ -104,8 +106,10 @@ class AnyChainAbove(FixedTree):
         super().__init__(tree)
         self.predict, self.beta = predict, beta
 
-    def keep_drafting(self, depth: int, parent_hidden: torch.Tensor, parent_q: torch.Tensor,
+    def keep_drafting(self, depth: int, parent_hidden: torch.Tensor | None, parent_q: torch.Tensor,
                       new_tokens: torch.Tensor | None = None) -> bool:
+        if parent_hidden is None:
+            raise RuntimeError("AnyChainAbove needs the draft's hidden states (needs_hidden), got None")
         return bool((self.predict(parent_hidden, parent_q) >= self.beta).any())
 
 
@@ -124,8 +128,10 @@ class ConfidenceStop(FixedTree):
         super().__init__(tree)
         self.threshold = threshold
 
-    def keep_drafting(self, depth: int, parent_hidden: torch.Tensor, parent_q: torch.Tensor,
+    def keep_drafting(self, depth: int, parent_hidden: torch.Tensor | None, parent_q: torch.Tensor,
                       new_tokens: torch.Tensor | None = None) -> bool:
+        if new_tokens is None:
+            raise RuntimeError("ConfidenceStop reads the newest level's tokens, got None")
         return bool((_child_probs(_expand(parent_q, new_tokens), new_tokens) >= self.threshold).any())
 
 
@@ -139,7 +145,7 @@ class EntropyStop(FixedTree):
         super().__init__(tree)
         self.threshold, self.gamma = threshold, gamma
 
-    def keep_drafting(self, depth: int, parent_hidden: torch.Tensor, parent_q: torch.Tensor,
+    def keep_drafting(self, depth: int, parent_hidden: torch.Tensor | None, parent_q: torch.Tensor,
                       new_tokens: torch.Tensor | None = None) -> bool:
         q = parent_q.clamp_min(1e-30)
         entropy = -(parent_q * q.log()).sum(-1)  # [n_parents]

@@ -25,7 +25,7 @@ from multispec.drafting.grow import DrawFn, StopPolicy, grow_tree
 from multispec.drafting.lookup import one_hot_law
 from multispec.drafting.protocol import RoundPlan
 from multispec.drafting.suffix import first_child_law
-from multispec.errors import check
+from multispec.errors import MultispecError, check
 from multispec.models.base import Backend
 from multispec.sampling import SamplingConfig
 from multispec.tree import Tree
@@ -146,9 +146,11 @@ class DraftModelProposer:
     feeds_draft = True
 
     def propose(self, inputs: RoundInputs, plan: RoundPlan, max_tree: Tree) -> Proposal:
-        check(inputs.draft is not None, "this round drafts with the draft model, but the pair has none")
+        draft = inputs.draft
+        if draft is None:
+            raise MultispecError("this round drafts with the draft model, but the pair has none")
         keys = node_keys(max_tree, inputs.key, inputs.root_position) if inputs.key is not None else None
-        d = grow_tree(inputs.draft, inputs.pending, max_tree, [], 0, inputs.sampling, inputs.draw, inputs.generator,
+        d = grow_tree(draft, inputs.pending, max_tree, [], 0, inputs.sampling, inputs.draw, inputs.generator,
                       inputs.policy, keys=keys, history=inputs.node_history(max_tree))
         return Proposal(d.tree, max_tree, d.tokens, d.q, draft_fed=d.fed, draft_root=d.root_index,
                         draft_calls=d.draft_calls)

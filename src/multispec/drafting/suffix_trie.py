@@ -21,9 +21,12 @@ from __future__ import annotations
 
 import heapq
 from dataclasses import dataclass
-from typing import Sequence
+from typing import Sequence, TypeAlias
 
 from multispec.tree import Tree
+
+# A trie position: a node id, or a point (seq, start, d) inside a lazy leaf's chain: the string seq[start:start + d]
+Ref: TypeAlias = "int | tuple[Sequence[int], int, int]"
 
 
 class Trie:
@@ -68,9 +71,10 @@ class Trie:
         kids[token] = node
         return node
 
-    def _split(self, node: int) -> None:
-        """Make lazy leaf `node` a plain node: its occurrence's next token (if any) becomes a lazy child."""
-        seq, start = self.tail[node]
+    def _split(self, node: int, tail: tuple[Sequence[int], int]) -> None:
+        """Make lazy leaf `node` (its `tail`: (seq, start)) a plain node: its occurrence's next token (if any)
+        becomes a lazy child."""
+        seq, start = tail
         self.tail[node] = None
         d = self.level[node]
         if d < self.depth and start + d < len(seq):
@@ -90,8 +94,9 @@ class Trie:
                 child = self._new(node, token, (seq, i - self.level[node]))
                 count[child] = 1
                 continue
-            if tail[child] is not None:  # seen once before, in a chain: split it one level
-                self._split(child)
+            chain = tail[child]
+            if chain is not None:  # seen once before, in a chain: split it one level
+                self._split(child, chain)
             count[child] += 1
             if self.level[child] < self.depth:
                 new.append(child)
@@ -109,6 +114,8 @@ class Trie:
             node, node_freed = 0, False
             for token in tokens[start : start + self.depth]:
                 kids = self.kids[node]
+                if kids is None:
+                    raise RuntimeError(f"suffix trie: removing a sequence never added (node {node} has no children)")
                 child = kids[token]
                 if node_freed:  # `node` was freed on this walk: its dict only led here
                     self.kids[node] = None
@@ -129,41 +136,45 @@ class Trie:
                 if node_freed:
                     self.kids[node] = None
 
-    def children(self, ref) -> list[tuple[int, int, object]]:
+    def children(self, ref: Ref) -> list[tuple[int, int, Ref]]:
         """[(count, token, child ref)] below a node or chain position, unordered."""
         if isinstance(ref, int):
-            if self.tail[ref] is None:
+            tail = self.tail[ref]
+            if tail is None:
                 kids = self.kids[ref]
                 return [(self.count[c], t, c) for t, c in kids.items()] if kids else []
-            (seq, start), d = self.tail[ref], self.level[ref]
+            (seq, start), d = tail, self.level[ref]
         else:
             seq, start, d = ref
         if d < self.depth and start + d < len(seq):
             return [(1, seq[start + d], (seq, start, d + 1))]
         return []
 
-    def ranked(self, ref) -> list[tuple[int, int, object]]:
+    def ranked(self, ref: Ref) -> list[tuple[int, int, Ref]]:
         """`children(ref)`, most frequent first, then by token id."""
         return sorted(self.children(ref), key=lambda e: (-e[0], e[1]))
 
-    def walk(self, tokens: Sequence[int]):
+    def walk(self, tokens: Sequence[int]) -> Ref | None:
         """The ref of the string `tokens`, or None."""
-        ref = 0
+        ref: Ref = 0
         for token in tokens:
+            step: Ref | None
             if isinstance(ref, int) and self.tail[ref] is None:
                 kids = self.kids[ref]
-                ref = kids.get(token) if kids is not None else None
+                step = kids.get(token) if kids is not None else None
             else:
                 below = self.children(ref)
-                ref = below[0][2] if below and below[0][1] == token else None
-            if ref is None:
+                step = below[0][2] if below and below[0][1] == token else None
+            if step is None:
                 return None
+            ref = step
         return ref
 
-    def longest_match(self, context: Sequence[int], max_match: int):
+    def longest_match(self, context: Sequence[int], max_match: int) -> tuple[Ref, int]:
         """(ref, m): the longest suffix of `context` (m <= max_match) that has a continuation, by bisection on m
         (a suffix of such a suffix has one too); (0, 0) when none. O(max_match log max_match)."""
-        lo, hi, best = 1, min(max_match, len(context), self.depth - 1), (0, 0)
+        best: tuple[Ref, int] = (0, 0)
+        lo, hi = 1, min(max_match, len(context), self.depth - 1)
         while lo <= hi:
             m = (lo + hi) // 2
             ref = self.walk(context[len(context) - m :])

@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import inspect
 from dataclasses import dataclass
-from typing import Protocol
+from typing import Protocol, TypeGuard
 
 import torch
 
@@ -51,15 +51,41 @@ class Backend(Protocol):
     def keep(self, indices: torch.Tensor) -> None: ...
 
 
+class LastOnlyBackend(Backend, Protocol):
+    """A backend whose forward takes the optional `last_only` keyword (every backend in models/ does; wrappers
+    and test doubles may not: `takes_last_only` tells)."""
+
+    def forward(
+        self, tokens: torch.Tensor, positions: torch.Tensor, mask: torch.Tensor | None = None,
+        want_hidden: bool = False, last_only: bool = False
+    ) -> ForwardOut: ...
+
+
 def causal_mask(cache_len: int, n: int) -> torch.Tensor:
     """bool [n, cache_len + n]: every cached row, plus the new tokens causally (a chain)."""
     tail = torch.ones(n, n, dtype=torch.bool).tril()
     return torch.cat([torch.ones(n, cache_len, dtype=torch.bool), tail], dim=1)
 
 
-def takes_last_only(backend) -> bool:
+class VocabSubsetBackend(Backend, Protocol):
+    """A backend that can restrict its output layer to a subset of the vocabulary (models/reduced_vocab.py's mixin:
+    a cheap draft, models/cheap.py). vocab_subset: the restricted layer, None for the full one."""
+
+    vocab_subset: object
+
+    def set_vocab_subset(self, ids) -> None: ...
+
+    def extend_vocab_subset(self, ids) -> None: ...
+
+
+def takes_last_only(backend: Backend) -> TypeGuard[LastOnlyBackend]:
     """Whether the backend's forward takes the optional `last_only` keyword (wrappers and test doubles may not)."""
     return "last_only" in inspect.signature(backend.forward).parameters
+
+
+def has_vocab_subset(backend: Backend) -> TypeGuard[VocabSubsetBackend]:
+    """Whether the backend's output layer is restricted to a vocabulary subset now (`vocab_subset` set)."""
+    return getattr(backend, "vocab_subset", None) is not None
 
 
 def forward_chain(backend: Backend, tokens: torch.Tensor, want_hidden: bool = False,

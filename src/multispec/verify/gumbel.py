@@ -114,9 +114,9 @@ def coupled_ranks(p, q, n: int) -> np.ndarray:
     out = np.zeros((v, n))
     support = np.flatnonzero(q > 0)
     pads = [x for x in range(v) if q[x] <= 0]  # after the support, lowest index first
-    for rank, x in enumerate(pads, start=len(support)):
+    for rank, pad in enumerate(pads, start=len(support)):
         if rank < n:
-            out[x, rank] = p[x]
+            out[pad, rank] = p[pad]
     for x in support:
         if p[x] <= 0:
             continue

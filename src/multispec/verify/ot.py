@@ -26,6 +26,7 @@ import bisect
 import functools
 import math
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 import torch
@@ -162,7 +163,8 @@ def region_pieces(order: np.ndarray, q: np.ndarray, r: np.ndarray, lo: float, hi
     """
     if order.size == 0:
         return np.zeros(0, dtype=np.int64), np.zeros(0), np.zeros(0), np.zeros(0, dtype=np.int64)
-    best = (0, order[::-1], None)
+    # (tokens that nest, the order tried, their intervals (A, B): None while no order nests a token)
+    best: tuple[int, np.ndarray, tuple[np.ndarray, np.ndarray] | None] = (0, order[::-1], None)
     if not force_sweep:
         for o in ((order[::-1], order) if ascending_first else (order, order[::-1])):
             A, B, good = nested_intervals(o, q, r, lo, hi, n)
@@ -171,8 +173,11 @@ def region_pieces(order: np.ndarray, q: np.ndarray, r: np.ndarray, lo: float, hi
             if good > best[0]:
                 best = (good, o, (A[:good], B[:good]))
     good, o, prefix = best
-    parts = [nested_pieces(o[:good], *prefix)] if good else []
-    left = [(lo, prefix[0][-1]), (prefix[1][-1], hi)] if good else [(lo, hi)]
+    if prefix is not None:  # good > 0: some tokens nest
+        parts = [nested_pieces(o[:good], *prefix)]
+        left = [(lo, prefix[0][-1]), (prefix[1][-1], hi)]
+    else:
+        parts, left = [], [(lo, hi)]
     tok, a, b = sweep_pieces(o[good:].tolist(), q, r, left, n)
     tok = np.array(tok, dtype=np.int64)
     by_tok = np.argsort(tok, kind="stable")  # each token's pieces in the order placed: slots 0, 1, ...
@@ -180,7 +185,8 @@ def region_pieces(order: np.ndarray, q: np.ndarray, r: np.ndarray, lo: float, hi
     slot = np.empty(tok.size, dtype=np.int64)
     slot[by_tok] = np.arange(tok.size) - first
     parts.append((tok, np.array(a), np.array(b), slot))
-    return tuple(np.concatenate(x) for x in zip(*parts))
+    tok_all, lo_all, hi_all, slot_all = (np.concatenate(x) for x in zip(*parts))
+    return tok_all, lo_all, hi_all, slot_all
 
 
 def nested_intervals(order, q, r, lo, hi, n):
@@ -207,7 +213,7 @@ def nested_pieces(order, A, B):
     return np.concatenate([order, order]), np.concatenate([A, B_prev]), np.concatenate([A_prev, B]), slot
 
 
-def sweep_pieces(order: list[int], q: np.ndarray, r: np.ndarray, left: list[tuple[float, float]], n: int):
+def sweep_pieces(order: list[int] | np.ndarray, q: np.ndarray, r: np.ndarray, left: list[tuple[float, float]], n: int):
     """General shadow sweep: each token takes a window, contiguous in the key measure left (a sorted list of
     intervals), of length q(z) and F-mass r(z); the window's start solves a monotone equation (Brent).
     Returns lists (token, lo, hi) of pieces.
@@ -277,7 +283,9 @@ def sweep_pieces(order: list[int], q: np.ndarray, r: np.ndarray, left: list[tupl
                 out_a.extend(x[1].tolist())
                 out_b.extend(x[2].tolist())
             idx += done
-        left_part, right_part = [lo_b, u0], [u1, hi_b]
+        # each one interval [a, b], or the list of fragments a disjoint run leaves
+        left_part: list[Any] = [lo_b, u0]
+        right_part: list[Any] = [u1, hi_b]
         for side, part in ((True, left_part), (False, right_part)):  # then disjoint windows beside the hole
             if idx < m - 1 and part[1] > part[0]:
                 done, pieces, frags = disjoint_run(order[idx:m - 1], q, r, part[0], part[1], n, side)
@@ -337,7 +345,8 @@ def disjoint_run(order: np.ndarray, q: np.ndarray, r: np.ndarray, a: float, b: f
     inside measure left is the sweep's unique root, whatever else is left elsewhere. Returns (tokens placed,
     pieces (token, lo, hi) arrays, the fragments of [a, b] still left, sorted)."""
     placed, chunk, edge = 0, RUN_CHUNK, (b if leftward else a)
-    toks, los, his, frags = [], [], [], []
+    toks, los, his = [], [], []
+    frags: list[list[float]] = []
     while placed < order.size:
         ts = order[placed:placed + chunk]
         length, mass = q[ts], r[ts]

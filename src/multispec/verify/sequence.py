@@ -18,7 +18,7 @@ accepted path (node indices from the root 0) and the token that ends the round. 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Callable
+from typing import Any, Callable
 
 import torch
 
@@ -28,12 +28,15 @@ from multispec.verify import REGISTRY, get_verifier
 from multispec.verify.base import VerifierSpec
 from multispec.verify.block import block_law, verify_block
 from multispec.verify.gumbel import gumbel_chain_law, verify_gumbel
+from multispec.verify.keyed import PositionKeys
 from multispec.verify.rrs_wor import law_wor
 from multispec.verify.traversal import traversal_law, verify_traversal
 from multispec.verify.tree_walk import walk_tree, walk_tree_law
 
 Outcome = tuple[tuple[int, ...], int]
-VerifyFn = Callable[[Tree, torch.Tensor, torch.Tensor, torch.Tensor, "torch.Generator | None"], Outcome]
+# the last argument: a torch.Generator (or None), or a keyed.PositionKeys for a keyed verifier (`keyed`): which one
+# a given function takes is its spec's `keyed` flag, not its type, so it is typed Any here
+VerifyFn = Callable[[Tree, torch.Tensor, torch.Tensor, torch.Tensor, Any], Outcome]
 LawFn = Callable[[Tree, torch.Tensor, torch.Tensor, torch.Tensor], "dict[Outcome, float]"]
 
 
@@ -78,7 +81,7 @@ class SequenceVerifierSpec:
             self.draft.check_drafts(width)
 
     def verify(self, tree: Tree, tokens: torch.Tensor, p: torch.Tensor, q: torch.Tensor,
-               generator: torch.Generator | None) -> Outcome:
+               generator: torch.Generator | PositionKeys | None) -> Outcome:
         """Verify one drafted tree (B = 1). Shapes as in the class docstring. A keyed verifier takes a
         keyed.PositionKeys in place of the generator (MultispecError otherwise)."""
         check(p.shape == q.shape and p.shape[0] == len(tree) == tokens.shape[0],

@@ -43,8 +43,8 @@ def law_hub(q: torch.Tensor, n: int) -> tuple[torch.Tensor, torch.Tensor]:
     """Exact law of `draw_hub` for one q: float [V]: ordered pairs long [M, 2], weights float [M]."""
     check(n == 2, f"spechub drafts exactly 2 tokens per node, got {n}")
     q = q / q.sum()
-    a, off, degenerate = (t[0] for t in _hub(q[None]))
-    a = int(a)
+    a_row, off, degenerate = (t[0] for t in _hub(q[None]))
+    a = int(a_row)
     if bool(degenerate):
         return torch.tensor([[a, 1 if a == 0 else 0]]), torch.ones(1, dtype=q.dtype)
     rest = float(off.sum())

@@ -68,6 +68,8 @@ def verify_chains(tree: Tree, tokens: torch.Tensor, p: torch.Tensor, q: torch.Te
                 residual = r / r.sum() if float(r.sum()) > 1e-12 else p[reject_at]
             kept = path[: 2 + length]
             best = (length, kept, kept[-1] if reject_at is None else reject_at, residual)
+    if best is None:
+        raise RuntimeError("verify_chains: the tree has no root-to-leaf path")
     length, kept, next_node, residual = best
     return ChainVerdict(path=kept, accepted=length, next_node=next_node, residual=residual)
 

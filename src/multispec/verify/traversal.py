@@ -88,7 +88,10 @@ def verify_traversal(tree: Tree, tokens: torch.Tensor, p: torch.Tensor, q: torch
             return path, int(sample(state.P, generator))
         return None
 
-    return visit(0, _initial(0, 1.0, p, q), (0,))
+    found = visit(0, _initial(0, 1.0, p, q), (0,))
+    if found is None:  # unreachable: the walk always ends at the root at the latest
+        raise RuntimeError("verify_traversal: the walk ended nowhere")
+    return found
 
 
 def traversal_law(tree: Tree, tokens: torch.Tensor, p: torch.Tensor,

@@ -126,7 +126,7 @@ def to_tree(nodes: list[tuple[int, int]]) -> Tree:
     depth: list[int] = []
     for parent, _ in nodes:
         depth.append(1 if parent < 0 else depth[parent] + 1)
-    index = {}  # greedy index -> tree node index
+    index: dict[int, int] = {}  # greedy index -> tree node index
     parents = [-1]
     for d in range(1, max(depth, default=0) + 1):
         level = [i for i in range(len(nodes)) if depth[i] == d]

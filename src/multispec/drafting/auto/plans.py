@@ -38,7 +38,7 @@ class Planner:
         self.suffix_calib = [SUFFIX_PRIOR * SUFFIX_PRIOR_CALIB, SUFFIX_PRIOR]
         self.suffix_predicted = 0.0
         self.pending = 1  # the draft plan's pending count (rounded), read by chains stopped token by token
-        self._greedy = None
+        self._greedy: tuple[int, list[tuple[int, int]], list[float]] | None = None  # (acceptance version, nodes, reach)
         self._cache: dict = {}
 
     def ar(self, costs) -> RoundPlan:

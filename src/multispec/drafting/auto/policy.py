@@ -8,10 +8,12 @@ stored for the next one (`finish`); `report` only reads.
 from __future__ import annotations
 
 from collections import Counter, defaultdict
+from typing import Any
 
 from multispec.drafting.auto.acceptance import ConfidenceRates
 from multispec.drafting.auto.costs import AloneCosts, BatchShareCosts
 from multispec.drafting.auto.plans import Planner
+from multispec.drafting.batch_costs import BatchCosts
 from multispec.drafting.costs import CostModel, get_cost_model, update_after_generation
 from multispec.drafting.protocol import DraftPolicyBase, RoundOutcome, RoundPlan
 
@@ -22,6 +24,14 @@ BATCH_SKIP_BELOW = 0.8  # in a batch: plans predicted below this fraction of a p
 # In a batch a plan's cost also falls on the other sequences (each speculating sequence lengthens every step, while
 # the batch ends with its slowest sequence), which the share model does not see: speculate only for a clear gain.
 BATCH_MARGIN = 0.25
+
+
+def _tps(plan: RoundPlan) -> float:
+    """The predicted tokens/s of a plan the Planner made (it sets it on every plan)."""
+    tps = plan.predicted_tps
+    if tps is None:
+        raise RuntimeError(f"auto: plan {plan.label!r} has no predicted tokens/s")
+    return tps
 
 
 class AutoPolicy(DraftPolicyBase):
@@ -38,12 +48,14 @@ class AutoPolicy(DraftPolicyBase):
                           lookup_tokens=lookup_tokens, max_ngram=max_ngram)
         self.fixed_costs = cost_model
         self.suffix_store = suffix_store  # "suffix": the store of past requests shared by the Decoder family
-        self._batch = None  # (StepBatcher, BatchCosts, sampling) while this policy plans one sequence of a batch
+        # (StepBatcher, BatchCosts, sampling) while this policy plans one sequence of a batch
+        self._batch: tuple[Any, BatchCosts, bool] | None = None
         self.reset()
 
     def reset(self) -> None:
         self.planner = Planner(**self.shape, suffix_store=self.suffix_store)
-        self.costs = AloneCosts(self.fixed_costs, self.shape["max_nodes"]) if self.fixed_costs is not None else None
+        self.costs: AloneCosts | BatchShareCosts | None = (
+            AloneCosts(self.fixed_costs, self.shape["max_nodes"]) if self.fixed_costs is not None else None)
         self.confidence = ConfidenceRates()
         self.round_conf: list[float] = []
         self.has_draft = False
@@ -68,9 +80,15 @@ class AutoPolicy(DraftPolicyBase):
                                    getattr(draft, "model", draft) if self.has_draft else None, context_len)
             self.costs = AloneCosts(model, self.shape["max_nodes"])
 
+    def _costs(self) -> AloneCosts | BatchShareCosts:
+        """The cost view (set by reset with fixed costs, else by prepare, which the engine calls first)."""
+        if self.costs is None:
+            raise RuntimeError("auto: no costs yet (prepare() runs before the first round)")
+        return self.costs
+
     # ------------------------------------------------------------------ planning
     def plan_round(self, history: list[int], pending: int) -> RoundPlan:
-        costs, planner = self.costs, self.planner
+        costs, planner = self._costs(), self.planner
         batched = costs.live > 1
         if isinstance(costs, BatchShareCosts) and costs.sampling and costs.live >= BATCH_PLAIN_FROM:
             # Measured (docs/batching.md): sampling in a batch of 4 or more, speculation of any kind lost 11-28 %
@@ -86,16 +104,16 @@ class AutoPolicy(DraftPolicyBase):
         candidates = [p for p in (planner.draft(costs, pending) if self.has_draft else None,
                                   planner.lookup(costs, history) if "lookup" in self.proposers else None,
                                   self._suffix_plan(history, ar)) if p is not None]
-        best = max(candidates, key=lambda p: p.predicted_tps, default=ar)
+        best = max(candidates, key=_tps, default=ar)
         if batched:
             # every sequence's planning runs in turn between two forwards, so it costs the whole batch: when the
             # best speculative plan falls well short of a plain step, plain steps follow for 1, 2, 4 ... 16 rounds
-            if best is ar or best.predicted_tps < ar.predicted_tps * BATCH_SKIP_BELOW:
+            if best is ar or _tps(best) < _tps(ar) * BATCH_SKIP_BELOW:
                 self._batch_backoff = min(16, max(1, 2 * self._batch_backoff))
                 self._batch_skip = self._batch_backoff
             else:
                 self._batch_backoff = 0
-        if best.predicted_tps < ar.predicted_tps * (1 + (BATCH_MARGIN if batched else MARGIN)):
+        if _tps(best) < _tps(ar) * (1 + (BATCH_MARGIN if batched else MARGIN)):
             best = ar
         self.current = self._probe_or(best, candidates)
         return self.current
@@ -110,7 +128,7 @@ class AutoPolicy(DraftPolicyBase):
             return None
         plan = self.planner.suffix_tree(self.costs, history)
         if plan is not None:
-            if plan.predicted_tps < ar.predicted_tps:
+            if _tps(plan) < _tps(ar):
                 self._suffix_backoff = min(16, max(1, 2 * self._suffix_backoff))
                 self._suffix_skip = self._suffix_backoff
             else:
@@ -126,12 +144,12 @@ class AutoPolicy(DraftPolicyBase):
                 self.probe_level = 0
             return best
         self.ar_streak += 1
-        period = PROBE_PERIODS[min(self.probe_level, len(PROBE_PERIODS) - 1)] * self.costs.live
+        period = PROBE_PERIODS[min(self.probe_level, len(PROBE_PERIODS) - 1)] * self._costs().live
         if self.ar_streak < period:
             return best
         self.ar_streak = 0
         self.probe_level += 1
-        spec = max(speculative, key=lambda p: p.predicted_tps)
+        spec = max(speculative, key=_tps)
         return RoundPlan(spec.tree, spec.proposer, spec.tokens, spec.label + " (probe)", spec.predicted_tps,
                          spec.ngram)
 
@@ -152,7 +170,8 @@ class AutoPolicy(DraftPolicyBase):
         for cf in self.round_conf:
             reach *= self.confidence.rate(cf)
             expected += reach
-        c, o = self.costs, self.costs.overhead
+        c = self._costs()
+        o = c.overhead
         t_now = (c.d(self.planner.pending) + (depth - 1) * c.d(1) + c.t(depth + 1) + o["round_s"]
                  + depth * o["level_s"])
         nxt = self.confidence.rate(conf)  # confidence is persistent: the next token looks like this one
@@ -169,7 +188,7 @@ class AutoPolicy(DraftPolicyBase):
         row[1] += outcome.times.round_s
         row[2] += plan.predicted_tps or 0.0
         row[3] += 1
-        self.costs.observe(outcome)
+        self._costs().observe(outcome)
         if len(tree) == 1:
             return
         self.planner.learn(outcome)
