@@ -12,13 +12,13 @@ decode through this class.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
 from typing import Any, Callable
 
 from multispec.decoding.engine import generate_ids
-from multispec.decoding.logprobs import LogprobRecorder, TokenLogprob
+from multispec.decoding.logprobs import LogprobRecorder
 from multispec.decoding.methods import MethodConfig, build_method, get_method
 from multispec.decoding.metrics import Metrics
+from multispec.decoding.result import GenerationResult
 from multispec.decoding.pair_checks import (backend_name, cross_vocab_backend, refuse_trees_where_inexact,
                                             refuse_where_retokenizing)
 from multispec.errors import MultispecError, attach_partial, check
@@ -27,27 +27,6 @@ from multispec.models.base import Backend
 from multispec.sampling import SamplingConfig
 from multispec.text import StopStrings, Streamer, encode_prompt
 from multispec.validate import integer, logit_bias as check_logit_bias, real, seed_or_fresh, stop_strings, token_ids
-
-
-@dataclass
-class GenerationResult:
-    """token_ids: the new tokens only. text: their decoding, cut before the first stop string. stats: see README.
-    finish_reason: "stop" (an EOS token or a stop string ended it), "length" (max_new_tokens, or the model's
-    context, reached) or "abort" (a partial result carried by an exception, see `Decoder.generate`).
-
-    When a stop string ends the output, `token_ids` are the tokens wholly before it: a token whose text straddles
-    the stop string's start is dropped from `token_ids`, while `text` keeps its part before the stop. So
-    decode(token_ids) == text, or a prefix of it short of that one token's head.
-
-    logprobs: with `logprobs=k`, one TokenLogprob per token of token_ids (decoding/logprobs.py).
-    prompt_logprobs: with `prompt_logprobs=True`, one per prompt token (None for the first)."""
-
-    token_ids: list[int]
-    text: str
-    stats: dict
-    finish_reason: str = "length"
-    logprobs: list[TokenLogprob] | None = None
-    prompt_logprobs: list[TokenLogprob | None] | None = None
 
 
 class Decoder:
