@@ -20,7 +20,7 @@ import torch
 
 from pycode_args import add_pycode_args, load_pycode
 
-METHODS = [("ar", {}), ("sd", {"k": 4}), ("mcsd", {}), ("lookup", {}), ("auto", {})]
+METHODS = [("ar", {}), ("sd", {"k": 4}), ("mcsd", {}), ("lookup", {}), ("suffix", {}), ("auto", {})]
 NEAR_TIE = 1e-4
 
 

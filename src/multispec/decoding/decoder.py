@@ -19,6 +19,7 @@ from multispec.decoding.logprobs import LogprobRecorder
 from multispec.decoding.methods import MethodConfig, build_method, get_method
 from multispec.decoding.metrics import Metrics
 from multispec.decoding.result import GenerationResult
+from multispec.decoding.state import choose_verifier
 from multispec.decoding.pair_checks import (backend_name, cross_vocab_backend, refuse_trees_where_inexact,
                                             refuse_where_retokenizing)
 from multispec.errors import MultispecError, attach_partial, check
@@ -264,7 +265,7 @@ class Decoder:
         """The stats schema (docs/architecture.md): what ran, then the metrics record, then the policy's own report
         (auto's plans under stats["auto"])."""
         c = self.config
-        verifier = "greedy" if sampling.greedy else "gls" if reproducible else c.verifier
+        verifier = choose_verifier(c, sampling, reproducible).name  # the engine's own rule (decoding/state.py)
         stats = {
             "method": c.name,
             "lossless": c.lossless_at(sampling.temperature),
