@@ -93,6 +93,7 @@ def test_cli_bad_input_is_one_line_exit_2(pair_dirs, extra, needle):
     assert len(lines) == 1 and needle in lines[0] and "Traceback" not in r.stderr
 
 
+@pytest.mark.slow
 def test_cli_mismatched_vocab_and_missing_path(pair_dirs, tmp_path):
     r = _cli("generate", "x", "--target", str(pair_dirs["target"]), "--draft", str(pair_dirs["draft_other_vocab"]))
     assert r.returncode == 2 and "vocabularies differ" in r.stderr and "Traceback" not in r.stderr
@@ -100,6 +101,7 @@ def test_cli_mismatched_vocab_and_missing_path(pair_dirs, tmp_path):
     assert r.returncode == 2 and "not found" in r.stderr and "Traceback" not in r.stderr
 
 
+@pytest.mark.slow
 def test_cli_json_and_lossy_warning(pair_dirs):
     r = _cli("generate", "def f(", "--target", str(pair_dirs["target"]), "--draft", str(pair_dirs["draft"]),
              "--method", "ti-mcsd", "--tree", "2,2,1", "--max-new-tokens", "8", "--json")

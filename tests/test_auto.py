@@ -184,10 +184,12 @@ def _pvalue(counts: np.ndarray) -> float:
     return min(chi_square_pvalue(counts, probs), first)
 
 
+@pytest.mark.slow
 def test_auto_with_plans_switching_between_rounds_keeps_the_target_law():
     assert _pvalue(_counts("auto", N, forced=True)) > 1e-3
 
 
+@pytest.mark.slow
 def test_lookup_keeps_the_target_law():
     assert _pvalue(_counts("lookup", N, forced=False)) > 1e-3
 

@@ -39,6 +39,7 @@ def _gap(a, b) -> float:
     return max(float((a.logits - b.logits).abs().max()), float((a.hidden - b.hidden).abs().max()))
 
 
+@pytest.mark.slow
 def test_every_bucket_matches_eager(target):
     eager, comp = _both(target)
     g = torch.Generator().manual_seed(0)

@@ -212,6 +212,7 @@ def test_sigterm_during_generate_prints_the_partial_text_and_exits_143():
     assert (seen + out).startswith(b"def f(x):") and len(seen + out) > 30
 
 
+@pytest.mark.slow
 def test_sigterm_during_bench_writes_the_partial_results(tmp_path):
     data = tmp_path / "p.jsonl"
     data.write_text("".join(json.dumps({"prompt": f"def f{i}(x):"}) + "\n" for i in range(2000)))
@@ -343,6 +344,7 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("signals,drain", [((signal.SIGINT, signal.SIGINT), 60.0), ((signal.SIGTERM,), 1.0)],
                          ids=["second-ctrl-c", "sigterm-drain-bound"])
 def test_server_stop_answers_in_flight_requests_with_an_error_object(dirs, signals, drain):
@@ -398,6 +400,7 @@ print("ENV", os.environ["TORCHINDUCTOR_CACHE_DIR"])
 '''
 
 
+@pytest.mark.slow
 def test_compiled_code_goes_to_multispec_cache_dir_even_after_torch_set_its_default(dirs, tmp_path):
     from multispec.models.fast_compile import has_cpp_compiler
 
@@ -414,6 +417,7 @@ def test_compiled_code_goes_to_multispec_cache_dir_even_after_torch_set_its_defa
     assert progress and "target (" in progress[0] and f"1 of {7}" in progress[0] and "6 to go" in progress[0]
 
 
+@pytest.mark.slow
 def test_serve_compiled_backend_answers_concurrent_requests_like_the_library(dirs):
     """`multispec serve --compile`: the server's compiled pair answers concurrent requests, each equal to
     multispec.generate on the same pair (greedy), with no recompilation mid-request."""

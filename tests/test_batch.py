@@ -155,6 +155,7 @@ def _law_pvalues(decoder, target, prompts, n_each, slots, vocab=4):
 PROMPTS_LAW = [[1], [2, 0, 3]]
 
 
+@pytest.mark.slow
 def test_batched_sampling_keeps_the_target_law():
     """T = 1, a token tree (mcsd, three candidates: a round commits at most two tokens, so token 3 is always
     verified on a cache kept by an earlier round), six slots, two prompts of different lengths interleaved, sequences of three
@@ -176,6 +177,7 @@ def _mask_misses_last_row(real):
     return run
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("broken", ["mask", "cache_len"])
 def test_a_broken_batch_is_caught(monkeypatch, broken):
     """The same test catches a batch whose target steps miss their last cached row (a mask shifted by one), and

@@ -250,6 +250,7 @@ class _SubsetMemo:
         return out
 
 
+@pytest.mark.slow
 def test_sd_with_a_reduced_draft_vocabulary_samples_the_target_law():
     """The first tokens' law with a draft restricted to 3 of 8 tokens (q = 0 elsewhere) is the target's."""
     import numpy as np

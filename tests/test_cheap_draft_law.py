@@ -68,6 +68,7 @@ def test_the_setup_puts_a_prompt_token_and_the_targets_mode_outside_the_top_n(pa
     assert int(p.argmax()) == 7 not in SUBSET
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("method, options, cheap, backend", [
     ("sd", {"k": 2}, {"draft_vocab": N}, "fast"),
     ("mcsd", {"tree": (2, 1)}, {"draft_vocab": N}, "fast"),
@@ -97,7 +98,7 @@ def test_q_normalised_over_the_full_vocabulary_while_drafting_from_the_subset_is
     inside[SUBSET] = True
     right, calls = grow._draft_dists, []
 
-    def full_softmax_on_subset(logits, sampling):
+    def full_softmax_on_subset(logits, sampling, history=None):
         calls.append(1)
         # zero outside S: torch.multinomial renormalises its weights, so drafts follow the subset law q / q(S);
         # the verifier reads q itself

@@ -86,6 +86,7 @@ def counts_of_first_two(decoder: Decoder) -> tuple[np.ndarray, int]:
 
 
 # auto only chooses among these plans (and on this tiny pair its cost model soon stops drafting)
+@pytest.mark.slow
 @pytest.mark.parametrize("method, options", [("sd", {"k": 2}), ("mcsd", {"tree": (2, 1)})])
 def test_the_output_law_through_generate_is_the_targets(pair, exact, method, options):
     if pair.cross_vocab == "uag" and method == "mcsd":
@@ -98,6 +99,7 @@ def test_the_output_law_through_generate_is_the_targets(pair, exact, method, opt
     assert accepted > 0.05 * SAMPLES  # the draft's proposals were verified, and some accepted
 
 
+@pytest.mark.slow
 def test_a_verifier_given_the_wrong_draft_law_is_caught(pair, exact, monkeypatch):
     """Broken variants, one per mode, on the one place either could break the law (the engine drafts from exactly
     the q it verifies with, so the modes' mappings and caches can only change acceptance):

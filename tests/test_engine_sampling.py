@@ -73,6 +73,7 @@ def exact(sampling_name):
     return _MEMO[key]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("method,options,sampling_name", LOSSLESS, ids=lambda v: v if isinstance(v, str) else
                          "-".join(f"{k}{v}" for k, v in v.items()).replace(" ", ""))
 def test_lossless_methods_match_target_law(method, options, sampling_name):
@@ -100,6 +101,7 @@ def test_sequence_verifiers_match_target_law(method, options, sampling_name):
 
 # ti-mcsd's longest-chain bias is smaller on this pair: 5,000 runs gave p = 0.09 on one seed stream, 20,000 give
 # p ~ 1e-22
+@pytest.mark.slow
 @pytest.mark.parametrize("method,options,n", [("mcsd", {"tree": (3, 2), "verifier": "mcns"}, N_LOSSY),
                                               ("ti-mcsd", {"tree": (2, 2, 1)}, 4 * N_LOSSY)])
 def test_lossy_methods_fail_the_same_test(method, options, n):

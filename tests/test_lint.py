@@ -27,6 +27,7 @@ def test_ruff_clean():
     assert r.returncode == 0, f"ruff check src tests benchmarks:\n{r.stdout}{r.stderr}"
 
 
+@pytest.mark.slow
 def test_mypy_clean():
     r = _run_tool("mypy", MYPY_TARGETS)
     assert r.returncode == 0, f"mypy {' '.join(MYPY_TARGETS)}:\n{r.stdout}{r.stderr}"

@@ -115,6 +115,7 @@ def _vocab(shape) -> int:
     return 4 if len(Tree.from_shape(shape)) <= 5 else 3
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("sampling_name", list(SAMPLINGS))
 @pytest.mark.parametrize("verifier,shape", CASES, ids=[f"{v}-{'x'.join(map(str, s))}" for v, s in CASES])
 def test_path_dependent_processing_is_lossless(verifier, shape, sampling_name):
@@ -140,6 +141,7 @@ def _root_only(self, tree, tokens, rows, vocab):
     return History(one.seen.expand(r, -1), one.counts.expand(r, -1), one.out_len.expand(r), one.stop_ids)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("sampling_name", list(SAMPLINGS))
 @pytest.mark.parametrize("verifier,shape", [("sd", (1, 1)), ("rrs-wor", (2, 2)), ("traversal", (2, 1, 2))])
 def test_penalties_from_the_committed_history_only_are_caught(monkeypatch, verifier, shape, sampling_name):

@@ -56,6 +56,7 @@ def pair_dir(tmp_path_factory):
     return save_tiny_pair(tmp_path_factory.mktemp("repeat_pair"))
 
 
+@pytest.mark.slow
 def test_repeat_is_greedy_exact_and_its_law_is_the_targets(repeat):
     target, _ = tiny_pair(vocab=6, seed=3)
     prompt = [1, 2, 2]
@@ -72,6 +73,7 @@ def test_repeat_is_greedy_exact_and_its_law_is_the_targets(repeat):
     assert law_pvalue(counts, exact_joint(target, prompt, sampling, length, 6)) > 1e-3
 
 
+@pytest.mark.slow
 def test_a_broken_repeat_is_caught(repeat, monkeypatch):
     """The same test fails when the proposal's q is not the law its tokens came from (uniform instead of a point
     mass): the acceptance ratio and the residual are then wrong."""

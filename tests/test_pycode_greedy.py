@@ -31,6 +31,7 @@ def _setup():
     return _CACHE
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("method,options", CASES, ids=lambda v: v if isinstance(v, str) else
                          "-".join(f"{k}{v}" for k, v in v.items()).replace(" ", ""))
 def test_lossless_methods_are_greedy_identical_on_humaneval(method, options):
@@ -42,6 +43,7 @@ def test_lossless_methods_are_greedy_identical_on_humaneval(method, options):
         assert out.token_ids == ref
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("method,options", [("sd", {"k": 6, "verifier": "block"}),
                                             ("mcsd", {"tree": (2, 2, 2, 2, 1, 1), "verifier": "traversal"})],
                          ids=["sd-block", "mcsd-traversal"])

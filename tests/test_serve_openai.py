@@ -271,6 +271,7 @@ def test_a_half_sent_body_times_out_with_408(server):
     assert httpx.get(server.url + "/health").json()["status"] == "ok"
 
 
+@pytest.mark.slow
 def test_fuzz_of_new_fields_leaves_the_server_healthy(server):
     """250 bodies mixing the new fields with good, wrong-typed and out-of-range values: never a 5xx, and the server
     answers normally afterwards."""

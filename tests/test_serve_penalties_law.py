@@ -80,12 +80,14 @@ def law_pvalue(counts, probs) -> float:
     return min(chi_square_pvalue(counts, probs), first)
 
 
+@pytest.mark.slow
 def test_penalties_through_the_server_match_the_processed_law(pair):
     counts = served_counts(pair)
     assert counts.sum() == N
     assert law_pvalue(counts, exact_law(pair.target)) > 1e-3
 
 
+@pytest.mark.slow
 def test_penalties_from_the_committed_history_only_are_caught(pair, monkeypatch):
     def root_only(self, tree, tokens, rows, vocab):
         one = self.at_root(vocab)

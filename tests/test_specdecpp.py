@@ -133,6 +133,7 @@ def test_cli_missing_head_fails_before_loading(tmp_path, capsys):
     assert "acceptance head not found" in capsys.readouterr().err
 
 
+@pytest.mark.slow
 def test_specdecpp_sampling_is_lossless():
     """Joint law of the first 3 tokens at T = 1 (2e4 seeded generations, chi-square), with a random head whose
     stop decisions vary with the context (k_min = 1, so every round length from 1 to k_max occurs)."""

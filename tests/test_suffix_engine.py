@@ -33,6 +33,7 @@ def _counts(n: int, config, widths: list[int], seed0: int = 0):
     return counts, target
 
 
+@pytest.mark.slow
 def test_suffix_trees_from_a_shared_store_are_lossless_and_the_iid_variant_is_caught(monkeypatch):
     config = build_method("suffix", max_nodes=8, min_prob=0.0)
     widths: list[int] = []
@@ -79,6 +80,7 @@ def test_suffix_options_are_checked():
             build_method("suffix", **bad)
 
 
+@pytest.mark.slow
 def test_auto_with_suffix_trees_keeps_the_target_law_and_uses_them():
     """auto with the suffix proposer (cheap target steps: speculation predicted to pay) and a store shared across
     generations: its suffix rounds are verified by the rrs-wor walk; the law stays the target's."""
