@@ -20,7 +20,7 @@ from multispec.decoding.decoder import Decoder
 from multispec.errors import MultispecError
 from multispec.loading import Pair
 from multispec.models.base import causal_mask
-from multispec.models.batched import PAD_LIMIT, SlotCache, Step, run_batch
+from multispec.models.batched import PAD_LIMIT, Role, SlotCache, Step, run_batch
 from multispec.models.fast import FastBackend, FastNet
 from multispec.sampling import SamplingConfig
 
@@ -170,7 +170,7 @@ def _mask_misses_last_row(real):
     def run(cache, steps):
         for s in steps:
             a = cache.lens[s.slot]
-            if cache.priority == 1 and a > 1:
+            if cache.role == Role.TARGET and a > 1:
                 s.mask = (causal_mask(a, s.tokens.shape[0]) if s.mask is None else s.mask).clone()
                 s.mask[:, a - 1] = False
         return real(cache, steps)
@@ -192,7 +192,7 @@ def test_a_broken_batch_is_caught(monkeypatch, broken):
 
         def keep_one_more(cache, slot, indices):
             real(cache, slot, indices)
-            if cache.priority == 1 and cache.lens[slot] < cache.rows:
+            if cache.role == Role.TARGET and cache.lens[slot] < cache.rows:
                 cache.lens[slot] += 1
 
         monkeypatch.setattr(SlotCache, "keep", keep_one_more)

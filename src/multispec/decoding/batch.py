@@ -28,7 +28,7 @@ import threading
 from multispec.decoding.decoder import Decoder, GenerationResult
 from multispec.decoding.engine import generate_ids
 from multispec.errors import MultispecError, check
-from multispec.models.batched import SlotBackend, SlotCache, StepBatcher
+from multispec.models.batched import Role, SlotBackend, SlotCache, StepBatcher
 
 MAX_BATCH = 256
 SEQUENTIAL_NOTE = ("the transformers backend runs a batch's sequences one at a time (its cache holds one sequence's "
@@ -72,9 +72,9 @@ class BatchGroup:
         check(batchable(decoder), f"batched decoding runs on the fast backend, not {decoder.backend!r}")
         self.decoder, self.slots, self.rows = decoder, slots, rows
         self.batcher = StepBatcher()
-        self.target_cache = SlotCache(FastNet.of(decoder.pair.target), slots, rows, priority=1)
+        self.target_cache = SlotCache(FastNet.of(decoder.pair.target), slots, rows, Role.TARGET)
         draft_model = decoder.draft_model  # set exactly when the decoder drafts with it (uses_draft)
-        self.draft_cache = SlotCache(FastNet.of(draft_model), slots, rows, priority=0) \
+        self.draft_cache = SlotCache(FastNet.of(draft_model), slots, rows, Role.DRAFT) \
             if draft_model is not None else None
         self.batch_costs = _batch_costs(self) if decoder.config.name == "auto" else None
         self.lanes = [Lane(decoder, self, slot) for slot in range(slots)]
@@ -84,21 +84,19 @@ class BatchGroup:
         """Batched forwards so far and the mean sequences per forward, per model."""
         b = self.batcher
         return {name: {"forwards": b.forwards[p], "mean_batch": b.sequences[p] / b.forwards[p] if b.forwards[p]
-                       else None} for name, p in (("target", 1), ("draft", 0))}
+                       else None} for name, p in (("target", Role.TARGET), ("draft", Role.DRAFT))}
 
 
 class Lane(Decoder):
     """One slot of a BatchGroup, as a Decoder (see the module docstring). Built by BatchGroup only."""
 
-    def __init__(self, decoder: Decoder, group: BatchGroup, slot: int):  # noqa: D107 - no Decoder.__init__: shared
-        self.__dict__.update({k: v for k, v in decoder.__dict__.items() if not k.startswith("_")})
-        self.policy = decoder.entry.make_policy(decoder.config, decoder.pair, decoder.loaded)  # its own state
+    def __init__(self, decoder: Decoder, group: BatchGroup, slot: int):  # noqa: D107 - the parts are resolved
+        self._start(decoder.parts, warm_up=False)  # the decoder's shared parts; its own policy
         self.group, self.slot = group, slot
         self.target = SlotBackend(group.batcher, group.target_cache, slot, decoder.pair.target)
         self.target = decoder.wrap_target(self.target) if decoder.wrap_target is not None else self.target
         self.draft = SlotBackend(group.batcher, group.draft_cache, slot, decoder.draft_model) \
             if group.draft_cache is not None else None
-        self._target = self._draft = None
 
     def run(self, prompt_ids, sampling, max_new_tokens, seed, stop=None, on_tokens=None, reproducible=False,
             eos_ids=None, logprobs=None):

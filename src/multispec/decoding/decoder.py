@@ -6,18 +6,19 @@ config, its trained models (read from disk once), its draft policy, the backends
     result = decoder.generate("def f(x):", max_new_tokens=64, temperature=0)   # text in, GenerationResult out
     ids, metrics = decoder.run(prompt_ids, sampling, max_new_tokens=64, seed=0)  # token ids in and out
 
-A Decoder owns its caches, so it runs one generation at a time; `spawn()` gives another that shares the loaded
-trained models (the server keeps one per worker). `multispec.generate`, `multispec bench` and `multispec serve` all
-decode through this class.
+A Decoder owns its caches, so it runs one generation at a time; `spawn()` gives another that shares its read-only
+`parts` (the server keeps one per worker). `generate`, `bench` and `serve` all decode through this class.
 """
 from __future__ import annotations
 
+from dataclasses import fields
 from typing import Any, Callable
 
 from multispec.decoding.engine import generate_ids
 from multispec.decoding.logprobs import LogprobRecorder
 from multispec.decoding.methods import MethodConfig, build_method, get_method
 from multispec.decoding.metrics import Metrics
+from multispec.decoding.parts import DecoderParts
 from multispec.decoding.result import GenerationResult
 from multispec.decoding.state import choose_verifier
 from multispec.decoding.pair_checks import (backend_name, cross_vocab_backend, refuse_trees_where_inexact,
@@ -39,6 +40,11 @@ class Decoder:
     weights (CPU). Both only make the draft cheaper: the output law is the target's either way (models/cheap.py).
     `auto`, given neither, uses the form of the draft whose step is fastest here (draft_dtype="float32": the draft
     as loaded)."""
+
+    # set from the DecoderParts by _start (the rest of the parts too: config, entry, pair, backend, ...)
+    eos_ids: set
+    vocab_size: int
+    context: int | None
 
     def __init__(self, pair: Pair, method: str | MethodConfig = "auto", backend: str | None = None, *,
                  wrap_target: Callable | None = None, loaded: dict | None = None, draft_vocab: int | None = None,
@@ -74,20 +80,31 @@ class Decoder:
         refuse_trees_where_inexact(pair, self.config, self.uses_draft)
         self.loaded = loaded if loaded is not None else \
             (self.entry.load(self.config, pair) if self.entry.load is not None else {})
-        self.policy = self.entry.make_policy(self.config, pair, self.loaded)
-        if self.uses_draft and pair.cross_vocab == "uag":
-            refuse_where_retokenizing(self.config, self.entry, self.policy)
-        self.eos_ids = eos_ids(pair)
-        self.vocab_size = vocab_rows(pair.target)
         # a draft of another tokenizer reads a window of the text where its positions run out (models/intersection)
         models = [pair.target] + ([pair.draft] if pair.draft is not None and self.config.name != "ar"
                                   and pair.cross_vocab is None else [])
         limits = [n for n in (max_positions(m) for m in models) if n is not None]
-        self.context = min(limits) if limits else None  # the model's positions; None when the configs say nothing
+        self._start(DecoderParts(
+            config=self.config, entry=self.entry, pair=pair, backend=self.backend, wrap_target=wrap_target,
+            uses_draft=self.uses_draft, cheap=self.cheap, draft_model=self.draft_model, token_freq=self.token_freq,
+            loaded=self.loaded, eos_ids=eos_ids(pair), vocab_size=vocab_rows(pair.target),
+            context=min(limits) if limits else None))  # context: the model's positions (None: the configs say none)
+        if self.uses_draft and pair.cross_vocab == "uag":
+            refuse_where_retokenizing(self.config, self.entry, self.policy)
+
+    def _start(self, parts: DecoderParts, warm_up: bool = True) -> None:
+        """Take the shared, read-only parts (a new Decoder's own, a spawned twin's or a batch lane's) and make this
+        decoder's own state: a fresh draft policy, no backends yet (warm_up: compile a compiled backend's steps
+        now; a batch lane runs on its group's slots instead)."""
+        self.parts = parts
+        for f in fields(parts):
+            setattr(self, f.name, getattr(parts, f.name))
+        self.policy = parts.entry.make_policy(parts.config, parts.pair, parts.loaded)  # its own adaptive state
         self._target: Backend | None = None
         self._draft: Backend | None = None
         self._rows = 0  # static-cache rows of the current fast/compiled backends
-        self._warm_up()
+        if warm_up:
+            self._warm_up()
 
     def _warm_up(self) -> None:
         """A compiled backend compiles every step size now, not mid-generation (FastNet keeps the code on the model,
@@ -98,14 +115,10 @@ class Decoder:
                     b.warm_up()
 
     def spawn(self) -> "Decoder":
-        """Another Decoder of the same pair, method and backend, sharing what this one read or built once: the
-        trained models, the cheap draft's copy and token frequencies."""
-        twin = Decoder.__new__(Decoder)
-        twin.__dict__.update({k: v for k, v in self.__dict__.items() if not k.startswith("_")})
-        twin.policy = self.entry.make_policy(self.config, self.pair, self.loaded)  # its own adaptive state
-        twin._target = twin._draft = None
-        twin._rows = 0
-        twin._warm_up()
+        """Another Decoder of the same pair, method and backend, sharing what this one read or built once (its
+        `parts`: the trained models, the cheap draft's copy and token frequencies), with its own policy and caches."""
+        twin = Decoder.__new__(Decoder)  # nothing to resolve again: the parts are done
+        twin._start(self.parts)
         return twin
 
     # ------------------------------------------------------------------ token ids

@@ -24,6 +24,7 @@ from __future__ import annotations
 import threading
 from collections import Counter
 from dataclasses import dataclass
+from enum import IntEnum
 
 import torch
 
@@ -31,16 +32,23 @@ from multispec.errors import MultispecError
 from multispec.models.base import ForwardOut
 from multispec.models.reduced_vocab import VocabSubset
 
+class Role(IntEnum):
+    """Which model a cache holds. When both models have calls waiting, the lower value runs first (the draft), so
+    that drafting sequences reach the target forward and verify together with the others."""
+
+    DRAFT = 0
+    TARGET = 1
+
+
 PAD_LIMIT = 64  # steps of more tokens (prefills) attend alone: padding every row to a prefill's length would cost more
 
 
 class SlotCache:
-    """The KV cache of one model for `slots` sequences of up to `rows` rows each. priority: when both models have
-    calls waiting, the lower number runs first (the draft: 0), so that drafting sequences reach the target forward
-    and verify together with the others."""
+    """The KV cache of one model (`role`: Role.TARGET or Role.DRAFT) for `slots` sequences of up to `rows` rows
+    each."""
 
-    def __init__(self, net, slots: int, rows: int, priority: int = 1):
-        self.net, self.slots, self.rows, self.priority = net, slots, rows, priority
+    def __init__(self, net, slots: int, rows: int, role: Role = Role.TARGET):
+        self.net, self.slots, self.rows, self.role = net, slots, rows, role
         shape = (slots, net.n_kv, rows, net.head_dim)
         self.k = [torch.zeros(shape, dtype=net.dtype, device=net.device) for _ in net.layers]
         self.v = [torch.zeros(shape, dtype=net.dtype, device=net.device) for _ in net.layers]
@@ -86,16 +94,16 @@ def run_batch(cache: SlotCache, steps: list[Step]) -> list[ForwardOut]:
     row_of = torch.cat([torch.arange(a, a + n, device=dev) for a, n in zip(starts, ns)])
     cache.pos[slot_of, row_of] = positions
     plan = _AttentionPlan(cache, steps, ns, starts, positions)
-    ropes = net._ropes(positions)
+    ropes = net.ropes(positions)
     x = net.embed_input(tokens)  # [N, H]
     total = x.shape[0]
     group = net.n_heads // net.n_kv
     for i, layer in enumerate(net.layers):
         attn = layer.self_attn
-        q, k, v = net._qkv(attn, net.layer_input(layer, x), total)  # [Hq, N, D], [Hkv, N, D]
+        q, k, v = net.qkv(attn, net.layer_input(layer, x), total)  # [Hq, N, D], [Hkv, N, D]
         if net.use_rope[i]:
             cos, sin = ropes[net.rope_index[i]]
-            q, k = net._rotate(q, cos, sin), net._rotate(k, cos, sin)
+            q, k = net.rotate(q, cos, sin), net.rotate(k, cos, sin)
         cache.k[i][slot_of, :, row_of] = k.transpose(0, 1)  # [N, Hkv, D] at (slot, row) of each token
         cache.v[i][slot_of, :, row_of] = v.transpose(0, 1)
         o = plan.attend(i, q, group, attn.scaling)  # [N, Hq * D]
@@ -174,7 +182,7 @@ class _AttentionPlan:
             keys, values = cache.k[layer][lo:hi, :, :width], cache.v[layer][lo:hi, :, :width]  # views, no copy
             if group > 1:
                 keys, values = keys.repeat_interleave(group, dim=1), values.repeat_interleave(group, dim=1)
-            o = net._attend(qp, keys, values, masks[net.mask_index[layer]], scale)  # [R, Hq, nmax, D]
+            o = net.attend(qp, keys, values, masks[net.mask_index[layer]], scale)  # [R, Hq, nmax, D]
             o = o.transpose(1, 2).reshape((hi - lo) * nmax, hq * d)[index]
             if tokens_at is None:
                 out = o
@@ -184,7 +192,7 @@ class _AttentionPlan:
             keys, values = cache.k[layer][s.slot, :, :a + n], cache.v[layer][s.slot, :, :a + n]
             if group > 1:
                 keys, values = keys.repeat_interleave(group, dim=0), values.repeat_interleave(group, dim=0)
-            o = net._attend(q[:, off:off + n], keys, values, masks[net.mask_index[layer]], scale)  # [Hq, n, D]
+            o = net.attend(q[:, off:off + n], keys, values, masks[net.mask_index[layer]], scale)  # [Hq, n, D]
             out[off:off + n] = o.transpose(0, 1).reshape(n, hq * d)
         return out
 
@@ -224,11 +232,11 @@ class StepBatcher:
     """Gathers the forward calls of many sequences, each decoded in its own thread, into batched forwards.
 
     A sequence `join`s before its first forward and `leave`s after its last (whatever the reason). A forward call
-    waits until every live sequence is waiting on a forward; then the calls of one model (the lowest priority number
+    waits until every live sequence is waiting on a forward; then the calls of one model (the lowest Role
     first: the draft, so that drafting sequences catch up and every sequence verifies in the same target forward)
     run as one `run_batch`, by the thread whose call completed the barrier. Sequences join and leave between their
     forwards, so a batch changes at round boundaries; a newcomer's prefill rides with the others' steps.
-    `forwards` counts batched forwards by model priority, `sequences` the calls they carried."""
+    `forwards` counts batched forwards by Role, `sequences` the calls they carried."""
 
     def __init__(self):
         self._cv = threading.Condition()
@@ -237,8 +245,8 @@ class StepBatcher:
         self._running = False
         self.forwards: Counter = Counter()
         self.sequences: Counter = Counter()
-        self.on_batch = None  # (priority, sequences, tokens) after each batched forward: the server's metrics
-        self.last: dict[int, int] = {}  # priority -> sequences in the latest batched forward of that model
+        self.on_batch = None  # (role, sequences, tokens) after each batched forward: the server's metrics
+        self.last: dict[Role, int] = {}  # role -> sequences in the latest batched forward of that model
 
     @property
     def live(self) -> int:
@@ -268,7 +276,7 @@ class StepBatcher:
     def _run_ready(self) -> None:
         """Holding the lock: while every live sequence waits and no batch is running, run one model's calls."""
         while not self._running and self._pending and len(self._pending) >= self._live:
-            first = min(self._pending, key=lambda c: c.cache.priority).cache
+            first = min(self._pending, key=lambda c: c.cache.role).cache
             calls = [c for c in self._pending if c.cache is first]
             self._pending = [c for c in self._pending if c.cache is not first]
             self._running = True
@@ -280,11 +288,11 @@ class StepBatcher:
             finally:
                 self._cv.acquire()
                 self._running = False
-            self.forwards[first.priority] += 1
-            self.last[first.priority] = len(calls)
-            self.sequences[first.priority] += len(calls)
+            self.forwards[first.role] += 1
+            self.last[first.role] = len(calls)
+            self.sequences[first.role] += len(calls)
             if self.on_batch is not None:
-                self.on_batch(first.priority, len(calls), sum(c.step.tokens.shape[0] for c in calls))
+                self.on_batch(first.role, len(calls), sum(c.step.tokens.shape[0] for c in calls))
             for c, out in zip(calls, outs):
                 c.out, c.error, c.done = out, error, True
             self._cv.notify_all()

@@ -122,7 +122,7 @@ class FastNet:
             out.append(allowed[None])
         return tuple(out)
 
-    def _rotate(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    def rotate(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
         """x: [H, N, D]; cos, sin: [N, R] with R <= D (partial rotary leaves the last D - R dims unrotated)."""
         r = cos.shape[-1]
         xr, rest = x[..., :r], x[..., r:]
@@ -130,7 +130,7 @@ class FastNet:
         rotated = torch.cat([-xr[..., half:], xr[..., :half]], dim=-1)
         return torch.cat([xr * cos + rotated * sin, rest], dim=-1) if rest.shape[-1] else xr * cos + rotated * sin
 
-    def _attend(self, q, keys, values, mask, scale) -> torch.Tensor:
+    def attend(self, q, keys, values, mask, scale) -> torch.Tensor:
         """q: [Hq, N, D]; keys, values: [Hq, total, D]; mask: bool [1, N, total] or None. Returns [Hq, N, D]."""
         if self.attn_softcap is None:
             return F.scaled_dot_product_attention(q, keys, values, attn_mask=mask, scale=scale)
@@ -141,7 +141,7 @@ class FastNet:
         probs = torch.softmax(scores.float(), dim=-1).to(q.dtype)
         return torch.matmul(probs, values)
 
-    def _qkv(self, attn, h: torch.Tensor, n: int):
+    def qkv(self, attn, h: torch.Tensor, n: int):
         """h: [N, H] -> q [Hq, N, D], k and v [Hkv, N, D], q/k normed as the family does."""
         fam = self.family
         if fam.fused_qkv:
@@ -159,7 +159,7 @@ class FastNet:
             q, k = attn.q_norm(q), attn.k_norm(k)
         return q, k, v
 
-    def _ropes(self, positions: torch.Tensor) -> list:
+    def ropes(self, positions: torch.Tensor) -> list:
         """(cos, sin), each [N, R], per distinct layer type (one shared pair when the rotary module has no types)."""
         probe = torch.empty(0, dtype=self.dtype, device=positions.device)
         types = self.layout.distinct_types if self.rope_by_type else (None,)
@@ -180,23 +180,23 @@ class FastNet:
         reduced_vocab.RestrictedHead's `compact`: logits [N, K] for a vocabulary subset)."""
         n = tokens.shape[0]
         total = masks[0].shape[-1] if total is None else total
-        ropes = self._ropes(positions)
+        ropes = self.ropes(positions)
         x = self.embed_input(tokens)  # [N, H]
         group = self.n_heads // self.n_kv
         for i, layer in enumerate(self.layers):
             attn = layer.self_attn
             h = self.layer_input(layer, x)
-            q, k, v = self._qkv(attn, h, n)
+            q, k, v = self.qkv(attn, h, n)
             if self.use_rope[i]:
                 cos, sin = ropes[self.rope_index[i]]
-                q, k = self._rotate(q, cos, sin), self._rotate(k, cos, sin)
+                q, k = self.rotate(q, cos, sin), self.rotate(k, cos, sin)
             k_cache[i][:, rows] = k
             v_cache[i][:, rows] = v
             keys, values = k_cache[i][:, :total], v_cache[i][:, :total]  # [Hkv, total, D]
             if group > 1:
                 keys = keys.repeat_interleave(group, dim=0)
                 values = values.repeat_interleave(group, dim=0)
-            o = self._attend(q, keys, values, masks[self.mask_index[i]], attn.scaling)  # [Hq, N, D]
+            o = self.attend(q, keys, values, masks[self.mask_index[i]], attn.scaling)  # [Hq, N, D]
             x = self.finish_layer(layer, x, o.transpose(0, 1).reshape(n, self.n_heads * self.head_dim))
         hidden = self.norm(x[-1:] if last_only else x)
         return self.logits(hidden, head), (hidden.float() if want_hidden else None)

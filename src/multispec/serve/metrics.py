@@ -8,6 +8,8 @@ from __future__ import annotations
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 
+from multispec.models.batched import Role
+
 _LATENCY_BUCKETS = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 20, 40, 80, 160, 320)
 
 
@@ -51,8 +53,8 @@ class ServerMetrics:
         Gauge("multispec:num_requests_waiting", "Admitted requests waiting for a worker.", registry=r).set_function(
             lambda: scheduler.waiting)
 
-    def _on_batch(self, priority: int, sequences: int, tokens: int) -> None:
-        if priority == 1:  # the target's forwards (the draft's are 0)
+    def _on_batch(self, role: int, sequences: int, tokens: int) -> None:
+        if role == Role.TARGET:  # the target's forwards, not the draft's
             self.batch_size.observe(sequences)
             self.iteration_tokens.observe(tokens)
 

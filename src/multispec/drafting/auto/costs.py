@@ -6,6 +6,7 @@ which one it has.
 from __future__ import annotations
 
 from multispec.drafting.batch_costs import BatchCosts
+from multispec.models.batched import Role
 from multispec.drafting.costs import CostModel
 from multispec.drafting.protocol import RoundOutcome
 from multispec.tree import Tree
@@ -123,7 +124,7 @@ class BatchShareCosts:
     def d(self, n: int) -> float:
         if self.model.draft is None:
             return 0.0
-        k = max(1, self.batcher.last.get(0, 1))
+        k = max(1, self.batcher.last.get(Role.DRAFT, 1))
         return self.table.forward("draft", k, n) / k
 
     def observe(self, outcome: RoundOutcome) -> None:
