@@ -26,7 +26,6 @@ class RepeatLast:
     """Propose the newest committed token k times (a point-mass chain)."""
 
     name = "repeat"
-    feeds_draft = False
 
     def propose(self, inputs: RoundInputs, plan, max_tree: Tree) -> Proposal:
         return point_mass_chain(inputs, [inputs.history[-1]] * max_tree.max_depth)

@@ -11,7 +11,7 @@ drawn from: what every lossless verifier needs. A deterministic source (lookup, 
 model) proposes point masses; the verifier then accepts child x with probability p(x) and otherwise draws from p
 with x removed, which is exact. Greedy runs never read q, so a proposer may leave it None there.
 
-A new proposer is one class with `name`, `feeds_draft` and `propose`, registered with `register_proposer`, plus a
+A new proposer is one class with `name` and `propose`, registered with `register_proposer`, plus a
 method entry whose policy plans with its name (tests/test_proposers.py does this for "repeat the last token").
 """
 from __future__ import annotations
@@ -83,7 +83,6 @@ class Proposal:
 
 class Proposer(Protocol):
     name: str  # the key a RoundPlan names it by
-    feeds_draft: bool  # whether it drafts with the draft model (which then consumes the pending tokens)
 
     def propose(self, inputs: RoundInputs, plan: RoundPlan, max_tree: Tree) -> Proposal: ...
 
@@ -106,7 +105,6 @@ class NoProposer:
     """No speculation: the root alone, one plain target step."""
 
     name = "none"
-    feeds_draft = False
 
     def propose(self, inputs: RoundInputs, plan: RoundPlan, max_tree: Tree) -> Proposal:
         return _root_only(inputs, max_tree)
@@ -117,7 +115,6 @@ class LookupProposer:
     lookup.py), cut to the round's depth."""
 
     name = "lookup"
-    feeds_draft = False
 
     def propose(self, inputs: RoundInputs, plan: RoundPlan, max_tree: Tree) -> Proposal:
         return point_mass_chain(inputs, list(plan.tokens[:max_tree.max_depth]))
@@ -129,7 +126,6 @@ class SuffixTreeProposer:
     with probability p(token i), the most any lossless verifier gives such a tree."""
 
     name = "suffix"
-    feeds_draft = False
 
     def propose(self, inputs: RoundInputs, plan: RoundPlan, max_tree: Tree) -> Proposal:
         # the round's cut keeps whole levels of the BFS tree: a prefix of the plan's nodes, tokens still aligned
@@ -143,7 +139,6 @@ class DraftModelProposer:
     feeds the pending tokens, so it consumes them; a keyed run couples each draw to its position's noise."""
 
     name = "draft"
-    feeds_draft = True
 
     def propose(self, inputs: RoundInputs, plan: RoundPlan, max_tree: Tree) -> Proposal:
         draft = inputs.draft
