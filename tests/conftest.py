@@ -18,3 +18,19 @@ def _one_thread():
     torch.set_num_threads(1)
     yield
     torch.set_num_threads(threads)
+
+
+@pytest.fixture(scope="module")
+def dirs(tmp_path_factory):
+    """A tiny saved pair (helpers.save_tiny_pair), once per module that asks for it: the CLI and bad-input tests."""
+    from helpers import save_tiny_pair
+
+    return save_tiny_pair(tmp_path_factory.mktemp("pair"))
+
+
+@pytest.fixture(scope="module")
+def pair(dirs):
+    """That pair loaded (modules with a pair of their own define their own `pair` fixture, which wins)."""
+    import multispec
+
+    return multispec.load_pair(target=str(dirs["target"]), draft=str(dirs["draft"]))

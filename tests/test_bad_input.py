@@ -12,20 +12,10 @@ import pytest
 import torch
 
 import multispec
-from helpers import assert_one_line_error, run_cli, save_tiny_pair
+from helpers import assert_one_line_error, run_cli
 from multispec import MultispecError
 
 NO_CUDA = pytest.mark.skipif(torch.cuda.is_available(), reason="checks the message on a machine without CUDA")
-
-
-@pytest.fixture(scope="module")
-def dirs(tmp_path_factory):
-    return save_tiny_pair(tmp_path_factory.mktemp("pair"))
-
-
-@pytest.fixture(scope="module")
-def pair(dirs):
-    return multispec.load_pair(target=str(dirs["target"]), draft=str(dirs["draft"]))
 
 
 # ----------------------------------------------------------------------------------- API: prompts and numbers

@@ -15,22 +15,12 @@ from pathlib import Path
 import pytest
 
 import multispec
-from helpers import assert_one_line_error, run_cli, save_tiny_pair
+from helpers import assert_one_line_error, run_cli
 from multispec import MultispecError
 from multispec.decoding.methods import build_method
 from multispec.errors import parse_bool
 
 SRC = str(Path(__file__).resolve().parents[1] / "src")
-
-
-@pytest.fixture(scope="module")
-def dirs(tmp_path_factory):
-    return save_tiny_pair(tmp_path_factory.mktemp("pair"))
-
-
-@pytest.fixture(scope="module")
-def pair(dirs):
-    return multispec.load_pair(target=str(dirs["target"]), draft=str(dirs["draft"]))
 
 
 # ----------------------------------------------------------------------------------- 4. settings mean what they say

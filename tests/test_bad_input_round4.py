@@ -13,16 +13,6 @@ from helpers import assert_one_line_error, run_cli, save_tiny_pair
 from multispec import MultispecError
 
 
-@pytest.fixture(scope="module")
-def dirs(tmp_path_factory):
-    return save_tiny_pair(tmp_path_factory.mktemp("pair"))
-
-
-@pytest.fixture(scope="module")
-def pair(dirs):
-    return multispec.load_pair(target=str(dirs["target"]), draft=str(dirs["draft"]))
-
-
 # ----------------------------------------------------------------------------------- CLI, before loading
 @pytest.mark.parametrize("args,needle", [
     (["--method", "sd"], "--method sd needs a draft model: give --draft, or use a method that needs none (auto, ar"),

@@ -12,21 +12,11 @@ from pathlib import Path
 import pytest
 
 import multispec
-from helpers import run_cli, save_tiny_pair
+from helpers import run_cli
 from multispec.decoding.decoder import GenerationResult
 
 SRC = str(Path(__file__).resolve().parents[1] / "src")
 PROMPTS = ["def f(x):", "x = 1", "for n in range(2):", "if x:", "print(n)", "return x"]
-
-
-@pytest.fixture(scope="module")
-def dirs(tmp_path_factory):
-    return save_tiny_pair(tmp_path_factory.mktemp("pair"))
-
-
-@pytest.fixture(scope="module")
-def pair(dirs):
-    return multispec.load_pair(target=str(dirs["target"]), draft=str(dirs["draft"]))
 
 
 def _interrupt_after(count: int, seen: list):
