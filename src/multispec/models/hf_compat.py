@@ -1,8 +1,9 @@
 """The two spellings of a transformers model's KV cache argument across the 5.x releases multispec supports.
 
 transformers <= 5.23 takes and returns `past_key_values`; 5.24 renamed it `cache` (the old name still works there but
-warns, and is announced for removal in 5.40). Every call site that drives a model's forward itself passes the cache
-through `cache_kwargs` and reads it back with `output_cache`, so neither release warns and neither breaks."""
+warns, and is announced for removal in 5.40). Every call site that drives a model's forward itself reads the name
+once with `cache_argument`, passes the cache under it and reads it back with `output_cache`, so neither release
+warns and neither breaks."""
 from __future__ import annotations
 
 import inspect
@@ -18,11 +19,6 @@ def cache_argument(model: torch.nn.Module) -> str:
     "past_key_values" (earlier releases, and custom code that kept the old name)."""
     forward = getattr(model, "forward", model)  # a module, or any callable standing in for one
     return NEW if NEW in inspect.signature(forward).parameters else OLD
-
-
-def cache_kwargs(model: torch.nn.Module, cache: Any) -> dict[str, Any]:
-    """{name: cache} for `model(...)`, under the name this model's forward takes."""
-    return {cache_argument(model): cache}
 
 
 def output_cache(out: Any) -> Any:

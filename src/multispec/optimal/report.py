@@ -21,7 +21,7 @@ from pathlib import Path
 import numpy as np
 
 from multispec.errors import MultispecError, check
-from multispec.models.hf_compat import cache_kwargs, output_cache
+from multispec.models.hf_compat import cache_argument, output_cache
 from multispec.paths import writable_file
 
 DATASETS = {"humaneval": ("humaneval.jsonl.gz", "prompt"), "alpaca": ("alpaca_eval.jsonl", "instruction")}
@@ -132,6 +132,7 @@ def collect_logits(config: OptimalRunConfig, prompts: list[str], progress) -> li
     eos = target.config.eos_token_id
     gen = torch.Generator().manual_seed(config.seed)
     out = []
+    cache_arg = cache_argument(target)  # read once, not per decoding step
     with torch.inference_mode():
         for prompt in prompts:
             ids = tok(prompt, return_tensors="pt").input_ids[:, -MAX_PROMPT_TOKENS:]  # [1, L0]
@@ -144,7 +145,7 @@ def collect_logits(config: OptimalRunConfig, prompts: list[str], progress) -> li
                 ids = torch.cat([ids, nxt], 1)
                 if eos is not None and int(nxt) == eos:
                     break
-                step = target(input_ids=nxt, use_cache=True, **cache_kwargs(target, cache))
+                step = target(input_ids=nxt, use_cache=True, **{cache_arg: cache})
                 cache, logits = output_cache(step), step.logits[:, -1]
             lt = target(input_ids=ids).logits[0, start - 1 : -1].float()  # [L, V]
             ld = draft(input_ids=ids).logits[0, start - 1 : -1].float()

@@ -17,7 +17,7 @@ from typing import Iterable
 
 import torch
 
-from multispec.models.hf_compat import cache_kwargs, output_cache
+from multispec.models.hf_compat import cache_argument, output_cache
 from multispec.sampling import SamplingConfig, process_logits
 
 
@@ -58,6 +58,7 @@ def sample_responses(model: torch.nn.Module, prompts: list[list[int]], max_new_t
         step = model(input_ids=ids.to(device), attention_mask=att.to(device), position_ids=pos.to(device),
                      use_cache=True)
         cache, logits = output_cache(step), step.logits[:, -1]  # [B, V]
+        cache_arg = cache_argument(model)  # read once, not per decoding step
         done = torch.zeros(len(idx), dtype=torch.bool)
         new = []
         for _ in range(max_new_tokens):
@@ -72,7 +73,7 @@ def sample_responses(model: torch.nn.Module, prompts: list[list[int]], max_new_t
             att = torch.cat([att, torch.ones(len(idx), 1, dtype=torch.long)], 1)
             pos = pos[:, -1:] + 1
             step = model(input_ids=nxt[:, None].to(device), attention_mask=att.to(device),
-                         position_ids=pos.to(device), use_cache=True, **cache_kwargs(model, cache))
+                         position_ids=pos.to(device), use_cache=True, **{cache_arg: cache})
             cache, logits = output_cache(step), step.logits[:, -1]
         gen = torch.stack(new, 1).tolist()  # [B, T]
         for r, i in enumerate(idx):
