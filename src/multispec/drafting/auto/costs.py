@@ -34,10 +34,6 @@ class AloneCosts:
         self._seen = dict(self.scale)
         self.round_log: list[tuple[int, float]] = []  # (draft levels, overhead seconds) for the overhead fit
 
-    @property
-    def has_draft_curve(self) -> bool:
-        return self.model.draft is not None
-
     def t(self, n: int) -> float:
         raw = self.curves[0][n] if n < len(self.curves[0]) else self.model.target(n)
         return raw * (self.scale["t1"] if n == 1 else self.scale["tn"])
@@ -111,10 +107,6 @@ class BatchShareCosts:
     @property
     def live(self) -> int:
         return max(1, self.batcher.live)
-
-    @property
-    def has_draft_curve(self) -> bool:
-        return self.model.draft is not None
 
     def t(self, n: int) -> float:
         b = self.live
