@@ -45,6 +45,7 @@ def main() -> None:
     from multispec.bench.runner import environment
     from multispec.data import load_prompts
     from multispec.decoding.batch_offline import generate_batch
+    from multispec.params import SamplingParams
     from multispec.decoding.decoder import Decoder
     from multispec.text import encode_prompt
 
@@ -56,7 +57,7 @@ def main() -> None:
         if name not in args.methods.split(","):
             continue
         decoder = Decoder(pair, name, "fast", **options)
-        sampling = decoder.sampling(0.0)
+        sampling = decoder.check_request(SamplingParams(temperature=0.0))
         ids = [encode_prompt(pair.tokenizer, decoder.vocab_size, p) for p in prompts]
         alone = [decoder.run(x, sampling, args.max_new_tokens, 0)[0] for x in ids]
         print(f"{name}: batch-1 reference done ({time.time() - started:.0f} s)", file=sys.stderr)

@@ -53,8 +53,9 @@ def main() -> None:
         batched = {}
         for b in (int(x) for x in args.batch_sizes.split(",") if x):
             for name in ("auto", "sd"):
-                out = generate_batch(Decoder(pair, name, "fast"), [p.text for p in prompts], b,
-                                     args.max_new_tokens, [100 + i for i in range(len(prompts))], temperature=t,
+                out = generate_batch(Decoder(pair, name, "fast"), [p.text for p in prompts], batch_size=b,
+                                     max_new_tokens=args.max_new_tokens, seed=[100 + i for i in range(len(prompts))],
+                                     temperature=t,
                                      reproducible=True)
                 batched[f"{name}-batch{b}"] = [digest(r.token_ids) for r in out]
         for i, p in enumerate(prompts):

@@ -15,7 +15,7 @@ SRC = Path(__file__).resolve().parents[1] / "src" / "multispec"
 LAYERS = [
     {"errors", "threads"},
     {"paths", "validate", "sampling", "tree", "data"},
-    {"text", "verify", "token_freq"},
+    {"text", "verify", "token_freq", "params"},
     {"models"},
     {"loading"},
     {"drafting", "heads"},

@@ -23,12 +23,17 @@ def generate(*args, **kwargs):
 
 
 def __getattr__(name: str):
-    """`multispec.Decoder` (multispec.decoding.decoder.Decoder), imported on first use."""
+    """`multispec.Decoder` (multispec.decoding.decoder.Decoder) and `multispec.SamplingParams`
+    (multispec.params.SamplingParams), imported on first use."""
     if name == "Decoder":
         from multispec.decoding.decoder import Decoder
 
         return Decoder
+    if name == "SamplingParams":
+        from multispec.params import SamplingParams
+
+        return SamplingParams
     raise AttributeError(f"module 'multispec' has no attribute {name!r}")
 
 
-__all__ = ["__version__", "load_pair", "generate", "Decoder", "MultispecError"]
+__all__ = ["__version__", "load_pair", "generate", "Decoder", "MultispecError", "SamplingParams"]

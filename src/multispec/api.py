@@ -10,13 +10,15 @@ from multispec.decoding.decoder import Decoder, GenerationResult
 from multispec.decoding.methods import DEFAULT_METHOD, REGISTRY
 from multispec.loading import DEFAULT_PAIR_DIR, Pair, load_pair, max_positions, resolve_device
 from multispec.errors import MultispecError, check
+from multispec.params import FIELDS, SamplingParams
 from multispec.validate import SEED_LIMIT
 
-__all__ = ["DEFAULT_PAIR_DIR", "Decoder", "GenerationResult", "Pair", "SEED_LIMIT", "generate", "load_pair",
-           "max_positions", "resolve_device"]
+__all__ = ["DEFAULT_PAIR_DIR", "Decoder", "GenerationResult", "Pair", "SEED_LIMIT", "SamplingParams", "generate",
+           "load_pair", "max_positions", "resolve_device"]
 
 
-def generate(pair: Pair, prompt: str | list[int] | list[str] | list[list[int]], method: str = DEFAULT_METHOD,
+def generate(pair: Pair, prompt: str | list[int] | list[str] | list[list[int]] | None = None,
+             method: str = DEFAULT_METHOD,
              max_new_tokens: int = 128, temperature: float | None = None, top_k: int | None = None,
              top_p: float | None = None, seed: int | list[int] | None = None, stop: str | list[str] | None = None,
              stream: Callable[[str], None] | None = None, backend: str | None = None,
@@ -26,7 +28,8 @@ def generate(pair: Pair, prompt: str | list[int] | list[str] | list[list[int]], 
              ignore_eos: bool = False, stop_token_ids: list[int] | None = None, logprobs: int | None = None,
              prompt_logprobs: bool = False, logprobs_mode: str = "raw",
              on_result: Callable[[int, GenerationResult], None] | None = None,
-             **method_options) -> GenerationResult | list[GenerationResult]:
+             params: SamplingParams | None = None, messages: list[dict] | None = None,
+             chat_template: str | None = None, **method_options) -> GenerationResult | list[GenerationResult]:
     """Generate with `method` (auto, ar, sd, mcsd, ti-mcsd, dynamic, specdecpp, lookup, or any registered method).
     Method options: k, heuristic, confidence, entropy, tree, verifier, width, depth, decision_model, beta, head,
     threshold, k_min, k_max, ngram, proposers, max_nodes. stream(text_delta) is called as text is committed; the
@@ -40,6 +43,9 @@ def generate(pair: Pair, prompt: str | list[int] | list[str] | list[list[int]], 
     prompt: a str, encoded as `tokenizer(prompt)` encodes it (with the special tokens the tokenizer itself adds,
     e.g. its BOS: transformers' and vLLM's default), or a 1-D sequence of integer token ids taken as they are (a
     list, or a [L] / [1, L] integer tensor or array). stop: a str or a list of non-empty strs.
+    messages (instead of prompt): a conversation, [{"role": "system" | "user" | "assistant", "content": str}, ...],
+    rendered by the tokenizer's chat template (or chat_template, a Jinja string) with the generation prompt, as
+    vLLM's `LLM.chat` and transformers' pipelines do (text.encode_chat); the reply is the result.
 
     Sampling processors, applied to the target's law exactly (every lossless method stays lossless with respect to
     the processed law; in a drafted tree each node is processed with its own path as history), OpenAI's and vLLM's
@@ -64,6 +70,9 @@ def generate(pair: Pair, prompt: str | list[int] | list[str] | list[list[int]], 
     "length"). Every input is checked before any model runs. If generation fails part-way (an error or Ctrl-C),
     the exception carries `.partial`: a GenerationResult of the tokens committed so far (finish_reason "abort").
 
+    params: a SamplingParams (multispec.params) holding these settings instead of the keywords (not both): the
+    request object the Decoder, batches, the server and the CLI all take, validated once on construction.
+
     Several prompts (a list of str, or a list of token-id lists) decode as one batch, batch_size sequences at a
     time (default: all), and return one GenerationResult per prompt, in order (decoding/batch.py). Each sequence's
     output is what it would be alone (its law at T > 0; its tokens greedy, up to near-ties of the batched
@@ -75,25 +84,36 @@ def generate(pair: Pair, prompt: str | list[int] | list[str] | list[list[int]], 
     far, empty for a prompt not started).
     """
     _check_names(method_options)
-    processors = dict(min_p=min_p, repetition_penalty=repetition_penalty, presence_penalty=presence_penalty,
-                      frequency_penalty=frequency_penalty, logit_bias=logit_bias, min_tokens=min_tokens,
-                      ignore_eos=ignore_eos, stop_token_ids=stop_token_ids, logprobs=logprobs,
-                      prompt_logprobs=prompt_logprobs, logprobs_mode=logprobs_mode)
-    if _is_batch(prompt):
+    if messages is not None or chat_template is not None:
+        from multispec.loading import vocab_rows
+        from multispec.text import encode_chat
+
+        check(prompt is None, "give a prompt or messages, not both")
+        check(messages is not None, "chat_template applies to messages")
+        prompt = encode_chat(pair.tokenizer, vocab_rows(pair.target), messages, chat_template)
+    check(prompt is not None, "give a prompt (a str or token ids) or messages (a conversation)")
+    settings = dict(max_new_tokens=max_new_tokens, temperature=temperature, top_k=top_k, top_p=top_p, seed=seed,
+                    stop=stop, reproducible=reproducible, min_p=min_p, repetition_penalty=repetition_penalty,
+                    presence_penalty=presence_penalty, frequency_penalty=frequency_penalty, logit_bias=logit_bias,
+                    min_tokens=min_tokens, ignore_eos=ignore_eos, stop_token_ids=stop_token_ids, logprobs=logprobs,
+                    prompt_logprobs=prompt_logprobs, logprobs_mode=logprobs_mode)
+    batch = _is_batch(prompt)
+    seeds = settings.pop("seed") if batch else None  # per prompt: s + i from an int s, or one each from a list
+    defaults = {n: p.default for n, p in inspect.signature(generate).parameters.items()}
+    params = SamplingParams.of(params, {k: v for k, v in settings.items() if v is not defaults[k]
+                                        and v != defaults[k]})  # validated once, before any model runs
+    if batch:
         from multispec.decoding.batch import batch_backend
         from multispec.decoding.batch_offline import generate_batch
 
         check(stream is None, "stream takes one prompt; for several prompts read each result's text (or pass "
                               "on_result)")
         decoder = Decoder(pair, method, backend or batch_backend(pair), **method_options)
-        return generate_batch(decoder, prompt, batch_size, max_new_tokens, seed, on_result, temperature=temperature,
-                              top_k=top_k, top_p=top_p, stop=stop, reproducible=reproducible, **processors)
+        return generate_batch(decoder, prompt, params, batch_size, on_result, seed=seeds)
     check(batch_size is None, "batch_size applies to a list of prompts")
     check(on_result is None, "on_result applies to a list of prompts; one prompt streams with stream=")
     decoder = Decoder(pair, method, backend, **method_options)
-    return decoder.generate(prompt, max_new_tokens=max_new_tokens, temperature=temperature, top_k=top_k,
-                            top_p=top_p, seed=seed, stop=stop, stream=stream, reproducible=reproducible,
-                            **processors)
+    return decoder.generate(prompt, params, stream=stream)
 
 
 # names other libraries use for generate's arguments -> what multispec calls them
@@ -108,7 +128,7 @@ def _check_names(method_options: dict) -> None:
     """Before any work: a keyword that is another library's name for one of generate's arguments, or a near-miss
     of one, gets a did-you-mean line (instead of "method X does not take option Y")."""
     options = set().union(*(entry.option_names for entry in REGISTRY.values()))
-    own = [n for n in inspect.signature(generate).parameters if n != "method_options"]
+    own = [n for n in inspect.signature(generate).parameters if n != "method_options"] + sorted(FIELDS)
     for name in method_options:
         if name in OTHER_NAMES:
             raise MultispecError(f"generate() has no argument {name!r}; did you mean {OTHER_NAMES[name]}?")

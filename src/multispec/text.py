@@ -9,7 +9,7 @@ from typing import Callable
 import numpy as np
 import torch
 
-from multispec.errors import check
+from multispec.errors import MultispecError, check
 from multispec.validate import check_text
 
 
@@ -43,6 +43,32 @@ def encode_prompt(tokenizer, vocab_size: int, prompt) -> list[int]:
     ids = [int(t) for t in prompt]
     check(len(ids) > 0, "the prompt is empty")
     check(all(0 <= t < vocab_size for t in ids), f"prompt token ids must be in [0, {vocab_size})")
+    return ids
+
+
+def encode_chat(tokenizer, vocab_size: int, messages, chat_template: str | None = None) -> list[int]:
+    """Token ids of a conversation as vLLM's `LLM.chat` and transformers' pipelines make them: the tokenizer's chat
+    template (or `chat_template`, a Jinja string) rendered with the generation prompt, then tokenized without
+    adding special tokens (the template places any BOS itself). messages: a non-empty list of {"role": str,
+    "content": str}. A tokenizer without a template, a malformed message or a template that refuses the messages
+    is one line (MultispecError)."""
+    check(chat_template is not None or bool(getattr(tokenizer, "chat_template", None)),
+          "this model's tokenizer has no chat template; give a prompt instead of messages (or a chat template)")
+    check(isinstance(messages, (list, tuple)) and len(messages) > 0,
+          f"messages must be a non-empty list of {{'role': ..., 'content': ...}}, got {messages!r:.80}")
+    for i, m in enumerate(messages):
+        check(isinstance(m, dict) and isinstance(m.get("role"), str) and isinstance(m.get("content"), str),
+              f"messages[{i}] must be a dict with a str 'role' and a str 'content', got {m!r:.80}")
+        check_text(m["content"], f"messages[{i}]['content']")
+    try:
+        text = tokenizer.apply_chat_template([{"role": m["role"], "content": m["content"]} for m in messages],
+                                             chat_template=chat_template, tokenize=False, add_generation_prompt=True)
+        ids = list(tokenizer(text, add_special_tokens=False)["input_ids"])
+    except Exception as e:  # noqa: BLE001 - Jinja raises its own errors (raise_exception in templates)
+        first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+        raise MultispecError(f"the chat template refused these messages: {first[:200]}") from None
+    check(len(ids) > 0, "the chat template rendered an empty prompt")
+    check(all(0 <= t < vocab_size for t in ids), f"the tokenizer gave token ids outside the model's [0, {vocab_size})")
     return ids
 
 

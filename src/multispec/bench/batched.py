@@ -73,10 +73,11 @@ def run_batch_bench(pair, datasets: list[str], data_dir, methods: str, temperatu
                     # untimed warm-up (the batch's cost table is measured once per process and machine), then a
                     # fresh Decoder: auto's suffix store must hold no earlier run of these prompts
                     generate_batch(Decoder(pair, s.config, "fast", **s.decoder_options), texts[:batch_size],
-                                   batch_size, 2, seed, temperature=t)
+                                   batch_size=batch_size, max_new_tokens=2, seed=seed, temperature=t)
                     decoder = Decoder(pair, s.config, "fast", **s.decoder_options)
                     start = time.perf_counter()
-                    results = generate_batch(decoder, texts, batch_size, max_new_tokens, seed, temperature=t)
+                    results = generate_batch(decoder, texts, batch_size=batch_size, max_new_tokens=max_new_tokens,
+                                             seed=seed, temperature=t)
                     tokens = sum(len(r.token_ids) for r in results)
                     calls = sum(len(r.token_ids) / r.stats["tau"] for r in results if r.stats.get("tau"))
                     tau = tokens / calls if calls else None

@@ -20,6 +20,7 @@ from multispec.errors import MultispecError
 # name -> (module that defines it with @cli.command / @cli.group, one-line help shown by `multispec --help`)
 COMMANDS = {
     "generate": ("multispec.cli.generate_cmd", "Generate a continuation of PROMPT with speculative decoding."),
+    "chat": ("multispec.cli.chat_cmd", "Chat with the target model in the terminal (streamed replies)."),
     "bench": ("multispec.cli.bench_cmd", "Benchmark methods on a prompt set (JSON, markdown, plots)."),
     "optimal": ("multispec.cli.optimal_cmd", "Optimal multi-draft acceptance vs each verifier's (P3 Table 1)."),
     "verifiers": ("multispec.cli.verifiers_cmd", "List the node verifiers: lossless or not, drafts supported."),

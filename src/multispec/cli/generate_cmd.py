@@ -7,11 +7,11 @@ import time
 import click
 
 from multispec.cli import cli
+from multispec.cli.common import (chat_template_option, device_options, model_options,
+                                  read_chat_template, sampling_options, user_message)
 from multispec.cli.method_options import check_method_options, collect_method_options, method_options
 from multispec.decoding.methods import DEFAULT_METHOD, REGISTRY, method_names
 from multispec.errors import MultispecError, check
-
-SEED_MAX = 2**63 - 1
 
 
 @cli.command("generate")
@@ -23,55 +23,55 @@ SEED_MAX = 2**63 - 1
 @click.option("--lines", "per_line", is_flag=True, help="Each non-empty line of the prompt text is one prompt.")
 @click.option("--batch-size", type=click.IntRange(1, 256), help="Several prompts: how many decode at once "
               "(default: all, at most 256).")
-@click.option("--target", help="Target model: local Hugging Face directory (default: the embedded default pair).")
-@click.option("--draft", help="Draft model (another tokenizer: see --cross-vocab).")
-@click.option("--cross-vocab", type=click.Choice(["tli", "uag"]), help="A draft with another tokenizer: tli "
-              "(default) drafts the tokens both vocabularies share; uag re-encodes the draft's text with the target's "
-              "tokenizer (chains only). docs/cross_vocab.md")
+@model_options
 @click.option("--method", type=click.Choice(method_names()), default=DEFAULT_METHOD, show_default=True)
 @method_options
-@click.option("--temperature", type=float, help="0 means greedy. Default: the target's generation_config.json "
-              "(its temperature/top-k/top-p if it sets do_sample, else greedy).")
-@click.option("--top-k", type=int, help="Keep the k most likely tokens (0 or -1: off, as in vLLM and transformers).")
-@click.option("--top-p", type=float)
-@click.option("--seed", type=click.IntRange(0, SEED_MAX), help="Sampling seed (default: a fresh one, reported).")
+@sampling_options
 @click.option("--max-new-tokens", type=click.IntRange(min=1), default=128, show_default=True,
               help="Capped, with a warning, where prompt + new tokens would pass the model's positions.")
 @click.option("--reproducible/--no-reproducible", default=None, help="With --seed: verify with position-keyed noise "
               "so that the seed alone fixes the text, whatever the method or its plans (docs/reproducible.md).")
 @click.option("--stop", multiple=True, help="Stop string (repeatable); the output ends before it.")
-@click.option("--device", help="cpu, cuda or cuda:N (default: cuda when available, else cpu).")
-@click.option("--dtype", type=click.Choice(["float32", "bfloat16", "float16"]))
-@click.option("--backend", type=click.Choice(["hf", "fast", "compiled"]),
-              help="hf (default): any transformers causal LM; fast: static-cache Llama-family backend; compiled: "
-              "the fast backend with torch.compile'd steps (compiled at load: minutes the first time on a CPU).")
+@click.option("--chat", "chat", metavar="MESSAGE", help="A user message instead of PROMPT: the prompt is the "
+              "conversation rendered by the target's chat template (with --system); prints the reply.")
+@click.option("--system", help="With --chat: the system message.")
+@chat_template_option
 @click.option("--compile", "compile_", is_flag=True, help="Same as --backend compiled.")
-@click.option("--threads", type=click.IntRange(min=1), help="torch CPU threads (default: the free cores, at most 4; "
-              "1 on a busy machine, with a warning).")
+@device_options
 @click.option("--stream", is_flag=True, help="Print text as it is committed.")
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object: the stats plus `text` and `token_ids` "
               "(several prompts: one line per prompt, with its `index`, written as its sequence finishes).")
 @click.option("--baseline", is_flag=True, help="Also run plain decoding (ar) on the same settings and report the "
               "speedup over it: the median of 3 to 5 alternating runs of each, with its min-max spread.")
-def generate_command(prompt, prompt_file, per_line, batch_size, target, draft, cross_vocab, method, temperature, top_k, top_p, seed, max_new_tokens,
-                     reproducible, stop, device, dtype, backend, compile_, threads, stream, as_json, baseline, **method_kw):
+def generate_command(prompt, prompt_file, per_line, batch_size, target, draft, cross_vocab, method, temperature, top_k,
+                     top_p, seed, max_new_tokens, reproducible, stop, chat, system, chat_template, compile_, device,
+                     dtype, backend, threads, stream, as_json, baseline, **method_kw):
     """Generate a continuation of PROMPT with speculative decoding ('-': read it from stdin)."""
     from multispec.api import generate, load_pair, resolve_device
-    from multispec.validate import stop_strings
-    from multispec.sampling import SamplingConfig
+    from multispec.params import SamplingParams
     from multispec.threads import set_threads
 
     # every check that needs no model first (style §2.9)
-    prompts = _read_prompts(prompt, prompt_file, per_line)
+    if chat is None:
+        check(system is None and chat_template is None, "--system and --chat-template go with --chat MESSAGE")
+        prompts = _read_prompts(prompt, prompt_file, per_line)
+        source: dict = {}
+    else:
+        check(prompt is None and not prompt_file and not per_line,
+              "--chat MESSAGE is the prompt: give no PROMPT, --prompt-file or --lines with it")
+        messages = ([{"role": "system", "content": system}] if system is not None else []) + \
+            [user_message(chat, "the --chat message")]
+        source = dict(messages=messages, chat_template=read_chat_template(chat_template))
+        prompts = [""]  # what is printed before the reply
     many = len(prompts) > 1 or per_line or any(f.endswith(".jsonl") for f in prompt_file)
     check(many or batch_size is None, "--batch-size applies to several prompts (--prompt-file repeated, a .jsonl "
                                       "file, or --lines)")
     check(not (many and (baseline or stream)), "--baseline and --stream take one prompt")
     prompt = prompts[0]
     options = collect_method_options(method_kw)
-    SamplingConfig(temperature=1.0 if temperature is None else temperature, top_k=top_k, top_p=top_p)
+    params = SamplingParams(max_new_tokens=max_new_tokens, temperature=temperature, top_k=top_k, top_p=top_p,
+                            seed=seed, stop=list(stop), reproducible=reproducible)  # the request, checked once
     config = check_method_options(method, options)
-    stops = stop_strings(list(stop))
     resolve_device(device)
     check(not (compile_ and backend not in (None, "compiled")),
           f"--compile runs the compiled fast backend; it cannot be combined with --backend {backend}")
@@ -90,8 +90,7 @@ def generate_command(prompt, prompt_file, per_line, batch_size, target, draft, c
     if many and not compile_ and backend_given is None:
         backend = None  # generate picks the fast backend for a batch where the model has one
     pair = load_pair(target=target, draft=draft, device=device, dtype=dtype, cross_vocab=cross_vocab, compile=backend == "compiled")
-    kw = dict(method=method, max_new_tokens=max_new_tokens, temperature=temperature, top_k=top_k, top_p=top_p,
-              seed=seed, stop=stops or None, backend=backend, reproducible=reproducible, **options)
+    kw = dict(method=method, params=params, backend=backend, **options)
     if many:
         results = _generate_many(lambda on_result: generate(pair, prompts, batch_size=batch_size,
                                                             on_result=on_result, **kw), prompts, as_json)
@@ -99,13 +98,13 @@ def generate_command(prompt, prompt_file, per_line, batch_size, target, draft, c
         return
     if baseline:  # untimed first calls, so that neither timed run pays the one-off start-up costs
         for m in (method, "ar"):
-            generate(pair, prompt, method=m, max_new_tokens=2, temperature=temperature, seed=0, backend=backend,
-                     **(options if m == method else {}))
+            generate(pair, prompt or None, method=m, params=params.replace(max_new_tokens=2, seed=0),
+                     backend=backend, **source, **(options if m == method else {}))
     on_text = (lambda s: (sys.stdout.write(s), sys.stdout.flush())) if stream and not as_json else None
     if stream and not as_json:
         sys.stdout.write(prompt)
     try:
-        result = generate(pair, prompt, stream=on_text, **kw)
+        result = generate(pair, prompt or None, stream=on_text, **source, **kw)
     except BaseException as e:  # show what was committed before the failure (streaming showed it already)
         partial = getattr(e, "partial", None)
         if partial is not None and not on_text and not as_json and partial.text:
@@ -120,11 +119,11 @@ def generate_command(prompt, prompt_file, per_line, batch_size, target, draft, c
         click.echo(f"warning: {w}", err=True)
     _calibration_note(s)
     if baseline:
-        same = dict(kw, temperature=s["temperature"], top_k=s["top_k"], top_p=s["top_p"], seed=s["seed"],
-                    reproducible=s["reproducible"])
+        same = dict(kw, params=params.replace(temperature=s["temperature"], top_k=s["top_k"], top_p=s["top_p"],
+                                              seed=s["seed"], reproducible=s["reproducible"]))
         ar = {k: v for k, v in same.items() if k not in options}
-        s.update(_speedup(lambda: generate(pair, prompt, **same).stats["tokens_per_s"],
-                          lambda: generate(pair, prompt, **dict(ar, method="ar")).stats["tokens_per_s"],
+        s.update(_speedup(lambda: generate(pair, prompt or None, **source, **same).stats["tokens_per_s"],
+                          lambda: generate(pair, prompt or None, **source, **dict(ar, method="ar")).stats["tokens_per_s"],
                           s["tokens_per_s"]))
     if as_json:
         click.echo(json.dumps({**s, "text": result.text, "token_ids": result.token_ids}, indent=2))

@@ -13,6 +13,7 @@ from multispec.decoding.batch import (CROSS_VOCAB_NOTE, MAX_BATCH, SEQUENTIAL_NO
                                       batchable)
 from multispec.decoding.decoder import Decoder, GenerationResult
 from multispec.errors import MultispecError, attach_partial, check
+from multispec.params import SamplingParams
 from multispec.validate import integer, seed_or_fresh
 
 
@@ -29,13 +30,14 @@ def seeds_for(seed, count: int) -> list[int]:
     return [seed_or_fresh(base + i) for i in range(count)]
 
 
-def generate_batch(decoder: Decoder, prompts, batch_size: int | None = None, max_new_tokens: int = 128,
-                   seed=None, on_result: Callable[[int, GenerationResult], None] | None = None,
-                   **kwargs) -> list[GenerationResult]:
+def generate_batch(decoder: Decoder, prompts, params: SamplingParams | None = None, batch_size: int | None = None,
+                   on_result: Callable[[int, GenerationResult], None] | None = None, seed=None,
+                   **settings) -> list[GenerationResult]:
     """Decode every prompt (a list of str or of token-id lists) with `decoder`'s pair and method, batch_size at a
     time (default: all of them, at most MAX_BATCH), and return one GenerationResult per prompt, in order, each with
-    its own stats and seed. kwargs: as Decoder.generate (temperature, top_k, top_p, stop, reproducible). On the
-    transformers backend the sequences run one at a time (stats warn so).
+    its own stats and seed. params: the request's SamplingParams (or its fields as keywords), the same for every
+    prompt but the seed: seed (or params.seed) None draws a fresh one per prompt, an int s gives prompt i s + i, a
+    list gives one per prompt. On the transformers backend the sequences run one at a time (stats warn so).
 
     on_result(i, result) is called in the caller's thread as each sequence finishes (in the order they finish).
     If any sequence fails, the error is raised after the others finish; an interrupt (Ctrl-C, SIGTERM) or an error
@@ -43,22 +45,21 @@ def generate_batch(decoder: Decoder, prompts, batch_size: int | None = None, max
     exception carries `.partial`: one result per prompt, finished or not (finish_reason "abort" for a sequence cut
     short, with its tokens so far, or never started, empty)."""
     encoded = _check_prompts(decoder, prompts)
-    n_new = integer(max_new_tokens, "max_new_tokens")
-    if n_new is None or n_new < 1:
-        raise MultispecError(f"max_new_tokens must be an integer >= 1, got {n_new!r}")
-    max_new_tokens = n_new
+    params = SamplingParams.of(params, settings)
+    check(seed is None or params.seed is None, "give the seed in params or as seed=, not both")
     size = integer(batch_size, "batch_size")
     check(size is None or 1 <= size <= MAX_BATCH, f"batch_size must be an integer in [1, {MAX_BATCH}], got {size!r}")
     size = min(size or len(prompts), len(prompts), MAX_BATCH)
-    seeds = seeds_for(seed, len(prompts))
-    decoder.sampling(kwargs.get("temperature"), kwargs.get("top_k"), kwargs.get("top_p"))  # checked before work
+    seeds = seeds_for(seed if seed is not None else params.seed, len(prompts))
+    decoder.check_request(params)  # the model's checks too, before any work
+    max_new_tokens = params.max_new_tokens
     group, notes = _batch_group(decoder, encoded, size, max_new_tokens)
     results: list = [None] * len(prompts)
     errors: list = [None] * len(prompts)
 
     def one(lane: Decoder, i: int) -> None:
         try:
-            results[i] = lane.generate(prompts[i], max_new_tokens=max_new_tokens, seed=seeds[i], **kwargs)
+            results[i] = lane.generate(prompts[i], params.replace(seed=seeds[i]))
             results[i].stats["warnings"].extend(notes)
         except Cancelled as e:  # the batch was interrupted: keep this sequence's tokens so far
             results[i] = e.partial

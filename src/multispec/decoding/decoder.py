@@ -23,12 +23,13 @@ from multispec.decoding.result import GenerationResult
 from multispec.decoding.state import choose_verifier
 from multispec.decoding.pair_checks import (backend_name, cross_vocab_backend, refuse_trees_where_inexact,
                                             refuse_where_retokenizing)
-from multispec.errors import MultispecError, attach_partial, check
+from multispec.errors import attach_partial, check
 from multispec.loading import Pair, eos_ids, max_positions, vocab_rows
 from multispec.models.base import Backend
+from multispec.params import SamplingParams
 from multispec.sampling import SamplingConfig
 from multispec.text import StopStrings, Streamer, encode_prompt
-from multispec.validate import integer, logit_bias as check_logit_bias, real, seed_or_fresh, stop_strings, token_ids
+from multispec.validate import logit_bias as check_logit_bias, seed_or_fresh, token_ids
 
 
 class Decoder:
@@ -179,19 +180,18 @@ class Decoder:
         return self._target, self._draft
 
     # ------------------------------------------------------------------ text
-    def sampling(self, temperature=None, top_k=None, top_p=None, min_p=None, repetition_penalty=None,
-                 presence_penalty=None, frequency_penalty=None, logit_bias=None, min_tokens=None) -> SamplingConfig:
-        """The explicit settings, with what is left out taken from the target's generation config, as
-        transformers' `generate` does: its temperature, top_k and top_p when it sets do_sample, else greedy.
-        The processors (min_p ... min_tokens, see SamplingConfig) are off unless given."""
-        temperature, top_k, top_p = real(temperature, "temperature"), integer(top_k, "top_k"), real(top_p, "top_p")
-        processors: dict[str, Any] = dict(min_p=real(min_p, "min_p"),
-                                          logit_bias=check_logit_bias(logit_bias, self.vocab_size))
-        for name, value, off in (("repetition_penalty", repetition_penalty, 1.0),
-                                 ("presence_penalty", presence_penalty, 0.0),
-                                 ("frequency_penalty", frequency_penalty, 0.0)):
-            processors[name] = off if value is None else real(value, name)
-        processors["min_tokens"] = integer(min_tokens, "min_tokens") or 0
+    def check_request(self, params: SamplingParams) -> SamplingConfig:
+        """The checks of a request that depend on the model (token ids against its vocabulary), then its sampling
+        law: the explicit settings, with what is left out taken from the target's generation config, as
+        transformers' `generate` does (its temperature, top_k and top_p when it sets do_sample, else greedy). The
+        processors (min_p ... min_tokens, see SamplingConfig) are off unless given."""
+        bias = check_logit_bias(dict(params.logit_bias), self.vocab_size)
+        token_ids(list(params.stop_token_ids), "stop_token_ids", self.vocab_size)
+        top_k, top_p, temperature = params.top_k, params.top_p, params.temperature
+        processors: dict[str, Any] = dict(
+            min_p=params.min_p, logit_bias=bias, min_tokens=params.min_tokens,
+            repetition_penalty=1.0 if params.repetition_penalty is None else params.repetition_penalty,
+            presence_penalty=params.presence_penalty or 0.0, frequency_penalty=params.frequency_penalty or 0.0)
         if temperature is None:
             gc = getattr(self.pair.target, "generation_config", None)
             if gc is None or not getattr(gc, "do_sample", False):
@@ -201,45 +201,30 @@ class Decoder:
             top_p = top_p if top_p is not None else (gc.top_p if gc.top_p is not None and gc.top_p < 1.0 else None)
         return SamplingConfig(temperature=temperature, top_k=top_k, top_p=top_p, **processors)
 
-    def generate(self, prompt, max_new_tokens: int = 128, temperature: float | None = None, top_k: int | None = None,
-                 top_p: float | None = None, seed: int | None = None, stop: str | list[str] | None = None,
-                 stream: Callable[[str], None] | None = None, reproducible: bool | None = None, *,
-                 min_p: float | None = None, repetition_penalty: float | None = None,
-                 presence_penalty: float | None = None, frequency_penalty: float | None = None,
-                 logit_bias: dict | None = None, min_tokens: int | None = None, ignore_eos: bool = False,
-                 stop_token_ids: list[int] | None = None, logprobs: int | None = None,
-                 prompt_logprobs: bool = False, logprobs_mode: str = "raw",
-                 stream_chunks: bool = False) -> GenerationResult:
-        """See `multispec.generate`: every input is checked before any model runs; a failure part-way raises with
-        `.partial`, the GenerationResult of the tokens committed so far (finish_reason "abort"). stream_chunks (the
-        server's): `stream` gets text.StreamChunks, each delta with the tokens it covers and their logprobs, instead
-        of bare deltas."""
-        sampling = self.sampling(temperature, top_k, top_p, min_p, repetition_penalty, presence_penalty,
-                                 frequency_penalty, logit_bias, min_tokens)
-        reproducible = self.reproducible_mode(reproducible, seed, sampling)
-        check(isinstance(ignore_eos, bool), f"ignore_eos must be True or False, got {ignore_eos!r}")
-        check(isinstance(prompt_logprobs, bool), f"prompt_logprobs must be True or False, got {prompt_logprobs!r}")
-        ends = (set() if ignore_eos else set(self.eos_ids)) | set(token_ids(stop_token_ids, "stop_token_ids",
-                                                                            self.vocab_size))
+    def generate(self, prompt, params: SamplingParams | None = None, *, stream: Callable[[str], None] | None = None,
+                 stream_chunks: bool = False, **settings) -> GenerationResult:
+        """Decode `prompt` with `params` (a SamplingParams; or its fields as keywords: max_new_tokens,
+        temperature, ..., see `multispec.generate`). Every input is checked before any model runs; a failure
+        part-way raises with `.partial`, the GenerationResult of the tokens committed so far (finish_reason
+        "abort"). stream(text_delta) as text is committed; stream_chunks (the server's): `stream` gets
+        text.StreamChunks, each delta with the tokens it covers and their logprobs, instead of bare deltas."""
+        params = SamplingParams.of(params, settings)
+        sampling = self.check_request(params)
+        reproducible = self.reproducible_mode(params.reproducible, params.seed, sampling)
+        ends = (set() if params.ignore_eos else set(self.eos_ids)) | set(params.stop_token_ids)
         recorder = None
-        if logprobs is not None or prompt_logprobs:
-            recorder = LogprobRecorder(top=0 if logprobs is None else logprobs, mode=logprobs_mode,
-                                       prompt=prompt_logprobs)
-        n_new = integer(max_new_tokens, "max_new_tokens")
-        least = 0 if prompt_logprobs else 1  # 0 new tokens: the prompt's logprobs only (echo with max_tokens 0)
-        if n_new is None or n_new < least:
-            raise MultispecError(f"max_new_tokens must be an integer >= {least}, got {n_new!r}")
-        max_new_tokens = n_new
-        check(sampling.min_tokens <= max_new_tokens, f"min_tokens ({sampling.min_tokens}) must be at most "
-                                                     f"max_new_tokens ({max_new_tokens})")
-        seed = seed_or_fresh(seed)
-        stops = StopStrings(self.pair.tokenizer, stop_strings(stop), after_tokens=sampling.min_tokens)
+        if params.wants_logprobs:
+            recorder = LogprobRecorder(top=0 if params.logprobs is None else params.logprobs,
+                                       mode=params.logprobs_mode, prompt=params.prompt_logprobs)
+        seed = seed_or_fresh(params.seed)
+        stops = StopStrings(self.pair.tokenizer, list(params.stop), after_tokens=sampling.min_tokens)
         check(stream is None or callable(stream), f"stream must be a callable taking a text delta, got {stream!r}")
         check(isinstance(stream_chunks, bool), f"stream_chunks must be True or False, got {stream_chunks!r}")
         ids = encode_prompt(self.pair.tokenizer, self.vocab_size, prompt)
         warnings: list[str] = []
-        max_new_tokens = self.fit_context(len(ids), max_new_tokens, warnings)
-        streamer = Streamer(stops, stream, tokens=stream_chunks, recorder=recorder if logprobs is not None else None)
+        max_new_tokens = self.fit_context(len(ids), params.max_new_tokens, warnings)
+        streamer = Streamer(stops, stream, tokens=stream_chunks,
+                            recorder=recorder if params.logprobs is not None else None)
         try:
             new, metrics = self.run(ids, sampling, max_new_tokens, seed, stops.cut_ids if stops else None,
                                     streamer.on_tokens, reproducible, ends, recorder)
@@ -257,8 +242,8 @@ class Decoder:
             stats["logprobs_mode"] = recorder.mode
         return GenerationResult(
             token_ids=new_ids, text=text, stats=stats, finish_reason=metrics.finish_reason,
-            logprobs=recorder.tokens[:len(new_ids)] if recorder is not None and logprobs is not None else None,
-            prompt_logprobs=recorder.prompt_tokens if recorder is not None and prompt_logprobs else None)
+            logprobs=recorder.tokens[:len(new_ids)] if recorder is not None and params.logprobs is not None else None,
+            prompt_logprobs=recorder.prompt_tokens if recorder is not None and params.prompt_logprobs else None)
 
     def reproducible_mode(self, reproducible: bool | None, seed, sampling: SamplingConfig) -> bool:
         """Whether a run verifies with position-keyed noise (the text fixed by the seed whatever the method, plan

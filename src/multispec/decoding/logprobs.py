@@ -16,11 +16,8 @@ from dataclasses import dataclass, field
 
 import torch
 
-from multispec.errors import check
+from multispec.params import LOGPROBS_MODES, MAX_TOP_LOGPROBS
 from multispec.sampling import SamplingConfig
-
-LOGPROBS_MODES = ("raw", "processed")
-MAX_TOP_LOGPROBS = 20  # OpenAI's bound on top alternatives
 
 
 @dataclass(frozen=True)
@@ -43,11 +40,9 @@ class LogprobRecorder:
     tokens: list[TokenLogprob] = field(default_factory=list)
     prompt_tokens: list[TokenLogprob | None] = field(default_factory=list)
 
-    def __post_init__(self) -> None:
-        check(isinstance(self.top, int) and not isinstance(self.top, bool) and 0 <= self.top <= MAX_TOP_LOGPROBS,
-              f"logprobs must be an integer in [0, {MAX_TOP_LOGPROBS}], got {self.top!r}")
-        check(self.mode in LOGPROBS_MODES, f"logprobs_mode must be one of {', '.join(LOGPROBS_MODES)}, "
-                                           f"got {self.mode!r}")
+    def __post_init__(self) -> None:  # the request's values, checked by SamplingParams; a caller's bug here
+        if not (0 <= self.top <= MAX_TOP_LOGPROBS and self.mode in LOGPROBS_MODES):
+            raise ValueError(f"LogprobRecorder: top {self.top!r}, mode {self.mode!r}")
 
     def rows(self, sampling: SamplingConfig, raw: torch.Tensor, adjusted: torch.Tensor | None,
              p: torch.Tensor | None) -> torch.Tensor:

@@ -302,7 +302,7 @@ class _Reply:
     def _logprobs(self, index: int, result):
         """The choice's logprobs in its endpoint's shape (None when not asked for); runs off the event loop."""
         job = self.jobs[index]
-        top = job.options.get("logprobs")
+        top = job.params.logprobs
         if top is None:
             return None
         if self.chat:
@@ -363,8 +363,8 @@ class _Reply:
         sent = [""] * len(self.runs)
         usages: dict[int, Usage] = {}
         ended = False
-        logprobs = [None if job.options.get("logprobs") is None else
-                    StreamedLogprobs(self.edge.decode, self.token_text, job.options["logprobs"], self.chat)
+        logprobs = [None if job.params.logprobs is None else
+                    StreamedLogprobs(self.edge.decode, self.token_text, job.params.logprobs, self.chat)
                     for job in self.jobs]
         echo_waits = {i for i, lp in enumerate(logprobs) if lp is not None and self.req.echo and not self.chat}
         try:

@@ -16,10 +16,11 @@ from fastapi.responses import JSONResponse
 from pydantic import BaseModel, ValidationError
 
 from multispec.errors import MultispecError
+from multispec.params import ParamError, SamplingParams
 from multispec.serve.protocol import ErrorBody, ErrorResponse
 from multispec.serve.scheduler import Job
-from multispec.text import encode_prompt
-from multispec.validate import check_text, logit_bias as validate_bias, token_ids
+from multispec.text import encode_chat, encode_prompt
+from multispec.validate import check_text
 
 
 @dataclass(frozen=True)
@@ -207,7 +208,8 @@ class Edge:
         return self.check_ids(ids, param)
 
     def chat_ids(self, messages, add_special_tokens: bool = False, add_generation_prompt: bool = True) -> list[int]:
-        """The messages rendered by the chat template (which places any BOS itself), then tokenized."""
+        """The messages rendered by the chat template (which places any BOS itself), then tokenized: as
+        multispec.generate(messages=...) does (text.encode_chat) unless the request asks otherwise."""
         template = self.settings.chat_template
         if template is None and not getattr(self.tokenizer, "chat_template", None):
             raise APIError(400, "this model's tokenizer has no chat template; use /v1/completions, or start the "
@@ -215,15 +217,19 @@ class Edge:
         rendered = [{"role": m.role, "content": m.text()} for m in messages]
         try:
             with self._lock:
+                if add_generation_prompt and not add_special_tokens:
+                    return self.check_ids(encode_chat(self.tokenizer, self.vocab, rendered, template), "messages")
                 text = self.tokenizer.apply_chat_template(rendered, chat_template=template, tokenize=False,
                                                           add_generation_prompt=add_generation_prompt)
                 ids = self.tokenizer(text, add_special_tokens=add_special_tokens)["input_ids"]
+        except MultispecError as e:
+            raise APIError(400, str(e), param="messages") from None
         except Exception as e:  # noqa: BLE001 - Jinja raises its own errors (raise_exception in templates)
             raise APIError(400, f"the chat template refused these messages: {str(e)[:200]}",
                            param="messages") from None
         if not ids:
             raise APIError(400, "the chat template rendered an empty prompt", param="messages")
-        return ids
+        return self.check_ids(ids, "messages")
 
     def decode(self, ids: list[int]) -> str:
         with self._lock:
@@ -247,35 +253,27 @@ class Edge:
                            f"{len(ids) + max_tokens} tokens ({len(ids)} in the {field_name}, {max_tokens} in the "
                            f"completion). Please reduce the length of the {field_name} or completion.",
                            param="max_tokens", code="context_length_exceeded")
-        if req.min_tokens > max_tokens:
-            raise APIError(400, f"min_tokens ({req.min_tokens}) must be at most max_tokens ({max_tokens})",
-                           param="min_tokens")
-        # top_k -1 or 0 (vLLM's "off") is explicit: top-k over the whole vocabulary keeps every token, where None
-        # (not set) would take the model's generation_config top_k when temperature is not set either
-        top_k = self.vocab if req.top_k in (-1, 0) else req.top_k
-        temperature = None if req.temperature is None else float(req.temperature)
-        top_p = None if req.top_p is None else float(req.top_p)
-        options = {k: v for k, v in dict(
-            min_p=req.min_p, repetition_penalty=req.repetition_penalty, presence_penalty=req.presence_penalty,
-            frequency_penalty=req.frequency_penalty, logit_bias=req.logit_bias, min_tokens=req.min_tokens,
-            ignore_eos=req.ignore_eos, stop_token_ids=req.stop_token_ids, logprobs=logprobs,
-            prompt_logprobs=prompt_logprobs,
-            logprobs_mode=req.logprobs_mode if logprobs is not None or prompt_logprobs else None,
-        ).items() if v not in (None, False, 0) and not (k == "repetition_penalty" and v == 1)}
-        if logprobs == 0:
-            options["logprobs"] = 0
-        for name, bad in (("logit_bias", lambda: validate_bias(req.logit_bias, self.vocab)),
-                          ("stop_token_ids", lambda: token_ids(req.stop_token_ids, "stop_token_ids", self.vocab)),
-                          (None, lambda: self.decoder.sampling(
-                              1.0 if temperature is None else temperature, top_k, top_p, req.min_p,
-                              req.repetition_penalty, req.presence_penalty, req.frequency_penalty))):
-            try:  # generate's own checks, before the request is queued
-                bad()
-            except MultispecError as e:
-                raise APIError(400, str(e), param=name) from None
         seed = req.seed + sample if req.seed is not None else secrets.randbelow(2**31)
         # the library's default mode is decided by whether a seed was given, so the server keeps that distinction
         reproducible = req.reproducible if req.reproducible is not None else (
             self.reproducible_when_seeded and req.seed is not None)
-        return Job(prompt_ids=ids, max_tokens=max_tokens, temperature=temperature, top_k=top_k, top_p=top_p,
-                   seed=seed, stop=req.stop, reproducible=reproducible, options=options)
+        try:  # the request object, validated once, and the model's own checks, before the request is queued
+            params = SamplingParams(
+                max_new_tokens=max_tokens, temperature=req.temperature, top_k=req.top_k, top_p=req.top_p,
+                min_p=req.min_p, repetition_penalty=req.repetition_penalty, presence_penalty=req.presence_penalty,
+                frequency_penalty=req.frequency_penalty, logit_bias=req.logit_bias, min_tokens=req.min_tokens,
+                seed=seed, stop=req.stop, stop_token_ids=req.stop_token_ids, ignore_eos=req.ignore_eos,
+                logprobs=logprobs, prompt_logprobs=prompt_logprobs, logprobs_mode=req.logprobs_mode,
+                reproducible=reproducible)
+            self.decoder.check_request(params)
+        except ParamError as e:  # OpenAI's name for the token budget
+            message, param = str(e).replace("max_new_tokens", "max_tokens"), e.param.replace("max_new_", "max_")
+            raise APIError(400, message, param=param) from None
+        except MultispecError as e:
+            raise APIError(400, str(e), param=_param_of(str(e))) from None
+        return Job(prompt_ids=ids, params=params)
+
+
+def _param_of(message: str) -> str | None:
+    """The field a model-dependent check names first (token ids out of the vocabulary)."""
+    return next((name for name in ("logit_bias", "stop_token_ids") if message.startswith(name)), None)

@@ -29,6 +29,7 @@ from dataclasses import dataclass, field
 from typing import Callable
 
 from multispec.errors import MultispecError
+from multispec.params import SamplingParams
 from multispec.text import StreamChunk
 
 log = logging.getLogger("multispec.serve")
@@ -44,17 +45,11 @@ class Cancelled(Exception):
 
 @dataclass(frozen=True)
 class Job:
-    """One generation request, validated. prompt_ids: the full prompt as token ids (BOS included if any)."""
+    """One generation request, validated. prompt_ids: the full prompt as token ids (BOS included if any); params:
+    its settings (seed and reproducible resolved: the edge draws the seed of an unseeded request)."""
 
     prompt_ids: list[int]
-    max_tokens: int
-    temperature: float | None
-    top_k: int | None
-    top_p: float | None
-    seed: int
-    stop: list[str] | None
-    reproducible: bool | None = None
-    options: dict = field(default_factory=dict)  # more generate keywords: processors, logprobs (only those set)
+    params: SamplingParams
 
 
 @dataclass
@@ -74,13 +69,14 @@ class Run:
 
 
 def decoder_generate(decoder, prompt_ids: list[int], **kwargs):
-    """How a worker runs a job: the Decoder's own `generate` (tests pass a stand-in with this signature)."""
+    """How a worker runs a job: the Decoder's own `generate`, with params=, stream=, stream_chunks= (tests pass a
+    stand-in with this signature)."""
     return decoder.generate(prompt_ids, **kwargs)
 
 
 class Scheduler:
     """decoder: the first Decoder (the others are spawned from it, one per worker). generate_fn(decoder, prompt_ids,
-    max_new_tokens=, temperature=, top_k=, top_p=, seed=, stop=, stream=, stream_chunks=True, ...) ->
+    params=SamplingParams, stream=, stream_chunks=True) ->
     GenerationResult (stream gets text.StreamChunks; a stand-in may stream bare text, and ignore stream_chunks).
     max_model_len: the most tokens (prompt + output) a generation holds; batch slots are sized for it."""
 
@@ -136,10 +132,8 @@ class Scheduler:
 
             decoder = self._free.get()  # never waits: at most max_concurrent jobs run at once
             try:
-                result = self.generate_fn(decoder, job.prompt_ids, max_new_tokens=job.max_tokens,
-                                          temperature=job.temperature, top_k=job.top_k, top_p=job.top_p,
-                                          seed=job.seed, stop=job.stop, stream=on_text,
-                                          reproducible=job.reproducible, stream_chunks=True, **job.options)
+                result = self.generate_fn(decoder, job.prompt_ids, params=job.params, stream=on_text,
+                                          stream_chunks=True)
             finally:
                 self._free.put(decoder)
             run.emit("done", result)

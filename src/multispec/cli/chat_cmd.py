@@ -1,0 +1,105 @@
+"""`multispec chat`: a multi-turn conversation in the terminal. Each reply streams as it is committed and ends with
+the one-line summary `generate` prints; Ctrl-C ends a reply (what was said so far stays in the conversation),
+Ctrl-D (or /exit) leaves. One Decoder serves every turn, so `auto` keeps what it learned."""
+import sys
+
+import click
+
+from multispec.cli import cli
+from multispec.cli.common import (chat_template_option, device_options, model_options, read_chat_template,
+                                  sampling_options, user_message)
+from multispec.cli.method_options import check_method_options, collect_method_options, method_options
+from multispec.decoding.methods import DEFAULT_METHOD, method_names
+from multispec.errors import MultispecError, check
+
+PROMPT = ">>> "
+
+
+@cli.command("chat")
+@model_options
+@click.option("--method", type=click.Choice(method_names()), default=DEFAULT_METHOD, show_default=True)
+@method_options
+@sampling_options
+@click.option("--max-new-tokens", type=click.IntRange(min=1), default=512, show_default=True,
+              help="The longest reply, in tokens.")
+@click.option("--system", help="The system message.")
+@chat_template_option
+@device_options
+def chat_command(target, draft, cross_vocab, method, temperature, top_k, top_p, seed, max_new_tokens, system,
+                 chat_template, device, dtype, backend, threads, **method_kw):
+    """Chat with the target model: type a message, read the streamed reply (Ctrl-C ends a reply, Ctrl-D leaves)."""
+    from multispec.api import load_pair, resolve_device
+    from multispec.cli.generate_cmd import _check_proposers, _summary
+    from multispec.decoding.decoder import Decoder
+    from multispec.loading import vocab_rows
+    from multispec.params import SamplingParams
+    from multispec.text import encode_chat
+    from multispec.threads import set_threads
+
+    # every check that needs no model first
+    params = SamplingParams(max_new_tokens=max_new_tokens, temperature=temperature, top_k=top_k, top_p=top_p,
+                            seed=seed)
+    options = collect_method_options(method_kw)
+    config = check_method_options(method, options)
+    template = read_chat_template(chat_template)
+    check(system is None or system.strip() != "", "--system is empty")
+    resolve_device(device)
+    _check_proposers(config, target, draft)
+    _, warning = set_threads(threads)
+    if warning:
+        click.echo(f"warning: {warning}", err=True)
+
+    pair = load_pair(target=target, draft=draft, device=device, dtype=dtype, cross_vocab=cross_vocab,
+                     compile=backend == "compiled")
+    messages = [{"role": "system", "content": system}] if system is not None else []
+    encode_chat(pair.tokenizer, vocab_rows(pair.target), messages + [user_message("hi", "")], template)  # a template?
+    decoder = Decoder(pair, method, backend, **options)
+    click.echo("Type a message and press Enter. Ctrl-C ends a reply, Ctrl-D leaves.", err=True)
+    turn = 0
+    while True:
+        try:
+            line = input(PROMPT)
+        except EOFError:  # Ctrl-D
+            click.echo()
+            return
+        except KeyboardInterrupt:  # Ctrl-C at the prompt: a fresh line, as a shell does
+            click.echo()
+            continue
+        if line.strip() in ("/exit", "/quit"):
+            return
+        try:
+            turn_messages = messages + [user_message(line, "the message")]
+            ids = encode_chat(pair.tokenizer, vocab_rows(pair.target), turn_messages, template)
+            reply = _reply(decoder, ids, params.replace(seed=None if seed is None else seed + turn))
+        except MultispecError as e:
+            click.echo(f"error: {e}", err=True)
+            continue
+        except KeyboardInterrupt:  # Ctrl-C before the reply began: the message is dropped
+            click.echo()
+            continue
+        messages = turn_messages + [{"role": "assistant", "content": reply.text}]
+        turn += 1
+        line = _summary(reply.stats, reply.finish_reason) if reply.stats.get("method") else \
+            f"[reply stopped after {reply.stats['new_tokens']} tokens]"
+        used = len(ids) + len(reply.token_ids)
+        click.echo(line + f"; conversation {used} tokens" + (f" of {decoder.context}" if decoder.context else ""),
+                   err=True)
+
+
+def _reply(decoder, ids: list[int], params):
+    """Stream one reply to stdout; Ctrl-C ends it and returns what was said (finish_reason "abort")."""
+    def write(delta: str) -> None:
+        sys.stdout.write(delta)
+        sys.stdout.flush()
+
+    try:
+        result = decoder.generate(ids, params, stream=write)
+    except KeyboardInterrupt as e:
+        partial = getattr(e, "partial", None)
+        if partial is None:
+            raise
+        result = partial
+    click.echo()
+    for w in result.stats.get("warnings", []):
+        click.echo(f"warning: {w}", err=True)
+    return result

@@ -1,0 +1,64 @@
+"""Options that `generate` and `chat` share, declared once: the models, and how to sample. Each decorator adds its
+options to a command in the order they appear in --help."""
+import click
+
+SEED_MAX = 2**63 - 1
+
+
+def _apply(options: list):
+    def decorate(f):
+        for option in reversed(options):
+            f = option(f)
+        return f
+    return decorate
+
+
+model_options = _apply([
+    click.option("--target", help="Target model: a local Hugging Face directory or a .gguf file (default: the "
+                 "embedded default pair)."),
+    click.option("--draft", help="Draft model: a directory or a .gguf file (another tokenizer: see --cross-vocab)."),
+    click.option("--cross-vocab", type=click.Choice(["tli", "uag"]), help="A draft with another tokenizer: tli "
+                 "(default) drafts the tokens both vocabularies share; uag re-encodes the draft's text with the "
+                 "target's tokenizer (chains only). docs/cross_vocab.md"),
+])
+
+sampling_options = _apply([
+    click.option("--temperature", type=float, help="0 means greedy. Default: the target's generation_config.json "
+                 "(its temperature/top-k/top-p if it sets do_sample, else greedy)."),
+    click.option("--top-k", type=int, help="Keep the k most likely tokens (0 or -1: off, as in vLLM and "
+                 "transformers)."),
+    click.option("--top-p", type=float),
+    click.option("--seed", type=click.IntRange(0, SEED_MAX), help="Sampling seed (default: a fresh one, reported)."),
+])
+
+device_options = _apply([
+    click.option("--device", help="cpu, cuda or cuda:N (default: cuda when available, else cpu)."),
+    click.option("--dtype", type=click.Choice(["float32", "bfloat16", "float16"])),
+    click.option("--backend", type=click.Choice(["hf", "fast", "compiled"]),
+                 help="hf (default): any transformers causal LM; fast: static-cache Llama-family backend; compiled: "
+                 "the fast backend with torch.compile'd steps (compiled at load: minutes the first time on a CPU)."),
+    click.option("--threads", type=click.IntRange(min=1), help="torch CPU threads (default: the free cores, at most "
+                 "4; 1 on a busy machine, with a warning)."),
+])
+
+chat_template_option = click.option(
+    "--chat-template", type=click.Path(exists=True, dir_okay=False),
+    help="A Jinja chat template file, instead of the tokenizer's own.")
+
+
+def read_chat_template(path: str | None) -> str | None:
+    """The template file's text (checked before any model loads)."""
+    if path is None:
+        return None
+    from multispec.cli.generate_cmd import decode_text
+
+    with open(path, "rb") as fh:
+        return decode_text(fh.read(), f"the chat template {path}")
+
+
+def user_message(text: str, what: str) -> dict:
+    """A user turn, refused when it holds no text."""
+    from multispec.errors import check
+
+    check(text.strip() != "", f"{what} is empty")
+    return {"role": "user", "content": text}

@@ -1,0 +1,206 @@
+"""One request's settings, validated once: `SamplingParams` (vLLM's name and meanings).
+
+    params = SamplingParams(max_new_tokens=64, temperature=0.7, top_p=0.9, stop=["\\n\\n"], seed=1)
+    decoder.generate("def f(x):", params)            # or multispec.generate(pair, prompt, params=params)
+
+Everything that does not depend on the model is checked when the object is built (types, ranges, the logprobs
+bounds, min_tokens <= max_new_tokens), so the CLI and the server refuse a bad value before any model loads or any
+request is queued; an error names its field (`ParamError.param`, the server's `param`). What depends on the
+model (token ids against its vocabulary, the defaults of its generation config, the context) is checked by the
+Decoder that takes the request (`Decoder.check`), still before any forward. The API, the Decoder, batches, the
+server and the CLI all build or take this one object; the keyword arguments of `generate` are its fields.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, fields, replace
+
+from multispec.errors import MultispecError, check
+from multispec.validate import SEED_LIMIT, integer, real, stop_strings
+
+LOGPROBS_MODES = ("raw", "processed")
+MAX_TOP_LOGPROBS = 20  # OpenAI's bound on top alternatives
+
+
+class ParamError(MultispecError):
+    """A bad request setting; `param` names the field (the server answers 400 with it)."""
+
+    def __init__(self, message: str, param: str):
+        super().__init__(message)
+        self.param = param
+
+
+@dataclass(frozen=True)
+class SamplingParams:
+    """max_new_tokens: >= 1 (0 only with prompt_logprobs: the prompt's logprobs alone, OpenAI's echo with
+    max_tokens 0). temperature=None: the target's generation config decides (transformers' rule: its temperature,
+    top_k and top_p when it sets do_sample, else greedy); 0 is greedy. top_k (0 or -1: off), top_p, min_p,
+    repetition_penalty, presence_penalty, frequency_penalty, logit_bias ({token id: bias}), min_tokens: the
+    processors, with OpenAI's and vLLM's ranges and meanings (multispec.sampling.SamplingConfig). seed=None: a fresh
+    seed per run (reported in stats["seed"]). stop: stop strings (a str is one); stop_token_ids: more tokens that end
+    the output; ignore_eos: do not stop at EOS. logprobs=k in [0, 20]: each new token's logprob and its row's top k;
+    prompt_logprobs: the prompt's; logprobs_mode "raw" or "processed". reproducible: None (the method's rule), True
+    or False (docs/reproducible.md)."""
+
+    max_new_tokens: int = 128
+    temperature: float | None = None
+    top_k: int | None = None
+    top_p: float | None = None
+    min_p: float | None = None
+    repetition_penalty: float | None = None
+    presence_penalty: float | None = None
+    frequency_penalty: float | None = None
+    logit_bias: tuple[tuple[int, float], ...] = ()  # given as {token id: bias}; ids checked against the vocabulary
+    min_tokens: int = 0                              # by the Decoder
+    seed: int | None = None
+    stop: tuple[str, ...] = ()
+    stop_token_ids: tuple[int, ...] = ()
+    ignore_eos: bool = False
+    logprobs: int | None = None
+    prompt_logprobs: bool = False
+    logprobs_mode: str = "raw"
+    reproducible: bool | None = None
+
+    def __post_init__(self) -> None:
+        for f in fields(self):
+            try:
+                value = _CHECKS[f.name](getattr(self, f.name))
+            except ParamError:
+                raise
+            except MultispecError as e:
+                raise ParamError(str(e), f.name) from None
+            object.__setattr__(self, f.name, value)  # frozen: the one normalisation of a validated value
+        least = 0 if self.prompt_logprobs else 1
+        if self.max_new_tokens < least:
+            raise ParamError(f"max_new_tokens must be an integer >= {least}, got {self.max_new_tokens!r}",
+                             "max_new_tokens")
+        if self.min_tokens > self.max_new_tokens:
+            raise ParamError(f"min_tokens ({self.min_tokens}) must be at most max_new_tokens "
+                             f"({self.max_new_tokens})", "min_tokens")
+        _check_ranges(self)
+
+    @classmethod
+    def of(cls, params: SamplingParams | None, settings: dict) -> SamplingParams:
+        """`params`, or one built from keyword settings (generate's keywords are the fields); not both."""
+        if params is None:
+            unknown = sorted(set(settings) - FIELDS)
+            check(not unknown, f"unknown setting(s) {', '.join(unknown)}; SamplingParams takes "
+                               f"{', '.join(sorted(FIELDS))}")
+            return cls(**settings)
+        check(isinstance(params, SamplingParams), f"params must be a SamplingParams, got {type(params).__name__}")
+        check(not settings, f"give the settings in params or as keywords, not both (got {', '.join(settings)} "
+                            "beside params)")
+        return params
+
+    def replace(self, **changes) -> SamplingParams:
+        """A copy with `changes`, validated as a new object is."""
+        return replace(self, **changes)
+
+    @property
+    def wants_logprobs(self) -> bool:
+        return self.logprobs is not None or self.prompt_logprobs
+
+
+def _flag(name: str):
+    def checked(v):
+        check(isinstance(v, bool), f"{name} must be True or False, got {v!r}")
+        return v
+    return checked
+
+
+def _seed(v):
+    if v is None:
+        return None
+    v = integer(v, "seed")
+    check(0 <= v < SEED_LIMIT, f"seed must be in [0, 2**63), got {v}")
+    return v
+
+
+def _optional_flag(v):
+    check(v is None or isinstance(v, bool), f"reproducible must be True, False or None, got {v!r}")
+    return v
+
+
+def _logprobs(v):
+    v = integer(v, "logprobs")
+    check(v is None or 0 <= v <= MAX_TOP_LOGPROBS, f"logprobs must be an integer in [0, {MAX_TOP_LOGPROBS}], "
+                                                   f"got {v!r}")
+    return v
+
+
+def _mode(v):
+    check(v in LOGPROBS_MODES, f"logprobs_mode must be one of {', '.join(LOGPROBS_MODES)}, got {v!r}")
+    return v
+
+
+def _bias(v):
+    """{token id: bias} (OpenAI's JSON spells the ids as strings: "50256": -100), or (id, bias) pairs, as sorted
+    (id, bias) pairs; the bias range is SamplingConfig's check, the ids' range the Decoder's."""
+    if v is None or v == ():
+        return ()
+    items = v.items() if isinstance(v, dict) else v if isinstance(v, tuple) else None
+    check(items is not None, f"logit_bias must be a mapping of token id to bias, got {v!r}")
+    out = {}
+    for key, bias in items:
+        tok = int(key) if isinstance(key, str) and key.strip().lstrip("-").isdigit() else key
+        tok = integer(tok, "logit_bias token id")
+        check(tok >= 0, f"logit_bias token ids must be integers >= 0, got {key!r}")
+        out[tok] = real(bias, f"logit_bias[{key!r}]")
+    return tuple(sorted(out.items()))
+
+
+def _ids(v):
+    if v is None:
+        return ()
+    check(isinstance(v, (list, tuple)), f"stop_token_ids must be a list of token ids, got {v!r}")
+    ids = tuple(integer(t, "stop_token_ids") for t in v)
+    check(all(t >= 0 for t in ids), f"stop_token_ids must be token ids >= 0, got {list(ids)}")
+    return ids
+
+
+def _max_new(v):
+    n = integer(v, "max_new_tokens")
+    check(n is not None, "max_new_tokens must be an integer, got None")
+    return n
+
+
+def _min_tokens(v):
+    n = integer(v, "min_tokens")
+    return 0 if n is None else n
+
+
+_CHECKS = {
+    "max_new_tokens": _max_new,
+    "temperature": lambda v: real(v, "temperature"),
+    "top_k": lambda v: integer(v, "top_k"),
+    "top_p": lambda v: real(v, "top_p"),
+    "min_p": lambda v: real(v, "min_p"),
+    "repetition_penalty": lambda v: real(v, "repetition_penalty"),
+    "presence_penalty": lambda v: real(v, "presence_penalty"),
+    "frequency_penalty": lambda v: real(v, "frequency_penalty"),
+    "logit_bias": _bias,
+    "min_tokens": _min_tokens,
+    "seed": _seed,
+    "stop": lambda v: tuple(stop_strings(v)),
+    "stop_token_ids": _ids,
+    "ignore_eos": _flag("ignore_eos"),
+    "logprobs": _logprobs,
+    "prompt_logprobs": _flag("prompt_logprobs"),
+    "logprobs_mode": _mode,
+    "reproducible": _optional_flag,
+}
+FIELDS = frozenset(_CHECKS)
+
+
+def _check_ranges(p: SamplingParams) -> None:
+    """The processors' ranges, by the one object that defines them (SamplingConfig), each error naming its field."""
+    from multispec.sampling import SamplingConfig
+
+    values = dict(temperature=1.0 if p.temperature is None else p.temperature, top_k=p.top_k, top_p=p.top_p,
+                  min_p=p.min_p, logit_bias=p.logit_bias, min_tokens=p.min_tokens,
+                  repetition_penalty=1.0 if p.repetition_penalty is None else p.repetition_penalty,
+                  presence_penalty=p.presence_penalty or 0.0, frequency_penalty=p.frequency_penalty or 0.0)
+    for name in values:  # one field at a time, so the error names the right one
+        try:
+            SamplingConfig(**{name: values[name]})
+        except MultispecError as e:
+            raise ParamError(str(e), name) from None
