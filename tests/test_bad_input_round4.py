@@ -125,6 +125,9 @@ def _not_a_model(kind, dirs, tmp_path):
     if kind == "gguf":
         path = tmp_path / "model.gguf"
         path.write_bytes(b"GGUF\x03\x00\x00\x00")
+    elif kind == "a file":
+        path = tmp_path / "model.bin"
+        path.write_bytes(b"\x00" * 8)
     elif kind == "no config":
         path = tmp_path / "weights"
         path.mkdir()
@@ -138,7 +141,10 @@ def _not_a_model(kind, dirs, tmp_path):
 
 
 @pytest.mark.parametrize("kind,needle", [
-    ("gguf", "is a GGUF file; give a Hugging Face model folder"), ("no config", "has no config.json"),
+    ("gguf", r"is not a whole GGUF file \(truncated or corrupt"), ("a file", "is a file; give a Hugging Face model "
+                                                                          r"folder \(config.json and safetensors "
+                                                                          r"weights\) or a .gguf file"),
+    ("no config", "has no config.json"),
     ("no tokenizer", "has no tokenizer files"),
 ])
 def test_paths_that_are_not_model_folders_are_one_line(monkeypatch, dirs, tmp_path, kind, needle):
@@ -152,7 +158,7 @@ def test_paths_that_are_not_model_folders_are_one_line(monkeypatch, dirs, tmp_pa
 def test_cli_gguf_is_one_line(capsys, dirs, tmp_path):
     code, _, err = run_cli(capsys, "generate", "x", "--target", str(_not_a_model("gguf", dirs, tmp_path)), "--threads",
                            "1")
-    assert_one_line_error(code, err, "is a GGUF file")
+    assert_one_line_error(code, err, "is not a whole GGUF file")
 
 
 @pytest.mark.parametrize("offline", ["env", "unreachable"])

@@ -16,7 +16,7 @@ LAYERS = [
     {"errors", "threads"},
     {"paths", "validate", "sampling", "tree", "data"},
     {"text", "verify", "token_freq", "params"},
-    {"models"},
+    {"models", "gguf_files"},
     {"loading"},
     {"drafting", "heads"},
     {"decoding"},

@@ -12,6 +12,7 @@ import torch
 from multispec.errors import MultispecError, check
 
 if TYPE_CHECKING:
+    from multispec.gguf_files import GgufSource
     from multispec.models.vocab_bridge import VocabBridge
 
 DEFAULT_PAIR_DIR = Path(__file__).parent / "default_pair"
@@ -44,13 +45,23 @@ class Pair:
         return next(self.target.parameters()).device
 
 
-def load_pair(target: str | None = None, draft: str | None = None, device: str | None = None,
-              dtype: str | torch.dtype | None = None, compile: bool = False, cross_vocab: str | None = None) -> Pair:
-    """Load a target/draft pair from local Hugging Face directories (or hub names where a hub is reachable).
+def load_pair(target: str | os.PathLike | torch.nn.Module | None = None,
+              draft: str | os.PathLike | torch.nn.Module | None = None, device: str | None = None,
+              dtype: str | torch.dtype | None = None, compile: bool = False, cross_vocab: str | None = None,
+              tokenizer: object = None, draft_tokenizer: object = None) -> Pair:
+    """Load a target/draft pair from local Hugging Face directories, GGUF files, models already in memory (or hub
+    names where a hub is reachable).
 
-    target=None and draft=None load the embedded default pair. A draft with another tokenizer (its tokenizer files
-    beside it) drafts in the target's tokens through cross_vocab: "tli" (default: token-level intersection) or "uag"
-    (text re-tokenization); one line on stderr says which (docs/cross_vocab.md).
+    target=None and draft=None load the embedded default pair. A `.gguf` file loads through transformers' GGUF
+    reader (pip install 'multispec[gguf]'), dequantized to float32 once and cached under multispec's cache folder
+    (gguf/<its SHA-256>/), so that later loads take seconds; its tokenizer, chat template and generation config come
+    from the file. A model in memory (a transformers PreTrainedModel with a language-model head: loaded, fine-tuned
+    or merged) is used as it is, put in eval mode, with its tokenizer given as `tokenizer=` (and a draft object's
+    as `draft_tokenizer=` when it has another vocabulary); device and dtype, when given, must be the model's.
+    Every target and draft passes the same load-time checks (a causal LM, no recurrent state, the probe of
+    models/probe.py), whatever it came from.
+    A draft with another tokenizer drafts in the target's tokens through cross_vocab: "tli" (default: token-level
+    intersection) or "uag" (text re-tokenization); one line on stderr says which (docs/cross_vocab.md).
     device: default "cuda" when available, else "cpu". dtype: default float32 on CPU, bfloat16 on CUDA.
     compile=True: `generate` runs on the compiled fast backend unless told otherwise (backend="compiled": the
     static-cache backend with its steps torch.compile'd; Llama-family models only, checked here). Every step size
@@ -59,9 +70,10 @@ def load_pair(target: str | None = None, draft: str | None = None, device: str |
 
     Threads: torch's CPU threads are set as the CLI sets them (the free cores, at most 4; threads.py) unless you
     chose them already (torch.set_num_threads, OMP_NUM_THREADS or MKL_NUM_THREADS).
-    Paths are checked before anything loads: a file (a .gguf), a folder without config.json or a target folder
-    without tokenizer files is refused in one line; a hub id while the hub cannot be reached loads from the local
-    cache only, at once (no retries), or is refused in one line.
+    Everything is checked before any weights load: a file that is not a .gguf, a folder without config.json, a
+    target folder without tokenizer files, a truncated or corrupt GGUF file, or one transformers cannot read is
+    refused in one line; a hub id while the hub cannot be reached loads from the local cache only, at once (no
+    retries), or is refused in one line.
     """
     from multispec.threads import apply_library_default
 
@@ -73,24 +85,30 @@ def load_pair(target: str | None = None, draft: str | None = None, device: str |
         target, draft = DEFAULT_PAIR_DIR / "target", DEFAULT_PAIR_DIR / "draft"
         check(target.is_dir() and draft.is_dir(),
               f"the embedded default pair is not installed (expected {DEFAULT_PAIR_DIR}); pass --target/--draft")
+    given = _in_memory(target, tokenizer, "target", "tokenizer")
+    given_draft = _in_memory(draft, draft_tokenizer, "draft", "draft_tokenizer") if draft is not None else None
+    if given is not None:  # a model in memory decides the device and dtype, unless they were given (and agree)
+        device = _same(device, given.device, "device", given.label)
+        dtype = _same(dtype, next(given.model.parameters()).dtype, "dtype", given.label)
     device = resolve_device(device)
     if isinstance(dtype, str):
         check(dtype in _DTYPES, f"unknown dtype {dtype!r}; choose one of {', '.join(_DTYPES)}")
         dtype = _DTYPES[dtype]
     dtype = dtype or (torch.bfloat16 if device.type == "cuda" else torch.float32)
-    target, draft = str(target), None if draft is None else str(draft)
-    hub = {path: _hub_access(path) for path in (target, draft) if path is not None}  # every path checked first
-    for path in hub:
-        _load_config(path, hub[path])
-    _check_tokenizer_files(target)
+    if given_draft is not None:
+        _same(device, given_draft.device, "device", given_draft.label)
+        _same(dtype, next(given_draft.model.parameters()).dtype, "dtype", given_draft.label)
+    # every source is checked before any weights load
+    t_src = given or _check_path(str(target), role="target")
+    d_src = None if draft is None else given_draft or _check_path(str(draft), role="draft")
     apply_library_default()
-    t_model = _load_model(target, device, dtype, hub[target])
-    tokenizer = load_tokenizer(target, hub=hub[target])
+    t_model = t_src.load(device, dtype)
+    tokenizer = t_src.tokenizer()
     d_model = d_tok = bridge = None
-    if draft is not None:
-        d_model = _load_model(draft, device, dtype, hub[draft])
+    if d_src is not None:
+        d_model = d_src.load(device, dtype)
         tv, dv = vocab_rows(t_model), vocab_rows(d_model)
-        d_tok = load_tokenizer(draft, required=False, hub=hub[draft])
+        d_tok = d_src.tokenizer(required=False)
         shared = tv == dv and (d_tok is None or d_tok.get_vocab() == tokenizer.get_vocab())
         if shared:
             check(cross_vocab is None, f"cross_vocab={cross_vocab!r} is for a draft with another tokenizer; this "
@@ -98,8 +116,7 @@ def load_pair(target: str | None = None, draft: str | None = None, device: str |
             d_tok = None
         else:
             check(d_tok is not None, f"draft and target vocabularies differ ({dv} vs {tv} output tokens) and the "
-                                     f"draft has no tokenizer files to map one to the other; put the draft's "
-                                     f"tokenizer files beside its weights in {draft}")
+                                     f"draft has no tokenizer {d_src.tokenizer_hint}")
             cross_vocab = cross_vocab or "tli"
             bridge = _bridge(tokenizer, d_tok, tv, dv, cross_vocab)
     if compile:
@@ -110,9 +127,113 @@ def load_pair(target: str | None = None, draft: str | None = None, device: str |
             make_backend(m, "fast", max_len=1)  # refuses, in one line, a model the fast backend cannot run
         for m in models:
             make_backend(m, "compiled", max_len=128).warm_up()  # every step size now, not mid-generation
-    return Pair(target=t_model, draft=d_model, tokenizer=tokenizer, target_path=target, draft_path=draft,
-                compile=compile, cross_vocab=cross_vocab if bridge is not None else None, draft_tokenizer=d_tok,
-                bridge=bridge)
+    return Pair(target=t_model, draft=d_model, tokenizer=tokenizer, target_path=t_src.label,
+                draft_path=None if d_src is None else d_src.label, compile=compile,
+                cross_vocab=cross_vocab if bridge is not None else None, draft_tokenizer=d_tok, bridge=bridge)
+
+
+@dataclass
+class _FromPath:
+    """A model folder, hub id or GGUF file, checked (`_check_path`) and not loaded yet; a GGUF file loads from its
+    cache folder, written the first time (gguf_files.materialize)."""
+
+    label: str
+    hub: dict
+    gguf: GgufSource | None = None
+
+    @property
+    def tokenizer_hint(self) -> str:
+        return (f"(no tokenizer metadata in {self.label})" if self.gguf is not None else
+                f"files to map one to the other; put the draft's tokenizer files beside its weights in {self.label}")
+
+    def folder(self) -> str:
+        from multispec.gguf_files import materialize
+
+        return self.label if self.gguf is None else str(materialize(self.gguf))
+
+    def load(self, device: torch.device, dtype: torch.dtype) -> torch.nn.Module:
+        return _load_model(self.folder(), device, dtype, self.hub, self.label)
+
+    def tokenizer(self, required: bool = True):
+        return load_tokenizer(self.folder(), required=required, hub=self.hub)
+
+
+@dataclass
+class _InMemory:
+    """A transformers model the caller already holds, with the tokenizer they gave (`_in_memory`)."""
+
+    label: str
+    model: torch.nn.Module
+    given_tokenizer: object
+    tokenizer_hint = "to map one to the other; pass the draft's as draft_tokenizer="
+
+    @property
+    def device(self) -> torch.device:
+        return next(self.model.parameters()).device
+
+    def load(self, device: torch.device, dtype: torch.dtype) -> torch.nn.Module:
+        self.model.eval()  # no dropout: decoding must be the model's deterministic forward
+        check_supported(self.model, self.label)
+        return self.model
+
+    def tokenizer(self, required: bool = True):
+        return self.given_tokenizer
+
+
+def _check_path(path: str, role: str) -> _FromPath:
+    """Everything about a path that can be checked before its weights load (one line each)."""
+    from multispec.gguf_files import is_gguf, open_gguf
+
+    if is_gguf(path):
+        source = open_gguf(path, need_tokenizer=role == "target")
+        _check_config(source.config, path)
+        return _FromPath(path, {}, source)
+    hub = _hub_access(path)
+    _check_config(_read_config(path, hub), path)
+    if role == "target":
+        _check_tokenizer_files(path)
+    return _FromPath(path, hub)
+
+
+def _in_memory(model: object, tokenizer: object, role: str, tok_name: str) -> _InMemory | None:
+    """The model object given as `role` with its tokenizer, checked; None when `role` is a path."""
+    if isinstance(model, (str, os.PathLike)):
+        check(tokenizer is None, f"{tok_name}= goes with a {role} model object; a {role} read from a folder or a "
+                                 ".gguf file brings its own tokenizer")
+        return None
+    from transformers import PreTrainedModel, PreTrainedTokenizerBase
+
+    check(isinstance(model, PreTrainedModel), f"{role} must be a model folder, a .gguf file or a transformers "
+                                              f"PreTrainedModel, got {type(model).__name__}")
+    assert isinstance(model, PreTrainedModel)
+    label = f"<{type(model).__name__} in memory>"
+    check(model.get_output_embeddings() is not None, f"{role} {label} is not a causal language model (no "
+                                                     "language-model head): load it with AutoModelForCausalLM")
+    _check_config(model.config, label)
+    check(tokenizer is not None or role != "target", f"a target model object needs its tokenizer: "
+                                                     f"load_pair(target=model, {tok_name}=tokenizer)")
+    check(tokenizer is None or isinstance(tokenizer, PreTrainedTokenizerBase),
+          f"{tok_name} must be a transformers tokenizer (AutoTokenizer.from_pretrained), got {type(tokenizer).__name__}")
+    if tokenizer is not None:
+        n, rows = len(tokenizer), vocab_rows(model)
+        check(n <= rows, f"{tok_name} has {n} tokens, more than the {rows} output rows of {label}: not this model's "
+                         "tokenizer")
+    return _InMemory(label, model, tokenizer)
+
+
+def _same(value, actual, what: str, label: str):
+    """A model in memory stays as it is: `value` (a device or a dtype), when given, must be the model's."""
+    if value is None:
+        return actual
+    if what == "device":
+        want = resolve_device(value)
+        ok = want == actual or (want.type == actual.type and want.index is None)
+    else:
+        check(not isinstance(value, str) or value in _DTYPES, f"unknown dtype {value!r}; choose one of "
+                                                              f"{', '.join(_DTYPES)}")
+        ok = _DTYPES.get(value, value) == actual if isinstance(value, str) else value == actual
+    check(ok, f"{label} has {what} {actual}, not {value}: convert it first (model.to(...)) or leave {what} unset")
+    return actual
 
 
 def _bridge(tokenizer, d_tok, tv: int, dv: int, mode: str):
@@ -157,16 +278,12 @@ HUB_PROBE_S = 3.0  # seconds to wait for the hub before loading hub ids from the
 
 def _hub_access(path: str) -> dict:
     """from_pretrained keywords for `path`, checked before anything loads. A local path must be a model folder (not
-    a file such as a .gguf, and with a config.json); a path that is not local is a hub id: where the hub cannot be
+    a file: a .gguf file goes to gguf_files, `_check_path`; with a config.json); a path that is not local is a hub id: where the hub cannot be
     reached (HF_HUB_OFFLINE set, or no connection within HUB_PROBE_S), it loads from the local cache only, so that
     a model not cached fails at once instead of after transformers' retries."""
     p = Path(path)
-    if p.is_file():
-        gguf = p.suffix.lower() == ".gguf"
-        raise MultispecError(f"{path} is {'a GGUF file' if gguf else 'a file'}; give a Hugging Face model folder "
-                             "(config.json and safetensors weights)" + (": the original model's, or one written by "
-                             "transformers (from_pretrained(folder, gguf_file=...) then save_pretrained)" if gguf
-                             else ""))
+    check(not p.is_file(), f"{path} is a file; give a Hugging Face model folder (config.json and safetensors "
+                           "weights) or a .gguf file")
     if p.is_dir():
         check((p / "config.json").is_file(), f"{path} has no config.json: not a Hugging Face model folder (expected "
                                              "config.json and safetensors weights, as save_pretrained writes them)")
@@ -199,28 +316,39 @@ def _check_tokenizer_files(path: str) -> None:
               "sit beside its weights; copy it there from the model it was trained with")
 
 
-def _load_config(path: str, hub: dict) -> None:
+def _read_config(path: str, hub: dict):
     """Read the model's config before any weights load (hub: from_pretrained keywords, `_hub_access`): one line
-    when it cannot be read, or names a model with no causal-LM class."""
-    from transformers import MODEL_FOR_CAUSAL_LM_MAPPING, AutoConfig
+    when it cannot be read."""
+    from transformers import AutoConfig
 
     try:
-        config = AutoConfig.from_pretrained(path, **hub)
+        return AutoConfig.from_pretrained(path, **hub)
     except (OSError, ValueError) as e:
         if hub.get("local_files_only"):
             raise MultispecError(f"{path} is not a local folder, the Hugging Face hub cannot be reached (offline), and "
                                  "it is not in the local cache; give a model folder, or download it first "
                                  f"(hf download {path})") from None
         raise MultispecError(f"cannot load a model config from {path}: {_one_line(e)}") from None
+
+
+def _check_config(config, path: str) -> None:
+    """One line when the config names a model with no causal-LM class, or one the backends cannot decode exactly
+    (recurrent or cache-sharing architectures: refused from the config, before any weights)."""
+    from transformers import MODEL_FOR_CAUSAL_LM_MAPPING
+
     check(type(config) in MODEL_FOR_CAUSAL_LM_MAPPING, f"{path} is not a causal language model (config type "
                                                        f"{type(config).__name__} has no AutoModelForCausalLM class)")
     from multispec.models.layout import attention_layout
 
-    attention_layout(config)  # recurrent or cache-sharing architectures: refused from the config, before any weights
+    try:
+        attention_layout(config)
+    except MultispecError as e:
+        raise MultispecError(f"{path}: {e}") from None
 
 
-def _load_model(path: str, device: torch.device, dtype: torch.dtype, hub: dict) -> torch.nn.Module:
-    """The model, once `_load_config` accepted its config (hub: its from_pretrained keywords)."""
+def _load_model(path: str, device: torch.device, dtype: torch.dtype, hub: dict, label: str) -> torch.nn.Module:
+    """The model at `path` (a folder or hub id; `label`: what the user named, a .gguf file's cache folder being
+    `path`), once `_check_config` accepted its config (hub: its from_pretrained keywords)."""
     from safetensors import SafetensorError
     from transformers import AutoModelForCausalLM
     from transformers.utils import logging as hf_logging
@@ -231,13 +359,13 @@ def _load_model(path: str, device: torch.device, dtype: torch.dtype, hub: dict) 
     try:
         model = AutoModelForCausalLM.from_pretrained(path, dtype=dtype, **hub)
     except (ValueError, OSError, SafetensorError, RuntimeError) as e:  # missing, truncated or corrupt weight files
-        raise MultispecError(f"cannot load {path}: {_one_line(e)}") from None
+        raise MultispecError(f"cannot load {label}: {_one_line(e)}") from None
     finally:
         hf_logging.set_verbosity(verbosity)
         if bars:
             hf_logging.enable_progress_bar()
     model = model.to(device).eval()
-    check_supported(model, path)
+    check_supported(model, label)
     return model
 
 

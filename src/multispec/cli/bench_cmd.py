@@ -17,8 +17,10 @@ def _floats(text: str) -> list[float]:
 
 
 @cli.command("bench")
-@click.option("--target", help="Target model directory (default: the embedded default pair).")
-@click.option("--draft", help="Draft model directory (needed by every method but ar, auto, lookup and suffix).")
+@click.option("--target", help="Target model: a Hugging Face folder or a .gguf file (default: the embedded default "
+              "pair).")
+@click.option("--draft", help="Draft model: a folder or a .gguf file (needed by every method but ar, auto, lookup and "
+              "suffix).")
 @click.option("--cross-vocab", type=click.Choice(["tli", "uag"]), help="A draft with another tokenizer: tli "
               "(default) drafts the tokens both vocabularies share; uag re-encodes the draft's text with the target's "
               "tokenizer (chains only). docs/cross_vocab.md")

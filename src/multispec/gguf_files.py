@@ -1,0 +1,261 @@
+"""GGUF files as targets and drafts: a `.gguf` file is read by transformers' GGUF loader (the optional extra
+`multispec[gguf]`: the gguf and accelerate packages), dequantized to float32 once, and saved as an ordinary Hugging
+Face folder under `cache_root()/gguf/<SHA-256 of the file>/` (config, safetensors weights, tokenizer and chat
+template, generation config), so that later loads read that folder and take seconds. The folder is written under
+a temporary name and renamed when whole: an interrupted first load leaves no cache behind.
+
+Checked in one line each before anything slow (`open_gguf`): the file exists; the extra is installed; the header
+is a GGUF header and the file holds every byte its tensors need (a truncated or corrupt file); transformers reads
+GGUF files of its architecture; a target's file holds a tokenizer. `loading.load_pair` then checks the config as it
+checks a folder's (a causal LM; recurrent architectures refused) before dequantizing anything."""
+from __future__ import annotations
+
+import hashlib
+import importlib.util
+import json
+import mmap
+import os
+import shutil
+import struct
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+from multispec.errors import MultispecError, check
+from multispec.paths import cache_root
+
+EXTRA = "pip install 'multispec[gguf]'"
+_CHUNK = 1 << 20
+_MAGIC = b"GGUF"
+# GGUF metadata value types: struct formats of the fixed-size ones; 8 is a string, 9 an array
+_SCALARS = {0: "<B", 1: "<b", 2: "<H", 3: "<h", 4: "<I", 5: "<i", 6: "<f", 7: "<?", 10: "<Q", 11: "<q", 12: "<d"}
+_STRING, _ARRAY = 8, 9
+
+
+def is_gguf(path: object) -> bool:
+    """Whether `path` names a GGUF file (by its suffix: what the user asked to load, not a guess at its content)."""
+    return isinstance(path, (str, os.PathLike)) and str(path).lower().endswith(".gguf")
+
+
+@dataclass
+class GgufHeader:
+    """What the file's header says, read without loading any tensor (`read_header`)."""
+
+    architecture: str
+    has_tokenizer: bool
+    tensors: int
+
+
+@dataclass
+class GgufSource:
+    """A checked GGUF file: its hash, its cache folder, and its model config (read from the cache folder when it is
+    there, else from the file's metadata)."""
+
+    path: Path
+    sha256: str
+    folder: Path
+    config: object
+
+    @property
+    def cached(self) -> bool:
+        return (self.folder / "config.json").is_file()
+
+
+def open_gguf(path: str, need_tokenizer: bool) -> GgufSource:
+    """Check `path` and read its config, before any weight is dequantized (one-line MultispecError otherwise)."""
+    p = Path(path)
+    check(p.exists(), f"model path not found: {path}")
+    check(p.is_file(), f"{path} is a folder, not a GGUF file")
+    digest = file_sha256(p)
+    folder = cache_root() / "gguf" / digest
+    if (folder / "config.json").is_file():
+        from transformers import AutoConfig
+
+        return GgufSource(p, digest, folder, AutoConfig.from_pretrained(folder))
+    check_extra()
+    header = read_header(p)
+    supported = _readable_architectures()
+    check(supported is None or header.architecture in supported,
+          f"{path}: transformers {_transformers_version()} cannot read GGUF files of architecture "
+          f"{header.architecture!r} (it reads {', '.join(sorted(supported or ()))})")
+    check(header.has_tokenizer or not need_tokenizer,
+          f"{path} holds no tokenizer (no tokenizer.ggml.* metadata); the target's tokenizer must be in its file")
+    from transformers import AutoConfig
+
+    try:
+        config = AutoConfig.from_pretrained(p.parent, gguf_file=p.name)
+    except (ValueError, KeyError, OSError, IndexError, TypeError) as e:
+        raise MultispecError(f"cannot read a model config from {path}: {_one_line(e)}") from None
+    return GgufSource(p, digest, folder, config)
+
+
+def materialize(source: GgufSource) -> Path:
+    """The cache folder of `source`, written first when absent: the model dequantized to float32 (the config read
+    by `open_gguf` reused), its tokenizer and generation config, under a temporary name renamed when whole."""
+    if source.cached:
+        return source.folder
+    from transformers import AutoModelForCausalLM, AutoTokenizer, GgufConfig
+
+    print(f"multispec: dequantizing {source.path.name} to float32 once; cached in {source.folder} (later loads "
+          "read it and take seconds)", file=sys.stderr, flush=True)
+    root = source.folder.parent
+    try:
+        root.mkdir(parents=True, exist_ok=True)
+    except OSError as e:
+        raise MultispecError(f"cannot write the GGUF cache in {root} ({e.strerror or e}); set MULTISPEC_CACHE_DIR "
+                             "to a writable folder") from None
+    tmp = root / f".tmp-{source.sha256[:16]}-{os.getpid()}"
+    shutil.rmtree(tmp, ignore_errors=True)
+    where, name = source.path.parent, source.path.name
+    try:
+        try:
+            model = AutoModelForCausalLM.from_pretrained(where, gguf_file=name, config=source.config,
+                                                         dtype="float32", quantization_config=GgufConfig(dequantize=True))
+        except (ValueError, KeyError, OSError, IndexError, RuntimeError, TypeError) as e:
+            raise MultispecError(f"cannot load the weights of {source.path}: {_one_line(e)}") from None
+        try:
+            tokenizer = AutoTokenizer.from_pretrained(where, gguf_file=name)
+        except (ValueError, KeyError, OSError, IndexError, TypeError):
+            tokenizer = None  # a draft's file may hold none; a target's was checked by open_gguf
+        # A model loaded from GGUF is marked quantized and refuses save_pretrained; its weights are plain float32
+        # tensors once dequantized, so the marks are dropped and it is saved as the ordinary model it now is.
+        model.hf_quantizer = None
+        for cfg in {id(c): c for c in (model.config, model.config.get_text_config())}.values():
+            if hasattr(cfg, "quantization_config"):
+                del cfg.quantization_config
+        try:
+            model.save_pretrained(tmp)
+            if tokenizer is not None:
+                tokenizer.save_pretrained(tmp)
+            (tmp / "source.json").write_text(json.dumps({"gguf": str(source.path.resolve()), "sha256": source.sha256,
+                                                         "transformers": _transformers_version()}) + "\n")
+            try:
+                tmp.rename(source.folder)
+            except OSError:
+                if not source.cached:  # not another process's complete copy, renamed there first
+                    raise
+        except OSError as e:
+            raise MultispecError(f"cannot write the GGUF cache in {root} ({e.strerror or e}); set "
+                                 "MULTISPEC_CACHE_DIR to a writable folder") from None
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    return source.folder
+
+
+def check_extra() -> None:
+    """The optional packages transformers' GGUF loader needs are importable (without importing them)."""
+    missing = [name for name in ("gguf", "accelerate") if importlib.util.find_spec(name) is None]
+    check(not missing, f"loading GGUF files needs the {' and '.join(missing)} package{'s' * (len(missing) > 1)}: "
+                       f"{EXTRA}")
+
+
+def file_sha256(path: Path) -> str:
+    """The file's SHA-256, read in 1 MiB chunks."""
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        while block := f.read(_CHUNK):
+            h.update(block)
+    return h.hexdigest()
+
+
+def read_header(path: Path) -> GgufHeader:
+    """Walk the header (metadata, then tensor descriptions) without reading any value it does not need, and check
+    that the file holds every byte its tensors need. One-line MultispecError for anything but a whole GGUF file."""
+    from gguf import GGML_QUANT_SIZES, GGMLQuantizationType
+
+    bad = f"{path} is not a whole GGUF file (truncated or corrupt"
+    size = path.stat().st_size
+    check(size >= 24, f"{bad}: {size} bytes)")
+    with open(path, "rb") as f, mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) as m:
+        check(m[:4] == _MAGIC, f"{path} is not a GGUF file (it does not start with the GGUF magic bytes)")
+        try:
+            walker = _Walker(m)
+            version, = walker.unpack("<I")
+            check(version in (2, 3), f"{path}: GGUF version {version} is not supported (2 and 3 are)")
+            n_tensors, n_kv = walker.unpack("<QQ")
+            meta: dict[str, object] = {}
+            for _ in range(n_kv):
+                key, kind = walker.string(), walker.unpack("<I")[0]
+                meta[key] = walker.value(kind)
+            align = meta.get("general.alignment", 32)
+            check(isinstance(align, int) and align > 0, f"{bad}: alignment {align!r})")
+            assert isinstance(align, int)
+            end = 0
+            for _ in range(n_tensors):
+                walker.string()
+                n_dims, = walker.unpack("<I")
+                dims = walker.unpack(f"<{n_dims}Q")
+                kind, offset = walker.unpack("<IQ")
+                block, nbytes = GGML_QUANT_SIZES[GGMLQuantizationType(kind)]
+                count = 1
+                for d in dims:
+                    count *= d
+                end = max(end, offset + count // block * nbytes)
+            data_start = -(-walker.pos // align) * align
+        except (struct.error, ValueError, KeyError, UnicodeDecodeError, OverflowError, MemoryError) as e:
+            if isinstance(e, MultispecError):
+                raise
+            raise MultispecError(f"{bad}: {_one_line(e, 120)})") from None
+    check(data_start + end <= size, f"{bad}: its tensors need {data_start + end} bytes, the file has {size})")
+    arch = meta.get("general.architecture")
+    check(isinstance(arch, str), f"{bad}: no general.architecture)")
+    assert isinstance(arch, str)
+    return GgufHeader(architecture=arch, has_tokenizer="tokenizer.ggml.model" in meta, tensors=n_tensors)
+
+
+class _Walker:
+    """Reads GGUF's little-endian fields from a buffer; arrays are skipped (their length is all it returns)."""
+
+    def __init__(self, buf) -> None:
+        self.buf, self.pos = buf, 4
+
+    def unpack(self, fmt: str) -> tuple:
+        self.skip(struct.calcsize(fmt))
+        return struct.unpack_from(fmt, self.buf, self.pos - struct.calcsize(fmt))
+
+    def skip(self, n: int) -> None:
+        if self.pos + n > len(self.buf):
+            raise ValueError(f"the header runs past the end of the file (byte {self.pos + n} of {len(self.buf)})")
+        self.pos += n
+
+    def string(self) -> str:
+        n, = self.unpack("<Q")
+        self.skip(n)
+        return bytes(self.buf[self.pos - n:self.pos]).decode("utf-8")
+
+    def value(self, kind: int) -> object:
+        if kind in _SCALARS:
+            return self.unpack(_SCALARS[kind])[0]
+        if kind == _STRING:
+            return self.string()
+        if kind == _ARRAY:
+            item, count = self.unpack("<IQ")
+            if item in _SCALARS:
+                self.skip(count * struct.calcsize(_SCALARS[item]))
+            else:
+                for _ in range(count):
+                    self.value(item)
+            return count
+        raise ValueError(f"unknown metadata type {kind}")
+
+
+def _readable_architectures() -> set[str] | None:
+    """The GGUF architectures this transformers reads (its legacy and its new loader's), None where it does not
+    say (a version that moved them: the load itself then refuses, one line all the same)."""
+    try:
+        from transformers.integrations.gguf.gguf_conversion_mapping import GGUF_ARCHS
+        from transformers.modeling_gguf_pytorch_utils import GGUF_SUPPORTED_ARCHITECTURES
+    except ImportError:
+        return None
+    return (set(GGUF_SUPPORTED_ARCHITECTURES) | set(GGUF_ARCHS)) - {"general", "tokenizer"}
+
+
+def _transformers_version() -> str:
+    import transformers
+
+    return transformers.__version__
+
+
+def _one_line(e: BaseException, limit: int = 300) -> str:
+    text = " ".join(str(e).split()) or type(e).__name__
+    return text if len(text) <= limit else text[:limit - 3] + "..."
