@@ -23,8 +23,9 @@ FORCE_GRACE_S = 0.3  # after stop_all, time for the error replies to go out befo
 
 
 @cli.command("serve")
-@click.option("--target", help="Target model: local Hugging Face directory (default: the embedded default pair).")
-@click.option("--draft", help="Draft model (another tokenizer: see --cross-vocab).")
+@click.option("--target", help="Target model: a local Hugging Face directory or a .gguf file (default: the "
+              "embedded default pair).")
+@click.option("--draft", help="Draft model: a directory or a .gguf file (another tokenizer: see --cross-vocab).")
 @click.option("--cross-vocab", type=click.Choice(["tli", "uag"]), help="A draft with another tokenizer: tli "
               "(default) drafts the tokens both vocabularies share; uag re-encodes the draft's text with the target's "
               "tokenizer (chains only). docs/cross_vocab.md")
