@@ -2,6 +2,7 @@
 one line and before anything slow, with tiny files and models made here (the real models: test_real_models.py)."""
 from __future__ import annotations
 
+import hashlib
 import importlib.util
 
 import numpy as np
@@ -209,3 +210,35 @@ def test_wrong_objects_are_one_line_errors(dirs, objects, case, needle):
     with pytest.raises(MultispecError) as e:
         multispec.load_pair(**kwargs)
     assert needle in str(e.value) and "\n" not in str(e.value), str(e.value)
+
+
+def test_a_second_load_skips_the_probe_until_the_model_changes(dirs, tmp_path, monkeypatch):
+    """A passed probe is remembered for this folder's files, dtype and code; a changed file probes again."""
+    import shutil
+
+    import multispec.models.probe as probe
+
+    target = tmp_path / "target"
+    shutil.copytree(dirs["target"], target)
+    calls = []
+    real = probe.probe_model
+    monkeypatch.setattr(probe, "probe_model", lambda model, name: (calls.append(name), real(model, name)))
+    multispec.load_pair(target=str(target))
+    multispec.load_pair(target=str(target))
+    assert len(calls) == 1
+    config = target / "config.json"
+    config.write_text(config.read_text() + " ")  # same model, another size: probed again
+    multispec.load_pair(target=str(target))
+    multispec.load_pair(target=str(target), dtype="bfloat16")
+    assert len(calls) == 3
+
+
+def test_a_file_hash_is_remembered_per_path_size_and_time(tmp_path):
+    from multispec.gguf_files import file_sha256
+
+    f = tmp_path / "x.gguf"
+    f.write_bytes(b"abc")
+    first = file_sha256(f)
+    assert first == hashlib.sha256(b"abc").hexdigest() and file_sha256(f) == first
+    f.write_bytes(b"abcd")  # another size: hashed again
+    assert file_sha256(f) == hashlib.sha256(b"abcd").hexdigest()

@@ -150,12 +150,30 @@ def check_extra() -> None:
 
 
 def file_sha256(path: Path) -> str:
-    """The file's SHA-256, read in 1 MiB chunks."""
+    """The file's SHA-256, read in 1 MiB chunks; remembered under the cache folder for this (path, size,
+    modification time), so a second load does not read the whole file again (a changed file has a new key)."""
+    st = path.stat()
+    stamp = hashlib.sha256(f"{path.resolve()}|{st.st_size}|{st.st_mtime_ns}".encode()).hexdigest()[:32]
+    memo = cache_root() / "file_hashes" / stamp
+    try:
+        known = memo.read_text().strip()
+        if len(known) == 64:
+            return known
+    except OSError:
+        pass
     h = hashlib.sha256()
     with open(path, "rb") as f:
         while block := f.read(_CHUNK):
             h.update(block)
-    return h.hexdigest()
+    digest = h.hexdigest()
+    try:
+        memo.parent.mkdir(parents=True, exist_ok=True)
+        tmp = memo.with_suffix(f".{os.getpid()}")
+        tmp.write_text(digest)
+        tmp.replace(memo)
+    except OSError:  # a read-only cache: hash again next time
+        pass
+    return digest
 
 
 def read_header(path: Path) -> GgufHeader:

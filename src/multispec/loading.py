@@ -10,6 +10,7 @@ from typing import TYPE_CHECKING
 import torch
 
 from multispec.errors import MultispecError, check
+from multispec.paths import cache_root
 
 if TYPE_CHECKING:
     from multispec.gguf_files import GgufSource
@@ -365,16 +366,49 @@ def _load_model(path: str, device: torch.device, dtype: torch.dtype, hub: dict, 
         if bars:
             hf_logging.enable_progress_bar()
     model = model.to(device).eval()
-    check_supported(model, label)
+    check_supported(model, label, stamp=_probe_stamp(path, dtype, device))
     return model
 
 
-def check_supported(model: torch.nn.Module, path: str) -> None:
+def check_supported(model: torch.nn.Module, path: str, stamp: Path | None = None) -> None:
     """Refuse, in one line, what the backends cannot decode exactly: recurrent / linear-attention caches, and any
-    model whose cached, tree-masked forwards disagree with its own full forward (see models/probe.py)."""
+    model whose cached, tree-masked forwards disagree with its own full forward (see models/probe.py). stamp: where
+    a pass of this very model is remembered (`_probe_stamp`), so a second load skips the probe's forwards."""
     from multispec.models.probe import probe_model
 
+    if stamp is not None and stamp.is_file():
+        return
     probe_model(model, path)
+    if stamp is not None:
+        try:
+            stamp.parent.mkdir(parents=True, exist_ok=True)
+            stamp.touch()
+        except OSError:  # a read-only cache: probe again next time
+            pass
+
+
+def _probe_stamp(path: str, dtype: torch.dtype, device: torch.device) -> Path | None:
+    """The mark of a passed probe of the model in local folder `path`: keyed by the folder, each of its files' size
+    and modification time, the dtype and device type, the torch and transformers versions and the source of the
+    code the probe checks (probe, hf backend, layout), so any change to any of them probes again. None (always
+    probe) for a hub id."""
+    import hashlib
+
+    import transformers
+
+    folder = Path(path)
+    if not folder.is_dir():
+        return None
+    import multispec.models as models_pkg
+
+    code = Path(models_pkg.__file__).parent
+    parts = [str(folder.resolve()), str(dtype), device.type, torch.__version__, transformers.__version__]
+    parts += [hashlib.sha256((code / f).read_bytes()).hexdigest() for f in PROBED_CODE]
+    parts += [f"{f.name}:{f.stat().st_size}:{f.stat().st_mtime_ns}" for f in sorted(folder.iterdir()) if f.is_file()]
+    return cache_root() / "probe" / hashlib.sha256("|".join(parts).encode()).hexdigest()[:32]
+
+
+PROBED_CODE = ("probe.py", "hf.py", "hf_compat.py", "layout.py", "base.py")  # models/: what a probe verdict rests on
 
 
 def _one_line(e: BaseException, limit: int = 300) -> str:
