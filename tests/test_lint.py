@@ -31,3 +31,26 @@ def test_ruff_clean():
 def test_mypy_clean():
     r = _run_tool("mypy", MYPY_TARGETS)
     assert r.returncode == 0, f"mypy {' '.join(MYPY_TARGETS)}:\n{r.stdout}{r.stderr}"
+
+
+SMALL = ["src/multispec/decoding", "src/multispec/drafting"]  # the runtime's core: short files, short functions
+MAX_FILE_LINES, MAX_FUNCTION_LINES = 300, 60
+
+
+def test_the_core_stays_small():
+    """No file in decoding/ or drafting/ over 300 lines, no function there over 60 (issue 35): a round reads on one
+    screen, and growth shows up as a new module, not a longer one."""
+    import ast
+
+    too_long = []
+    for folder in SMALL:
+        for f in sorted((ROOT / folder).rglob("*.py")):
+            text = f.read_text()
+            if len(text.splitlines()) > MAX_FILE_LINES:
+                too_long.append(f"{f.relative_to(ROOT)}: {len(text.splitlines())} lines")
+            for node in ast.walk(ast.parse(text)):
+                if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                    lines = node.end_lineno - node.lineno + 1
+                    if lines > MAX_FUNCTION_LINES:
+                        too_long.append(f"{f.relative_to(ROOT)}:{node.lineno} {node.name}: {lines} lines")
+    assert not too_long, "over the size limits:\n" + "\n".join(too_long)
