@@ -10,7 +10,8 @@ intersection): sd, mcsd and auto. A mismatch records its first differing positio
     python benchmarks/real_greedy_identity.py --model smollm2
     python benchmarks/real_greedy_identity.py --model gemma
 
-Each finished run is appended to a resume file (default ~/.cache/multispec/real_greedy_identity/MODEL.jsonl), so an
+Prompts are taken in turn from the two sets, each with and without the template, so that a partial run covers
+all of them. Each finished run is appended to a resume file (default ~/.cache/multispec/real_greedy_identity/MODEL.jsonl), so an
 interrupted run goes on where it stopped; the JSON (one section per model, updated in place) and a short .md are
 rewritten after every prompt: benchmarks/results/real_greedy_identity.json / .md.
 """
@@ -20,6 +21,7 @@ import argparse
 import json
 import sys
 import time
+from itertools import zip_longest
 from pathlib import Path
 
 import torch
@@ -45,7 +47,9 @@ def select_prompts(data_dir: str, humaneval: int):
         if p.category == "mt_bench" or p.category not in seen:
             chat.append(p)
             seen.add(p.category)
-    return [("humaneval", p) for p in code] + [("spec-bench", p) for p in chat]
+    # interleaved (HumanEval/0, Spec-Bench 81, HumanEval/1, ...) so that a partial run covers both sets
+    sets = zip_longest([("humaneval", p) for p in code], [("spec-bench", p) for p in chat])
+    return [x for both in sets for x in both if x is not None]
 
 
 def encode(pair, text: str, template: bool) -> list[int]:
@@ -178,8 +182,8 @@ def main() -> None:
         with resume.open("a") as f:
             f.write(json.dumps(rec) + "\n")
 
-    for template in templates:
-        for d, p in prompts:
+    for d, p in prompts:
+        for template in templates:
             pid = f"{d}:{p.id}"
             ids = encode(own, p.text, template)
             rkey = f"ref|{template}|{pid}"
