@@ -9,6 +9,7 @@ intersection): sd, mcsd and auto. A mismatch records its first differing positio
 
     python benchmarks/real_greedy_identity.py --model smollm2
     python benchmarks/real_greedy_identity.py --model gemma
+    python benchmarks/real_greedy_identity.py --merge OTHER.json   # fold a run written elsewhere (--out) into the JSON
 
 Prompts are taken in turn from the two sets, each with and without the template, so that a partial run covers
 all of them. Each finished run is appended to a resume file (default ~/.cache/multispec/real_greedy_identity/MODEL.jsonl), so an
@@ -136,7 +137,9 @@ def write_outputs(out: Path, model: str, section: dict, meta: dict, config: dict
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--model", choices=("smollm2", "gemma"), required=True)
+    ap.add_argument("--model", choices=("smollm2", "gemma"))
+    ap.add_argument("--merge", metavar="JSON", help="copy the model sections of another run's JSON (e.g. one run "
+                    "beside this one with its own --out) into --out, and rewrite the .md; loads no model")
     ap.add_argument("--data-dir", default="/work/shared/data")
     ap.add_argument("--humaneval", type=int, default=10)
     ap.add_argument("--max-new-tokens", type=int, default=64)
@@ -144,6 +147,13 @@ def main() -> None:
     ap.add_argument("--resume-file", help="default ~/.cache/multispec/real_greedy_identity/MODEL.jsonl")
     ap.add_argument("--out", default=str(ROOT / "benchmarks" / "results" / "real_greedy_identity.json"))
     args = ap.parse_args()
+    if args.merge:
+        for name, sec in json.loads(Path(args.merge).read_text())["models"].items():
+            write_outputs(Path(args.out), name, {"model": sec["model"], "rows": sec["rows"]}, sec["meta"],
+                          sec["config"])
+        return
+    if args.model is None:
+        ap.error("--model is required (or --merge)")
     torch.set_num_threads(1)
 
     import multispec
