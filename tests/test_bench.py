@@ -216,3 +216,47 @@ def test_mean_acceptance_length_and_per_position_acceptance_are_pooled_over_reco
     assert rows["ar"]["mean_acceptance_length"] is None and rows["ar"]["accepted_per_position"] is None
     table = markdown({"records": records}, summarize(records))
     assert "| mean acc. len |" in table and "| 1.833 | 0.47 0.27 0.10 |" in table
+
+
+def test_chat_datasets_go_through_the_targets_chat_template(tmp_path):
+    """--chat-template auto (default): a chat data set's prompts are one user message rendered by the target's
+    chat template (no BOS added: the template places its own), a code data set stays raw text (BOS first); off:
+    raw text everywhere; on: a target without a template is refused in one line. The mode and what it applied are
+    in the results' settings."""
+    import gzip
+
+    from multispec.data import load_prompts
+
+    (tmp_path / "spec_bench_question.jsonl").write_text(
+        json.dumps({"question_id": 161, "category": "translation", "turns": ["abc", "second turn"]}) + "\n")
+    with gzip.open(tmp_path / "humaneval.jsonl.gz", "wt") as f:
+        f.write(json.dumps({"task_id": "HumanEval/0", "prompt": "def f(x):\n"}) + "\n")
+    (tmp_path / "alpaca_eval.jsonl").write_text(json.dumps({"instruction": "say hi"}) + "\n")
+    alpaca = load_prompts("alpaca", tmp_path)[0]
+    assert alpaca.message == "say hi" and alpaca.text.startswith("### Instruction:")
+    assert load_prompts("humaneval", tmp_path)[0].message is None
+
+    pair = tiny_pair()
+    pair.tokenizer.chat_template = "{% for m in messages %}{{ m.role }}: {{ m.content }}\n{% endfor %}assistant:"
+
+    def prompt_tokens(mode, p=pair):
+        res = run_bench(pair=p, datasets="spec-bench,humaneval", data_dir=str(tmp_path), methods="ar",
+                        max_new_tokens=2, warmup=0, progress=False, chat_template=mode)
+        return res["settings"], {r["dataset"]: r["prompt_tokens"] for r in res["records"]}
+
+    settings, tokens = prompt_tokens("auto")
+    assert settings["chat_template"] == "auto"
+    assert settings["chat_template_applied"] == {"spec-bench": True, "humaneval": False}
+    assert tokens == {"spec-bench": len("user: abc\nassistant:"), "humaneval": 1 + len("def f(x):")}
+    assert prompt_tokens("on")[1] == tokens
+    settings, tokens = prompt_tokens("off")
+    assert settings["chat_template_applied"] == {"spec-bench": False, "humaneval": False}
+    assert tokens == {"spec-bench": 1 + len("abc"), "humaneval": 1 + len("def f(x):")}
+
+    plain = tiny_pair()  # no template: auto falls back to raw text, on is refused
+    assert prompt_tokens("auto", plain)[0]["chat_template_applied"] == {"spec-bench": False, "humaneval": False}
+    with pytest.raises(MultispecError, match="no chat template") as e:
+        prompt_tokens("on", plain)
+    assert "\n" not in str(e.value)
+    with pytest.raises(MultispecError, match="chat_template must be one of"):
+        prompt_tokens("yes")

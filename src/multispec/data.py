@@ -10,6 +10,11 @@
 | PATH.jsonl | any JSONL file                | the `prompt` field (or `prompt_field`), verbatim                   |
 
 Files are found in `data_dir`, else in the folder named by the environment variable MULTISPEC_DATA.
+
+Chat data sets (CHAT_DATASETS: mt-bench, spec-bench, alpaca) also give each prompt's user message
+(`Prompt.message`: the first turn; Alpaca's instruction alone, without its "### Instruction" frame), which
+`multispec bench` renders with the target's chat template when it has one, as the Spec-Bench paper does; code and
+completion sets (humaneval, gsm8k) and JSONL files have none and stay raw text.
 """
 from __future__ import annotations
 
@@ -31,6 +36,7 @@ FILES = {
     "alpaca": "alpaca_eval.jsonl",
 }
 DATASETS = tuple(FILES)
+CHAT_DATASETS = ("mt-bench", "spec-bench", "alpaca")  # prompts that are a user's message (Prompt.message)
 
 # Spec-Bench stores its MT-Bench part (question ids 81-160) under MT-Bench's own 8 categories; Spec-Bench reports
 # them as one category, mt_bench.
@@ -41,11 +47,13 @@ SPEC_BENCH_CATEGORIES = ("mt_bench", "translation", "summarization", "qa", "math
 @dataclass(frozen=True)
 class Prompt:
     """One benchmark prompt. id: stable within its data set (e.g. 'HumanEval/0', '81', 'line 3');
-    category: the data set's category, or the data set name where it has none."""
+    category: the data set's category, or the data set name where it has none. text: the prompt as raw text (module
+    table). message: a chat data set's user message (CHAT_DATASETS), None elsewhere."""
 
     id: str
     category: str
     text: str
+    message: str | None = None
 
 
 def load_prompts(dataset: str, data_dir: str | Path | None = None, limit: int | None = None, offset: int = 0,
@@ -138,8 +146,9 @@ def _gsm8k(row, i, path) -> Prompt:
 
 
 def _mt_bench(row, i, path) -> Prompt:
-    return Prompt(id=str(row.get("question_id", i)), category=str(row.get("category", "mt-bench")),
-                  text=_field(row, "turns", path, i)[0])
+    turn = _field(row, "turns", path, i)[0]
+    return Prompt(id=str(row.get("question_id", i)), category=str(row.get("category", "mt-bench")), text=turn,
+                  message=turn)
 
 
 def _spec_bench(row, path) -> Prompt:
@@ -147,7 +156,8 @@ def _spec_bench(row, path) -> Prompt:
     cat = str(_field(row, "category", path, qid))
     cat = "mt_bench" if cat in MT_BENCH_CATEGORIES else cat
     check(cat in SPEC_BENCH_CATEGORIES, f"{path}: question {qid} has unknown category {cat!r}")
-    return Prompt(id=str(qid), category=cat, text=_field(row, "turns", path, qid)[0])
+    turn = _field(row, "turns", path, qid)[0]
+    return Prompt(id=str(qid), category=cat, text=turn, message=turn)
 
 
 def _round_robin_mt_bench(pairs: list[tuple[Prompt, str]]) -> list[Prompt]:
@@ -170,7 +180,7 @@ def _round_robin_mt_bench(pairs: list[tuple[Prompt, str]]) -> list[Prompt]:
 
 def _alpaca(row, i, path) -> Prompt:
     inst = _field(row, "instruction", path, i)
-    return Prompt(id=str(i), category="alpaca", text=f"### Instruction:\n{inst}\n\n### Response:\n")
+    return Prompt(id=str(i), category="alpaca", text=f"### Instruction:\n{inst}\n\n### Response:\n", message=inst)
 
 
 def _custom(row, i, path, key) -> Prompt:

@@ -2,8 +2,9 @@
 
 Order of work (each step fails before the slower ones start):
 1. parse and validate the method specs, the sampling settings and the data sets (no model yet);
-2. load the pair, tokenize every prompt once (as `generate` does, `text.encode_prompt`), truncate long ones; with
-   `shadow_target`, build the random shadow model (models/shadow.py) that runs beside every target forward;
+2. load the pair, tokenize every prompt once (as `generate` does, `text.encode_prompt`; a chat data set's prompts
+   as one user message through the target's chat template, `text.encode_chat`, per `chat_template`), truncate long
+   ones; with `shadow_target`, build the random shadow model (models/shadow.py) that runs beside every target forward;
 3. measure the draft/target step-cost ratio once (shadow included);
 4. warm up each method (untimed); tune `hf-assisted:best` on the first prompts of each data set and temperature;
 5. timed loop over temperature -> data set -> prompt -> repeat -> method, so a change in machine load hits every
@@ -35,6 +36,7 @@ from multispec.sampling import SamplingConfig
 
 COST_CONTEXT = 200  # tokens of context for the step-cost measurement
 COST_STEPS = 15  # timed 1-token steps per model (median reported)
+CHAT_TEMPLATE_MODES = ("auto", "on", "off")
 
 
 def run_bench(target: str | None = None, draft: str | None = None, datasets: list[str] | str = "humaneval",
@@ -44,16 +46,21 @@ def run_bench(target: str | None = None, draft: str | None = None, datasets: lis
               out: str | Path | None = None, threads: int | None = None, device: str | None = None,
               dtype: str | None = None, max_prompt_tokens: int | None = 512, prompt_field: str = "prompt",
               best_probe: int = 3, pair=None, progress: bool = True, command: list[str] | None = None,
-              shadow_target: str | None = None, cross_vocab: str | None = None) -> dict:
+              shadow_target: str | None = None, cross_vocab: str | None = None, chat_template: str = "auto") -> dict:
     """Benchmark `methods` on `datasets`; returns the results dict (see docs/bench.md) and, when `out` is given,
     writes it there. limit: an int for every data set (per category for spec-bench), or per data set as
     {name: N} or 'name=N,name=N'. `pair`: an already loaded `api.Pair` (then target/draft/device/dtype are not used).
     shadow_target: 'LAYERSxHIDDEN' (e.g. '12x768'): every target forward (engine methods and hf-assisted alike) also
     runs a random Llama of that shape, so that step costs are a larger model's while acceptance stays the pair's;
-    every output says so (settings.shadow_target.label). cross_vocab: load_pair's, for a draft of another tokenizer."""
+    every output says so (settings.shadow_target.label). cross_vocab: load_pair's, for a draft of another tokenizer.
+    chat_template: "auto" (default) renders the prompts of chat data sets (data.CHAT_DATASETS: Spec-Bench, MT-Bench,
+    Alpaca) as one user message through the target's chat template when its tokenizer has one, as the Spec-Bench
+    paper does; "on" the same, refusing a target without a template; "off" raw text everywhere. Code and completion
+    data sets (HumanEval, GSM8K, JSONL files) are raw text in every mode. settings.chat_template records the mode and
+    settings.chat_template_applied, per data set, whether it was applied."""
     from multispec.bench.report import write_outputs
     from multispec.loading import eos_ids, load_pair, vocab_rows
-    from multispec.text import encode_prompt
+    from multispec.text import encode_chat, encode_prompt
 
     # 1. everything that can be checked without a model
     specs = methods if isinstance(methods, list) and all(isinstance(s, MethodSpec) for s in methods) \
@@ -66,6 +73,8 @@ def run_bench(target: str | None = None, draft: str | None = None, datasets: lis
                         ("best_probe", best_probe, 1)):
         check(isinstance(v, int) and v >= lo, f"{name} must be an integer >= {lo}, got {v!r}")
     check(max_prompt_tokens is None or max_prompt_tokens >= 2, "max_prompt_tokens must be >= 2")
+    check(chat_template in CHAT_TEMPLATE_MODES,
+          f"chat_template must be one of {', '.join(CHAT_TEMPLATE_MODES)}, got {chat_template!r}")
     if out is not None:
         writable_dir(out)
     if shadow_target is not None:
@@ -101,10 +110,13 @@ def run_bench(target: str | None = None, draft: str | None = None, datasets: lis
             pair = load_pair(target=target, draft=draft if wants_draft else None, device=device, dtype=dtype,
                              cross_vocab=cross_vocab if wants_draft else None)
     bos = pair.tokenizer.bos_token_id
+    chat = chat_datasets(pair.tokenizer, prompts, chat_template)
     encoded = {}
     for d, ps in prompts.items():
-        encoded[d] = [truncate_ids(encode_prompt(pair.tokenizer, vocab_rows(pair.target), p.text), max_prompt_tokens,
-                                   bos) for p in ps]
+        rows = vocab_rows(pair.target)
+        encoded[d] = [truncate_ids(encode_chat(pair.tokenizer, rows, [{"role": "user", "content": p.message}])
+                                   if chat[d] else encode_prompt(pair.tokenizer, rows, p.text), max_prompt_tokens, bos)
+                      for p in ps]
     eos = eos_ids(pair)
     on_cuda = pair.device.type == "cuda"
     longest = max(len(ids) for v in encoded.values() for ids, _ in v)
@@ -147,7 +159,8 @@ def run_bench(target: str | None = None, draft: str | None = None, datasets: lis
                 "temperatures": temperatures, "top_k": top_k, "top_p": top_p, "max_new_tokens": max_new_tokens,
                 "limit": limits, "offset": offset, "repeats": repeats, "warmup": warmup, "seed": seed,
                 "threads": torch.get_num_threads(), "max_prompt_tokens": max_prompt_tokens,
-                "prompt_field": prompt_field, "best_probe": best_probe, "hf_best_sweep": list(HF_BEST_SWEEP),
+                "prompt_field": prompt_field, "chat_template": chat_template, "chat_template_applied": chat,
+                "best_probe": best_probe, "hf_best_sweep": list(HF_BEST_SWEEP),
                 "shadow_target": shadow.settings() if shadow is not None else None,
                 "prompts": {d: len(v) for d, v in prompts.items()},
                 "truncated_prompts": {d: sum(t for _, t in v) for d, v in encoded.items()},
@@ -192,6 +205,15 @@ def run_bench(target: str | None = None, draft: str | None = None, datasets: lis
     if out is not None:
         write_outputs(out, results)
     return results
+
+
+def chat_datasets(tokenizer, prompts: dict, mode: str) -> dict:
+    """{data set: whether its prompts go through the chat template}: the chat data sets (every prompt has a user
+    message) when mode is not "off" and the tokenizer has a template; mode "on" refuses a tokenizer without one."""
+    has_template = bool(getattr(tokenizer, "chat_template", None))
+    check(mode != "on" or has_template, "chat template 'on', but the target's tokenizer has no chat template; "
+                                        "use --chat-template auto or off")
+    return {d: mode != "off" and has_template and all(p.message is not None for p in ps) for d, ps in prompts.items()}
 
 
 def _limits(limit, datasets: list[str]) -> dict:

@@ -28,6 +28,11 @@ def _floats(text: str) -> list[float]:
               help="Data set(s), comma-separated: humaneval, gsm8k, mt-bench, spec-bench, alpaca, or a .jsonl path.")
 @click.option("--data-dir", help="Folder holding the data files (default: $MULTISPEC_DATA).")
 @click.option("--prompt-field", default="prompt", show_default=True, help="Field of a .jsonl path data set.")
+@click.option("--chat-template", "chat_template", type=click.Choice(["auto", "on", "off"]), default="auto",
+              show_default=True, help="Chat data sets (spec-bench, mt-bench, alpaca) as one user message through the "
+              "target's chat template: auto = when the target has one (as the Spec-Bench paper does), on = refuse a "
+              "target without one, off = raw text. Code data sets stay raw text. Recorded in results.json. (--batch-size "
+              "runs raw text.)")
 @click.option("--methods", default="ar;sd:k=4;mcsd:tree=4-2-2-1", show_default=True,
               help="Method specs separated by ';', e.g. 'ar;sd:k=4;mcsd:tree=4-2-2-1,verifier=rrs-wor;"
                    "hf-assisted;hf-assisted:best'.")
@@ -58,9 +63,9 @@ def _floats(text: str) -> list[float]:
               "decodes every prompt, N sequences at a time; total tokens/s (hf-assisted specs become transformers' "
               "batched generate). Fast backend.")
 @click.option("--quiet", is_flag=True, help="No progress bar.")
-def bench_command(target, draft, cross_vocab, datasets, data_dir, prompt_field, methods, temperatures, top_k, top_p,
-                  max_new_tokens, max_prompt_tokens, limit, offset, repeats, warmup, best_probe, seed, out, threads,
-                  device, dtype, shadow_target, batch_size, quiet):
+def bench_command(target, draft, cross_vocab, datasets, data_dir, prompt_field, chat_template, methods, temperatures,
+                  top_k, top_p, max_new_tokens, max_prompt_tokens, limit, offset, repeats, warmup, best_probe, seed,
+                  out, threads, device, dtype, shadow_target, batch_size, quiet):
     """Benchmark methods on a prompt set; writes results.json, results.md and plots to --out."""
     from multispec.bench import run_bench
     from multispec.bench.report import shadow_label_of, summarize
@@ -71,6 +76,9 @@ def bench_command(target, draft, cross_vocab, datasets, data_dir, prompt_field, 
     out = out or f"bench-{time.strftime('%Y%m%d-%H%M%S')}"
     check_draft_given(parse_method_specs(methods), target is None or draft is not None,
                       hf_assisted_drafts=batch_size is None)
+    if batch_size is not None and chat_template == "on":
+        raise click.UsageError("--batch-size runs prompts as raw text; --chat-template on needs a run without "
+                               "--batch-size")
     with _removed_if_left_empty(out):
         writable_dir(out)  # before anything slow
         threads, warning = set_threads(threads)
@@ -86,7 +94,7 @@ def bench_command(target, draft, cross_vocab, datasets, data_dir, prompt_field, 
                             seed=seed, out=out, threads=threads, device=device, dtype=dtype,
                             max_prompt_tokens=max_prompt_tokens or None, prompt_field=prompt_field,
                             best_probe=best_probe, progress=not quiet, command=["multispec", *sys.argv[1:]],
-                            shadow_target=shadow_target, cross_vocab=cross_vocab)
+                            shadow_target=shadow_target, cross_vocab=cross_vocab, chat_template=chat_template)
     label = shadow_label_of(results)
     if label:
         click.echo(label)
