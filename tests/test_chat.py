@@ -155,3 +155,24 @@ def test_ctrl_c_keeps_the_reply_so_far(capsys):
     result = _reply(Interrupted(), [1], None)
     assert result.text == "half a " and result.finish_reason == "abort"
     assert capsys.readouterr().out == "half a \n"
+
+
+@pytest.mark.slow
+def test_chat_with_smollm2_remembers_the_first_turn():
+    """`multispec chat` on SmolLM2-135M-Instruct (its own chat template, greedy): the second turn refers to the
+    first, and the reply uses it."""
+    from real_models import smollm2
+
+    term = Terminal(["-m", "multispec", "chat", "--target", str(smollm2()), "--max-new-tokens", "24",
+                     "--temperature", "0"])
+    term.expect(r">>> ", timeout=300)
+    term.send("I live in Paris.\n")
+    first = int(term.expect(r"conversation (\d+) tokens").group(1))
+    term.expect(r">>> ")
+    term.send("Which city do I live in?\n")
+    reply = term.expect(r"(.*?)\n.*conversation (\d+) tokens", timeout=300)
+    assert "Paris" in reply.group(1), reply.group(0)  # a 135M model: names slip, cities stay
+    assert int(reply.group(2)) > first
+    term.expect(r">>> ")
+    term.send("\x04")
+    assert term.wait() == 0
