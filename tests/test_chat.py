@@ -55,6 +55,7 @@ def test_generate_chat_prints_the_reply(tmp_path):
     for args, words in [(("--chat", "  ", "--chat-template", str(template)), "the --chat message is empty"),
                         (("x", "--chat", "y", "--chat-template", str(template)), "--chat MESSAGE is the prompt"),
                         (("x", "--system", "s"), "--system and --chat-template go with --chat"),
+                        (("--chat", "hi", "--system", " ", "--chat-template", str(template)), "--system is empty"),
                         (("--chat", "hi"), "no chat template")]:
         bad = _cli("generate", *args, "--max-new-tokens", "4")
         assert bad.returncode == 2 and words in bad.stderr and len(bad.stderr.strip().splitlines()) == 1, bad.stderr

@@ -59,6 +59,7 @@ def generate_command(prompt, prompt_file, per_line, batch_size, target, draft, c
     else:
         check(prompt is None and not prompt_file and not per_line,
               "--chat MESSAGE is the prompt: give no PROMPT, --prompt-file or --lines with it")
+        check(system is None or system.strip() != "", "--system is empty")
         messages = ([{"role": "system", "content": system}] if system is not None else []) + \
             [user_message(chat, "the --chat message")]
         source = dict(messages=messages, chat_template=read_chat_template(chat_template))
