@@ -2,6 +2,8 @@
 options to a command in the order they appear in --help."""
 import click
 
+from multispec.errors import MultispecError, check
+
 SEED_MAX = 2**63 - 1
 
 
@@ -50,15 +52,22 @@ def read_chat_template(path: str | None) -> str | None:
     """The template file's text (checked before any model loads)."""
     if path is None:
         return None
-    from multispec.cli.generate_cmd import decode_text
-
     with open(path, "rb") as fh:
         return decode_text(fh.read(), f"the chat template {path}")
 
 
 def user_message(text: str, what: str) -> dict:
     """A user turn, refused when it holds no text."""
-    from multispec.errors import check
-
     check(text.strip() != "", f"{what} is empty")
     return {"role": "user", "content": text}
+
+
+def decode_text(data: bytes, what: str) -> str:
+    """bytes -> str: strict UTF-8, a leading BOM dropped; MultispecError naming `what` and the first bad byte."""
+    try:
+        text = data.decode("utf-8-sig")
+    except UnicodeDecodeError as e:
+        raise MultispecError(f"{what} is not valid UTF-8 text (byte 0x{data[e.start]:02x} at offset {e.start}); "
+                             "is it a binary file?") from None
+    check("\x00" not in text, f"{what} contains NUL bytes; is it a binary file?")
+    return text

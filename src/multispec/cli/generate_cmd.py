@@ -7,7 +7,7 @@ import time
 import click
 
 from multispec.cli import cli
-from multispec.cli.common import (chat_template_option, device_options, model_options,
+from multispec.cli.common import (chat_template_option, decode_text, device_options, model_options,
                                   read_chat_template, sampling_options, user_message)
 from multispec.cli.method_options import check_method_options, collect_method_options, method_options
 from multispec.decoding.methods import DEFAULT_METHOD, REGISTRY, method_names
@@ -347,14 +347,3 @@ def _read_prompt(prompt: str | None, prompt_file: tuple[str, ...] | str | None) 
 
     check_text(prompt, "the PROMPT argument")  # argv bytes that were not UTF-8 reach Python as lone surrogates
     return prompt
-
-
-def decode_text(data: bytes, what: str) -> str:
-    """bytes -> str: strict UTF-8, a leading BOM dropped; MultispecError naming `what` and the first bad byte."""
-    try:
-        text = data.decode("utf-8-sig")
-    except UnicodeDecodeError as e:
-        raise MultispecError(f"{what} is not valid UTF-8 text (byte 0x{data[e.start]:02x} at offset {e.start}); "
-                             "is it a binary file?") from None
-    check("\x00" not in text, f"{what} contains NUL bytes; is it a binary file?")
-    return text

@@ -71,7 +71,8 @@ def serve_command(target, draft, cross_vocab, method, host, port, served_model_n
                   chat_template, device, dtype, backend, compile_, drain_timeout, threads, log_level, **method_kw):
     """Serve the pair over HTTP with the OpenAI API: /v1/completions, /v1/chat/completions, /v1/models,
     /health, /metrics."""
-    from multispec.cli.generate_cmd import _check_proposers, decode_text
+    from multispec.cli.common import decode_text
+    from multispec.cli.generate_cmd import _check_proposers
 
     options = collect_method_options(method_kw)
     config = check_method_options(method, options)  # fail fast, before the models load
