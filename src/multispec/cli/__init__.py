@@ -24,6 +24,7 @@ COMMANDS = {
     "bench": ("multispec.cli.bench_cmd", "Benchmark methods on a prompt set (JSON, markdown, plots)."),
     "optimal": ("multispec.cli.optimal_cmd", "Optimal multi-draft acceptance vs each verifier's (P3 Table 1)."),
     "verifiers": ("multispec.cli.verifiers_cmd", "List the node verifiers: lossless or not, drafts supported."),
+    "train-head": ("multispec.cli.train_head_cmd", "Train a feature head (EAGLE-style) for a target: --method eagle."),
     "heads": ("multispec.cli.heads_cmd", "Train the SpecDec++ acceptance head and P1 decision models."),
     "zoo": ("multispec.cli.zoo_cmd", "Corpus, tokenizer, target/draft training and evaluation."),
     "serve": ("multispec.cli.serve_cmd", "OpenAI-compatible HTTP server with speculative decoding and metrics."),

@@ -42,7 +42,8 @@ CROSS_VOCAB_NOTE = ("a draft with another tokenizer drafts one sequence at a tim
 def batchable(decoder: Decoder) -> bool:
     """Whether the decoder can batch: the fast backend (compiled code runs batches eagerly), with a draft of the
     target's own vocabulary."""
-    return decoder.backend in ("fast", "compiled") and decoder.pair.cross_vocab is None
+    return decoder.backend in ("fast", "compiled") and decoder.pair.cross_vocab is None \
+        and decoder.entry.draft_backend is None  # a method's own drafter (eagle) runs one sequence at a time
 
 
 def batch_backend(pair) -> str:

@@ -289,3 +289,5 @@ for _entry in (
                 summary="a token tree from suffix tries over the context and past requests, no draft model"),
 ):
     register(_entry)
+
+from multispec.decoding import eagle_method  # noqa: E402,F401 - registers eagle (its own module: this one's size)

@@ -101,7 +101,9 @@ class MethodEntry:
     reproducible_when_seeded: a seeded sampling run verifies with position-keyed noise by default (auto: its plans
     follow measured timings, so without the mode a seed would not fix its text; docs/reproducible.md).
     chooses_cheap_draft: given neither draft_vocab nor draft_dtype, the Decoder drafts with the fastest form of the
-    draft on this machine (auto; models/cheap.choose_cheap_draft)."""
+    draft on this machine (auto; models/cheap.choose_cheap_draft). draft_backend(config, loaded, target, pair) ->
+    (target, draft): a method drafting with a trained model of its own (eagle's head) builds its draft backend from
+    what it loaded and the target's backend, which it may wrap (a batch runs such a method one sequence at a time)."""
 
     name: str
     options: tuple  # Option declarations; bare names are taken as undocumented "str" options
@@ -115,6 +117,7 @@ class MethodEntry:
     summary: str = ""
     reproducible_when_seeded: bool = False  # a seeded run at T > 0 uses the reproducible mode unless told not to
     chooses_cheap_draft: bool = False  # without draft_vocab / draft_dtype, the Decoder picks the fastest draft form
+    draft_backend: Callable[[MethodConfig, dict, object, object], tuple] | None = None
 
     def __post_init__(self) -> None:
         specs = tuple(o if isinstance(o, Option) else Option(str(o), "str", "") for o in self.options)

@@ -16,7 +16,7 @@ method entry whose policy plans with its name (tests/test_proposers.py does this
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Callable, Protocol
 
 import torch
@@ -151,6 +151,18 @@ class DraftModelProposer:
                         draft_calls=d.draft_calls)
 
 
+class HeadProposer(DraftModelProposer):
+    """A feature head (models/eagle.py) drafts as a draft model does, but keeps only its rows up to the root: the
+    accepted nodes it read its own features for are fed again next round with the target's (EAGLE's way; both are
+    exact, the target's features make better drafts)."""
+
+    name = "head"
+
+    def propose(self, inputs: RoundInputs, plan: RoundPlan, max_tree: Tree) -> Proposal:
+        proposal = super().propose(inputs, plan, max_tree)
+        return replace(proposal, draft_fed=min(proposal.draft_fed, 1))
+
+
 PROPOSERS: dict[str, Proposer] = {}
 
 
@@ -170,5 +182,5 @@ def get_proposer(name: str) -> Proposer:
     return PROPOSERS[name]
 
 
-for _p in (NoProposer(), LookupProposer(), SuffixTreeProposer(), DraftModelProposer()):
+for _p in (NoProposer(), LookupProposer(), SuffixTreeProposer(), DraftModelProposer(), HeadProposer()):
     register_proposer(_p)

@@ -1,0 +1,61 @@
+"""Method `eagle`: drafts with a trained feature head (models/eagle.py) instead of a draft model, a chain of k tokens
+or a static tree, verified by the method's lossless verifier like sd and mcsd. The head is a method option
+(`head=DIR`, `--head DIR`): read once per Decoder family, refused in one line when made for another target. The
+pair needs no draft (a pair's draft is ignored). Train a head with `multispec train-head` (training/eagle.py)."""
+from __future__ import annotations
+
+from pathlib import Path
+
+from multispec.decoding.method_checks import chain_verifier, integer, node_or_sequence_verifier, shape
+from multispec.decoding.registry import MethodConfig, MethodEntry, Option, register
+from multispec.errors import MultispecError, check
+
+
+def _build_eagle(o: dict) -> MethodConfig:
+    head = o.get("head")
+    if head is None:
+        raise MultispecError("eagle needs a trained head: head=DIR (--head DIR); train one with multispec train-head")
+    check(Path(str(head)).is_dir(), f"eagle head not found: {head}")
+    check(not ("k" in o and "tree" in o), "eagle: give k (a chain) or tree (a static tree), not both")
+    if "tree" in o:
+        tree = shape(o["tree"])
+        verifier = node_or_sequence_verifier(o.get("verifier", "traversal"), tree)
+    else:
+        tree = (1,) * integer(o.get("k", 4), "k", 1)
+        verifier = chain_verifier(o.get("verifier", "block"), "eagle")
+    return MethodConfig(name="eagle", tree=tree, verifier=verifier, head=str(head), options=o)
+
+
+def _load_eagle(config: MethodConfig, pair) -> dict:
+    check(pair is not None, "eagle reads its head for a loaded pair's target")
+    from multispec.models.eagle_io import load_head
+
+    head, token_ids = load_head(str(config.head), pair.target)
+    return {"eagle_head": head, "eagle_token_ids": token_ids}
+
+
+def _eagle_policy(config: MethodConfig, pair, loaded: dict):
+    from multispec.drafting.policies import FixedTree
+    from multispec.tree import Tree
+
+    policy = FixedTree(Tree.from_shape(config.tree), proposer="head")
+    policy.defers_draft_prefill = True  # the head reads the target's features of the prompt: after its prefill
+    return policy
+
+
+def _eagle_backends(config: MethodConfig, loaded: dict, target, pair) -> tuple:
+    """The target wrapped to keep its features, and the head's backend reading them."""
+    from multispec.models.eagle import FeatureTap, HeadBackend, TargetParts
+
+    tap = FeatureTap(target)
+    return tap, HeadBackend(loaded["eagle_head"], TargetParts.of(pair.target), tap, loaded["eagle_token_ids"])
+
+
+register(MethodEntry(
+    "eagle", (Option("head", "path", "eagle: a feature-head directory (multispec train-head)"),
+              Option("k", "int", "draft tokens per round", 4),
+              Option("tree", "shape", "tree shape below the root (instead of a chain of k)"),
+              Option("verifier", "str", "block or sd on chains; a node or sequence verifier on trees")),
+    _build_eagle, _eagle_policy, needs_draft=False, uses_draft=lambda c: False, load=_load_eagle,
+    draft_backend=_eagle_backends, summary="a chain or tree drafted by a trained feature head (EAGLE) on the "
+                                           "target's hidden states, no draft model"))

@@ -1,0 +1,221 @@
+"""A feature-level draft head (EAGLE-1/3 style) and the two backends that run it exactly.
+
+    target.forward (FeatureTap) ──► logits [N, V] + the hidden state of every row, kept per cache row
+    head row t:  fc(concat(embed(x_t), f_{t-1})) ─► one decoder layer of the target's family ─► target's final norm
+                 ─► f_t (the head's feature) ─► target's output layer ─► q_t (the draft law at t)
+
+The feature f is the input of the output layer (after the final norm), for the target and the head alike: it is
+what every backend already returns (`ForwardOut.hidden`), the target's logits are exactly `lm_head(f)` (so training
+needs no stored logits), and the head's own output lives in the same space, so a drafted node feeds its children
+its own f (EAGLE's feature autoregression) with no extra projection. Row t's feature f_{t-1} is the target's when
+position t-1 is committed (the FeatureTap has it), else the head's own output at its parent row (a drafted node);
+position 0 reads zeros. The embedding, rotary embedding, final norm and output layer are the target's own, frozen and
+shared (`TargetParts`); only `fc` and the decoder layer belong to the head.
+
+`HeadBackend` is a draft backend like any other (models/base.py): grow_tree drafts chains and trees with it, its q is
+its softmax processed like a draft model's, and every lossless verifier checks it unchanged. The features only shape
+q, never the output law: a wrong feature lowers acceptance, it cannot bias the text (tests/test_eagle.py checks both).
+"""
+from __future__ import annotations
+
+import copy
+from dataclasses import dataclass
+
+import torch
+from torch import nn
+from transformers import DynamicCache
+
+from multispec.errors import MultispecError, check
+from multispec.models.base import ForwardOut, causal_mask
+from multispec.models.hf_compat import cache_argument
+from multispec.models.reduced_vocab import VocabSubset
+from multispec.tree import additive_mask
+
+SCALED_LOGITS = ("final_logit_softcapping", "logits_scaling", "logit_scale", "output_multiplier_scale")
+
+
+@dataclass(frozen=True)
+class TargetParts:
+    """The target's modules a head shares (frozen, never saved with the head)."""
+
+    embed: nn.Module
+    rotary: nn.Module
+    norm: nn.Module
+    lm_head: nn.Module
+
+    @classmethod
+    def of(cls, model: nn.Module) -> "TargetParts":
+        base = getattr(model, "model", None)
+        ok = base is not None and all(hasattr(base, a) for a in ("embed_tokens", "rotary_emb", "norm", "layers"))
+        check(ok, f"{type(model).__name__} is not a decoder of the Llama family (model.embed_tokens, rotary_emb, "
+                  "norm, layers): feature heads support Llama-family targets")
+        scaled = [a for a in SCALED_LOGITS if getattr(model.config, a, None) not in (None, 1, 1.0)]
+        check(not scaled, f"this {model.config.model_type} target applies {scaled[:1]} after its output layer; "
+                          "feature heads need logits straight from it")
+        return cls(base.embed_tokens, base.rotary_emb, base.norm, model.get_output_embeddings())
+
+
+def layer_config(target_config):
+    """The target's config with one hidden layer: what the head's decoder layer is built from."""
+    cfg = copy.deepcopy(target_config)
+    cfg.num_hidden_layers = 1
+    if getattr(cfg, "layer_types", None):
+        cfg.layer_types = list(cfg.layer_types[:1])
+    return cfg
+
+
+class EagleHead(nn.Module):
+    """fc (2H -> H, no bias) and one decoder layer of the target's family (its class `layer_class`, built from
+    `config`, the target's config with one layer). forward reads the target's shared parts."""
+
+    def __init__(self, config, layer_class: type):
+        super().__init__()
+        h = config.hidden_size
+        self.config = config
+        self.layer_class = layer_class
+        self.fc = nn.Linear(2 * h, h, bias=False)
+        self.transformer = layer_class(config, layer_idx=0)
+        self._cache_kw = cache_argument(self.transformer)
+
+    def forward(self, parts: TargetParts, tokens: torch.Tensor, features: torch.Tensor, positions: torch.Tensor,
+                mask: torch.Tensor | None, cache=None) -> torch.Tensor:
+        """tokens: long [B, L]; features: float [B, L, H] (row t: the feature of position t-1); positions: long
+        [B, L]; mask: additive float [B, 1, L, K] (K: cached + new rows) or None (causal, no cache). Returns the
+        head's features f: float [B, L, H] (after the target's final norm: logits = parts.lm_head(f))."""
+        x = self.fc(torch.cat([parts.embed(tokens).to(features.dtype), features], dim=-1))  # [B, L, H]
+        pe = parts.rotary(x, positions)
+        kw = {self._cache_kw: cache, "use_cache": True} if cache is not None else {}
+        out = self.transformer(x, attention_mask=mask, position_ids=positions, position_embeddings=pe, **kw)
+        return parts.norm(out[0] if isinstance(out, tuple) else out)
+
+
+def new_head(target: nn.Module) -> EagleHead:
+    """A freshly initialised head for `target` (its decoder layer's class, its config with one layer); the output
+    projections start small so that the untrained head's features stay near fc's."""
+    parts = TargetParts.of(target)  # refuses targets a head cannot read
+    del parts
+    head = EagleHead(layer_config(target.config), type(target.model.layers[0]))
+    with torch.no_grad():
+        for name, p in head.transformer.named_parameters():
+            if name.endswith(("o_proj.weight", "down_proj.weight")):
+                p.mul_(0.1)
+    return head.to(next(target.parameters()).dtype)
+
+
+class FeatureTap:
+    """A target backend that also keeps the hidden state (the feature) of every cache row, gathered by `keep` like
+    the cache itself: between rounds its rows are the committed positions 0..cache_len-1, and `features` reads
+    them. Every forward asks the inner backend for hidden states of all rows (a prefill computes every row's
+    logits then; the caller still reads only what it asked for)."""
+
+    def __init__(self, inner):
+        self.inner = inner
+        self.name, self.vocab_size, self.hidden_size = inner.name, inner.vocab_size, inner.hidden_size
+        self.device, self.max_positions = inner.device, inner.max_positions
+        self.hidden = torch.zeros(0, inner.hidden_size)  # float32 [cache_len, H]
+
+    @property
+    def cache_len(self) -> int:
+        return self.inner.cache_len
+
+    @property
+    def max_len(self):  # a static cache's rows (round_limit reads it), None for a growing one
+        return getattr(self.inner, "max_len", None)
+
+    def reset(self) -> None:
+        self.inner.reset()
+        self.hidden = self.hidden[:0]
+
+    def forward(self, tokens: torch.Tensor, positions: torch.Tensor, mask: torch.Tensor | None = None,
+                want_hidden: bool = False, last_only: bool = False) -> ForwardOut:
+        out = self.inner.forward(tokens, positions, mask, want_hidden=True)
+        if out.hidden is None:
+            raise MultispecError(f"the {self.name} backend returned no hidden states, which a feature head needs")
+        self.hidden = torch.cat([self.hidden, out.hidden.float().cpu()])
+        logits, hidden = (out.logits[-1:], out.hidden[-1:]) if last_only else (out.logits, out.hidden)
+        return ForwardOut(logits=logits, hidden=hidden if want_hidden else None)
+
+    def keep(self, indices: torch.Tensor) -> None:
+        self.inner.keep(indices)
+        self.hidden = self.hidden[indices.cpu()]
+
+    def warm_up(self) -> None:
+        self.inner.warm_up()
+
+
+class HeadBackend(VocabSubset):
+    """The head as a draft backend (models/base.py's protocol), reading the target's features from `tap`. Its KV
+    cache is a transformers DynamicCache whose rows `keep` gathers; it records each row's position and the head's
+    output feature (for the children of drafted nodes). token_ids: the head's reduced vocabulary (its output layer
+    on those rows only, q renormalised over them: models/reduced_vocab.py), or None for the full one."""
+
+    name = "eagle"
+
+    def __init__(self, head: EagleHead, parts: TargetParts, tap: FeatureTap, token_ids=None):
+        self.head, self.parts, self.tap = head.eval(), parts, tap
+        self.vocab_size, self.hidden_size = tap.vocab_size, head.config.hidden_size
+        self.device, self.max_positions = next(head.parameters()).device, tap.max_positions
+        self.dtype = next(head.parameters()).dtype
+        self.reset()
+        if token_ids is not None:
+            self.set_vocab_subset(token_ids)
+
+    def _full_head(self) -> nn.Module:
+        return self.parts.lm_head
+
+    @property
+    def cache_len(self) -> int:
+        return int(self._pos.shape[0])
+
+    def reset(self) -> None:
+        self.cache = DynamicCache()
+        self._pos = torch.zeros(0, dtype=torch.long)  # position of each row
+        self._out = torch.zeros(0, self.hidden_size, dtype=self.dtype)  # the head's feature f at each row
+
+    @torch.inference_mode()
+    def forward(self, tokens: torch.Tensor, positions: torch.Tensor, mask: torch.Tensor | None = None,
+                want_hidden: bool = False, last_only: bool = False) -> ForwardOut:
+        """tokens, positions: long [N]; mask: bool [N, cache_len + N] (None: a chain after every row). Returns the
+        head's logits float32 [N, V] (-inf outside a reduced vocabulary) and, if asked, its features [N, H]."""
+        n, start = tokens.shape[0], self.cache_len
+        positions = positions.cpu()
+        mask = causal_mask(start, n) if mask is None else mask.cpu()
+        feats = self._features(positions, mask, start)  # [N, H]
+        f = self.head(self.parts, tokens.to(self.device)[None], feats.to(self.device)[None],
+                      positions.to(self.device)[None], additive_mask(mask, self.dtype).to(self.device)[None, None],
+                      self.cache)[0]  # [N, H]
+        self._pos = torch.cat([self._pos, positions])
+        self._out = torch.cat([self._out, f.cpu()])
+        rows = f[-1:] if last_only else f
+        if self.vocab_subset is not None:
+            logits = self.vocab_subset.widen(self.vocab_subset.compact(rows))
+        else:
+            logits = self.parts.lm_head(rows).float()
+        return ForwardOut(logits=logits, hidden=rows.float() if want_hidden else None)
+
+    def _features(self, positions: torch.Tensor, mask: torch.Tensor, start: int) -> torch.Tensor:
+        """float [N, H]: the feature each new row reads. Position p - 1 committed (p - 1 < the target's cache
+        length): the target's; else the head's own at the parent row (the cached row this one attends to at
+        position p - 1: a drafted node); position 0: zeros."""
+        known = self.tap.cache_len
+        feats = torch.zeros(positions.shape[0], self.hidden_size, dtype=self.dtype)
+        committed = (positions >= 1) & (positions - 1 < known)
+        if bool(committed.any()):
+            feats[committed] = self.tap.hidden[positions[committed] - 1].to(self.dtype)
+        own = positions - 1 >= known
+        if bool(own.any()):
+            parent = mask[own][:, :start] & (self._pos[None, :] == (positions[own] - 1)[:, None])  # [n_own, start]
+            if not bool((parent.sum(1) == 1).all()):
+                raise MultispecError("a drafted node's parent is not a single cached row of the head: feed a tree "
+                                     "level by level (drafting/grow.py)")
+            feats[own] = self._out[parent.int().argmax(1)]
+        return feats
+
+    def keep(self, indices: torch.Tensor) -> None:
+        """Keep cache rows `indices` (long [K]) in this order."""
+        idx = indices.cpu()
+        dev = idx.to(self.device)
+        for layer in self.cache.layers:
+            if getattr(layer, "keys", None) is not None and layer.keys.numel():
+                layer.keys, layer.values = layer.keys.index_select(-2, dev), layer.values.index_select(-2, dev)
+        self._pos, self._out = self._pos[idx], self._out[idx]

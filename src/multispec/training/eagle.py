@@ -1,0 +1,271 @@
+"""Train a feature head (models/eagle.py) for a target, on a CPU, within a time budget (`multispec train-head`).
+
+Data: the target's features over training text, by batched prefill (no decoding): chunks of `seq_len` tokens,
+the features f_t = the target's final-norm output, stored in float16. The target's next-token law at t is
+softmax(lm_head(f_t)) exactly, so no logits are stored. The default text is Python source of this interpreter
+(standard library and site-packages: what pycode-v1 was trained on, and never the HumanEval / Spec-Bench prompts
+used for measurement); `--data FILE` takes a .txt (one document) or a .jsonl (field `text`, else `prompt` +
+`response`/`output`).
+Model: `new_head(target)`: fc + one decoder layer of the target's family; the target's parts frozen and shared.
+Loss: distillation, the cross-entropy of the head's law q against the target's p at every position (KL up to a
+constant). `unroll` > 1 adds the steps of a simplified training-time test: step s reads the head's own features of
+step s-1 (shifted by one) as every row's parent feature, weighted 0.8^(s-1).
+Loop: AdamW with a warm-up and cosine learning rate over the time budget; every `eval_every` seconds the held-out
+acceptance estimate E[sum_x min(p, q)] (what one drafted token is accepted with at T = 1) and the greedy agreement;
+the best head so far is saved at once, so Ctrl-C or the budget's end keeps it.
+"""
+from __future__ import annotations
+
+import json
+import math
+import random
+import sys
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+
+from multispec.errors import MultispecError, check
+
+
+@dataclass(frozen=True)
+class HeadTrainConfig:
+    target: str
+    out: str
+    data: str | None = None
+    minutes: float = 10.0
+    vocab: int | None = None  # the head's reduced vocabulary: the N most frequent tokens of the training text
+    seq_len: int = 256
+    batch: int = 4
+    lr: float = 2e-3
+    unroll: int = 1
+    collect_share: float = 0.25  # at most this share of the budget collects features
+    max_tokens: int = 400_000
+    heldout_chunks: int = 8
+    eval_every: float = 60.0  # seconds
+    seed: int = 0
+    overwrite: bool = False
+
+    def check(self) -> None:
+        check(self.minutes > 0, f"--minutes must be > 0, got {self.minutes}")
+        check(self.vocab is None or self.vocab >= 2, f"--vocab must be >= 2, got {self.vocab}")
+        check(self.unroll >= 1, f"--unroll must be >= 1, got {self.unroll}")
+        out = Path(self.out)
+        check(self.overwrite or not out.exists(), f"--out {out} exists; choose another folder or pass --overwrite")
+        check(not out.exists() or out.is_dir(), f"--out {out} exists and is not a folder")
+        check(self.data is None or Path(self.data).is_file(), f"--data {self.data}: file not found")
+
+
+# ------------------------------------------------------------------------------------------------------- data
+def read_texts(path: str | None, max_chars: int, seed: int) -> list[str]:
+    """The training documents: the file's, or this interpreter's Python source (a seeded sample of files)."""
+    if path is not None:
+        text = Path(path).read_text(encoding="utf-8")
+        if path.endswith(".jsonl"):
+            docs = []
+            for line in text.splitlines():
+                if line.strip():
+                    row = json.loads(line)
+                    docs.append(row.get("text") or (row.get("prompt", "") + row.get("response", row.get("output",
+                                                                                                           ""))))
+            return [d for d in docs if d.strip()]
+        return [text] if text.strip() else []
+    files = _python_files()
+    random.Random(seed).shuffle(files)
+    docs, total = [], 0
+    for f in files:
+        if total >= max_chars:
+            break
+        try:
+            text = f.read_text(encoding="utf-8")
+        except (OSError, UnicodeError):
+            continue
+        if 200 <= len(text) <= 200_000:
+            docs.append(text)
+            total += len(text)
+    return docs
+
+
+def _python_files() -> list[Path]:
+    """Every .py file of this interpreter's standard library and site-packages, in a sorted order (as the zoo's
+    corpus lists them: zoo/corpus.py, a package beside this one)."""
+    import os
+    import site
+    import sysconfig
+
+    files = []
+    for src in [sysconfig.get_paths()["stdlib"], *site.getsitepackages()]:
+        for root, dirs, names in os.walk(src):
+            dirs.sort()
+            files += [Path(root) / n for n in sorted(names) if n.endswith(".py")]
+    return files
+
+
+def chunk_tokens(tokenizer, docs: list[str], seq_len: int, max_tokens: int, eos: int | None) -> torch.Tensor:
+    """long [n_chunks, seq_len]: the documents' tokens joined by EOS (when the model has one), cut into chunks."""
+    ids: list[int] = []
+    for i in range(0, len(docs), 32):  # batched encoding, stopped once there is enough
+        for row in tokenizer(docs[i:i + 32])["input_ids"]:
+            ids += row + ([eos] if eos is not None else [])
+        if len(ids) >= max_tokens:
+            break
+    n = min(len(ids), max_tokens) // seq_len
+    check(n >= 2, f"the training text has {len(ids)} tokens: at least {2 * seq_len} are needed (two chunks)")
+    return torch.tensor(ids[:n * seq_len], dtype=torch.long).view(n, seq_len)  # [n, L]
+
+
+@torch.inference_mode()
+def collect_features(target, chunks: torch.Tensor, batch: int, deadline: float) -> torch.Tensor:
+    """float16 [n, L, H]: the target's final-norm output over each chunk (batched prefill), as many chunks as fit
+    before `deadline` (time.monotonic())."""
+    out = []
+    for b in range(0, chunks.shape[0], batch):
+        out.append(target.model(input_ids=chunks[b:b + batch]).last_hidden_state.to(torch.float16))
+        if time.monotonic() > deadline:
+            break
+    return torch.cat(out)
+
+
+def frequent_tokens(chunks: torch.Tensor, n: int, vocab: int) -> torch.Tensor:
+    """long [<= n]: the n most frequent token ids of the training chunks (sorted)."""
+    counts = torch.bincount(chunks.flatten(), minlength=vocab)
+    return torch.topk(counts, min(n, vocab)).indices.sort().values
+
+
+# ------------------------------------------------------------------------------------------------------- model
+def _shift(feats: torch.Tensor) -> torch.Tensor:
+    """Row t gets row t-1's feature (zeros at t = 0): [B, L, H]."""
+    return torch.cat([torch.zeros_like(feats[:, :1]), feats[:, :-1]], dim=1)
+
+
+def _causal(n: int, dtype) -> torch.Tensor:
+    return torch.where(torch.ones(n, n, dtype=torch.bool).tril(), 0.0, torch.finfo(dtype).min)[None, None]
+
+
+def _laws(parts, f: torch.Tensor, ids: torch.Tensor | None):
+    """Logits of the output layer over features f [.., H], on the reduced vocabulary's rows when ids is given."""
+    w = parts.lm_head.weight if ids is None else parts.lm_head.weight.index_select(0, ids)
+    return F.linear(f, w)
+
+
+def head_loss(head, parts, tokens, feats, ids, unroll: int):
+    """(loss, p [B, L, V'], q_logits of step 1): tokens long [B, L], feats float [B, L, H] (the target's)."""
+    b, n = tokens.shape
+    positions = torch.arange(n)[None].expand(b, n)
+    mask = _causal(n, feats.dtype)
+    with torch.no_grad():
+        p = torch.softmax(_laws(parts, feats, ids), -1)  # [B, L, V']
+    inp, loss, first = _shift(feats), 0.0, None
+    for s in range(unroll):
+        f = head(parts, tokens, inp, positions, mask)
+        logq = torch.log_softmax(_laws(parts, f, ids), -1)
+        loss = loss + (0.8 ** s) * -(p * logq).sum(-1).mean()
+        first = logq if first is None else first
+        inp = _shift(f)
+    return loss, p, first
+
+
+@torch.no_grad()
+def evaluate(head, parts, tokens, feats, ids, batch: int) -> dict:
+    """Held-out: alpha = E[sum_x min(p, q)] (one drafted token's acceptance at T = 1, the head reading the target's
+    features) and greedy agreement (argmax q = argmax p); p over the reduced vocabulary is not renormalised."""
+    alpha, agree, count = 0.0, 0.0, 0
+    for i in range(0, tokens.shape[0], batch):
+        t, fe = tokens[i:i + batch], feats[i:i + batch].float()
+        p_full = torch.softmax(_laws(parts, fe, None), -1)
+        _, _, logq = head_loss(head, parts, t, fe, ids, 1)
+        q = logq.exp()
+        if ids is not None:
+            q = torch.zeros_like(p_full).index_copy_(-1, ids, q)
+        alpha += float(torch.minimum(p_full, q).sum(-1).sum())
+        agree += float((p_full.argmax(-1) == q.argmax(-1)).sum())
+        count += t.numel()
+    return {"alpha": alpha / count, "greedy_agree": agree / count}
+
+
+def lr_at(step_frac: float, base: float, warmup: float = 0.03) -> float:
+    """Warm-up then cosine to 10 % over the budget (step_frac: elapsed share of the training time)."""
+    if step_frac < warmup:
+        return base * step_frac / warmup
+    return base * (0.1 + 0.45 * (1 + math.cos(math.pi * min(1.0, (step_frac - warmup) / (1 - warmup)))))
+
+
+# ------------------------------------------------------------------------------------------------------- recipe
+def train_head(cfg: HeadTrainConfig, log=None) -> dict:
+    """Collect, train within cfg.minutes, keep the best held-out head in cfg.out; returns the summary."""
+    from multispec import load_pair
+    from multispec.loading import eos_ids
+    from multispec.models.eagle import TargetParts, new_head
+    from multispec.models.eagle_io import save_head
+
+    log = log or (lambda s: print(s, file=sys.stderr, flush=True))
+    cfg.check()
+    torch.manual_seed(cfg.seed)
+    start = time.monotonic()
+    end = start + cfg.minutes * 60
+    pair = load_pair(target=cfg.target, device="cpu")
+    target = pair.target.float().eval()
+    for prm in target.parameters():
+        prm.requires_grad_(False)
+    parts = TargetParts.of(target)
+    docs = read_texts(cfg.data, max_chars=cfg.max_tokens * 4, seed=cfg.seed)
+    check(bool(docs), f"the training data {cfg.data or '(default)'} is empty")
+    eos = min(eos_ids(pair)) if eos_ids(pair) else None
+    chunks = chunk_tokens(pair.tokenizer, docs, cfg.seq_len, cfg.max_tokens, eos)
+    chunks = chunks[torch.randperm(chunks.shape[0], generator=torch.Generator().manual_seed(cfg.seed))]
+    feats = collect_features(target, chunks, cfg.batch, start + cfg.collect_share * cfg.minutes * 60)
+    chunks = chunks[:feats.shape[0]]
+    check(feats.shape[0] >= 2, "collecting features took the whole budget before two chunks: give more --minutes")
+    n_held = max(1, min(cfg.heldout_chunks, feats.shape[0] // 10))
+    held, train = (chunks[:n_held], feats[:n_held]), (chunks[n_held:], feats[n_held:])
+    ids = frequent_tokens(chunks, cfg.vocab, parts.lm_head.weight.shape[0]) if cfg.vocab else None
+    log(f"features: {train[0].numel()} training tokens, {held[0].numel()} held out, "
+        f"{time.monotonic() - start:.0f} s")
+    head = new_head(target).float().train()
+    summary = _loop(cfg, head, parts, train, held, ids, end, log,
+                    lambda best: save_head(head, target, cfg.out, cfg.target, ids, training=best))
+    summary.update(train_tokens=int(train[0].numel()), heldout_tokens=int(held[0].numel()),
+                   minutes=(time.monotonic() - start) / 60)
+    (Path(cfg.out) / "training.json").write_text(json.dumps(summary, indent=1) + "\n")
+    return summary
+
+
+def _loop(cfg, head, parts, train, held, ids, end, log, save) -> dict:
+    """The training loop until `end`; saves on every held-out improvement; Ctrl-C ends it keeping the best."""
+    opt = torch.optim.AdamW(head.parameters(), lr=cfg.lr, weight_decay=0.0)
+    t0, next_eval, step, seen = time.monotonic(), time.monotonic() + cfg.eval_every, 0, 0
+    curve, best = [], {"alpha": -1.0}
+    gen = torch.Generator().manual_seed(cfg.seed)
+    try:
+        while True:
+            now = time.monotonic()
+            if now >= next_eval or now >= end:
+                head.eval()
+                ev = evaluate(head, parts, held[0], held[1], ids, cfg.batch)
+                head.train()
+                curve.append({"minutes": (now - t0) / 60, "tokens": seen, **ev})
+                if ev["alpha"] > best["alpha"]:
+                    best = {**ev, "step": step, "config": {k: v for k, v in asdict(cfg).items()}}
+                    save({**best, "curve": curve})
+                eta = max(0.0, end - now)
+                log(f"step {step}  {seen / max(1e-9, now - t0):.0f} tok/s  held-out alpha {ev['alpha']:.3f}  "
+                    f"greedy agree {ev['greedy_agree']:.3f}  best {best['alpha']:.3f}  ETA {eta / 60:.1f} min")
+                next_eval = now + cfg.eval_every
+                if now >= end:
+                    break
+            idx = torch.randint(train[0].shape[0], (cfg.batch,), generator=gen)
+            for g in opt.param_groups:
+                g["lr"] = lr_at((now - t0) / max(1e-9, end - t0), cfg.lr)
+            loss, _, _ = head_loss(head, parts, train[0][idx], train[1][idx].float(), ids, cfg.unroll)
+            opt.zero_grad(set_to_none=True)
+            loss.backward()
+            torch.nn.utils.clip_grad_norm_(head.parameters(), 1.0)
+            opt.step()
+            step, seen = step + 1, seen + int(train[0][idx].numel())
+    except KeyboardInterrupt:
+        log("interrupted: the best head so far is kept")
+    if best["alpha"] < 0:
+        raise MultispecError("training ended before the first held-out evaluation: no head was saved")
+    return {**best, "curve": curve, "steps": step}

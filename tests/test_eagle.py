@@ -1,0 +1,209 @@
+"""Method `eagle`: a feature head (models/eagle.py) drafting on the target's hidden states is exact: greedy output is
+the target's own, the law at T = 1 is the target's (chi-square, chains and trees), and the head's cache holds, after
+every round, exactly the rows a full teacher-forced forward of the head computes. Broken variants are caught."""
+from __future__ import annotations
+
+from types import SimpleNamespace
+
+import numpy as np
+import pytest
+import torch
+
+from engine_utils import chi_square_pvalue, exact_joint, greedy_reference
+from helpers import save_tiny_pair, tiny_llama
+from multispec.decoding.engine import generate_ids
+from multispec.decoding.methods import build_method, get_method
+from multispec.errors import MultispecError
+from multispec.models import make_backend
+from multispec.models.eagle import FeatureTap, HeadBackend, TargetParts, new_head
+from multispec.models.eagle_io import load_head, save_head
+from multispec.sampling import SamplingConfig
+
+torch.set_num_threads(1)
+GREEDY = SamplingConfig(temperature=0.0)
+
+
+def _target(vocab: int = 16, seed: int = 0):
+    return tiny_llama(vocab=vocab, hidden=32, layers=2, heads=4, kv_heads=2, seed=seed, scale=3.0)
+
+
+def _head_dir(target, path, seed: int = 1):
+    torch.manual_seed(seed)
+    head = new_head(target)
+    with torch.no_grad():  # a random head whose drafts the target sometimes accepts
+        head.fc.weight.mul_(3.0)
+    return save_head(head, target, path)
+
+
+def _decode(target, head_dir, prompt, sampling, n, seed=0, backend="hf", **options):
+    """generate_ids with method eagle, built as the Decoder builds it; returns (ids, metrics, head backend)."""
+    config = build_method("eagle", head=str(head_dir), **options)
+    entry, pair = get_method("eagle"), SimpleNamespace(target=target)
+    loaded = entry.load(config, pair)
+    tap, head = entry.draft_backend(config, loaded, make_backend(target, backend), pair)
+    ids, metrics = generate_ids(tap, head, prompt, config, sampling, n, seed, set(),
+                                policy=entry.make_policy(config, pair, loaded))
+    return ids, metrics, head
+
+
+@pytest.fixture(scope="module")
+def tiny(tmp_path_factory):
+    target = _target()
+    return target, _head_dir(target, tmp_path_factory.mktemp("head") / "head")
+
+
+@pytest.mark.parametrize("options", [{"k": 1}, {"k": 4}, {"tree": (3, 2, 1)}, {"tree": (2, 2, 2, 1)}])
+def test_greedy_is_the_targets_own(tiny, options):
+    target, head_dir = tiny
+    for prompt in ([1, 2, 3], [5], [0, 7, 7, 7, 2, 9, 4], [3, 1, 4, 1, 5, 9, 2, 6]):
+        ids, m, _ = _decode(target, head_dir, prompt, GREEDY, 24, **options)
+        assert ids == greedy_reference(target, prompt, 24), (options, prompt)
+        assert m.drafted_tokens > 0
+
+
+def test_greedy_on_the_fast_backend(tiny):
+    target, head_dir = tiny
+    ids, _, _ = _decode(target, head_dir, [1, 2, 3], GREEDY, 20, backend="fast", tree=(2, 2, 1))
+    assert ids == greedy_reference(target, [1, 2, 3], 20)
+
+
+def _reference_features(target, head, ids: list[int]) -> torch.Tensor:
+    """float [L, H]: the head's features over `ids` by one teacher-forced forward (target features, causal)."""
+    parts = TargetParts.of(target)
+    with torch.no_grad():
+        hidden = target.model(input_ids=torch.tensor([ids])).last_hidden_state[0]  # [L, H] (after the final norm)
+        feats = torch.cat([torch.zeros(1, hidden.shape[1]), hidden[:-1]])[None]  # row t: position t-1's
+        n = len(ids)
+        mask = torch.where(torch.ones(n, n, dtype=torch.bool).tril(), 0.0, torch.finfo(torch.float32).min)
+        return head(parts, torch.tensor([ids]), feats, torch.arange(n)[None], mask[None, None])[0]
+
+
+def _assert_cache_is_teacher_forced(target, head_dir, prompt, **options):
+    ids, m, backend = _decode(target, head_dir, prompt, GREEDY, 30, **options)
+    rows = backend.cache_len
+    assert m.accepted > 0 and rows > len(prompt)
+    assert torch.equal(backend._pos, torch.arange(rows)), "the head's cache holds rows off the committed path"
+    ref = _reference_features(target, backend.head, (prompt + ids)[:rows])
+    torch.testing.assert_close(backend._out, ref, atol=1e-4, rtol=1e-4)
+
+
+@pytest.mark.parametrize("options", [{"k": 3}, {"tree": (3, 2, 1)}])
+def test_the_heads_cache_is_the_teacher_forced_one(tiny, options):
+    """After generation, every row the head kept equals a full forward of the head over the committed text with
+    the target's features: cut to the accepted path, fed the right features."""
+    _assert_cache_is_teacher_forced(*tiny, [1, 2, 3], **options)
+
+
+@pytest.mark.parametrize("mutant", ["cache_not_cut", "stale_features"])
+def test_a_broken_head_cache_is_caught(tiny, monkeypatch, mutant):
+    """The same check fails when the head keeps rejected rows, or reads a feature one position too old. (Neither
+    changes the output law: they only make worse drafts, which the lossless verifiers then reject.)"""
+    if mutant == "cache_not_cut":
+        monkeypatch.setattr(HeadBackend, "keep", lambda self, indices: None)
+    else:
+        real = HeadBackend._features
+
+        def stale(self, positions, mask, start):
+            return real(self, (positions - 1).clamp(min=0), mask, start)
+
+        monkeypatch.setattr(HeadBackend, "_features", stale)
+    with pytest.raises((AssertionError, MultispecError)):  # stale rows: also two parents at one position
+        _assert_cache_is_teacher_forced(*tiny, [1, 2, 3], k=3)
+
+
+def _chi_square(head_dir, options, n=3_000, length=3):
+    target = _target(vocab=6, seed=3)
+    prompt, sampling = [1, 2, 2], SamplingConfig(temperature=1.0)
+    counts = np.zeros(6 ** length)
+    for seed in range(n):
+        ids, _, _ = _decode(target, head_dir, prompt, sampling, length, seed, **options)
+        counts[np.ravel_multi_index(ids[:length], (6,) * length)] += 1
+    return chi_square_pvalue(counts, exact_joint(target, prompt, sampling, length, 6))
+
+
+@pytest.fixture(scope="module")
+def head6(tmp_path_factory):
+    return _head_dir(_target(vocab=6, seed=3), tmp_path_factory.mktemp("head6") / "head", seed=4)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("options", [{"k": 1}, {"k": 2, "verifier": "sd"}, {"tree": (2,)}, {"tree": (2, 2)}])
+def test_the_law_at_t1_is_the_targets(head6, options):
+    """Length 3 after the prompt: every sequence takes at least two rounds with k = 1 and depth-1 trees, so the
+    tap's and the head's cuts between rounds are part of the law tested."""
+    assert _chi_square(head6, options) > 1e-3
+
+
+@pytest.mark.slow
+def test_a_target_cache_not_cut_is_caught(head6, monkeypatch):
+    """The same chi-square fails when the feature tap gathers its features but does not cut the target's cache."""
+    monkeypatch.setattr(FeatureTap, "keep", lambda self, indices: setattr(self, "hidden", self.hidden[indices]))
+    try:  # on trees the stale rows also push the tap's rows out of line with the cache: an IndexError
+        assert _chi_square(head6, {"tree": (3, 2)}) < 1e-3
+    except IndexError:
+        pass
+
+
+def test_save_load_and_refusals(tiny, tmp_path):
+    target, head_dir = tiny
+    head, token_ids = load_head(head_dir, target)
+    assert token_ids is None and head.fc.weight.shape == (32, 64)
+    other = tiny_llama(vocab=20, hidden=32, layers=2, heads=4, kv_heads=2)
+    with pytest.raises(MultispecError, match="vocab_size"):
+        load_head(head_dir, other)
+    with pytest.raises(MultispecError, match="hidden_size"):
+        load_head(head_dir, tiny_llama(vocab=16, hidden=48, layers=2, heads=4, kv_heads=2))
+    (tmp_path / "bad").mkdir()
+    (tmp_path / "bad" / "config.json").write_text((head_dir / "config.json").read_text())
+    (tmp_path / "bad" / "model.safetensors").write_bytes(b"not a safetensors file")
+    with pytest.raises(MultispecError, match="cannot read"):
+        load_head(tmp_path / "bad", target)
+    with pytest.raises(MultispecError, match="needs a trained head"):
+        build_method("eagle")
+    with pytest.raises(MultispecError, match="not both"):
+        build_method("eagle", head=str(head_dir), k=2, tree=(2, 1))
+
+
+def test_generate_batch_and_auto_through_the_api(tmp_path):
+    from multispec import generate, load_pair
+
+    paths = save_tiny_pair(tmp_path)
+    pair = load_pair(target=str(paths["target"]), device="cpu")
+    head_dir = _head_dir(pair.target, tmp_path / "head")
+    prompts = ["def f(x):", "x = x + 1\nx = x + 1\n"]
+    ar = [r.token_ids for r in generate(pair, prompts, method="ar", max_new_tokens=16, temperature=0)]
+    one = [generate(pair, p, method="eagle", head=str(head_dir), tree=(2, 1), max_new_tokens=16,
+                    temperature=0).token_ids for p in prompts]
+    batch = generate(pair, prompts, method="eagle", head=str(head_dir), max_new_tokens=16, temperature=0,
+                     batch_size=2, backend="fast")
+    assert one == ar == [r.token_ids for r in batch]
+    assert generate(pair, prompts[0], method="auto", max_new_tokens=8, temperature=0).token_ids == ar[0][:8]
+    sampled = generate(pair, prompts[0], method="eagle", head=str(head_dir), max_new_tokens=8, temperature=1.0,
+                       seed=3)
+    assert sampled.stats["method"] == "eagle" and sampled.stats["lossless"]
+
+
+def test_train_head_on_a_tiny_target_then_decode(tmp_path, capsys):
+    """The recipe end to end on a tiny pair: features, a few steps, the best head saved, loadable, greedy-exact;
+    bad input refused in one line each."""
+    from helpers import assert_one_line_error, run_cli
+    from multispec import generate, load_pair
+    from multispec.training.eagle import HeadTrainConfig, train_head
+
+    paths = save_tiny_pair(tmp_path)
+    data = tmp_path / "train.txt"
+    data.write_text("def f(x):\n    return x + 1\n" * 60)
+    out = tmp_path / "head"
+    summary = train_head(HeadTrainConfig(target=str(paths["target"]), out=str(out), data=str(data), minutes=0.05,
+                                         seq_len=16, batch=2, vocab=12), log=lambda s: None)
+    assert 0 <= summary["alpha"] <= 1 and (out / "model.safetensors").is_file() and (out / "training.json").is_file()
+    pair = load_pair(target=str(paths["target"]), device="cpu")
+    ar = generate(pair, "def f(x):", method="ar", max_new_tokens=12, temperature=0).token_ids
+    assert generate(pair, "def f(x):", method="eagle", head=str(out), max_new_tokens=12, temperature=0).token_ids == ar
+    capsys.readouterr()
+    code, _, err = run_cli(capsys, "train-head", "--target", str(paths["target"]), "--out", str(out))
+    assert_one_line_error(code, err, "exists")
+    (tmp_path / "empty.txt").write_text("")
+    code, _, err = run_cli(capsys, "train-head", "--target", str(paths["target"]), "--out", str(tmp_path / "h2"),
+                           "--data", str(tmp_path / "empty.txt"), "--minutes", "0.05")
+    assert_one_line_error(code, err, "empty")
