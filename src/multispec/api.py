@@ -91,7 +91,7 @@ def generate(pair: Pair, prompt: str | list[int] | list[str] | list[list[int]] |
         check(prompt is None, "give a prompt or messages, not both")
         check(messages is not None, "chat_template applies to messages")
         prompt = encode_chat(pair.tokenizer, vocab_rows(pair.target), messages, chat_template)
-    check(prompt is not None, "give a prompt (a str or token ids) or messages (a conversation)")
+    check(prompt is not None, "the prompt must be a str or a list of token ids (or give messages, a conversation)")
     settings = dict(max_new_tokens=max_new_tokens, temperature=temperature, top_k=top_k, top_p=top_p, seed=seed,
                     stop=stop, reproducible=reproducible, min_p=min_p, repetition_penalty=repetition_penalty,
                     presence_penalty=presence_penalty, frequency_penalty=frequency_penalty, logit_bias=logit_bias,
