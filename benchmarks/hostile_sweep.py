@@ -1143,7 +1143,7 @@ def run_server_round5(pairs: dict) -> None:
 
 def run_serve_process(smol: str) -> None:
     """`multispec serve --api-key` as a real process (MULTISPEC_API_KEY for the second): 401 without the key, 200
-    with it, /health open; SIGTERM drains and exits 0."""
+    with it, /health open; SIGTERM drains and exits 143 (docs/serve.md)."""
     import urllib.error
     import urllib.request
 
@@ -1190,7 +1190,7 @@ def run_serve_process(smol: str) -> None:
         except subprocess.TimeoutExpired:
             proc.kill()
             _, err = proc.communicate()
-        got["exit on SIGTERM"] = (proc.returncode, 0)
+        got["exit 143 on SIGTERM (docs/serve.md)"] = (proc.returncode, 143)
         tb = b"Traceback" in err
         for what, (have, want) in got.items():
             record("cli", f"serve {label}: {what}", str(want), have == want and not tb, f"got {have}",
