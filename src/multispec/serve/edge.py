@@ -240,9 +240,10 @@ class Edge:
             return self.tokenizer.convert_ids_to_tokens(ids)
 
     def job(self, req, ids: list[int], max_tokens: int, prompt_param: str, sample: int = 0,
-            logprobs: int | None = None, prompt_logprobs: bool = False) -> Job:
+            logprobs: int | None = None, prompt_logprobs: bool = False, budget_param: str = "max_tokens") -> Job:
         """The request's j-th generation of `ids`, checked as generate checks its settings, before it is queued.
-        prompt_param: the field that holds the prompt (prompt, prompt.1, messages), named when it is too long."""
+        prompt_param: the field that holds the prompt (prompt, prompt.1, messages), named when it is too long;
+        budget_param: the field max_tokens came from (max_tokens or max_completion_tokens), named when it is."""
         field_name = prompt_param.split(".")[0]  # vLLM's wording below
         if len(ids) >= self.context:  # generate needs a position after the prompt, even to score it only
             raise APIError(400, f"{self.context_name} is {self.context} tokens. However, your {field_name} has "
@@ -252,7 +253,7 @@ class Edge:
             raise APIError(400, f"{self.context_name} is {self.context} tokens. However, you requested "
                            f"{len(ids) + max_tokens} tokens ({len(ids)} in the {field_name}, {max_tokens} in the "
                            f"completion). Please reduce the length of the {field_name} or completion.",
-                           param="max_tokens", code="context_length_exceeded")
+                           param=budget_param, code="context_length_exceeded")
         seed = req.seed + sample if req.seed is not None else secrets.randbelow(2**31)
         # the library's default mode is decided by whether a seed was given, so the server keeps that distinction
         reproducible = req.reproducible if req.reproducible is not None else (
@@ -267,7 +268,8 @@ class Edge:
                 reproducible=reproducible)
             self.decoder.check_request(params)
         except ParamError as e:  # OpenAI's name for the token budget
-            message, param = str(e).replace("max_new_tokens", "max_tokens"), e.param.replace("max_new_", "max_")
+            message, param = str(e).replace("max_new_tokens", budget_param), e.param.replace("max_new_tokens",
+                                                                                               budget_param)
             raise APIError(400, message, param=param) from None
         except MultispecError as e:
             raise APIError(400, str(e), param=_param_of(str(e))) from None
