@@ -140,3 +140,40 @@ def test_prefill_with_last_logits_only(kind):
     assert torch.allclose(a.logits[-1], b.logits[-1], atol=1e-6)
     step = torch.tensor([3])
     assert torch.allclose(forward_chain(full, step).logits, forward_chain(last, step).logits, atol=1e-6)
+
+
+@pytest.mark.parametrize("name", ["llama", "mistral-window", "gemma2", "gemma3"])
+def test_blocked_prefill_and_window_rows(name, monkeypatch):
+    """A long step attends by blocks of queries (PREFILL_BLOCK, made small here), each over the rows it can see, and
+    sliding layers read only their window's rows (window_firsts): logits equal the transformers backend's on a
+    prefill, a tree after it, the kept path and decode steps past the window; the ordered chain is tracked through
+    a tree and its kept path."""
+    from compat_archs import WINDOW, build
+    from multispec.models import fast
+
+    monkeypatch.setattr(fast, "PREFILL_BLOCK", 16)
+    model = build(name)
+    hf, fb = make_backend(model, "hf"), make_backend(model, "fast", max_len=100)
+    gen = torch.Generator().manual_seed(1)
+    prompt = torch.randint(0, hf.vocab_size, (50,), generator=gen)
+    assert fb.query_blocks(torch.arange(50), None, 0) is not None  # 4 blocks
+    a, b = forward_chain(hf, prompt), forward_chain(fb, prompt)
+    assert float((a.logits - b.logits).abs().max()) < TOL
+    assert fb._chain == 50
+    tree = Tree.from_shape((3, 2, 1))
+    tokens = torch.randint(0, hf.vocab_size, (len(tree),), generator=gen)
+    outs = [be.forward(tokens, tree.position_ids(50), tree.attention_mask(50)).logits for be in (hf, fb)]
+    assert float((outs[0] - outs[1]).abs().max()) < TOL
+    assert fb._chain == 50  # the tree's rows are not in position order
+    for be in (hf, fb):
+        be.keep(tree.keep_indices(tree.paths[-1], 50))
+    assert fb.cache_len == 50 + len(tree.paths[-1])
+    if fb.layout.windows:  # (without windows nothing reads the chain, and keep does not track it)
+        assert fb._chain == fb.cache_len
+        kinds = fb.layout.distinct_types
+        firsts = fb.window_firsts(torch.tensor([fb.cache_len]))
+        assert firsts[kinds.index("sliding_attention")] == fb.cache_len - WINDOW + 1
+    for _ in range(3):
+        step = torch.randint(0, hf.vocab_size, (1,), generator=gen)
+        a, b = forward_chain(hf, step), forward_chain(fb, step)
+        assert float((a.logits - b.logits).abs().max()) < TOL

@@ -97,7 +97,6 @@ def run_batch(cache: SlotCache, steps: list[Step]) -> list[ForwardOut]:
     ropes = net.ropes(positions)
     x = net.embed_input(tokens)  # [N, H]
     total = x.shape[0]
-    group = net.n_heads // net.n_kv
     for i, layer in enumerate(net.layers):
         attn = layer.self_attn
         q, k, v = net.qkv(attn, net.layer_input(layer, x), total)  # [Hq, N, D], [Hkv, N, D]
@@ -106,7 +105,7 @@ def run_batch(cache: SlotCache, steps: list[Step]) -> list[ForwardOut]:
             q, k = net.rotate(q, cos, sin), net.rotate(k, cos, sin)
         cache.k[i][slot_of, :, row_of] = k.transpose(0, 1)  # [N, Hkv, D] at (slot, row) of each token
         cache.v[i][slot_of, :, row_of] = v.transpose(0, 1)
-        o = plan.attend(i, q, group, attn.scaling)  # [N, Hq * D]
+        o = plan.attend(i, q, attn.scaling)  # [N, Hq * D]
         x = net.finish_layer(layer, x, o)
     for s, n, a in zip(steps, ns, starts):
         cache.lens[s.slot] = a + n
@@ -168,7 +167,7 @@ class _AttentionPlan:
             in_order = len(small) == len(steps) and bool((tokens_at == torch.arange(self.total, device=dev)).all())
             self.padded = (lo, hi, nmax, width, index, None if in_order else tokens_at, masks)
 
-    def attend(self, layer: int, q: torch.Tensor, group: int, scale) -> torch.Tensor:
+    def attend(self, layer: int, q: torch.Tensor, scale) -> torch.Tensor:
         """q: [Hq, N, D] -> attention output [N, Hq * D]."""
         net, cache = self.net, self.cache
         hq, _, d = q.shape
@@ -180,8 +179,6 @@ class _AttentionPlan:
             qp[index] = qt if tokens_at is None else qt[tokens_at]
             qp = qp.view(hi - lo, nmax, hq, d).transpose(1, 2)  # [R, Hq, nmax, D]
             keys, values = cache.k[layer][lo:hi, :, :width], cache.v[layer][lo:hi, :, :width]  # views, no copy
-            if group > 1:
-                keys, values = keys.repeat_interleave(group, dim=1), values.repeat_interleave(group, dim=1)
             o = net.attend(qp, keys, values, masks[net.mask_index[layer]], scale)  # [R, Hq, nmax, D]
             o = o.transpose(1, 2).reshape((hi - lo) * nmax, hq * d)[index]
             if tokens_at is None:
@@ -190,8 +187,6 @@ class _AttentionPlan:
                 out[tokens_at] = o
         for (s, off, n, a), masks in zip(self.alone, self.alone_masks):
             keys, values = cache.k[layer][s.slot, :, :a + n], cache.v[layer][s.slot, :, :a + n]
-            if group > 1:
-                keys, values = keys.repeat_interleave(group, dim=0), values.repeat_interleave(group, dim=0)
             o = net.attend(q[:, off:off + n], keys, values, masks[net.mask_index[layer]], scale)  # [Hq, n, D]
             out[off:off + n] = o.transpose(0, 1).reshape(n, hq * d)
         return out

@@ -6,7 +6,11 @@ bookkeeping. Here one step is a handful of tensor ops per layer through the load
 norms, projections, MLP, rotary tables: no weight copy, every family detail they carry comes for free), and the KV
 cache is one preallocated tensor per layer written at explicit rows, so keeping a path is a gather inside the cache
 (Medusa-style compaction onto the prefix) and nothing is ever reallocated. Sliding / chunked layers keep every row;
-their window is applied in the mask by position distance, as in the transformers backend.
+their window is applied in the mask by position distance, as in the transformers backend, and the rows before the
+window of a step's earliest query are not read at all (FastBackend.window_firsts). Grouped-query heads read their
+key/value head's rows in place (never copied per query head), and a long step (a prefill) attends by blocks of
+queries, each over the rows it can see (FastBackend.query_blocks): over a long prompt the fast backend does less
+attention work than a transformers forward (benchmarks/results/fast_vs_hf_real.json).
 
 Two parts: `FastNet`, the stateless step (one per loaded model, kept on it, so compiled code outlives a
 generation), and `FastBackend`, one run's cache. `compile=True` runs steps of up to 64 tokens through
@@ -29,6 +33,7 @@ from multispec.models.reduced_vocab import VocabSubset
 SUPPORTED = tuple(FAMILIES)
 DEFAULT_ROWS = 4096
 TREE_SLACK = 256  # default rows past the position limit: a round's tree rows sit after the committed chain
+PREFILL_BLOCK = 256  # queries per attention block of a longer step (FastBackend.query_blocks)
 
 
 def keep_rows(caches, pos: torch.Tensor, indices: torch.Tensor) -> int:
@@ -102,9 +107,10 @@ class FastNet:
                 for _ in self.layers]
 
     def masks(self, mask: torch.Tensor | None, positions: torch.Tensor, keys: torch.Tensor, start: int,
-              n: int) -> tuple:
-        """One bool [1, N, total] mask per distinct layer type (layout order), or Nones (attend to every cached row:
-        a plain chain with no window). keys: the positions of cache rows [0, total)."""
+              n: int, firsts: tuple | None = None) -> tuple:
+        """One bool [1, N, total - first] mask per distinct layer type (layout order), or Nones (attend to every
+        cached row: a plain chain with no window). keys: the positions of cache rows [0, total). firsts: per type,
+        the first cache row attended (FastBackend.window_firsts; default 0 for every type)."""
         types = self.layout.distinct_types
         if mask is None:
             if n == 1 and self.layout.windows == {}:
@@ -113,12 +119,13 @@ class FastNet:
         else:
             mask = mask.to(self.device)
         out = []
-        for kind in types:
-            allowed, w = mask, self.layout.windows.get(kind)
+        for j, kind in enumerate(types):
+            first = firsts[j] if firsts else 0
+            allowed, w, ks = mask[:, first:], self.layout.windows.get(kind), keys[first:]
             if kind == "sliding_attention":
-                allowed = allowed & (positions[:, None] - keys[None, :] < w)
+                allowed = allowed & (positions[:, None] - ks[None, :] < w)
             elif kind == "chunked_attention":
-                allowed = allowed & (positions[:, None] // w == keys[None, :] // w)
+                allowed = allowed & (positions[:, None] // w == ks[None, :] // w)
             out.append(allowed[None])
         return tuple(out)
 
@@ -131,15 +138,37 @@ class FastNet:
         return torch.cat([xr * cos + rotated * sin, rest], dim=-1) if rest.shape[-1] else xr * cos + rotated * sin
 
     def attend(self, q, keys, values, mask, scale) -> torch.Tensor:
-        """q: [Hq, N, D]; keys, values: [Hq, total, D]; mask: bool [1, N, total] or None. Returns [Hq, N, D]."""
-        if self.attn_softcap is None:
-            return F.scaled_dot_product_attention(q, keys, values, attn_mask=mask, scale=scale)
-        scores = torch.matmul(q, keys.transpose(-1, -2)) * scale
-        scores = torch.tanh(scores / self.attn_softcap) * self.attn_softcap
-        if mask is not None:
-            scores = scores.masked_fill(~mask, torch.finfo(scores.dtype).min)
-        probs = torch.softmax(scores.float(), dim=-1).to(q.dtype)
-        return torch.matmul(probs, values)
+        """q: [(B,) Hq, N, D]; keys, values: [(B,) Hkv, T, D], the cache's own heads (Hq a multiple of Hkv: the query
+        heads of a group share their key/value head, which is never copied); mask: bool [(B,) 1, N, T] (any shape
+        that broadcasts) or None. Returns [(B,) Hq, N, D].
+
+        Attention runs on 4D tensors: on the CPU, scaled_dot_product_attention's flash kernel takes only those (3D
+        inputs fall back to the math path, 2-3x slower on a long prefill). One query token: its heads are packed
+        over their key/value heads ([B, Hkv, group, D], as transformers' sdpa does for a decode step); more: the
+        kernel's enable_gqa. Copying the keys to every query head (repeat_interleave) would cost more than the
+        attention itself over a long cache."""
+        batched = q.dim() == 4
+        if not batched:
+            q, keys, values = q[None], keys[None], values[None]
+            mask = None if mask is None else mask[None]
+        b, hq, n, d = q.shape
+        hkv = keys.shape[1]
+        group = hq // hkv
+        if self.attn_softcap is not None:
+            qg = q.reshape(b, hkv, group * n, d)  # row g * N + i: head h * group + g, query i
+            scores = torch.matmul(qg, keys.transpose(-1, -2)) * scale  # [B, Hkv, group * N, T]
+            scores = torch.tanh(scores / self.attn_softcap) * self.attn_softcap
+            if mask is not None:
+                scores = scores.masked_fill(~mask.repeat(1, 1, group, 1), torch.finfo(scores.dtype).min)
+            probs = torch.softmax(scores.float(), dim=-1).to(q.dtype)
+            out = torch.matmul(probs, values).reshape(b, hq, n, d)
+        elif n == 1 and group > 1:
+            out = F.scaled_dot_product_attention(q.reshape(b, hkv, group, d), keys, values, attn_mask=mask,
+                                                 scale=scale).reshape(b, hq, 1, d)
+        else:
+            out = F.scaled_dot_product_attention(q, keys, values, attn_mask=mask, scale=scale,
+                                                 enable_gqa=group > 1)
+        return out if batched else out[0]
 
     def qkv(self, attn, h: torch.Tensor, n: int):
         """h: [N, H] -> q [Hq, N, D], k and v [Hkv, N, D], q/k normed as the family does."""
@@ -171,18 +200,19 @@ class FastNet:
 
     def run(self, tokens: torch.Tensor, positions: torch.Tensor, rows: torch.Tensor, masks: tuple,
             k_cache: list, v_cache: list, total: int | None = None, want_hidden: bool = False,
-            last_only: bool = False, head=None):
+            last_only: bool = False, head=None, firsts: tuple | None = None, blocks: tuple | None = None):
         """Write the keys/values of `tokens` (long [N], at `positions`) into cache rows `rows` (long [N]) and return
         (float32 logits [N, V], hidden [N, H] or None). k_cache, v_cache: per layer [H_kv, S, D] (new_cache).
         Attention reads cache rows [0, total); total=None reads
         the width of the masks (the compiled path, whose masks are never None). last_only: the output layer on
         the last row only (a prefill). head: the output layer to use instead of the model's (a
-        reduced_vocab.RestrictedHead's `compact`: logits [N, K] for a vocabulary subset)."""
+        reduced_vocab.RestrictedHead's `compact`: logits [N, K] for a vocabulary subset). firsts: per distinct layer
+        type, the first cache row attended (the masks start there too; default 0). blocks: attention by blocks of
+        queries (FastBackend.query_blocks), each over the rows it can see, or None (all queries at once)."""
         n = tokens.shape[0]
         total = masks[0].shape[-1] if total is None else total
         ropes = self.ropes(positions)
         x = self.embed_input(tokens)  # [N, H]
-        group = self.n_heads // self.n_kv
         for i, layer in enumerate(self.layers):
             attn = layer.self_attn
             h = self.layer_input(layer, x)
@@ -192,11 +222,15 @@ class FastNet:
                 q, k = self.rotate(q, cos, sin), self.rotate(k, cos, sin)
             k_cache[i][:, rows] = k
             v_cache[i][:, rows] = v
-            keys, values = k_cache[i][:, :total], v_cache[i][:, :total]  # [Hkv, total, D]
-            if group > 1:
-                keys = keys.repeat_interleave(group, dim=0)
-                values = values.repeat_interleave(group, dim=0)
-            o = self.attend(q, keys, values, masks[self.mask_index[i]], attn.scaling)  # [Hq, N, D]
+            t = self.mask_index[i]
+            first = firsts[t] if firsts else 0
+            if blocks is None:
+                keys, values = k_cache[i][:, first:total], v_cache[i][:, first:total]  # [Hkv, total - first, D]
+                o = self.attend(q, keys, values, masks[t], attn.scaling)  # [Hq, N, D]
+            else:
+                o = torch.cat([self.attend(q[:, a:b], k_cache[i][:, lows[t]:end], v_cache[i][:, lows[t]:end],
+                                           masks[t][:, a:b, lows[t] - first:end - first], attn.scaling)
+                               for a, b, lows, end in blocks], dim=1)  # [Hq, N, D]
             x = self.finish_layer(layer, x, o.transpose(0, 1).reshape(n, self.n_heads * self.head_dim))
         hidden = self.norm(x[-1:] if last_only else x)
         return self.logits(hidden, head), (hidden.float() if want_hidden else None)
@@ -262,7 +296,10 @@ class FastBackend(VocabSubset):
         if self.compiled is not None:
             self.compiled.prepare_cache(self.k_cache, self.v_cache)
         self.pos = torch.zeros(self.max_len + pad, dtype=torch.long, device=self.device)  # position of each row
+        # the same on the host, read by window_firsts without a device sync (the same tensor on the CPU)
+        self.host_pos = self.pos if self.device.type == "cpu" else torch.zeros_like(self.pos, device="cpu")
         self._len = 0
+        self._chain = 0  # rows [0, _chain) hold positions 0.._chain-1 (a committed chain, in order)
 
     def _full_head(self):
         return self.net.head  # the compiled path computes every row and masks them
@@ -272,7 +309,37 @@ class FastBackend(VocabSubset):
         return self._len
 
     def reset(self) -> None:
-        self._len = 0  # rows past cache_len are never attended to; no zeroing needed
+        self._len = self._chain = 0  # rows past cache_len are never attended to; no zeroing needed
+
+    def window_firsts(self, positions: torch.Tensor) -> tuple | None:
+        """Per distinct layer type, the first cache row a step whose queries sit at `positions` (long [N], on the
+        host) can see, or None when the model has no sliding / chunked layers. Rows [0, _chain) hold positions
+        0.._chain-1 (this step's rows included, written before attention), so those before the earliest query's
+        window (sliding) or chunk (chunked) are masked for every query and are skipped, not read: a sliding layer
+        attends to its window, not to the whole cache."""
+        windows = self.layout.windows
+        if not windows:
+            return None
+        q0 = int(positions.min())
+        out = []
+        for kind in self.layout.distinct_types:
+            w = windows.get(kind)
+            first = q0 - w + 1 if kind == "sliding_attention" else q0 // w * w if kind == "chunked_attention" else 0
+            out.append(max(0, min(first, self._chain)))
+        return tuple(out)
+
+    def query_blocks(self, positions: torch.Tensor, mask: torch.Tensor | None, start: int) -> tuple | None:
+        """A long step (a prefill) as blocks of PREFILL_BLOCK queries, each attending to the rows it can see:
+        (a, b, firsts, end) for queries [a, b), rows [firsts[type], end). end = start + b holds when no query sees
+        a later token of the step (a chain, a tree in node order: checked); firsts from window_firsts. So a prefill
+        skips the causal mask's upper triangle in every layer and reads only the window in sliding layers, instead
+        of computing a [N, N] attention of which up to half (most, past a window) is masked. None: one block."""
+        n = positions.shape[0]
+        if n <= PREFILL_BLOCK or (mask is not None and bool(mask[:, start:].triu(1).any())):
+            return None
+        zeros = (0,) * len(self.layout.distinct_types)
+        return tuple((a, min(a + PREFILL_BLOCK, n), self.window_firsts(positions[a:a + PREFILL_BLOCK]) or zeros,
+                      start + min(a + PREFILL_BLOCK, n)) for a in range(0, n, PREFILL_BLOCK))
 
     @torch.inference_mode()
     def forward(self, tokens: torch.Tensor, positions: torch.Tensor, mask: torch.Tensor | None = None,
@@ -288,6 +355,14 @@ class FastBackend(VocabSubset):
         if self.layout.max_positions is not None and int(positions.max()) >= self.layout.max_positions:
             raise MultispecError(f"position {int(positions.max())} is past the model's limit of "
                                  f"{self.layout.max_positions} positions (max_position_embeddings)")
+        host = positions.cpu()
+        if self.host_pos is not self.pos:
+            self.host_pos[start:total] = host
+        if self._chain == start and int(host[0]) == start and (n == 1 or bool(torch.equal(
+                host, torch.arange(start, total)))):
+            self._chain = total
+        if mask is not None and n == 1 and bool(mask.all()):
+            mask = None  # one token that sees every cached row: a plain chain step, no mask built for full layers
         tokens, positions = tokens.to(self.device), positions.to(self.device)
         self.pos[start:total] = positions
         if self.compiled is not None and self.compiled.takes(n):
@@ -298,10 +373,12 @@ class FastBackend(VocabSubset):
                 logits = self.vocab_subset.mask(logits)
         else:
             rows = torch.arange(start, total, device=self.device)
-            masks = self.net.masks(mask, positions, self.pos[:total], start, n)
+            firsts = self.window_firsts(host)
+            masks = self.net.masks(mask, positions, self.pos[:total], start, n, firsts)
             subset = self.vocab_subset
             logits, hidden = self.net.run(tokens, positions, rows, masks, self.k_cache, self.v_cache, total,
-                                          want_hidden, last_only, None if subset is None else subset.compact)
+                                          want_hidden, last_only, None if subset is None else subset.compact,
+                                          firsts, self.query_blocks(host, mask, start))
             if subset is not None:
                 logits = subset.widen(logits)
         self._len = total
@@ -326,3 +403,10 @@ class FastBackend(VocabSubset):
         """Keep cache rows `indices` (long [K], increasing): the rows after the common prefix are gathered and
         written down onto it, inside the preallocated cache."""
         self._len = keep_rows((*self.k_cache, *self.v_cache), self.pos, indices)
+        if self.host_pos is not self.pos:
+            keep_rows((), self.host_pos, indices)
+        if self.layout.windows:  # the kept rows' positions, on the host: how far the ordered chain now reaches
+            wrong = (self.host_pos[:self._len] != torch.arange(self._len)).nonzero()
+            self._chain = int(wrong[0]) if len(wrong) else self._len
+        else:
+            self._chain = min(self._chain, self._len)
