@@ -27,3 +27,15 @@ def test_context_error_names_the_budget_field_the_client_sent(client, path, body
     assert r.status_code == 400
     err = r.json()["error"]
     assert err["param"] == param and err["code"] == "context_length_exceeded"
+
+
+def test_scoring_a_prompt_may_fill_the_context(client):
+    """echo + logprobs with max_tokens 0 (lm-evaluation-harness's loglikelihood) scores a prompt as long as the
+    context (64 here); one token more, or one new token, is a 400."""
+    full = {"prompt": [3] * 64, "max_tokens": 0, "echo": True, "logprobs": 0}
+    r = client.post("/v1/completions", json=full)
+    assert r.status_code == 200, r.text
+    assert len(r.json()["choices"][0]["logprobs"]["token_logprobs"]) == 64
+    for body in ({**full, "prompt": [3] * 65}, {**full, "max_tokens": 1}):
+        r = client.post("/v1/completions", json=body)
+        assert r.status_code == 400 and r.json()["error"]["code"] == "context_length_exceeded", r.text

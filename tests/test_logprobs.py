@@ -119,3 +119,18 @@ def test_specdecpp_logprobs_on_the_default_pair():
     assert result.stats["num_accepted_draft_tokens"] > 0
     assert max(abs(lp.logprob - float(ref[len(prompt) - 1 + i, lp.token_id]))
                for i, lp in enumerate(result.logprobs)) < 1e-4
+
+
+def test_the_prompt_alone_may_fill_every_position(pair):
+    """Scoring a prompt (max_new_tokens 0, prompt_logprobs) needs no position after it: a prompt as long as the
+    context is scored; one token more, or any new token, is refused in one line."""
+    from multispec.decoding.decoder import Decoder
+    from multispec.errors import MultispecError
+
+    d = Decoder(pair, "ar")
+    ids = [3] * d.context
+    r = d.generate(ids, max_new_tokens=0, prompt_logprobs=True)
+    assert len(r.prompt_logprobs) == d.context and r.token_ids == []
+    for bad in (dict(prompt=ids + [3], max_new_tokens=0, prompt_logprobs=True), dict(prompt=ids, max_new_tokens=1)):
+        with pytest.raises(MultispecError, match="positions"):
+            d.generate(bad.pop("prompt"), **bad)

@@ -129,6 +129,10 @@ class Decoder:
         limit = self.context
         if limit is None:
             return max_new_tokens
+        if max_new_tokens == 0:  # the prompt's logprobs only: every position may hold a prompt token
+            check(prompt_len <= limit, f"the prompt has {prompt_len} tokens but the model has {limit} positions; "
+                                       f"shorten it to at most {limit} tokens")
+            return 0
         check(prompt_len < limit, f"the prompt has {prompt_len} tokens but the model has {limit} positions; "
                                   f"shorten it to at most {limit - 1} tokens (e.g. keep its last ones)")
         if prompt_len + max_new_tokens > limit:

@@ -245,7 +245,7 @@ class Edge:
         prompt_param: the field that holds the prompt (prompt, prompt.1, messages), named when it is too long;
         budget_param: the field max_tokens came from (max_tokens or max_completion_tokens), named when it is."""
         field_name = prompt_param.split(".")[0]  # vLLM's wording below
-        if len(ids) >= self.context:  # generate needs a position after the prompt, even to score it only
+        if len(ids) > self.context or (len(ids) == self.context and max_tokens > 0):  # scoring only fills them all
             raise APIError(400, f"{self.context_name} is {self.context} tokens. However, your {field_name} has "
                            f"{len(ids)} tokens, which leaves no room for the completion. Please reduce the length "
                            f"of the {field_name}.", param=prompt_param, code="context_length_exceeded")
