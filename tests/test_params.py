@@ -46,8 +46,10 @@ def test_params_or_keywords_not_both(pair):
         generate(pair, "a", params=p, temperature=1.0)
     with pytest.raises(MultispecError, match="not both"):
         Decoder(pair, "ar").generate("a", p, top_k=3)
-    with pytest.raises(MultispecError, match="unknown setting"):
+    with pytest.raises(ParamError, match="has no setting 'max_tokens'; did you mean max_new_tokens?"):
         Decoder(pair, "ar").generate("a", max_tokens=3)
+    with pytest.raises(ParamError, match="did you mean temperature"):
+        SamplingParams(temperture=0.5)
 
 
 def test_the_model_checks_come_before_any_forward(pair):

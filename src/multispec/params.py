@@ -82,9 +82,6 @@ class SamplingParams:
     def of(cls, params: SamplingParams | None, settings: dict) -> SamplingParams:
         """`params`, or one built from keyword settings (generate's keywords are the fields); not both."""
         if params is None:
-            unknown = sorted(set(settings) - FIELDS)
-            check(not unknown, f"unknown setting(s) {', '.join(unknown)}; SamplingParams takes "
-                               f"{', '.join(sorted(FIELDS))}")
             return cls(**settings)
         check(isinstance(params, SamplingParams), f"params must be a SamplingParams, got {type(params).__name__}")
         check(not settings, f"give the settings in params or as keywords, not both (got {', '.join(settings)} "
@@ -189,6 +186,25 @@ _CHECKS = {
     "reproducible": _optional_flag,
 }
 FIELDS = frozenset(_CHECKS)
+OTHER_NAMES = {"max_tokens": "max_new_tokens", "max_completion_tokens": "max_new_tokens", "stop_sequences": "stop",
+               "random_seed": "seed", "n_probs": "logprobs", "top_logprobs": "logprobs"}  # other libraries' names
+
+
+def _checked_init(init):
+    """The dataclass's __init__, refusing an unknown keyword in one line with a did-you-mean (not a TypeError)."""
+    def __init__(self, *args, **kwargs):
+        for name in kwargs:
+            if name not in FIELDS:
+                import difflib
+
+                close = OTHER_NAMES.get(name) or next(iter(difflib.get_close_matches(name, FIELDS, n=1)), None)
+                hint = f"; did you mean {close}?" if close else f" (its fields: {', '.join(sorted(FIELDS))})"
+                raise ParamError(f"SamplingParams has no setting {name!r}{hint}", name)
+        init(self, *args, **kwargs)
+    return __init__
+
+
+SamplingParams.__init__ = _checked_init(SamplingParams.__init__)  # type: ignore[method-assign]
 
 
 def _check_ranges(p: SamplingParams) -> None:
