@@ -66,6 +66,7 @@ def main() -> None:
                                 "seconds": secs, "new_tokens": st["new_tokens"], "tokens_per_s": st["new_tokens"] / secs,
                                 "tau": st.get("tau"), "draft_calls": st.get("draft_calls"),
                                 "target_calls": st.get("target_calls"), "auto": st.get("auto"),
+                                "split_s": {k: st.get(k) for k in ("prefill_s", "draft_s", "verify_s", "cache_s")},
                                 "token_ids": list(res.token_ids)})
                 print(f"T={t:g} {p.id:>14} {label:<22} {st['new_tokens'] / secs:6.2f} tok/s tau {st.get('tau'):.2f} "
                       f"plans {list((st.get('auto') or {}).get('plans', {}))}", flush=True)

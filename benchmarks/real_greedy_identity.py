@@ -131,7 +131,13 @@ def write_outputs(out: Path, model: str, section: dict, meta: dict, config: dict
                            f"{'yes' if m['near_tie'] else 'NO'}" for m in row["mismatches"]) or "-"
             lines.append(f"| {name} | {row['pair']} | {row['method']} | {row['backend']} | "
                          f"{'chat' if row['template'] else 'raw'} | {row['equal']} / {row['total']} | {mm} |")
-    lines += ["", "Commits and versions: the JSON's `meta` of each model."]
+    lines.append("")
+    for name, sec in data["models"].items():
+        done = max((row["total"] for row in sec["rows"].values()), default=0)
+        if done < len(sec["config"]["prompts"]):
+            lines.append(f"{name}: partial, {done} of {len(sec['config']['prompts'])} prompts per template so far "
+                         "(the run resumes where it stopped).")
+    lines += ["Commits and versions: the JSON's `meta` of each model."]
     out.with_suffix(".md").write_text("\n".join(lines) + "\n")
 
 
