@@ -101,7 +101,7 @@ def test_bench_without_a_draft_names_the_methods_that_need_one_and_leaves_no_fol
     code, _, err = run_cli(capsys, "bench", "--target", str(dirs["target"]), "--dataset", str(_prompts(tmp_path)),
                            "--out", str(out))
     assert_one_line_error(code, err, "sd:k=4, mcsd:tree=4-2-2-1 need a draft model: pass --draft, or bench methods "
-                                     "that need none (auto, ar, lookup, suffix)")
+                                     "that need none (auto, ar, lookup, suffix")
     assert not out.exists()
     code, _, err = run_cli(capsys, "bench", "--target", str(dirs["target"]), "--methods", "ar;lookup", "--dataset",
                            str(tmp_path / "missing.jsonl"), "--out", str(out), "--threads", "1")
