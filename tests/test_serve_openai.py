@@ -346,7 +346,7 @@ def test_too_many_prompts_name_prompt_and_too_many_samples_name_n(server):
 @pytest.mark.parametrize("path,body,param", [
     ("/v1/completions", {"prompt": [5] * 250, "max_tokens": 10}, "max_tokens"),
     ("/v1/completions", {"prompt": [5] * 256, "max_tokens": 1}, "prompt"),
-    ("/v1/completions", {"prompt": [5] * 256, "max_tokens": 0, "echo": True}, "prompt"),
+    ("/v1/completions", {"prompt": [5] * 257, "max_tokens": 0, "echo": True}, "prompt"),  # 256 fit: scored alone
     ("/v1/completions", {"prompt": [[5], [5] * 300], "max_tokens": 1}, "prompt.1"),
     ("/v1/chat/completions", {"messages": [{"role": "user", "content": "x " * 300}]}, "messages"),
     ("/v1/chat/completions", {"messages": [{"role": "user", "content": "x"}], "max_tokens": 300}, "max_tokens"),
