@@ -15,7 +15,8 @@ from __future__ import annotations
 from dataclasses import dataclass, fields, replace
 
 from multispec.errors import MultispecError, check
-from multispec.validate import SEED_LIMIT, integer, real, stop_strings
+from multispec.validate import integer, logit_bias as check_bias, real, seed as check_seed, stop_strings
+from multispec.validate import token_ids as check_ids
 
 LOGPROBS_MODES = ("raw", "processed")
 MAX_TOP_LOGPROBS = 20  # OpenAI's bound on top alternatives
@@ -104,14 +105,6 @@ def _flag(name: str):
     return checked
 
 
-def _seed(v):
-    if v is None:
-        return None
-    v = integer(v, "seed")
-    check(0 <= v < SEED_LIMIT, f"seed must be in [0, 2**63), got {v}")
-    return v
-
-
 def _optional_flag(v):
     check(v is None or isinstance(v, bool), f"reproducible must be True, False or None, got {v!r}")
     return v
@@ -127,31 +120,6 @@ def _logprobs(v):
 def _mode(v):
     check(v in LOGPROBS_MODES, f"logprobs_mode must be one of {', '.join(LOGPROBS_MODES)}, got {v!r}")
     return v
-
-
-def _bias(v):
-    """{token id: bias} (OpenAI's JSON spells the ids as strings: "50256": -100), or (id, bias) pairs, as sorted
-    (id, bias) pairs; the bias range is SamplingConfig's check, the ids' range the Decoder's."""
-    if v is None or v == ():
-        return ()
-    items = v.items() if isinstance(v, dict) else v if isinstance(v, tuple) else None
-    check(items is not None, f"logit_bias must be a mapping of token id to bias, got {v!r}")
-    out = {}
-    for key, bias in items:
-        tok = int(key) if isinstance(key, str) and key.strip().lstrip("-").isdigit() else key
-        tok = integer(tok, "logit_bias token id")
-        check(tok >= 0, f"logit_bias token ids must be integers >= 0, got {key!r}")
-        out[tok] = real(bias, f"logit_bias[{key!r}]")
-    return tuple(sorted(out.items()))
-
-
-def _ids(v):
-    if v is None:
-        return ()
-    check(isinstance(v, (list, tuple)), f"stop_token_ids must be a list of token ids, got {v!r}")
-    ids = tuple(integer(t, "stop_token_ids") for t in v)
-    check(all(t >= 0 for t in ids), f"stop_token_ids must be token ids >= 0, got {list(ids)}")
-    return ids
 
 
 def _max_new(v):
@@ -174,11 +142,11 @@ _CHECKS = {
     "repetition_penalty": lambda v: real(v, "repetition_penalty"),
     "presence_penalty": lambda v: real(v, "presence_penalty"),
     "frequency_penalty": lambda v: real(v, "frequency_penalty"),
-    "logit_bias": _bias,
+    "logit_bias": lambda v: check_bias(v, None),  # the ids' range: the Decoder's check
     "min_tokens": _min_tokens,
-    "seed": _seed,
+    "seed": check_seed,
     "stop": lambda v: tuple(stop_strings(v)),
-    "stop_token_ids": _ids,
+    "stop_token_ids": lambda v: check_ids(v, "stop_token_ids", None),
     "ignore_eos": _flag("ignore_eos"),
     "logprobs": _logprobs,
     "prompt_logprobs": _flag("prompt_logprobs"),

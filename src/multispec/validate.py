@@ -29,14 +29,19 @@ def real(v, name: str) -> float | None:
     return float(v)
 
 
-def seed_or_fresh(seed) -> int:
-    """The seed to use: `seed` checked to lie in [0, 2**63), or a fresh random one when None."""
-    if seed is None:
-        return secrets.randbelow(SEED_LIMIT)
-    check(isinstance(seed, numbers.Integral) and not isinstance(seed, (bool, np.bool_)),
-          f"seed must be an integer, got {seed!r}")
-    check(0 <= int(seed) < SEED_LIMIT, f"seed must be in [0, 2**63), got {seed}")
-    return int(seed)
+def seed(v) -> int | None:
+    """None, or `v` checked to be an integer in [0, 2**63)."""
+    if v is None:
+        return None
+    check(isinstance(v, numbers.Integral) and not isinstance(v, (bool, np.bool_)), f"seed must be an integer, got {v!r}")
+    check(0 <= int(v) < SEED_LIMIT, f"seed must be in [0, 2**63), got {v}")
+    return int(v)
+
+
+def seed_or_fresh(v) -> int:
+    """The seed to use: `v` checked (`seed`), or a fresh random one when None."""
+    checked = seed(v)
+    return secrets.randbelow(SEED_LIMIT) if checked is None else checked
 
 
 def stop_strings(stop) -> list[str]:
@@ -62,26 +67,35 @@ def check_text(text: str, what: str) -> None:
                              f"{e.start})") from None
 
 
-def token_ids(v, name: str, vocab_size: int) -> tuple[int, ...]:
-    """None or a list of token ids (stop_token_ids), each in [0, vocab_size), as a tuple."""
+def token_ids(v, name: str, vocab_size: int | None) -> tuple[int, ...]:
+    """None or a list of token ids (stop_token_ids), each in [0, vocab_size) (>= 0 when vocab_size is None: the
+    request's own check, before a model is known), as a tuple."""
     if v is None:
         return ()
     check(isinstance(v, (list, tuple)), f"{name} must be a list of token ids, got {v!r}")
     ids = tuple(integer(t, name) for t in v)
-    check(all(0 <= t < vocab_size for t in ids), f"{name} must be token ids in [0, {vocab_size})")
+    if vocab_size is None:
+        check(all(t >= 0 for t in ids), f"{name} must be token ids >= 0, got {list(ids)}")
+    else:
+        check(all(0 <= t < vocab_size for t in ids), f"{name} must be token ids in [0, {vocab_size})")
     return ids
 
 
-def logit_bias(v, vocab_size: int) -> tuple[tuple[int, float], ...]:
-    """None or {token id: bias} (OpenAI's JSON spells the ids as strings: "50256": -100) as sorted (id, bias)
-    pairs; ids in [0, vocab_size), biases checked by SamplingConfig."""
-    if v is None:
+def logit_bias(v, vocab_size: int | None) -> tuple[tuple[int, float], ...]:
+    """None, {token id: bias} (OpenAI's JSON spells the ids as strings: "50256": -100) or (id, bias) pairs, as
+    sorted (id, bias) pairs; ids in [0, vocab_size) (>= 0 when vocab_size is None), biases checked by
+    SamplingConfig."""
+    if v is None or v == ():
         return ()
-    check(isinstance(v, dict), f"logit_bias must be a mapping of token id to bias, got {v!r}")
+    items = v.items() if isinstance(v, dict) else v if isinstance(v, tuple) else None
+    check(items is not None, f"logit_bias must be a mapping of token id to bias, got {v!r}")
     out = {}
-    for key, bias in v.items():
+    for key, bias in items:
         tok = int(key) if isinstance(key, str) and key.strip().lstrip("-").isdigit() else key
         tok = integer(tok, "logit_bias token id")
-        check(0 <= tok < vocab_size, f"logit_bias token ids must be in [0, {vocab_size}), got {key!r}")
+        if vocab_size is None:
+            check(tok >= 0, f"logit_bias token ids must be integers >= 0, got {key!r}")
+        else:
+            check(0 <= tok < vocab_size, f"logit_bias token ids must be in [0, {vocab_size}), got {key!r}")
         out[tok] = real(bias, f"logit_bias[{key!r}]")
     return tuple(sorted(out.items()))

@@ -23,10 +23,10 @@ from multispec.decoding.result import GenerationResult
 from multispec.decoding.state import choose_verifier
 from multispec.decoding.pair_checks import (backend_name, cross_vocab_backend, refuse_trees_where_inexact,
                                             refuse_where_retokenizing)
-from multispec.errors import attach_partial, check
+from multispec.errors import MultispecError, attach_partial, check
 from multispec.loading import Pair, eos_ids, max_positions, vocab_rows
 from multispec.models.base import Backend
-from multispec.params import SamplingParams
+from multispec.params import ParamError, SamplingParams
 from multispec.sampling import SamplingConfig
 from multispec.text import StopStrings, Streamer, encode_prompt
 from multispec.validate import logit_bias as check_logit_bias, seed_or_fresh, token_ids
@@ -191,8 +191,14 @@ class Decoder:
         law: the explicit settings, with what is left out taken from the target's generation config, as
         transformers' `generate` does (its temperature, top_k and top_p when it sets do_sample, else greedy). The
         processors (min_p ... min_tokens, see SamplingConfig) are off unless given."""
-        bias = check_logit_bias(dict(params.logit_bias), self.vocab_size)
-        token_ids(list(params.stop_token_ids), "stop_token_ids", self.vocab_size)
+        try:
+            bias = check_logit_bias(params.logit_bias, self.vocab_size)
+        except MultispecError as e:
+            raise ParamError(str(e), "logit_bias") from None
+        try:
+            token_ids(params.stop_token_ids, "stop_token_ids", self.vocab_size)
+        except MultispecError as e:
+            raise ParamError(str(e), "stop_token_ids") from None
         top_k, top_p, temperature = params.top_k, params.top_p, params.temperature
         processors: dict[str, Any] = dict(
             min_p=params.min_p, logit_bias=bias, min_tokens=params.min_tokens,

@@ -271,11 +271,5 @@ class Edge:
             message, param = str(e).replace("max_new_tokens", budget_param), e.param.replace("max_new_tokens",
                                                                                                budget_param)
             raise APIError(400, message, param=param) from None
-        except MultispecError as e:
-            raise APIError(400, str(e), param=_param_of(str(e))) from None
         return Job(prompt_ids=ids, params=params)
 
-
-def _param_of(message: str) -> str | None:
-    """The field a model-dependent check names first (token ids out of the vocabulary)."""
-    return next((name for name in ("logit_bias", "stop_token_ids") if message.startswith(name)), None)
