@@ -6,10 +6,9 @@ import sys
 import click
 
 from multispec.cli import cli
-from multispec.cli.common import (chat_template_option, device_options, model_options, read_chat_template,
-                                  sampling_options, user_message)
+from multispec.cli.common import (chat_template_option, device_options, method_option, model_options,
+                                  read_chat_template, sampling_options, user_message)
 from multispec.cli.method_options import check_method_options, collect_method_options, method_options
-from multispec.decoding.methods import DEFAULT_METHOD, method_names
 from multispec.errors import MultispecError, check
 
 PROMPT = ">>> "
@@ -17,7 +16,7 @@ PROMPT = ">>> "
 
 @cli.command("chat")
 @model_options
-@click.option("--method", type=click.Choice(method_names()), default=DEFAULT_METHOD, show_default=True)
+@method_option
 @method_options
 @sampling_options
 @click.option("--max-new-tokens", type=click.IntRange(min=1), default=512, show_default=True,

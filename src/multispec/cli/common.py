@@ -43,6 +43,13 @@ device_options = _apply([
                  "4; 1 on a busy machine, with a warning)."),
 ])
 
+def method_option(f):
+    """--method, one of the registry's methods (default auto): generate and chat."""
+    from multispec.decoding.methods import DEFAULT_METHOD, method_names
+
+    return click.option("--method", type=click.Choice(method_names()), default=DEFAULT_METHOD, show_default=True)(f)
+
+
 chat_template_option = click.option(
     "--chat-template", type=click.Path(exists=True, dir_okay=False),
     help="A Jinja chat template file, instead of the tokenizer's own.")

@@ -7,10 +7,10 @@ import time
 import click
 
 from multispec.cli import cli
-from multispec.cli.common import (chat_template_option, decode_text, device_options, model_options,
+from multispec.cli.common import (chat_template_option, decode_text, device_options, method_option, model_options,
                                   read_chat_template, sampling_options, user_message)
 from multispec.cli.method_options import check_method_options, collect_method_options, method_options
-from multispec.decoding.methods import DEFAULT_METHOD, REGISTRY, method_names
+from multispec.decoding.methods import REGISTRY
 from multispec.errors import MultispecError, check
 
 
@@ -24,7 +24,7 @@ from multispec.errors import MultispecError, check
 @click.option("--batch-size", type=click.IntRange(1, 256), help="Several prompts: how many decode at once "
               "(default: all, at most 256).")
 @model_options
-@click.option("--method", type=click.Choice(method_names()), default=DEFAULT_METHOD, show_default=True)
+@method_option
 @method_options
 @sampling_options
 @click.option("--max-new-tokens", type=click.IntRange(min=1), default=128, show_default=True,
