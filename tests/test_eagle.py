@@ -52,7 +52,8 @@ def tiny(tmp_path_factory):
     return target, _head_dir(target, tmp_path_factory.mktemp("head") / "head")
 
 
-@pytest.mark.parametrize("options", [{"k": 1}, {"k": 4}, {"tree": (3, 2, 1)}, {"tree": (2, 2, 2, 1)}])
+@pytest.mark.parametrize("options", [{"k": 1}, {"k": 4}, {"tree": (3, 2, 1)}, {"tree": (2, 2, 2, 1)},
+                                     {"k": 6, "confidence": 0.3}, {"tree": (2, 2, 1, 1), "confidence": 0.3}])
 def test_greedy_is_the_targets_own(tiny, options):
     target, head_dir = tiny
     for prompt in ([1, 2, 3], [5], [0, 7, 7, 7, 2, 9, 4], [3, 1, 4, 1, 5, 9, 2, 6]):
@@ -111,6 +112,14 @@ def test_a_broken_head_cache_is_caught(tiny, monkeypatch, mutant):
         _assert_cache_is_teacher_forced(*tiny, [1, 2, 3], k=3)
 
 
+def test_confidence_stops_the_chain_early(tiny):
+    """With `confidence`, rounds stop drafting once the head is unsure: fewer drafted tokens than the fixed chain."""
+    target, head_dir = tiny
+    _, fixed, _ = _decode(target, head_dir, [1, 2, 3], GREEDY, 24, k=6)
+    _, stopped, _ = _decode(target, head_dir, [1, 2, 3], GREEDY, 24, k=6, confidence=0.9)
+    assert 0 < stopped.drafted_tokens < fixed.drafted_tokens
+
+
 def _chi_square(head_dir, options, n=3_000, length=3):
     target = _target(vocab=6, seed=3)
     prompt, sampling = [1, 2, 2], SamplingConfig(temperature=1.0)
@@ -127,11 +136,27 @@ def head6(tmp_path_factory):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("options", [{"k": 1}, {"k": 2, "verifier": "sd"}, {"tree": (2,)}, {"tree": (2, 2)}])
+@pytest.mark.parametrize("options", [{"k": 1}, {"k": 2, "verifier": "sd"}, {"tree": (2,)}, {"tree": (2, 2)},
+                                     {"k": 3, "confidence": 0.4}])
 def test_the_law_at_t1_is_the_targets(head6, options):
     """Length 3 after the prompt: every sequence takes at least two rounds with k = 1 and depth-1 trees, so the
     tap's and the head's cuts between rounds are part of the law tested."""
     assert _chi_square(head6, options) > 1e-3
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("options", [{"k": 2}, {"tree": (2, 1)}])
+def test_the_law_at_t1_with_a_reduced_vocabulary(tmp_path, options):
+    """A head whose output layer covers 4 of the 6 tokens (q renormalised over them): the law is still the
+    target's, on chains and trees."""
+    target = _target(vocab=6, seed=3)
+    torch.manual_seed(4)
+    head = new_head(target)
+    with torch.no_grad():
+        head.fc.weight.mul_(3.0)
+    head_dir = save_head(head, target, tmp_path / "head", token_ids=torch.tensor([0, 1, 2, 4]))
+    assert load_head(head_dir, target)[1].tolist() == [0, 1, 2, 4]
+    assert _chi_square(head_dir, options) > 1e-3
 
 
 @pytest.mark.slow
@@ -164,6 +189,26 @@ def test_save_load_and_refusals(tiny, tmp_path):
         build_method("eagle", head=str(head_dir), k=2, tree=(2, 1))
 
 
+def test_the_shipped_head_is_found_by_the_targets_fingerprint(tiny, tmp_path, monkeypatch):
+    """head="shipped" loads the installed head whose fingerprint is the target's; another target (same shapes,
+    other weights) is refused in one line naming the heads that ship."""
+    import shutil
+
+    from multispec.models import eagle_io
+
+    target, head_dir = tiny
+    shipped = tmp_path / "shipped"
+    shutil.copytree(head_dir, shipped / "tiny-llama")
+    monkeypatch.setattr(eagle_io, "SHIPPED_DIR", shipped)
+    head, _ = load_head("shipped", target)
+    torch.testing.assert_close(head.fc.weight, load_head(head_dir, target)[0].fc.weight)
+    ids, _, _ = _decode(target, "shipped", [1, 2, 3], GREEDY, 12, k=3)
+    assert ids == greedy_reference(target, [1, 2, 3], 12)
+    with pytest.raises(MultispecError, match="no shipped head for this target.*tiny-llama") as e:
+        load_head("shipped", _target(seed=5))
+    assert "\n" not in str(e.value)
+
+
 def test_generate_batch_and_auto_through_the_api(tmp_path):
     from multispec import generate, load_pair
 
@@ -194,7 +239,7 @@ def test_train_head_on_a_tiny_target_then_decode(tmp_path, capsys):
     data = tmp_path / "train.txt"
     data.write_text("def f(x):\n    return x + 1\n" * 60)
     out = tmp_path / "head"
-    summary = train_head(HeadTrainConfig(target=str(paths["target"]), out=str(out), data=str(data), minutes=0.05,
+    summary = train_head(HeadTrainConfig(target=str(paths["target"]), out=str(out), data=(str(data),), minutes=0.05,
                                          seq_len=16, batch=2, vocab=12), log=lambda s: None)
     assert 0 <= summary["alpha"] <= 1 and (out / "model.safetensors").is_file() and (out / "training.json").is_file()
     pair = load_pair(target=str(paths["target"]), device="cpu")
@@ -207,3 +252,30 @@ def test_train_head_on_a_tiny_target_then_decode(tmp_path, capsys):
     code, _, err = run_cli(capsys, "train-head", "--target", str(paths["target"]), "--out", str(tmp_path / "h2"),
                            "--data", str(tmp_path / "empty.txt"), "--minutes", "0.05")
     assert_one_line_error(code, err, "empty")
+    code, _, err = run_cli(capsys, "train-head", "--target", str(paths["target"]), "--out", str(tmp_path / "h2"),
+                           "--data", str(tmp_path / "missing.jsonl"))
+    assert_one_line_error(code, err, "not found")
+    (tmp_path / "short.jsonl").write_text('{"ids": [1, 2, 3]}\n')
+    code, _, err = run_cli(capsys, "train-head", "--target", str(paths["target"]), "--out", str(tmp_path / "h2"),
+                           "--data", str(tmp_path / "short.jsonl"), "--seq-len", "16", "--minutes", "0.05")
+    assert_one_line_error(code, err, "at least 32 are needed")
+
+
+def test_train_head_reads_token_ids_and_several_sources(tmp_path):
+    """--data given twice (token ids in JSONL, and text) trains on both: every row of the ids file, joined by EOS."""
+    from multispec.training.eagle import chunk_tokens, read_texts
+
+    rows = tmp_path / "ids.jsonl"
+    rows.write_text('{"ids": [5, 6, 7], "n_prompt": 1}\n{"ids": [8, 9]}\n\n')
+    docs = read_texts(str(rows), 10_000, 0)
+    assert docs == [[5, 6, 7], [8, 9]]
+
+    class Tok:
+        def __call__(self, texts):
+            return {"input_ids": [[1] * len(t) for t in texts]}
+
+    chunks = chunk_tokens(Tok(), docs + ["abcd"], seq_len=3, max_tokens=100, eos=0)
+    assert chunks.flatten().tolist() == [5, 6, 7, 0, 8, 9, 0, 1, 1, 1, 1, 0]
+    (tmp_path / "bad.jsonl").write_text("[1, 2]\n")
+    with pytest.raises(MultispecError, match="not a JSON object"):
+        read_texts(str(tmp_path / "bad.jsonl"), 100, 0)

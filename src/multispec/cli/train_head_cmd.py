@@ -8,14 +8,15 @@ from multispec.cli import cli
 @click.option("--target", required=True, type=click.Path(), help="Target model: a directory or a .gguf file.")
 @click.option("--out", required=True, type=click.Path(), help="Output head directory (config.json, "
               "model.safetensors, training.json).")
-@click.option("--data", type=click.Path(), help="Training text: .txt or .jsonl (field text); default: this "
-              "interpreter's Python source (never the evaluation prompts).")
+@click.option("--data", type=click.Path(), multiple=True, help="Training text, repeatable: a .txt, a .jsonl (field "
+              "ids: token ids; or text; or prompt + response), or 'python': this interpreter's Python source (the "
+              "default; never the evaluation prompts).")
 @click.option("--minutes", default=10.0, show_default=True, help="Time budget, feature collection included.")
 @click.option("--vocab", type=int, help="Restrict the head's output layer to the N most frequent training tokens.")
 @click.option("--unroll", default=1, show_default=True, help="Steps of the training-time test (1: none).")
 @click.option("--seq-len", default=256, show_default=True, help="Tokens per training chunk.")
 @click.option("--batch", default=4, show_default=True, help="Chunks per step.")
-@click.option("--lr", default=2e-3, show_default=True)
+@click.option("--lr", default=1e-3, show_default=True)
 @click.option("--seed", default=0, show_default=True)
 @click.option("--threads", default=1, show_default=True, help="torch CPU threads.")
 @click.option("--overwrite", is_flag=True, help="Replace an existing --out folder's head.")
@@ -26,7 +27,7 @@ def train_head_command(target, out, data, minutes, vocab, unroll, seq_len, batch
 
     from multispec.training.eagle import HeadTrainConfig, train_head
 
-    cfg = HeadTrainConfig(target=target, out=out, data=data, minutes=minutes, vocab=vocab, unroll=unroll,
+    cfg = HeadTrainConfig(target=target, out=out, data=tuple(data), minutes=minutes, vocab=vocab, unroll=unroll,
                           seq_len=seq_len, batch=batch, lr=lr, seed=seed, overwrite=overwrite)
     cfg.check()  # before the model loads
     torch.set_num_threads(threads)

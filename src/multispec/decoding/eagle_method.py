@@ -15,7 +15,7 @@ def _build_eagle(o: dict) -> MethodConfig:
     head = o.get("head")
     if head is None:
         raise MultispecError("eagle needs a trained head: head=DIR (--head DIR); train one with multispec train-head")
-    check(Path(str(head)).is_dir(), f"eagle head not found: {head}")
+    check(str(head) == "shipped" or Path(str(head)).is_dir(), f"eagle head not found: {head}")
     check(not ("k" in o and "tree" in o), "eagle: give k (a chain) or tree (a static tree), not both")
     if "tree" in o:
         tree = shape(o["tree"])
@@ -23,6 +23,9 @@ def _build_eagle(o: dict) -> MethodConfig:
     else:
         tree = (1,) * integer(o.get("k", 4), "k", 1)
         verifier = chain_verifier(o.get("verifier", "block"), "eagle")
+    stop = o.get("confidence")
+    check(stop is None or (isinstance(stop, (int, float)) and 0 < stop < 1),
+          f"eagle: confidence must be a probability in (0, 1), got {stop!r}")
     return MethodConfig(name="eagle", tree=tree, verifier=verifier, head=str(head), options=o)
 
 
@@ -35,10 +38,12 @@ def _load_eagle(config: MethodConfig, pair) -> dict:
 
 
 def _eagle_policy(config: MethodConfig, pair, loaded: dict):
-    from multispec.drafting.policies import FixedTree
+    from multispec.drafting.policies import ConfidenceStop, FixedTree
     from multispec.tree import Tree
 
-    policy = FixedTree(Tree.from_shape(config.tree), proposer="head")
+    tree, stop = Tree.from_shape(config.tree), config.options.get("confidence")
+    policy = FixedTree(tree, proposer="head") if stop is None else ConfidenceStop(tree, float(stop))
+    policy.proposer = "head"
     policy.defers_draft_prefill = True  # the head reads the target's features of the prompt: after its prefill
     return policy
 
@@ -52,10 +57,13 @@ def _eagle_backends(config: MethodConfig, loaded: dict, target, pair) -> tuple:
 
 
 register(MethodEntry(
-    "eagle", (Option("head", "path", "eagle: a feature-head directory (multispec train-head)"),
+    "eagle", (Option("head", "path", "eagle: a feature-head directory (multispec train-head), or 'shipped' (the "
+                                          "head installed for this target)"),
               Option("k", "int", "draft tokens per round", 4),
               Option("tree", "shape", "tree shape below the root (instead of a chain of k)"),
-              Option("verifier", "str", "block or sd on chains; a node or sequence verifier on trees")),
+              Option("verifier", "str", "block or sd on chains; a node or sequence verifier on trees"),
+              Option("confidence", "float", "stop drafting deeper once the head's probability of each newest token "
+                                            "is below this (EAGLE-2: the head's confidence estimates acceptance)")),
     _build_eagle, _eagle_policy, needs_draft=False, uses_draft=lambda c: False, load=_load_eagle,
     draft_backend=_eagle_backends, summary="a chain or tree drafted by a trained feature head (EAGLE) on the "
                                            "target's hidden states, no draft model"))

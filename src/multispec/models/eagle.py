@@ -91,7 +91,8 @@ class EagleHead(nn.Module):
 
 def new_head(target: nn.Module) -> EagleHead:
     """A freshly initialised head for `target` (its decoder layer's class, its config with one layer); the output
-    projections start small so that the untrained head's features stay near fc's."""
+    projections start small so that the untrained head's features stay near fc's. (A copy of the target's last
+    layer as the start learned slower on SmolLM2: held-out alpha 0.15-0.21 against 0.27 after 100 steps.)"""
     parts = TargetParts.of(target)  # refuses targets a head cannot read
     del parts
     head = EagleHead(layer_config(target.config), type(target.model.layers[0]))

@@ -29,6 +29,8 @@ from multispec.models.eagle import EagleHead, TargetParts, layer_config
 
 FORMAT = "multispec-eagle"
 WEIGHTS = "model.safetensors"
+SHIPPED = "shipped"  # head="shipped": the head installed with the package for this target (by fingerprint)
+SHIPPED_DIR = Path(__file__).resolve().parent.parent / "shipped_heads"
 
 
 def fingerprint(target: torch.nn.Module) -> str:
@@ -67,6 +69,23 @@ def save_head(head: EagleHead, target: torch.nn.Module, out: str | Path, target_
     return out
 
 
+def shipped_head(target: torch.nn.Module) -> Path:
+    """The folder of the head installed with the package (multispec/shipped_heads/) for `target`, recognised by
+    its output layer's fingerprint whether it was loaded from a folder or a GGUF file; one line when none ships."""
+    fp = fingerprint(target)
+    names = []
+    for folder in sorted(SHIPPED_DIR.glob("*/")) if SHIPPED_DIR.is_dir() else []:
+        try:
+            verifier = read_config(folder)["speculators_config"]["verifier"]
+        except (MultispecError, KeyError, TypeError):
+            continue
+        names.append(folder.name)
+        if verifier.get("fingerprint") == fp:
+            return folder
+    raise MultispecError(f"no shipped head for this target (fingerprint {fp}; heads ship for: "
+                         f"{', '.join(names) or 'none'}); train one with multispec train-head")
+
+
 def read_config(path: str | Path) -> dict:
     path = Path(path)
     check(path.is_dir(), f"eagle head not found: {path} (a folder with config.json and {WEIGHTS})")
@@ -80,11 +99,12 @@ def read_config(path: str | Path) -> dict:
 
 
 def load_head(path: str | Path, target: torch.nn.Module) -> tuple[EagleHead, torch.Tensor | None]:
-    """(head, token_ids or None) read from `path` for `target`, in the target's dtype and device; refused in one
+    """(head, token_ids or None) read from `path` ("shipped": shipped_head(target)) for `target`, in the target's dtype and device; refused in one
     line when it was made for another kind of target (model type, hidden size, vocabulary) or its file is bad."""
     from safetensors import SafetensorError
     from safetensors.torch import load_file
 
+    path = shipped_head(target) if str(path) == SHIPPED else path
     config = read_config(path)
     parts = TargetParts.of(target)
     cfg = target.config

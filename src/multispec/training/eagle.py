@@ -30,16 +30,19 @@ import torch.nn.functional as F
 from multispec.errors import MultispecError, check
 
 
+PYTHON = "python"  # --data's name for the built-in corpus
+
+
 @dataclass(frozen=True)
 class HeadTrainConfig:
     target: str
     out: str
-    data: str | None = None
+    data: tuple[str, ...] = ()  # files, or "python" (this interpreter's Python source); () = ("python",)
     minutes: float = 10.0
     vocab: int | None = None  # the head's reduced vocabulary: the N most frequent tokens of the training text
     seq_len: int = 256
     batch: int = 4
-    lr: float = 2e-3
+    lr: float = 1e-3
     unroll: int = 1
     collect_share: float = 0.25  # at most this share of the budget collects features
     max_tokens: int = 400_000
@@ -55,22 +58,30 @@ class HeadTrainConfig:
         out = Path(self.out)
         check(self.overwrite or not out.exists(), f"--out {out} exists; choose another folder or pass --overwrite")
         check(not out.exists() or out.is_dir(), f"--out {out} exists and is not a folder")
-        check(self.data is None or Path(self.data).is_file(), f"--data {self.data}: file not found")
+        for d in self.data:
+            check(d == PYTHON or Path(d).is_file(), f"--data {d}: file not found")
 
 
 # ------------------------------------------------------------------------------------------------------- data
-def read_texts(path: str | None, max_chars: int, seed: int) -> list[str]:
-    """The training documents: the file's, or this interpreter's Python source (a seeded sample of files)."""
+def read_texts(path: str | None, max_chars: int, seed: int) -> list[str | list[int]]:
+    """The training documents: the file's, or this interpreter's Python source (a seeded sample of files). A
+    .jsonl row is its `ids` (token ids as they are: the target's own continuations, benchmarks/eagle/), else its
+    `text`, else `prompt` + `response` (or `output`)."""
     if path is not None:
         text = Path(path).read_text(encoding="utf-8")
         if path.endswith(".jsonl"):
-            docs = []
-            for line in text.splitlines():
+            docs: list[str | list[int]] = []
+            for i, line in enumerate(text.splitlines()):
                 if line.strip():
-                    row = json.loads(line)
-                    docs.append(row.get("text") or (row.get("prompt", "") + row.get("response", row.get("output",
-                                                                                                           ""))))
-            return [d for d in docs if d.strip()]
+                    try:
+                        row = json.loads(line)
+                    except ValueError:
+                        raise MultispecError(f"--data {path}: line {i + 1} is not JSON") from None
+                    check(isinstance(row, dict), f"--data {path}: line {i + 1} is not a JSON object")
+                    ids = row.get("ids")
+                    docs.append([int(t) for t in ids] if isinstance(ids, list) else row.get("text") or (
+                        row.get("prompt", "") + row.get("response", row.get("output", ""))))
+            return [d for d in docs if (d.strip() if isinstance(d, str) else d)]
         return [text] if text.strip() else []
     files = _python_files()
     random.Random(seed).shuffle(files)
@@ -103,12 +114,17 @@ def _python_files() -> list[Path]:
     return files
 
 
-def chunk_tokens(tokenizer, docs: list[str], seq_len: int, max_tokens: int, eos: int | None) -> torch.Tensor:
-    """long [n_chunks, seq_len]: the documents' tokens joined by EOS (when the model has one), cut into chunks."""
+def chunk_tokens(tokenizer, docs: list, seq_len: int, max_tokens: int, eos: int | None) -> torch.Tensor:
+    """long [n_chunks, seq_len]: the documents' tokens (texts encoded, id lists as they are) joined by EOS (when the
+    model has one), cut into chunks."""
     ids: list[int] = []
     for i in range(0, len(docs), 32):  # batched encoding, stopped once there is enough
-        for row in tokenizer(docs[i:i + 32])["input_ids"]:
-            ids += row + ([eos] if eos is not None else [])
+        batch = docs[i:i + 32]
+        texts = [d for d in batch if isinstance(d, str)]
+        encoded = iter(tokenizer(texts)["input_ids"] if texts else [])
+        for d in batch:
+            row = next(encoded) if isinstance(d, str) else d
+            ids += row + ([eos] if eos is not None and (not row or row[-1] != eos) else [])
         if len(ids) >= max_tokens:
             break
     n = min(len(ids), max_tokens) // seq_len
@@ -121,8 +137,10 @@ def collect_features(target, chunks: torch.Tensor, batch: int, deadline: float) 
     """float16 [n, L, H]: the target's final-norm output over each chunk (batched prefill), as many chunks as fit
     before `deadline` (time.monotonic())."""
     out = []
+    fast = torch.backends.mkldnn.is_available() and torch.ops.mkldnn._is_mkldnn_bf16_supported()
     for b in range(0, chunks.shape[0], batch):
-        out.append(target.model(input_ids=chunks[b:b + batch]).last_hidden_state.to(torch.float16))
+        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=fast):  # bfloat16 matmuls where the CPU has them
+            out.append(target.model(input_ids=chunks[b:b + batch]).last_hidden_state.to(torch.float16))
         if time.monotonic() > deadline:
             break
     return torch.cat(out)
@@ -210,8 +228,11 @@ def train_head(cfg: HeadTrainConfig, log=None) -> dict:
     for prm in target.parameters():
         prm.requires_grad_(False)
     parts = TargetParts.of(target)
-    docs = read_texts(cfg.data, max_chars=cfg.max_tokens * 4, seed=cfg.seed)
-    check(bool(docs), f"the training data {cfg.data or '(default)'} is empty")
+    docs = []
+    for d in cfg.data or (PYTHON,):
+        more = read_texts(None if d == PYTHON else d, max_chars=cfg.max_tokens * 4, seed=cfg.seed)
+        check(bool(more), f"the training data {d} is empty")
+        docs += more
     eos = min(eos_ids(pair)) if eos_ids(pair) else None
     chunks = chunk_tokens(pair.tokenizer, docs, cfg.seq_len, cfg.max_tokens, eos)
     chunks = chunks[torch.randperm(chunks.shape[0], generator=torch.Generator().manual_seed(cfg.seed))]
