@@ -279,3 +279,27 @@ def test_train_head_reads_token_ids_and_several_sources(tmp_path):
     (tmp_path / "bad.jsonl").write_text("[1, 2]\n")
     with pytest.raises(MultispecError, match="not a JSON object"):
         read_texts(str(tmp_path / "bad.jsonl"), 100, 0)
+
+
+def test_own_data_is_the_targets_continuations(tmp_path):
+    """--data own: the target's own greedy continuations of the built-in prompts (prompt ids first), stopped at
+    the deadline; then a head trains on them."""
+    import time
+
+    from multispec import load_pair
+    from multispec.text import encode_prompt
+    from multispec.training.onpolicy import own_texts
+    from multispec.training.prompts import code_prompts
+
+    paths = save_tiny_pair(tmp_path)
+    pair = load_pair(target=str(paths["target"]), device="cpu")
+    docs = own_texts(pair, pair.target, time.monotonic() + 1.0, max_new=6, batch=4)
+    assert len(docs) >= 4
+    width = pair.target.config.max_position_embeddings - 6
+    first = encode_prompt(pair.tokenizer, pair.target.config.vocab_size, code_prompts(1)[0])[-width:]
+    doc = next(d for d in docs if d[:len(first)] == first)  # batches run in prompt-length order
+    assert len(first) < len(doc) <= len(first) + 6
+    ids = torch.tensor([first])
+    greedy = pair.target.generate(input_ids=ids, attention_mask=torch.ones_like(ids), max_new_tokens=6,
+                                  do_sample=False)[0].tolist()
+    assert doc == greedy[:len(doc)]

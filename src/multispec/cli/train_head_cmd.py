@@ -9,8 +9,9 @@ from multispec.cli import cli
 @click.option("--out", required=True, type=click.Path(), help="Output head directory (config.json, "
               "model.safetensors, training.json).")
 @click.option("--data", type=click.Path(), multiple=True, help="Training text, repeatable: a .txt, a .jsonl (field "
-              "ids: token ids; or text; or prompt + response), or 'python': this interpreter's Python source (the "
-              "default; never the evaluation prompts).")
+              "ids: token ids; or text; or prompt + response), 'own': the target's own continuations of a built-in "
+              "prompt set (code openings, instructions), or 'python': this interpreter's Python source. Default: own "
+              "and python (never the evaluation prompts).")
 @click.option("--minutes", default=10.0, show_default=True, help="Time budget, feature collection included.")
 @click.option("--vocab", type=int, help="Restrict the head's output layer to the N most frequent training tokens.")
 @click.option("--unroll", default=1, show_default=True, help="Steps of the training-time test (1: none).")

@@ -2,10 +2,12 @@
 
 Data: the target's features over training text, by batched prefill (no decoding): chunks of `seq_len` tokens,
 the features f_t = the target's final-norm output, stored in float16. The target's next-token law at t is
-softmax(lm_head(f_t)) exactly, so no logits are stored. The default text is Python source of this interpreter
-(standard library and site-packages: what pycode-v1 was trained on, and never the HumanEval / Spec-Bench prompts
-used for measurement); `--data FILE` takes a .txt (one document) or a .jsonl (field `text`, else `prompt` +
-`response`/`output`).
+softmax(lm_head(f_t)) exactly, so no logits are stored. The default text (never the HumanEval / Spec-Bench prompts
+used for measurement) is, first, the target's own continuations of a built-in prompt set (`own`: training/onpolicy.py
+and training/prompts.py; on-policy, as EAGLE-3 and speculators advise), generated in at most `own_share` of the
+budget, then Python source of this interpreter (`python`: standard library and site-packages). `--data FILE` takes
+a .txt (one document) or a .jsonl (field `ids`: token ids as they are; else `text`, else `prompt` +
+`response`/`output`); --data repeats.
 Model: `new_head(target)`: fc + one decoder layer of the target's family; the target's parts frozen and shared.
 Loss: distillation, the cross-entropy of the head's law q against the target's p at every position (KL up to a
 constant). `unroll` > 1 adds the steps of a simplified training-time test: step s reads the head's own features of
@@ -31,19 +33,21 @@ from multispec.errors import MultispecError, check
 
 
 PYTHON = "python"  # --data's name for the built-in corpus
+OWN = "own"  # --data's name for the target's own continuations of the built-in prompt set (training/onpolicy.py)
 
 
 @dataclass(frozen=True)
 class HeadTrainConfig:
     target: str
     out: str
-    data: tuple[str, ...] = ()  # files, or "python" (this interpreter's Python source); () = ("python",)
+    data: tuple[str, ...] = ()  # files, "own" and/or "python"; () = ("own", "python")
     minutes: float = 10.0
     vocab: int | None = None  # the head's reduced vocabulary: the N most frequent tokens of the training text
     seq_len: int = 256
     batch: int = 4
     lr: float = 1e-3
     unroll: int = 1
+    own_share: float = 0.3  # at most this share of the budget generates the target's own text (--data own)
     collect_share: float = 0.25  # at most this share of the budget collects features
     max_tokens: int = 400_000
     heldout_chunks: int = 8
@@ -59,7 +63,7 @@ class HeadTrainConfig:
         check(self.overwrite or not out.exists(), f"--out {out} exists; choose another folder or pass --overwrite")
         check(not out.exists() or out.is_dir(), f"--out {out} exists and is not a folder")
         for d in self.data:
-            check(d == PYTHON or Path(d).is_file(), f"--data {d}: file not found")
+            check(d in (PYTHON, OWN) or Path(d).is_file(), f"--data {d}: file not found")
 
 
 # ------------------------------------------------------------------------------------------------------- data
@@ -228,11 +232,7 @@ def train_head(cfg: HeadTrainConfig, log=None) -> dict:
     for prm in target.parameters():
         prm.requires_grad_(False)
     parts = TargetParts.of(target)
-    docs = []
-    for d in cfg.data or (PYTHON,):
-        more = read_texts(None if d == PYTHON else d, max_chars=cfg.max_tokens * 4, seed=cfg.seed)
-        check(bool(more), f"the training data {d} is empty")
-        docs += more
+    docs = _documents(cfg, pair, target, start, log)
     eos = min(eos_ids(pair)) if eos_ids(pair) else None
     chunks = chunk_tokens(pair.tokenizer, docs, cfg.seq_len, cfg.max_tokens, eos)
     chunks = chunks[torch.randperm(chunks.shape[0], generator=torch.Generator().manual_seed(cfg.seed))]
@@ -251,6 +251,21 @@ def train_head(cfg: HeadTrainConfig, log=None) -> dict:
                    minutes=(time.monotonic() - start) / 60)
     (Path(cfg.out) / "training.json").write_text(json.dumps(summary, indent=1) + "\n")
     return summary
+
+
+def _documents(cfg, pair, target, start: float, log) -> list:
+    """The training documents of every --data source, in order (default: own text, then Python source)."""
+    from multispec.training.onpolicy import own_texts
+
+    docs: list = []
+    for d in cfg.data or (OWN, PYTHON):
+        if d == OWN:
+            more = own_texts(pair, target, start + cfg.own_share * cfg.minutes * 60, cfg.seed, log=log)
+        else:
+            more = read_texts(None if d == PYTHON else d, max_chars=cfg.max_tokens * 4, seed=cfg.seed)
+        check(bool(more), f"the training data {d} is empty")
+        docs += more
+    return docs
 
 
 def _loop(cfg, head, parts, train, held, ids, end, log, save) -> dict:

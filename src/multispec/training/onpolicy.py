@@ -33,3 +33,37 @@ def continuations(model, prompts: list[list[int]], *, max_new: int, batch: int, 
         for r, row in zip(rows, out[:, width:].tolist()):
             cut = next((j + 1 for j, t in enumerate(row) if t in eos), len(row))
             yield r + row[:cut]
+
+
+def own_texts(pair, model, deadline: float, seed: int = 0, max_new: int = 160, batch: int = 16,
+              temperature: float = 0.7, log=None) -> list[list[int]]:
+    """The target's own continuations of the built-in prompt set (training/prompts.py), code openings and
+    instructions interleaved (instructions through the chat template when the tokenizer has one), generated
+    until `deadline` in bfloat16 matmuls where the CPU has them: prompt + continuation ids per prompt."""
+    from multispec.loading import eos_ids
+    from multispec.text import encode_chat, encode_prompt
+    from multispec.training.prompts import code_prompts, instructions
+
+    tok, vocab = pair.tokenizer, model.config.vocab_size
+    chat = bool(getattr(tok, "chat_template", None))
+    width = min(256, (getattr(model.config, "max_position_embeddings", None) or 4096) - max_new)  # prompt tokens
+    code = [encode_prompt(tok, vocab, c)[-width:] for c in code_prompts(256, seed)]
+    asks = [(encode_chat(tok, vocab, [{"role": "user", "content": m}]) if chat else encode_prompt(tok, vocab, m))
+            [-width:] for m in instructions(256, seed)]
+    prompts = [p for pair_ in zip(code, asks) for p in pair_]
+    eos = sorted(eos_ids(pair))
+    pad = eos[0] if eos else 0
+    fast = torch.backends.mkldnn.is_available() and torch.ops.mkldnn._is_mkldnn_bf16_supported()
+    out: list[list[int]] = []
+    t0 = time.monotonic()
+    for start in range(0, len(prompts), batch):  # a batch at a time, the deadline checked after the first
+        if out and time.monotonic() > deadline:
+            break
+        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=fast):
+            out += list(continuations(model, prompts[start:start + batch], max_new=max_new, batch=batch,
+                                      temperature=temperature if (start // batch) % 2 else 0.0, eos=eos,
+                                      pad=pad, seed=seed + start))
+        if log is not None:
+            n = sum(len(x) for x in out)
+            log(f"own data: {len(out)} continuations, {n} tokens, {time.monotonic() - t0:.0f} s")
+    return out
