@@ -63,3 +63,39 @@ def test_position_rates_and_summary_on_toy_logits(tmp_path):
     (tmp_path / "config.json").write_text("{}")
     config = OptimalRunConfig(target=str(tmp_path), draft=str(tmp_path), dataset="toy.jsonl", data_dir=None)
     assert "| 0.7 | 2 |" in markdown(rows, config)
+
+
+def test_a_feature_head_as_the_draft(tmp_path):
+    """--head: the head's teacher-forced logits at each position are what `eagle` drafts from after that text
+    (HeadBackend reading a FeatureTap's features), and the whole report runs with it; --draft and --head together
+    are refused before any model loads."""
+    from helpers import save_tiny_pair
+    from multispec import load_pair
+    from multispec.models import make_backend
+    from multispec.models.eagle import FeatureTap, HeadBackend, TargetParts, new_head
+    from multispec.models.eagle_io import load_head, save_head
+    from multispec.optimal.report import _head_as_model, run_report
+
+    paths = save_tiny_pair(tmp_path)
+    pair = load_pair(target=str(paths["target"]), device="cpu")
+    torch.manual_seed(0)
+    head_dir = save_head(new_head(pair.target), pair.target, tmp_path / "head", token_ids=torch.arange(0, 40))
+    ids = torch.tensor([[3, 9, 4, 17, 5, 8]])
+    teacher = _head_as_model(str(head_dir), pair.target)(input_ids=ids).logits[0]  # [6, V]
+    tap = FeatureTap(make_backend(pair.target, "hf"))
+    head, token_ids = load_head(head_dir, pair.target)
+    backend = HeadBackend(head, TargetParts.of(pair.target), tap, token_ids)
+    tap.forward(ids[0, :5], torch.arange(5))
+    backend.forward(ids[0, :5], torch.arange(5))
+    step = backend.forward(ids[0, 5:], torch.tensor([5])).logits[0]
+    torch.testing.assert_close(torch.softmax(step, -1), torch.softmax(teacher[5], -1), atol=1e-5, rtol=1e-4)
+    data = tmp_path / "p.jsonl"
+    data.write_text('{"prompt": "def f(x):"}\n{"prompt": "x = 1"}\n')
+    record = run_report(OptimalRunConfig(target=str(paths["target"]), draft=None, head=str(head_dir),
+                                         dataset=str(data), data_dir=None, limit=2, max_new_tokens=4,
+                                         temperatures=(1.0,), drafts=(2,), out=str(tmp_path / "o.json")))
+    row = record["rows"][0]
+    assert 0 <= row["opt_n1"] <= row["opt_iid"] <= 1
+    with pytest.raises(MultispecError, match="--draft.*or a feature head"):
+        OptimalRunConfig(target=str(paths["target"]), draft=str(paths["target"]), head=str(head_dir),
+                         dataset=str(data), data_dir=None)

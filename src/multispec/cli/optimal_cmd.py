@@ -23,8 +23,10 @@ def print_table(rows: list[dict]) -> None:
 
 
 @cli.command("optimal")
-@click.option("--target", required=True, help="Hugging Face directory of the target model.")
-@click.option("--draft", required=True, help="Hugging Face directory of the draft model.")
+@click.option("--target", required=True, help="The target model: a Hugging Face directory or a .gguf file.")
+@click.option("--draft", default=None, help="Hugging Face directory of the draft model.")
+@click.option("--head", default=None, help="A feature head (multispec train-head, or 'shipped') as the draft, "
+              "instead of --draft.")
 @click.option("--dataset", default="humaneval", show_default=True, help="humaneval, alpaca or PATH.jsonl.")
 @click.option("--data-dir", default=None, help="Directory of the data files (default: $MULTISPEC_DATA).")
 @click.option("--limit", default=20, show_default=True, help="Number of prompts.")
@@ -38,13 +40,13 @@ def print_table(rows: list[dict]) -> None:
 @click.option("--mc-samples", default=32, show_default=True, help="RRS-wor draft tuples per position.")
 @click.option("--out", default="optimal_results.json", show_default=True,
               help="JSON output; the .png plot and .md table are written next to it.")
-def optimal_command(target, draft, dataset, data_dir, limit, max_new_tokens, temperatures, drafts,
+def optimal_command(target, draft, head, dataset, data_dir, limit, max_new_tokens, temperatures, drafts,
                     greedy_generation, seed, support_eps, mc_samples, out) -> None:
     """Optimal multi-draft acceptance vs each verifier's acceptance on a target/draft pair (P3 Table 1)."""
     from multispec.optimal.report import OptimalRunConfig, parse_list, run_report
 
     config = OptimalRunConfig(
-        target=target, draft=draft, dataset=dataset, data_dir=data_dir, limit=limit, max_new_tokens=max_new_tokens,
+        target=target, draft=draft, head=head, dataset=dataset, data_dir=data_dir, limit=limit, max_new_tokens=max_new_tokens,
         temperatures=parse_list(temperatures, float, "temperatures"), drafts=parse_list(drafts, int, "drafts"),
         sample=not greedy_generation, seed=seed, support_eps=support_eps, mc_samples=mc_samples, out=out)
     record = run_report(config)

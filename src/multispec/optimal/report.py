@@ -50,7 +50,7 @@ class OptimalRunConfig:
     """Everything a run depends on; validated when built and written into the JSON output."""
 
     target: str
-    draft: str
+    draft: str | None
     dataset: str
     data_dir: str | None
     limit: int = 20
@@ -63,6 +63,7 @@ class OptimalRunConfig:
     mc_samples: int = 32
     out: str = "optimal_results.json"
     extra: dict = field(default_factory=dict)
+    head: str | None = None  # a feature head (models/eagle_io.py) as the draft, instead of a draft model
 
     def __post_init__(self) -> None:
         check(self.limit >= 1, f"--limit must be >= 1, got {self.limit}")
@@ -74,6 +75,15 @@ class OptimalRunConfig:
         check(self.mc_samples >= 2, f"--mc-samples must be >= 2, got {self.mc_samples}")
         check(self.dataset in DATASETS or self.dataset.endswith(".jsonl"),
               f"--dataset must be humaneval, alpaca or a PATH.jsonl, got {self.dataset!r}")
+        check((self.draft is None) != (self.head is None), "give a draft model (--draft) or a feature head (--head)")
+        if self.head is not None:
+            check(str(self.target).endswith(".gguf") or Path(self.target, "config.json").is_file(),
+                  f"--target: no config.json in {self.target!r} (and not a .gguf file)")
+            from multispec.models.eagle_io import SHIPPED, read_config
+            if self.head != SHIPPED:
+                read_config(self.head)  # a head folder, before any model loads
+            writable_file(self.out)
+            return
         vocab = {}
         for path, name in ((self.target, "--target"), (self.draft, "--draft")):
             check(Path(path, "config.json").is_file(), f"{name}: no config.json in {path!r}")
@@ -122,13 +132,15 @@ def collect_logits(config: OptimalRunConfig, prompts: list[str], progress) -> li
     Returns [(target_logits float32 [L, V], draft_logits float32 [L, V])] per prompt.
     """
     import torch
-    from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    tok = AutoTokenizer.from_pretrained(config.target)
-    target = AutoModelForCausalLM.from_pretrained(config.target, dtype=torch.float32).eval()
-    draft = AutoModelForCausalLM.from_pretrained(config.draft, dtype=torch.float32).eval()
-    tv, dv = (m.get_output_embeddings().weight.shape[0] for m in (target, draft))
-    check(tv == dv, f"target and draft vocabularies differ: {tv} vs {dv} output tokens")
+    from multispec import load_pair
+
+    pair = load_pair(target=config.target, draft=config.draft, device="cpu")
+    tok, target = pair.tokenizer, pair.target.float().eval()
+    draft = _head_as_model(config.head, target) if config.head is not None else pair.draft.float().eval()
+    if config.head is None:
+        tv, dv = (m.get_output_embeddings().weight.shape[0] for m in (target, draft))
+        check(tv == dv, f"target and draft vocabularies differ: {tv} vs {dv} output tokens")
     eos = target.config.eos_token_id
     gen = torch.Generator().manual_seed(config.seed)
     out = []
@@ -153,6 +165,36 @@ def collect_logits(config: OptimalRunConfig, prompts: list[str], progress) -> li
             out.append((lt.numpy(), ld.numpy()))
             progress()
     return out
+
+
+def _head_as_model(path: str, target):
+    """A feature head as a teacher-forced draft: draft(input_ids=ids).logits [1, L, V] are the head's at each
+    position, reading the target's features of the positions before (as `eagle` drafts one token after committed
+    text), -inf outside a reduced vocabulary."""
+    from types import SimpleNamespace
+
+    import torch
+
+    from multispec.models.eagle import TargetParts
+    from multispec.models.eagle_io import load_head
+
+    head, token_ids = load_head(path, target)
+    parts = TargetParts.of(target)
+
+    def run(input_ids):
+        n = input_ids.shape[1]
+        feats = target.model(input_ids=input_ids).last_hidden_state  # [1, L, H] (after the final norm)
+        shifted = torch.cat([torch.zeros_like(feats[:, :1]), feats[:, :-1]], dim=1)
+        mask = torch.where(torch.ones(n, n, dtype=torch.bool).tril(), 0.0, torch.finfo(feats.dtype).min)
+        f = head(parts, input_ids, shifted, torch.arange(n)[None], mask[None, None])
+        logits = parts.lm_head(f).float()
+        if token_ids is not None:
+            keep = torch.full_like(logits, float("-inf"))
+            keep[..., token_ids] = logits[..., token_ids]
+            logits = keep
+        return SimpleNamespace(logits=logits)
+
+    return run
 
 
 # ----------------------------------------------------------------------------------- per-position rates
