@@ -35,10 +35,11 @@ def _head_dir(target, path, seed: int = 1):
     return save_head(head, target, path)
 
 
-def _decode(target, head_dir, prompt, sampling, n, seed=0, backend="hf", **options):
-    """generate_ids with method eagle, built as the Decoder builds it; returns (ids, metrics, head backend)."""
-    config = build_method("eagle", head=str(head_dir), **options)
-    entry, pair = get_method("eagle"), SimpleNamespace(target=target)
+def _decode(target, head_dir, prompt, sampling, n, seed=0, backend="hf", method="eagle", **options):
+    """generate_ids with `method` and the head, built as the Decoder builds it; returns (ids, metrics, head
+    backend)."""
+    config = build_method(method, head=str(head_dir), **options)
+    entry, pair = get_method(method), SimpleNamespace(target=target, draft=None)
     loaded = entry.load(config, pair)
     tap, head = entry.draft_backend(config, loaded, make_backend(target, backend), pair)
     ids, metrics = generate_ids(tap, head, prompt, config, sampling, n, seed, set(),
@@ -120,12 +121,12 @@ def test_confidence_stops_the_chain_early(tiny):
     assert 0 < stopped.drafted_tokens < fixed.drafted_tokens
 
 
-def _chi_square(head_dir, options, n=3_000, length=3):
+def _chi_square(head_dir, options, n=3_000, length=3, method="eagle", **more):
     target = _target(vocab=6, seed=3)
     prompt, sampling = [1, 2, 2], SamplingConfig(temperature=1.0)
     counts = np.zeros(6 ** length)
     for seed in range(n):
-        ids, _, _ = _decode(target, head_dir, prompt, sampling, length, seed, **options)
+        ids, _, _ = _decode(target, head_dir, prompt, sampling, length, seed, method=method, **options, **more)
         counts[np.ravel_multi_index(ids[:length], (6,) * length)] += 1
     return chi_square_pvalue(counts, exact_joint(target, prompt, sampling, length, 6))
 
@@ -303,3 +304,27 @@ def test_own_data_is_the_targets_continuations(tmp_path):
     greedy = pair.target.generate(input_ids=ids, attention_mask=torch.ones_like(ids), max_new_tokens=6,
                                   do_sample=False)[0].tolist()
     assert doc == greedy[:len(doc)]
+
+
+def test_auto_drafts_with_a_head(tmp_path):
+    """auto:head=DIR plans with the head in place of a draft model: greedy output is the target's, its head plans
+    run (the stats name them), and a head without the draft proposer is refused."""
+    from multispec import generate, load_pair
+
+    paths = save_tiny_pair(tmp_path)
+    pair = load_pair(target=str(paths["target"]), device="cpu")
+    head_dir = _head_dir(pair.target, tmp_path / "head")
+    prompt = "def f(x):\n    return x + 1\n" * 3
+    ar = generate(pair, prompt, method="ar", max_new_tokens=40, temperature=0).token_ids
+    out = generate(pair, prompt, method="auto", head=str(head_dir), proposers="draft", max_new_tokens=40,
+                   temperature=0, backend="fast")
+    assert out.token_ids == ar
+    assert out.stats["method"] == "auto" and out.stats["lossless"]
+    assert any(plan.startswith("head ") for plan in out.stats["auto"]["plans"]), out.stats["auto"]["plans"]
+    with pytest.raises(MultispecError, match="keep draft among proposers"):
+        build_method("auto", head=str(head_dir), proposers="lookup")
+
+
+@pytest.mark.slow
+def test_the_law_at_t1_with_auto_and_a_head(head6):
+    assert _chi_square(head6, {}, method="auto", proposers="draft") > 1e-3

@@ -43,7 +43,7 @@ def batchable(decoder: Decoder) -> bool:
     """Whether the decoder can batch: the fast backend (compiled code runs batches eagerly), with a draft of the
     target's own vocabulary."""
     return decoder.backend in ("fast", "compiled") and decoder.pair.cross_vocab is None \
-        and decoder.entry.draft_backend is None  # a method's own drafter (eagle) runs one sequence at a time
+        and not decoder.entry.drafts_with_own(decoder.config)  # a head drafts one sequence at a time
 
 
 def batch_backend(pair) -> str:

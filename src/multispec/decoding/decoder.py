@@ -180,8 +180,10 @@ class Decoder:
                     raise RuntimeError("Decoder: drafts with a draft model but has none")
                 self._draft = make_backend(draft_model, self.backend, **kw) if self.pair.cross_vocab is None \
                     else cross_vocab_backend(self.pair, draft_model, self.backend, len(self.config.tree))
-            if self.entry.draft_backend is not None:  # a trained drafter of the method's own (eagle's head)
-                self._target, self._draft = self.entry.draft_backend(self.config, self.loaded, self._target, self.pair)
+            if self.entry.drafts_with_own(self.config):  # a trained drafter of the method's own (a feature head)
+                own = self.entry.draft_backend
+                assert own is not None
+                self._target, self._draft = own(self.config, self.loaded, self._target, self.pair)
             self._rows = rows
         return self._target, self._draft
 

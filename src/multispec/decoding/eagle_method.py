@@ -11,11 +11,17 @@ from multispec.decoding.registry import MethodConfig, MethodEntry, Option, regis
 from multispec.errors import MultispecError, check
 
 
-def _build_eagle(o: dict) -> MethodConfig:
+def head_option(o: dict, method: str) -> str | None:
+    """The `head` option: a folder, or "shipped" (the installed head for the target, found at load)."""
     head = o.get("head")
+    check(head is None or str(head) == "shipped" or Path(str(head)).is_dir(), f"{method}: head not found: {head}")
+    return None if head is None else str(head)
+
+
+def _build_eagle(o: dict) -> MethodConfig:
+    head = head_option(o, "eagle")
     if head is None:
         raise MultispecError("eagle needs a trained head: head=DIR (--head DIR); train one with multispec train-head")
-    check(str(head) == "shipped" or Path(str(head)).is_dir(), f"eagle head not found: {head}")
     check(not ("k" in o and "tree" in o), "eagle: give k (a chain) or tree (a static tree), not both")
     if "tree" in o:
         tree = shape(o["tree"])
@@ -29,7 +35,7 @@ def _build_eagle(o: dict) -> MethodConfig:
     return MethodConfig(name="eagle", tree=tree, verifier=verifier, head=str(head), options=o)
 
 
-def _load_eagle(config: MethodConfig, pair) -> dict:
+def load_eagle(config: MethodConfig, pair) -> dict:
     check(pair is not None, "eagle reads its head for a loaded pair's target")
     from multispec.models.eagle_io import load_head
 
@@ -48,7 +54,7 @@ def _eagle_policy(config: MethodConfig, pair, loaded: dict):
     return policy
 
 
-def _eagle_backends(config: MethodConfig, loaded: dict, target, pair) -> tuple:
+def eagle_backends(config: MethodConfig, loaded: dict, target, pair) -> tuple:
     """The target wrapped to keep its features, and the head's backend reading them."""
     from multispec.models.eagle import FeatureTap, HeadBackend, TargetParts
 
@@ -64,6 +70,6 @@ register(MethodEntry(
               Option("verifier", "str", "block or sd on chains; a node or sequence verifier on trees"),
               Option("confidence", "float", "stop drafting deeper once the head's probability of each newest token "
                                             "is below this (EAGLE-2: the head's confidence estimates acceptance)")),
-    _build_eagle, _eagle_policy, needs_draft=False, uses_draft=lambda c: False, load=_load_eagle,
-    draft_backend=_eagle_backends, summary="a chain or tree drafted by a trained feature head (EAGLE) on the "
+    _build_eagle, _eagle_policy, needs_draft=False, uses_draft=lambda c: False, load=load_eagle,
+    draft_backend=eagle_backends, summary="a chain or tree drafted by a trained feature head (EAGLE) on the "
                                            "target's hidden states, no draft model"))

@@ -103,7 +103,8 @@ class MethodEntry:
     chooses_cheap_draft: given neither draft_vocab nor draft_dtype, the Decoder drafts with the fastest form of the
     draft on this machine (auto; models/cheap.choose_cheap_draft). draft_backend(config, loaded, target, pair) ->
     (target, draft): a method drafting with a trained model of its own (eagle's head) builds its draft backend from
-    what it loaded and the target's backend, which it may wrap (a batch runs such a method one sequence at a time)."""
+    what it loaded and the target's backend, which it may wrap (a batch runs such a method one sequence at a time);
+    it applies when the config names a head (config.head: eagle always, auto when given one)."""
 
     name: str
     options: tuple  # Option declarations; bare names are taken as undocumented "str" options
@@ -128,6 +129,10 @@ class MethodEntry:
     @property
     def option_names(self) -> frozenset:
         return frozenset(o.name for o in self.options)
+
+    def drafts_with_own(self, config: MethodConfig) -> bool:
+        """Whether this run drafts with a trained drafter of the method's own (draft_backend), not a draft model."""
+        return self.draft_backend is not None and config.head is not None
 
     def drafts_with_model(self, config: MethodConfig) -> bool:
         return self.uses_draft(config) if self.uses_draft is not None else self.needs_draft

@@ -111,9 +111,10 @@ def calibrate(backends: list, budget_s: float, reps: int = 3) -> list[list[float
         b.keep(torch.arange(ctx))
         return dt
 
-    def room(b) -> int:  # tokens that still fit after the cached rows (positions, static cache rows)
-        limits = [x for x in (b.max_positions, getattr(b, "max_len", None)) if x]
-        return min(limits) - b.cache_len if limits else 1 << 30
+    def room(b) -> int:  # tokens that still fit after the cached rows (positions, static cache rows, a head's)
+        limits = [x - b.cache_len for x in (b.max_positions, getattr(b, "max_len", None)) if x]
+        limits += [getattr(b, "calibration_room")] if hasattr(b, "calibration_room") else []
+        return min(limits) if limits else 1 << 30
 
     fits = min(room(b) for b in backends)
     if fits < 1:  # nothing more fits: the generation cannot go on anyway; any positive costs will do

@@ -123,6 +123,10 @@ class FeatureTap:
     def max_len(self):  # a static cache's rows (round_limit reads it), None for a growing one
         return getattr(self.inner, "max_len", None)
 
+    @property
+    def model(self):  # what auto's cost cache is keyed by (drafting/costs.model_key): the target's
+        return getattr(self.inner, "model", None)
+
     def reset(self) -> None:
         self.inner.reset()
         self.hidden = self.hidden[:0]
@@ -163,6 +167,16 @@ class HeadBackend(VocabSubset):
 
     def _full_head(self) -> nn.Module:
         return self.parts.lm_head
+
+    @property
+    def model(self) -> nn.Module:  # what auto's cost cache is keyed by (drafting/costs.model_key)
+        return self.head
+
+    @property
+    def calibration_room(self) -> int:
+        """Rows a timing forward (drafting/costs.calibrate) may append: a chain fed at once must read committed
+        features only, so up to one past the target's cache."""
+        return self.tap.cache_len + 1 - self.cache_len
 
     @property
     def cache_len(self) -> int:

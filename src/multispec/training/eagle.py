@@ -48,7 +48,7 @@ class HeadTrainConfig:
     lr: float = 1e-3
     unroll: int = 1
     own_share: float = 0.3  # at most this share of the budget generates the target's own text (--data own)
-    collect_share: float = 0.25  # at most this share of the budget collects features
+    collect_share: float = 0.25  # at most this share of the budget collects features (after the own text)
     max_tokens: int = 400_000
     heldout_chunks: int = 8
     eval_every: float = 60.0  # seconds
@@ -236,7 +236,7 @@ def train_head(cfg: HeadTrainConfig, log=None) -> dict:
     eos = min(eos_ids(pair)) if eos_ids(pair) else None
     chunks = chunk_tokens(pair.tokenizer, docs, cfg.seq_len, cfg.max_tokens, eos)
     chunks = chunks[torch.randperm(chunks.shape[0], generator=torch.Generator().manual_seed(cfg.seed))]
-    feats = collect_features(target, chunks, cfg.batch, start + cfg.collect_share * cfg.minutes * 60)
+    feats = collect_features(target, chunks, cfg.batch, time.monotonic() + cfg.collect_share * cfg.minutes * 60)
     chunks = chunks[:feats.shape[0]]
     check(feats.shape[0] >= 2, "collecting features took the whole budget before two chunks: give more --minutes")
     n_held = max(1, min(cfg.heldout_chunks, feats.shape[0] // 10))

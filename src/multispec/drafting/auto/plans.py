@@ -26,8 +26,9 @@ class Planner:
     outcomes and the frozen costs, never on a round's own coins, so every round stays lossless."""
 
     def __init__(self, max_nodes: int, max_depth: int, max_width: int, lookup_tokens: int, max_ngram: int,
-                 suffix_store=None):
+                 suffix_store=None, draft_proposer: str = "draft"):
         self.max_nodes, self.max_depth, self.max_width = max_nodes, max_depth, max_width
+        self.draft_proposer = draft_proposer  # who drafts the draft plans: the draft model, or a head ("head")
         self.lookup_tokens = lookup_tokens
         self.draft_acc = Acceptance({1: 0.5, 2: 0.2, 3: 0.12, 4: 0.08})
         self.lookup_acc = Acceptance({1: 0.3, 2: 0.4, 3: 0.5})  # keyed (depth, matched n-gram length)
@@ -60,9 +61,11 @@ class Planner:
         best_n, best_tps = _best_draft_size(costs, nodes, reach, pending, self.max_nodes, self.max_depth)
         tree = to_tree(nodes[:best_n])
         if tree.max_depth == len(tree) - 1:  # a chain: drafted up to max_depth, stopped token by token
-            plan = RoundPlan(CHAINS[self.max_depth], "draft", label="draft chain", predicted_tps=best_tps)
+            plan = RoundPlan(CHAINS[self.max_depth], self.draft_proposer, label=f"{self.draft_proposer} chain",
+                             predicted_tps=best_tps)
         else:
-            plan = RoundPlan(tree, "draft", label=f"draft tree {len(tree) - 1}", predicted_tps=best_tps)
+            plan = RoundPlan(tree, self.draft_proposer, label=f"{self.draft_proposer} tree {len(tree) - 1}",
+                             predicted_tps=best_tps)
         self._cache = {"key": key, "plan": plan}
         return plan
 
@@ -103,7 +106,7 @@ class Planner:
 
     def learn(self, outcome: RoundOutcome) -> None:
         """What a speculative round's accepted path says of its proposer's acceptance."""
-        learn = {"suffix": self._learn_suffix, "lookup": self._learn_ranks, "draft": self._learn_ranks}
+        learn = {"suffix": self._learn_suffix, "lookup": self._learn_ranks, self.draft_proposer: self._learn_ranks}
         learn[outcome.plan.proposer](outcome)
 
     def _learn_suffix(self, outcome: RoundOutcome) -> None:

@@ -36,16 +36,17 @@ def _tps(plan: RoundPlan) -> float:
 
 class AutoPolicy(DraftPolicyBase):
     """proposers: which proposers may be used ("draft", "lookup", "suffix"). cost_model: fixed costs (tests);
-    None: measured on this machine (drafting/costs.py) when the generation starts."""
+    None: measured on this machine (drafting/costs.py) when the generation starts. draft_proposer: the registered
+    proposer of the "draft" plans (the draft model's, or "head": a feature head's, method auto with head=DIR)."""
 
     defers_draft_prefill = True  # a generation that never drafts never pays the draft's prefill
 
     def __init__(self, proposers=("draft", "lookup"), max_nodes: int = 32, max_depth: int = 12,
                  max_width: int = 4, lookup_tokens: int = 10, max_ngram: int = 3,
-                 cost_model: CostModel | None = None, suffix_store=None):
+                 cost_model: CostModel | None = None, suffix_store=None, draft_proposer: str = "draft"):
         self.proposers = tuple(proposers)
         self.shape = dict(max_nodes=max_nodes, max_depth=max_depth, max_width=max_width,
-                          lookup_tokens=lookup_tokens, max_ngram=max_ngram)
+                          lookup_tokens=lookup_tokens, max_ngram=max_ngram, draft_proposer=draft_proposer)
         self.fixed_costs = cost_model
         self.suffix_store = suffix_store  # "suffix": the store of past requests shared by the Decoder family
         # (StepBatcher, BatchCosts, sampling) while this policy plans one sequence of a batch
