@@ -29,9 +29,7 @@ def _build_auto(o: dict) -> MethodConfig:
         if isinstance(proposers, str) else tuple(proposers)
     bad = [x for x in proposers if x not in AUTO_PROPOSERS]
     check(bool(proposers) and not bad, f"auto: proposers must be among {', '.join(AUTO_PROPOSERS)}, got {proposers!r}")
-    from multispec.decoding.eagle_method import head_option
-
-    head = head_option(o, "auto")  # a feature head drafts auto's draft plans instead of a draft model
+    head = eagle_method.head_option(o, "auto")  # a feature head drafts auto's draft plans instead of a draft model
     check(head is None or "draft" in proposers, "auto: a head drafts the draft plans; keep draft among proposers")
     return MethodConfig(name="auto", verifier="traversal", proposers=proposers, max_nodes=max_nodes_option(o, 32),
                         head=head, options=o)
@@ -172,11 +170,9 @@ def _auto_policy(config: MethodConfig, pair, loaded: dict):
     from multispec.models import tree_refusal
 
     store = loaded.get("store")
-    if pair is None:
-        return AutoPolicy(proposers=config.proposers, max_nodes=config.max_nodes, suffix_store=store)
-    if config.head is not None:  # the head drafts; no draft model is read
+    if pair is None or config.head is not None:  # (with a head, it drafts: no draft model is read)
         return AutoPolicy(proposers=config.proposers, max_nodes=config.max_nodes, suffix_store=store,
-                          draft_proposer="head")
+                          draft_proposer="head" if config.head is not None else "draft")
     proposers = tuple(p for p in config.proposers if p != "draft" or pair.draft is not None)
     check(bool(proposers), "auto: proposers=draft needs a draft model; load the pair with a draft, or let auto use "
                      "lookup (proposers=draft,lookup)")
@@ -189,16 +185,8 @@ def _auto_policy(config: MethodConfig, pair, loaded: dict):
 
 
 def _load_auto(config: MethodConfig, pair) -> dict:
-    from multispec.decoding.eagle_method import load_eagle
-
     loaded = _load_suffix_store(config, pair) if "suffix" in config.proposers else {}
-    return {**loaded, **load_eagle(config, pair)} if config.head is not None else loaded
-
-
-def _auto_backends(config: MethodConfig, loaded: dict, target, pair) -> tuple:
-    from multispec.decoding.eagle_method import eagle_backends
-
-    return eagle_backends(config, loaded, target, pair)
+    return {**loaded, **eagle_method.load_eagle(config, pair)} if config.head is not None else loaded
 
 
 SUFFIX_STORE_TOKENS = 200_000  # the shared store's default cap (tokens); about 0.4 KB each (drafting/suffix.py)
@@ -252,11 +240,10 @@ for _entry in (
     MethodEntry("auto", (Option("proposers", "str", "any of draft,lookup,suffix (also draft+lookup); draft alone "
                                                     "needs a draft model", "all three"),
                          Option("max_nodes", "int", _MAX_NODES, 32, (1, MAX_TREE_NODES)),
-                         Option("head", "path", "auto: a feature head (or 'shipped') drafts its draft plans instead "
-                                                "of a draft model")),
+                         Option("head", "path", "a feature head (or 'shipped') drafts auto's draft plans")),
                 _build_auto, _auto_policy, needs_draft=False,
                 uses_draft=lambda c: "draft" in c.proposers and c.head is None, tree_nodes=lambda c: c.max_nodes,
-                load=_load_auto, draft_backend=_auto_backends,
+                load=_load_auto, draft_backend=lambda *args: eagle_method.eagle_backends(*args),
                 reproducible_when_seeded=True, chooses_cheap_draft=True,
                 summary="per round: no speculation, a lookup chain or a draft tree, from measured acceptance and "
                         "costs"),

@@ -46,7 +46,8 @@ class AutoPolicy(DraftPolicyBase):
                  cost_model: CostModel | None = None, suffix_store=None, draft_proposer: str = "draft"):
         self.proposers = tuple(proposers)
         self.shape = dict(max_nodes=max_nodes, max_depth=max_depth, max_width=max_width,
-                          lookup_tokens=lookup_tokens, max_ngram=max_ngram, draft_proposer=draft_proposer)
+                          lookup_tokens=lookup_tokens, max_ngram=max_ngram)
+        self.draft_proposer = draft_proposer
         self.fixed_costs = cost_model
         self.suffix_store = suffix_store  # "suffix": the store of past requests shared by the Decoder family
         # (StepBatcher, BatchCosts, sampling) while this policy plans one sequence of a batch
@@ -54,7 +55,7 @@ class AutoPolicy(DraftPolicyBase):
         self.reset()
 
     def reset(self) -> None:
-        self.planner = Planner(**self.shape, suffix_store=self.suffix_store)
+        self.planner = Planner(**self.shape, suffix_store=self.suffix_store, draft_proposer=self.draft_proposer)
         self.costs: AloneCosts | BatchShareCosts | None = (
             AloneCosts(self.fixed_costs, self.shape["max_nodes"]) if self.fixed_costs is not None else None)
         self.confidence = ConfidenceRates()
