@@ -54,7 +54,7 @@ def main() -> None:
         for step in range(0, len(items), 4 * a.batch):  # a slice of batches at a time, for the deadline
             part = [ids for ids, _ in items[step:step + 4 * a.batch]]
             for full in continuations(model, part, max_new=a.max_new, batch=a.batch, temperature=0.7, eos=eos,
-                                      pad=eos[0], deadline=deadline, seed=step):
+                                      pad=eos[0], deadline=deadline, seed=step, alternate=True):
                 k = next(len(p) for p in part if full[:len(p)] == p)
                 f.write(json.dumps({"ids": full, "n_prompt": k, "source": src[tuple(full[:k])]}) + "\n")
                 n, n_tok = n + 1, n_tok + len(full) - k

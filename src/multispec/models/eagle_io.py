@@ -99,8 +99,9 @@ def read_config(path: str | Path) -> dict:
 
 
 def load_head(path: str | Path, target: torch.nn.Module) -> tuple[EagleHead, torch.Tensor | None]:
-    """(head, token_ids or None) read from `path` ("shipped": shipped_head(target)) for `target`, in the target's dtype and device; refused in one
-    line when it was made for another kind of target (model type, hidden size, vocabulary) or its file is bad."""
+    """(head, token_ids or None) read from `path` ("shipped": shipped_head(target)) for `target`, in the target's
+    dtype and device; refused in one line when it was made for another kind of target (model type, hidden size,
+    vocabulary) or its file is bad."""
     from safetensors import SafetensorError
     from safetensors.torch import load_file
 

@@ -140,10 +140,11 @@ def chunk_tokens(tokenizer, docs: list, seq_len: int, max_tokens: int, eos: int 
 def collect_features(target, chunks: torch.Tensor, batch: int, deadline: float) -> torch.Tensor:
     """float16 [n, L, H]: the target's final-norm output over each chunk (batched prefill), as many chunks as fit
     before `deadline` (time.monotonic())."""
+    from multispec.training.onpolicy import bf16_autocast
+
     out = []
-    fast = torch.backends.mkldnn.is_available() and torch.ops.mkldnn._is_mkldnn_bf16_supported()
     for b in range(0, chunks.shape[0], batch):
-        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=fast):  # bfloat16 matmuls where the CPU has them
+        with bf16_autocast():
             out.append(target.model(input_ids=chunks[b:b + batch]).last_hidden_state.to(torch.float16))
         if time.monotonic() > deadline:
             break

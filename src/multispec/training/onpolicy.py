@@ -1,6 +1,6 @@
 """The target's own continuations of a prompt set (on-policy training text for a feature head, EAGLE-3's advice):
-batched `generate` of the target in bfloat16 where the CPU has it, prompts grouped by length, left padded; each
-batch greedy or sampled at `temperature` in turn. Yields each prompt's ids followed by its continuation (cut after
+batched `generate` of the target in bfloat16 where the CPU has it, prompts grouped by length, left padded; batches
+sampled at `temperature` (greedy at 0), or greedy and sampled in turn. Yields each prompt's ids followed by its continuation (cut after
 the first end-of-sequence token), as soon as its batch ends, so that a caller can stop at a deadline and keep what
 it has."""
 from __future__ import annotations
@@ -11,10 +11,18 @@ from collections.abc import Iterator
 import torch
 
 
+def bf16_autocast():
+    """bfloat16 matmuls where the CPU has them (a no-op context elsewhere): feature collection and own text."""
+    fast = torch.backends.mkldnn.is_available() and torch.ops.mkldnn._is_mkldnn_bf16_supported()
+    return torch.autocast("cpu", dtype=torch.bfloat16, enabled=fast)
+
+
 def continuations(model, prompts: list[list[int]], *, max_new: int, batch: int, temperature: float,
-                  eos: list[int], pad: int, deadline: float | None = None, seed: int = 0) -> Iterator[list[int]]:
+                  eos: list[int], pad: int, deadline: float | None = None, seed: int = 0,
+                  alternate: bool = False) -> Iterator[list[int]]:
     """prompts: token id lists. Yields prompt + continuation ids (list[int]) per prompt, batch by batch, in
-    length order; stops starting new batches after `deadline` (time.monotonic())."""
+    length order; stops starting new batches after `deadline` (time.monotonic()). alternate: even batches
+    greedy, odd ones sampled."""
     order = sorted(range(len(prompts)), key=lambda i: len(prompts[i]))
     torch.manual_seed(seed)
     for n, b in enumerate(range(0, len(order), batch)):
@@ -24,7 +32,7 @@ def continuations(model, prompts: list[list[int]], *, max_new: int, batch: int, 
         width = max(len(r) for r in rows)
         ids = torch.tensor([[pad] * (width - len(r)) + r for r in rows])  # [B, W] left padded
         att = torch.tensor([[0] * (width - len(r)) + [1] * len(r) for r in rows])
-        sample = temperature > 0 and n % 2 == 1
+        sample = temperature > 0 and (n % 2 == 1 or not alternate)
         kw = {"do_sample": True, "temperature": temperature, "top_k": 0, "top_p": 1.0} if sample else \
             {"do_sample": False}
         with torch.inference_mode():
@@ -53,13 +61,12 @@ def own_texts(pair, model, deadline: float, seed: int = 0, max_new: int = 160, b
     prompts = [p for pair_ in zip(code, asks) for p in pair_]
     eos = sorted(eos_ids(pair))
     pad = eos[0] if eos else 0
-    fast = torch.backends.mkldnn.is_available() and torch.ops.mkldnn._is_mkldnn_bf16_supported()
     out: list[list[int]] = []
     t0 = time.monotonic()
     for start in range(0, len(prompts), batch):  # a batch at a time, the deadline checked after the first
         if out and time.monotonic() > deadline:
             break
-        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=fast):
+        with bf16_autocast():
             out += list(continuations(model, prompts[start:start + batch], max_new=max_new, batch=batch,
                                       temperature=temperature if (start // batch) % 2 else 0.0, eos=eos,
                                       pad=pad, seed=seed + start))
