@@ -249,6 +249,15 @@ def test_train_head_on_a_tiny_target_then_decode(tmp_path, capsys):
     capsys.readouterr()
     code, _, err = run_cli(capsys, "train-head", "--target", str(paths["target"]), "--out", str(out))
     assert_one_line_error(code, err, "exists")
+    before = load_head(out, pair.target)[0].fc.weight.clone()
+    resumed = train_head(HeadTrainConfig(target=str(paths["target"]), out=str(out), data=(str(data),), minutes=0.05,
+                                         seq_len=16, batch=2, resume=True), log=lambda s: None)
+    after, ids = load_head(out, pair.target)
+    assert resumed["step"] > 0 and not torch.equal(before, after.fc.weight)  # trained on from the saved head
+    assert ids is not None and ids.numel() == 12  # and kept its reduced vocabulary
+    code, _, err = run_cli(capsys, "train-head", "--target", str(paths["target"]), "--out", str(tmp_path / "none"),
+                           "--resume")
+    assert_one_line_error(code, err, "no head")
     (tmp_path / "empty.txt").write_text("")
     code, _, err = run_cli(capsys, "train-head", "--target", str(paths["target"]), "--out", str(tmp_path / "h2"),
                            "--data", str(tmp_path / "empty.txt"), "--minutes", "0.05")

@@ -21,15 +21,16 @@ from multispec.cli import cli
 @click.option("--seed", default=0, show_default=True)
 @click.option("--threads", default=1, show_default=True, help="torch CPU threads.")
 @click.option("--overwrite", is_flag=True, help="Replace an existing --out folder's head.")
+@click.option("--resume", is_flag=True, help="Go on training the head in --out (its best weights so far).")
 def train_head_command(target, out, data, minutes, vocab, unroll, seq_len, batch, lr, seed, threads,
-                       overwrite) -> None:
+                       overwrite, resume) -> None:
     """Train a head that drafts from TARGET's hidden states; use it with --method eagle --head OUT."""
     import torch
 
     from multispec.training.eagle import HeadTrainConfig, train_head
 
     cfg = HeadTrainConfig(target=target, out=out, data=tuple(data), minutes=minutes, vocab=vocab, unroll=unroll,
-                          seq_len=seq_len, batch=batch, lr=lr, seed=seed, overwrite=overwrite)
+                          seq_len=seq_len, batch=batch, lr=lr, seed=seed, overwrite=overwrite, resume=resume)
     cfg.check()  # before the model loads
     torch.set_num_threads(threads)
     summary = train_head(cfg)

@@ -54,13 +54,16 @@ class HeadTrainConfig:
     eval_every: float = 60.0  # seconds
     seed: int = 0
     overwrite: bool = False
+    resume: bool = False  # start from the head in `out` (its weights and reduced vocabulary) and keep improving it
 
     def check(self) -> None:
         check(self.minutes > 0, f"--minutes must be > 0, got {self.minutes}")
         check(self.vocab is None or self.vocab >= 2, f"--vocab must be >= 2, got {self.vocab}")
         check(self.unroll >= 1, f"--unroll must be >= 1, got {self.unroll}")
         out = Path(self.out)
-        check(self.overwrite or not out.exists(), f"--out {out} exists; choose another folder or pass --overwrite")
+        check(self.overwrite or self.resume or not out.exists(),
+              f"--out {out} exists; choose another folder, --resume its head or pass --overwrite")
+        check(not self.resume or (out / "config.json").is_file(), f"--resume: no head in {out} to resume")
         check(not out.exists() or out.is_dir(), f"--out {out} exists and is not a folder")
         for d in self.data:
             check(d in (PYTHON, OWN) or Path(d).is_file(), f"--data {d}: file not found")
@@ -221,7 +224,7 @@ def train_head(cfg: HeadTrainConfig, log=None) -> dict:
     from multispec import load_pair
     from multispec.loading import eos_ids
     from multispec.models.eagle import TargetParts, new_head
-    from multispec.models.eagle_io import save_head
+    from multispec.models.eagle_io import load_head, save_head
 
     log = log or (lambda s: print(s, file=sys.stderr, flush=True))
     cfg.check()
@@ -245,7 +248,11 @@ def train_head(cfg: HeadTrainConfig, log=None) -> dict:
     ids = frequent_tokens(chunks, cfg.vocab, parts.lm_head.weight.shape[0]) if cfg.vocab else None
     log(f"features: {train[0].numel()} training tokens, {held[0].numel()} held out, "
         f"{time.monotonic() - start:.0f} s")
-    head = new_head(target).float().train()
+    if cfg.resume:  # its weights and its vocabulary (a resumed head keeps the rows it was trained on)
+        head, ids = load_head(cfg.out, target)
+        head = head.float().train()
+    else:
+        head = new_head(target).float().train()
     summary = _loop(cfg, head, parts, train, held, ids, end, log,
                     lambda best: save_head(head, target, cfg.out, cfg.target, ids, training=best))
     summary.update(train_tokens=int(train[0].numel()), heldout_tokens=int(held[0].numel()),
