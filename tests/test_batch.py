@@ -315,6 +315,33 @@ def test_bench_batch_size_measures_every_method_and_transformers_batched_generat
     assert "batched ar" in out
 
 
+@pytest.mark.parametrize("mode", ["auto", "off"])
+def test_bench_batch_size_templates_chat_data_sets_as_one_sequence_bench_does(pair, tmp_path, monkeypatch, mode):
+    """--batch-size tokenizes a chat data set's prompts through the chat template (as the one-sequence bench),
+    unless --chat-template off; the results record which."""
+    import json
+
+    import multispec.decoding.batch_offline as offline
+    from multispec.bench.batched import run_batch_bench
+    from multispec.data import load_prompts
+    from multispec.text import encode_chat, encode_prompt
+
+    loaded, _ = pair
+    monkeypatch.setattr(loaded.tokenizer, "chat_template", "{% for m in messages %}<{{ m['content'] }}>{% endfor %}",
+                        raising=False)
+    (tmp_path / "alpaca_eval.jsonl").write_text(json.dumps({"instruction": "Add one to x."}) + "\n")
+    seen = []
+    real = offline.generate_batch
+    monkeypatch.setattr(offline, "generate_batch", lambda d, prompts, **kw: seen.append(prompts) or real(d, prompts,
+                                                                                                            **kw))
+    res = run_batch_bench(loaded, ["alpaca"], str(tmp_path), "ar", [0.0], 1, 2, None, 0, tmp_path / "out",
+                          progress=lambda line: None, chat_template=mode)
+    vocab, prompt = loaded.target.config.vocab_size, load_prompts("alpaca", str(tmp_path))[0]
+    want = encode_chat(loaded.tokenizer, vocab, [{"role": "user", "content": prompt.message}]) if mode == "auto" \
+        else encode_prompt(loaded.tokenizer, vocab, prompt.text)  # off: the data set's raw-text form
+    assert seen[-1] == [want] and res["settings"]["chat_template_applied"] == {"alpaca": mode == "auto"}
+
+
 @pytest.mark.parametrize("args,needle", [
     (["generate", "--prompt-file", "{jsonl}", "--batch-size", "0"], "--batch-size"),
     (["generate", "--prompt-file", "{blank}", "--lines"], "no prompts"),

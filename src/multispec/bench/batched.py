@@ -20,35 +20,36 @@ from multispec.errors import check
 from multispec.paths import writable_dir
 
 
-def hf_generate_batched(pair, prompts: list[str], batch: int, max_new: int, temperature: float, seed: int) -> int:
-    """transformers' generate over chunks of `batch` left-padded prompts; the tokens produced, each sequence up to
-    and including its EOS."""
+def hf_generate_batched(pair, prompts: list[list[int]], batch: int, max_new: int, temperature: float,
+                        seed: int) -> int:
+    """transformers' generate over chunks of `batch` left-padded prompts (token ids); the tokens produced, each
+    sequence up to and including its EOS."""
     tok = pair.tokenizer
-    side, tok.padding_side = tok.padding_side, "left"
     eos = pair.target.generation_config.eos_token_id
     eos = set(eos) if isinstance(eos, (list, tuple)) else {eos}
     pad = tok.pad_token_id if tok.pad_token_id is not None else next(iter(eos))
     torch.manual_seed(seed)
     total = 0
-    try:
-        for i in range(0, len(prompts), batch):
-            enc = tok(prompts[i:i + batch], return_tensors="pt", padding=True).to(pair.device)
-            kw = dict(do_sample=True, temperature=temperature, top_k=0, top_p=1.0) if temperature > 0 \
-                else dict(do_sample=False)
-            with torch.inference_mode():
-                out = pair.target.generate(**enc, max_new_tokens=max_new, pad_token_id=pad, **kw)
-            for row in out[:, enc["input_ids"].shape[1]:].tolist():
-                total += next((k + 1 for k, t in enumerate(row) if t in eos), len(row))
-    finally:
-        tok.padding_side = side
+    for i in range(0, len(prompts), batch):
+        rows = prompts[i:i + batch]
+        width = max(len(r) for r in rows)
+        ids = torch.tensor([[pad] * (width - len(r)) + r for r in rows], device=pair.device)  # [B, W] left padded
+        mask = torch.tensor([[0] * (width - len(r)) + [1] * len(r) for r in rows], device=pair.device)
+        kw = dict(do_sample=True, temperature=temperature, top_k=0, top_p=1.0) if temperature > 0 \
+            else dict(do_sample=False)
+        with torch.inference_mode():
+            out = pair.target.generate(input_ids=ids, attention_mask=mask, max_new_tokens=max_new, pad_token_id=pad,
+                                       **kw)
+        for row in out[:, width:].tolist():
+            total += next((k + 1 for k, t in enumerate(row) if t in eos), len(row))
     return total
 
 
 def run_batch_bench(pair, datasets: list[str], data_dir, methods: str, temperatures: list[float],
                     batch_size: int, max_new_tokens: int, limit, seed: int, out, command=None,
-                    progress=print) -> dict:
+                    progress=print, chat_template: str = "auto") -> dict:
     """See the module docstring. Returns the results dict (rows, settings, meta) and writes it to `out`."""
-    from multispec.bench.runner import environment
+    from multispec.bench.runner import encode_datasets, environment
     from multispec.decoding.batch import MAX_BATCH
     from multispec.decoding.batch_offline import generate_batch
     from multispec.decoding.decoder import Decoder
@@ -57,10 +58,12 @@ def run_batch_bench(pair, datasets: list[str], data_dir, methods: str, temperatu
           f"--batch-size must be an integer in [1, {MAX_BATCH}], got {batch_size!r}")
     specs = parse_method_specs(methods)
     writable_dir(out)
-    prompts = {d: [p.text for p in load_prompts(d, data_dir, limit=limit)] for d in datasets}
+    encoded, chat = encode_datasets(pair, {d: load_prompts(d, data_dir, limit=limit) for d in datasets},
+                                    chat_template, None)  # as the one-sequence bench: chat data sets templated
+    prompts = {d: [ids for ids, _ in rows] for d, rows in encoded.items()}
     rows = []
     for t in temperatures:
-        for d, texts in prompts.items():
+        for d, texts in prompts.items():  # texts: token ids of each prompt
             for s in specs:
                 if s.name == HF_ASSISTED:
                     hf_generate_batched(pair, texts[:2], 2, 2, t, seed)  # untimed warm-up
@@ -92,6 +95,7 @@ def run_batch_bench(pair, datasets: list[str], data_dir, methods: str, temperatu
         r["speedup_vs_batched_ar"] = r["tokens_per_s"] / ar["tokens_per_s"] if ar else None
     results = {"meta": environment(pair, command), "settings": {
         "datasets": datasets, "methods": [s.label for s in specs], "temperatures": temperatures,
+        "chat_template": chat_template, "chat_template_applied": chat,
         "batch_size": batch_size, "max_new_tokens": max_new_tokens, "limit": limit, "seed": seed,
         "threads": torch.get_num_threads()}, "rows": rows}
     out = Path(out)

@@ -59,8 +59,7 @@ def run_bench(target: str | None = None, draft: str | None = None, datasets: lis
     data sets (HumanEval, GSM8K, JSONL files) are raw text in every mode. settings.chat_template records the mode and
     settings.chat_template_applied, per data set, whether it was applied."""
     from multispec.bench.report import write_outputs
-    from multispec.loading import eos_ids, load_pair, vocab_rows
-    from multispec.text import encode_chat, encode_prompt
+    from multispec.loading import eos_ids, load_pair
 
     # 1. everything that can be checked without a model
     specs = methods if isinstance(methods, list) and all(isinstance(s, MethodSpec) for s in methods) \
@@ -109,14 +108,7 @@ def run_bench(target: str | None = None, draft: str | None = None, datasets: lis
         else:
             pair = load_pair(target=target, draft=draft if wants_draft else None, device=device, dtype=dtype,
                              cross_vocab=cross_vocab if wants_draft else None)
-    bos = pair.tokenizer.bos_token_id
-    chat = chat_datasets(pair.tokenizer, prompts, chat_template)
-    encoded = {}
-    for d, ps in prompts.items():
-        rows = vocab_rows(pair.target)
-        encoded[d] = [truncate_ids(encode_chat(pair.tokenizer, rows, [{"role": "user", "content": p.message}])
-                                   if chat[d] else encode_prompt(pair.tokenizer, rows, p.text), max_prompt_tokens, bos)
-                      for p in ps]
+    encoded, chat = encode_datasets(pair, prompts, chat_template, max_prompt_tokens)
     eos = eos_ids(pair)
     on_cuda = pair.device.type == "cuda"
     longest = max(len(ids) for v in encoded.values() for ids, _ in v)
@@ -205,6 +197,20 @@ def run_bench(target: str | None = None, draft: str | None = None, datasets: lis
     if out is not None:
         write_outputs(out, results)
     return results
+
+
+def encode_datasets(pair, prompts: dict, chat_template: str, max_prompt_tokens: int | None) -> tuple[dict, dict]:
+    """({data set: [(ids, truncated)]}, {data set: chat template applied}): every prompt tokenized as `generate`
+    does, a chat data set's as one user message through the target's chat template (per chat_template)."""
+    from multispec.loading import vocab_rows
+    from multispec.text import encode_chat, encode_prompt
+
+    bos, rows = pair.tokenizer.bos_token_id, vocab_rows(pair.target)
+    chat = chat_datasets(pair.tokenizer, prompts, chat_template)
+    encoded = {d: [truncate_ids(encode_chat(pair.tokenizer, rows, [{"role": "user", "content": p.message}])
+                                if chat[d] else encode_prompt(pair.tokenizer, rows, p.text), max_prompt_tokens, bos)
+                   for p in ps] for d, ps in prompts.items()}
+    return encoded, chat
 
 
 def chat_datasets(tokenizer, prompts: dict, mode: str) -> dict:

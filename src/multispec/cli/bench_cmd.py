@@ -76,9 +76,6 @@ def bench_command(target, draft, cross_vocab, datasets, data_dir, prompt_field, 
     out = out or f"bench-{time.strftime('%Y%m%d-%H%M%S')}"
     check_draft_given(parse_method_specs(methods), target is None or draft is not None,
                       hf_assisted_drafts=batch_size is None)
-    if batch_size is not None and chat_template == "on":
-        raise click.UsageError("--batch-size runs prompts as raw text; --chat-template on needs a run without "
-                               "--batch-size")
     with _removed_if_left_empty(out):
         writable_dir(out)  # before anything slow
         threads, warning = set_threads(threads)
@@ -86,7 +83,7 @@ def bench_command(target, draft, cross_vocab, datasets, data_dir, prompt_field, 
             click.echo(f"warning: {warning}", err=True)
         if batch_size is not None:
             _batch_bench(target, draft, cross_vocab, datasets, data_dir, methods, temperatures, batch_size,
-                         max_new_tokens, limit, seed, out, device, dtype, shadow_target, quiet)
+                         max_new_tokens, limit, seed, out, device, dtype, shadow_target, quiet, chat_template)
             return
         results = run_bench(target=target, draft=draft, datasets=datasets, data_dir=data_dir, methods=methods,
                             temperatures=_floats(temperatures), top_k=top_k, top_p=top_p,
@@ -124,7 +121,7 @@ def _removed_if_left_empty(out: str):
 
 
 def _batch_bench(target, draft, cross_vocab, datasets, data_dir, methods, temperatures, batch_size, max_new_tokens, limit, seed,
-                 out, device, dtype, shadow_target, quiet) -> None:
+                 out, device, dtype, shadow_target, quiet, chat_template="auto") -> None:
     from multispec.bench.batched import run_batch_bench
     from multispec.errors import check
     from multispec.loading import load_pair
@@ -137,7 +134,8 @@ def _batch_bench(target, draft, cross_vocab, datasets, data_dir, methods, temper
     results = run_batch_bench(pair, [d.strip() for d in datasets.split(",")], data_dir, methods, temps, batch_size,
                               max_new_tokens, int(limit) if limit else None, seed, out,
                               command=["multispec", *sys.argv[1:]],
-                              progress=(lambda line: None) if quiet else (lambda line: click.echo(line, err=True)))
+                              progress=(lambda line: None) if quiet else (lambda line: click.echo(line, err=True)),
+                              chat_template=chat_template)
     for r in results["rows"]:
         sp = "" if r["speedup_vs_batched_ar"] is None else f"  {r['speedup_vs_batched_ar']:.2f}x batched ar"
         click.echo(f"{r['dataset']:>12} T={r['temperature']:<4g} {r['method']:<28} {r['tokens_per_s']:8.1f} tok/s{sp}")
