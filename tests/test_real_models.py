@@ -71,3 +71,19 @@ def test_gemma_greedy_output_is_transformers_own(backend):
         for method in ("ar", "auto"):
             got = multispec.generate(pair, ids, method=method, backend=backend, max_new_tokens=MAX_NEW, temperature=0)
             assert got.token_ids == expected, (method, backend, chat)
+
+
+@pytest.mark.parametrize("options", [{"method": "eagle", "k": 4, "confidence": 0.2},
+                                     {"method": "eagle", "tree": (2, 2, 1)},
+                                     {"method": "auto", "proposers": "draft"}])
+def test_smollm2_with_its_shipped_head_is_transformers_own(smollm2, options):
+    """The head that ships for SmolLM2 (found by the GGUF target's fingerprint) drafts, and greedy output stays
+    transformers' own; it accepts some of its drafts on these prompts."""
+    pair, cases = smollm2
+    accepted = 0
+    for ids, expected in cases:
+        got = multispec.generate(pair, ids, head="shipped", backend="fast", max_new_tokens=MAX_NEW, temperature=0,
+                                 **options)
+        assert got.token_ids == expected, (options, pair.tokenizer.decode(ids))
+        accepted += got.stats["num_accepted_draft_tokens"]
+    assert accepted > 0, options
