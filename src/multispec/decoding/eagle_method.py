@@ -48,8 +48,8 @@ def _eagle_policy(config: MethodConfig, pair, loaded: dict):
     from multispec.tree import Tree
 
     tree, stop = Tree.from_shape(config.tree), config.options.get("confidence")
-    policy = FixedTree(tree, proposer="head") if stop is None else ConfidenceStop(tree, float(stop))
-    policy.proposer = "head"
+    policy = FixedTree(tree) if stop is None else ConfidenceStop(tree, float(stop))
+    policy.proposer = "head"  # (ConfidenceStop takes no proposer)
     policy.defers_draft_prefill = True  # the head reads the target's features of the prompt: after its prefill
     return policy
 

@@ -113,7 +113,7 @@ def calibrate(backends: list, budget_s: float, reps: int = 3) -> list[list[float
 
     def room(b) -> int:  # tokens that still fit after the cached rows (positions, static cache rows, a head's)
         limits = [x - b.cache_len for x in (b.max_positions, getattr(b, "max_len", None)) if x]
-        limits += [getattr(b, "calibration_room")] if hasattr(b, "calibration_room") else []
+        limits += [b.calibration_room] if hasattr(b, "calibration_room") else []
         return min(limits) if limits else 1 << 30
 
     fits = min(room(b) for b in backends)
