@@ -88,6 +88,15 @@ class EagleHead(nn.Module):
         out = self.transformer(x, attention_mask=mask, position_ids=positions, position_embeddings=pe, **kw)
         return parts.norm(out[0] if isinstance(out, tuple) else out)
 
+    def teacher_forced(self, parts: TargetParts, tokens: torch.Tensor, features: torch.Tensor) -> torch.Tensor:
+        """The head over all of tokens [B, L] at once, causal, no cache, row t reading row t-1 of features
+        [B, L, H] (zeros at t = 0): what drafting one token after committed text computes at every position.
+        Returns f: float [B, L, H]. (Training feeds it the target's features, then its own f to unroll.)"""
+        b, n = tokens.shape
+        shifted = torch.cat([torch.zeros_like(features[:, :1]), features[:, :-1]], dim=1)
+        mask = additive_mask(causal_mask(0, n), features.dtype)[None, None]  # [1, 1, L, L]
+        return self(parts, tokens, shifted, torch.arange(n)[None].expand(b, n), mask)
+
 
 def new_head(target: nn.Module) -> EagleHead:
     """A freshly initialised head for `target` (its decoder layer's class, its config with one layer); the output

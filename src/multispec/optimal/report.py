@@ -177,15 +177,13 @@ def _head_as_model(path: str, target):
 
     from multispec.models.eagle import TargetParts
     from multispec.models.eagle_io import load_head
-    from multispec.training.eagle import _causal, _shift  # the teacher-forced inputs training uses
 
     head, token_ids = load_head(path, target)
     parts = TargetParts.of(target)
 
     def run(input_ids):
-        n = input_ids.shape[1]
         feats = target.model(input_ids=input_ids).last_hidden_state  # [1, L, H] (after the final norm)
-        f = head(parts, input_ids, _shift(feats), torch.arange(n)[None], _causal(n, feats.dtype))
+        f = head.teacher_forced(parts, input_ids, feats)
         logits = parts.lm_head(f).float()
         if token_ids is not None:
             keep = torch.full_like(logits, float("-inf"))

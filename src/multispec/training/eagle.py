@@ -161,15 +161,6 @@ def frequent_tokens(chunks: torch.Tensor, n: int, vocab: int) -> torch.Tensor:
 
 
 # ------------------------------------------------------------------------------------------------------- model
-def _shift(feats: torch.Tensor) -> torch.Tensor:
-    """Row t gets row t-1's feature (zeros at t = 0): [B, L, H]."""
-    return torch.cat([torch.zeros_like(feats[:, :1]), feats[:, :-1]], dim=1)
-
-
-def _causal(n: int, dtype) -> torch.Tensor:
-    return torch.where(torch.ones(n, n, dtype=torch.bool).tril(), 0.0, torch.finfo(dtype).min)[None, None]
-
-
 def _laws(parts, f: torch.Tensor, ids: torch.Tensor | None):
     """Logits of the output layer over features f [.., H], on the reduced vocabulary's rows when ids is given."""
     w = parts.lm_head.weight if ids is None else parts.lm_head.weight.index_select(0, ids)
@@ -178,18 +169,14 @@ def _laws(parts, f: torch.Tensor, ids: torch.Tensor | None):
 
 def head_loss(head, parts, tokens, feats, ids, unroll: int):
     """(loss, p [B, L, V'], q_logits of step 1): tokens long [B, L], feats float [B, L, H] (the target's)."""
-    b, n = tokens.shape
-    positions = torch.arange(n)[None].expand(b, n)
-    mask = _causal(n, feats.dtype)
     with torch.no_grad():
         p = torch.softmax(_laws(parts, feats, ids), -1)  # [B, L, V']
-    inp, loss, first = _shift(feats), 0.0, None
+    f, loss, first = feats, 0.0, None
     for s in range(unroll):
-        f = head(parts, tokens, inp, positions, mask)
+        f = head.teacher_forced(parts, tokens, f)  # step s reads step s-1's features (the target's at s = 0)
         logq = torch.log_softmax(_laws(parts, f, ids), -1)
         loss = loss + (0.8 ** s) * -(p * logq).sum(-1).mean()
         first = logq if first is None else first
-        inp = _shift(f)
     return loss, p, first
 
 
