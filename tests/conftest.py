@@ -10,6 +10,19 @@ sys.path.insert(0, str(Path(__file__).parent))  # tests import their shared help
 torch.set_num_threads(1)
 
 
+@pytest.fixture(autouse=True, scope="session")
+def _own_acceptance_statistics(tmp_path_factory):
+    """auto's acceptance statistics (drafting/auto/memory.py) kept in this session's folder, so that no test plans
+    from what an earlier test session stored in the user's cache (the cost cache and compiled code stay shared)."""
+    from multispec.drafting.auto import memory
+
+    path = tmp_path_factory.mktemp("acceptance") / memory.FILE
+    real = memory._file
+    memory._file = lambda: path
+    yield
+    memory._file = real
+
+
 @pytest.fixture(autouse=True)
 def _one_thread():
     """One thread for every test, also after a test that changed it (the CLI's load-aware `set_threads`, a test

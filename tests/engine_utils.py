@@ -93,7 +93,7 @@ class ScriptedPolicy:
     def join_batch(self, batcher, batch_costs, sampling) -> None:
         pass
 
-    def prepare(self, target, draft, context_len) -> None:
+    def prepare(self, target, draft, context_len, temperature=0.0) -> None:
         pass
 
     def start_round(self) -> None:

@@ -15,6 +15,7 @@ from pathlib import Path
 import pytest
 
 import multispec
+import multispec.paths
 from helpers import assert_one_line_error, run_cli
 from multispec import MultispecError
 from multispec.decoding.methods import build_method
@@ -130,7 +131,7 @@ def test_malformed_cost_cache_file_is_ignored_with_one_warning(pair, tmp_path, m
 
     monkeypatch.setenv("MULTISPEC_CACHE_DIR", str(tmp_path))
     monkeypatch.setattr(costs, "_MEMORY", {})
-    monkeypatch.setattr(costs, "_WARNED", set())
+    monkeypatch.setattr(multispec.paths, "_WARNED", set())
     cache = tmp_path / "costs-v1.json"
     cache.write_bytes(content)
     with warnings.catch_warnings(record=True) as seen:
@@ -155,7 +156,7 @@ def test_implausible_cost_cache_entry_is_ignored_and_recalibrated(pair, tmp_path
 
     monkeypatch.setenv("MULTISPEC_CACHE_DIR", str(tmp_path))
     monkeypatch.setattr(costs, "_MEMORY", {})
-    monkeypatch.setattr(costs, "_WARNED", set())
+    monkeypatch.setattr(multispec.paths, "_WARNED", set())
     multispec.generate(pair, "x = 1", method="auto", max_new_tokens=2, temperature=0.0)  # writes a valid cache
     cache = tmp_path / "costs-v1.json"
     data = json.loads(cache.read_text())
@@ -381,6 +382,7 @@ import os, sys, torch
 from torch._inductor.runtime.cache_dir_utils import cache_dir
 torch_default = cache_dir()  # torch fills TORCHINDUCTOR_CACHE_DIR in with its own default first
 import multispec
+import multispec.paths
 from multispec.models import make_backend
 pair = multispec.load_pair(target=sys.argv[1], draft=sys.argv[2])
 backend = make_backend(pair.target, "compiled", max_len=64)

@@ -32,7 +32,8 @@ def writable_file(path: str | Path, what: str = "--out") -> Path:
 
 def cache_root() -> Path:
     """multispec's cache folder: $MULTISPEC_CACHE_DIR, else $XDG_CACHE_HOME/multispec, else ~/.cache/multispec.
-    Holds the cost calibrations (costs-v1.json) and compiled code (inductor/)."""
+    Holds the cost calibrations (costs-v1.json), auto's acceptance statistics (acceptance-v1.json) and compiled
+    code (inductor/)."""
     root = os.environ.get("MULTISPEC_CACHE_DIR")
     if root:
         return Path(root)
@@ -40,14 +41,46 @@ def cache_root() -> Path:
     return Path(xdg if xdg and os.path.isabs(xdg) else os.path.join(os.path.expanduser("~"), ".cache")) / "multispec"
 
 
+_WARNED: set[str] = set()
+
+
+def warn_once(message: str) -> None:
+    """A RuntimeWarning, once per process and message (a bad cache file is named once, not every generation)."""
+    import warnings
+
+    if message not in _WARNED:
+        _WARNED.add(message)
+        warnings.warn(message, RuntimeWarning, stacklevel=3)
+
+
+def load_cache_json(path: Path, what: str, then: str) -> dict:
+    """A cache file's JSON object, or {} when absent. An unreadable or malformed file (not UTF-8 JSON, or not an
+    object) is ignored with one warning naming it, `what` it holds and what happens `then` (the next save replaces
+    it); its entries are checked where they are used."""
+    import json
+
+    try:
+        data = json.loads(path.read_bytes().decode("utf-8"))
+    except FileNotFoundError:
+        return {}
+    except (OSError, ValueError, RecursionError) as e:  # UnicodeDecodeError and JSONDecodeError are ValueErrors
+        warn_once(f"ignoring {what} {path}: it cannot be read ({type(e).__name__}); {then}")
+        return {}
+    if not isinstance(data, dict):
+        warn_once(f"ignoring {what} {path}: expected a JSON object, found {type(data).__name__}; {then}")
+        return {}
+    return data
+
+
 def save_cache_json(path: Path, data) -> None:
-    """Write a cache file (JSON) whole or not at all: through a temporary file renamed over it. A cache that cannot
-    be written is only measured again next time, so failing to write it is silent."""
+    """Write a cache file (JSON) whole or not at all: through a temporary file (named per process, so that two
+    processes saving at once do not mix their writes) renamed over it. A cache that cannot be written is only
+    measured again next time, so failing to write it is silent."""
     import json
 
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = path.with_suffix(".tmp")
+        tmp = path.with_suffix(f".{os.getpid()}.tmp")
         tmp.write_text(json.dumps(data))
         tmp.replace(path)
     except OSError:

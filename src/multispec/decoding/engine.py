@@ -126,7 +126,7 @@ def _start(run: Run, prompt: list[int], eos_ids: set[int], logprobs: LogprobReco
     state = prefill(target, prompt, run.method.target_init, run.sampling, logprobs, committed)
     if defer:
         state.pending = list(prompt)
-    run.policy.prepare(target, draft, target.cache_len)
+    run.policy.prepare(target, draft, target.cache_len, run.sampling.temperature)
     return state
 
 

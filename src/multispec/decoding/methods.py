@@ -31,6 +31,7 @@ def _build_auto(o: dict) -> MethodConfig:
     check(bool(proposers) and not bad, f"auto: proposers must be among {', '.join(AUTO_PROPOSERS)}, got {proposers!r}")
     head = eagle_method.head_option(o, "auto")  # a feature head drafts auto's draft plans instead of a draft model
     check(head is None or "draft" in proposers, "auto: a head drafts the draft plans; keep draft among proposers")
+    parse_bool(o.get("fresh_start", False), "fresh_start")
     return MethodConfig(name="auto", verifier="traversal", proposers=proposers, max_nodes=max_nodes_option(o, 32),
                         head=head, options=o)
 
@@ -170,9 +171,10 @@ def _auto_policy(config: MethodConfig, pair, loaded: dict):
     from multispec.models import tree_refusal
 
     store = loaded.get("store")
+    memory = not parse_bool(config.options.get("fresh_start", False), "fresh_start")
     if pair is None or config.head is not None:  # (with a head, it drafts: no draft model is read)
         return AutoPolicy(proposers=config.proposers, max_nodes=config.max_nodes, suffix_store=store,
-                          draft_proposer="head" if config.head is not None else "draft")
+                          draft_proposer="head" if config.head is not None else "draft", memory=memory)
     proposers = tuple(p for p in config.proposers if p != "draft" or pair.draft is not None)
     check(bool(proposers), "auto: proposers=draft needs a draft model; load the pair with a draft, or let auto use "
                      "lookup (proposers=draft,lookup)")
@@ -181,7 +183,7 @@ def _auto_policy(config: MethodConfig, pair, loaded: dict):
         proposers = tuple(p for p in proposers if p != "suffix")
     one_chain = chains_only or getattr(pair, "cross_vocab", None) == "uag"  # a re-tokenized draft: one chain
     return AutoPolicy(proposers=proposers, max_nodes=config.max_nodes, max_width=1 if one_chain else 4,
-                      suffix_store=store)
+                      suffix_store=store, memory=memory)
 
 
 def _load_auto(config: MethodConfig, pair) -> dict:
@@ -240,7 +242,10 @@ for _entry in (
     MethodEntry("auto", (Option("proposers", "str", "any of draft,lookup,suffix (also draft+lookup); draft alone "
                                                     "needs a draft model", "all three"),
                          Option("max_nodes", "int", _MAX_NODES, 32, (1, MAX_TREE_NODES)),
-                         Option("head", "path", "a feature head (or 'shipped') drafts auto's draft plans")),
+                         Option("head", "path", "a feature head (or 'shipped') drafts auto's draft plans"),
+                         Option("fresh_start", "flag", "every generation starts from the priors: the acceptance "
+                                "earlier generations of this pair learned (kept in the cache folder) is neither read "
+                                "nor stored")),
                 _build_auto, _auto_policy, needs_draft=False,
                 uses_draft=lambda c: "draft" in c.proposers and c.head is None, tree_nodes=lambda c: c.max_nodes,
                 load=_load_auto, draft_backend=lambda *args: eagle_method.eagle_backends(*args),

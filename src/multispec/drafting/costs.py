@@ -12,15 +12,15 @@ costs (in memory and on disk) move part of the way towards what was measured.
 """
 from __future__ import annotations
 
-import json
 import math
 import platform
 import time
-import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
+
+from multispec.paths import load_cache_json, warn_once
 
 BUCKETS = (1, 2, 4, 8, 16, 32, 64)
 CALIBRATION_BUDGET_S = 2.0
@@ -155,7 +155,7 @@ def get_cost_model(target, target_model, draft=None, draft_model=None, context_l
     key = model_key(target, target_model) + "||" + (model_key(draft, draft_model) if draft is not None else "-")
     cached = _MEMORY.get(key) or _disk().get(key)
     if cached is not None and not _valid_entry(cached, draft is not None):
-        _warn_once(f"ignoring the cost cache entry for this model in {_cache_file()}: it is not a valid calibration "
+        warn_once(f"ignoring the cost cache entry for this model in {_cache_file()}: it is not a valid calibration "
                    "(wrong shape or implausible numbers); recalibrating")
         cached = None
     if cached is not None:
@@ -196,15 +196,6 @@ def _cache_file() -> Path:
     return cache_root() / "costs-v1.json"
 
 
-_WARNED: set[str] = set()
-
-
-def _warn_once(message: str) -> None:
-    if message not in _WARNED:
-        _WARNED.add(message)
-        warnings.warn(message, RuntimeWarning, stacklevel=3)
-
-
 def _curve_ok(x) -> bool:
     """A cost curve as calibrate writes it: len(BUCKETS) finite positive seconds (below an hour each)."""
     return (isinstance(x, list) and len(x) == len(BUCKETS)
@@ -226,21 +217,8 @@ def _valid_entry(entry, with_draft: bool) -> bool:
 
 
 def _disk() -> dict:
-    """The disk cache: {key: entry}. An unreadable or malformed file (not UTF-8 JSON, or not an object) is ignored
-    with one warning naming it (and replaced by the next store); single entries are checked where they are used."""
-    path = _cache_file()
-    try:
-        data = json.loads(path.read_bytes().decode("utf-8"))
-    except FileNotFoundError:
-        return {}
-    except (OSError, ValueError, RecursionError) as e:  # UnicodeDecodeError and JSONDecodeError are ValueErrors
-        _warn_once(f"ignoring the cost cache {path}: it cannot be read ({type(e).__name__}); recalibrating")
-        return {}
-    if not isinstance(data, dict):
-        _warn_once(f"ignoring the cost cache {path}: expected a JSON object, found {type(data).__name__}; "
-                   "recalibrating")
-        return {}
-    return data
+    """The disk cache: {key: entry} (single entries are checked where they are used)."""
+    return load_cache_json(_cache_file(), "the cost cache", "recalibrating")
 
 
 def _store(key: str, entry: dict, memory: bool = True) -> None:

@@ -4,7 +4,7 @@ One generation, as the engine drives it (decoding/engine.py):
 
     policy.join_batch(batcher, costs, sampling)  # only in a batch lane: plan with the batch's costs
     policy.reset()                               # adaptive state starts afresh (style §2.12)
-    policy.prepare(target, draft, context_len)   # once, after the prefill (auto calibrates its costs here)
+    policy.prepare(target, draft, context_len, temperature)  # once, after the prefill (auto: costs, memory)
     every round:
         plan = policy.plan_round(history, pending)        # which tree, from which proposer
         policy.start_round()                              # then, while the draft grows the tree level by level:
@@ -92,7 +92,7 @@ class DraftPolicy(Protocol):
         StepBatcher (its live size), batch_costs the batched cost table, sampling whether the sequence samples."""
         ...
 
-    def prepare(self, target, draft, context_len: int) -> None: ...
+    def prepare(self, target, draft, context_len: int, temperature: float = 0.0) -> None: ...
 
     def plan_round(self, history: list[int], pending: int) -> RoundPlan:
         """history: prompt + committed tokens; pending: committed tokens the draft has not consumed yet."""
@@ -130,7 +130,7 @@ class DraftPolicyBase:
     def join_batch(self, batcher, batch_costs, sampling: bool) -> None:
         pass
 
-    def prepare(self, target, draft, context_len: int) -> None:
+    def prepare(self, target, draft, context_len: int, temperature: float = 0.0) -> None:
         pass
 
     def plan_round(self, history: list[int], pending: int) -> RoundPlan:

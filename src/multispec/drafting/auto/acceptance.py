@@ -63,6 +63,19 @@ class Acceptance:
     def rate(self, depth: int, rank: int) -> float:
         return self.table(max(depth, 16), max(rank, 4))[depth][rank]
 
+    def state(self) -> dict[str, list[float]]:
+        """The counts as JSON: {"depth,rank": [accepted, tried]} (drafting/auto/memory.py stores them)."""
+        return {f"{d},{r}": [self.num[(d, r)], den] for (d, r), den in self.den.items() if den > 1e-6}
+
+    def restore(self, state: dict) -> None:
+        """Start from stored counts (what `state` wrote; keys that do not parse are skipped)."""
+        for k, v in state.items():
+            d, _, r = k.partition(",")
+            num, den = v if isinstance(v, list) and len(v) == 2 else (1.0, 0.0)
+            if d.isdigit() and r.isdigit() and 0 <= num <= den:
+                self.num[(int(d), int(r))], self.den[(int(d), int(r))] = float(num), float(den)
+        self.version += 1
+
 
 class ConfidenceRates:
     """P(a chain's next draft token is accepted), by bucket of the draft's probability of it (CONF_EDGES)."""
@@ -75,6 +88,13 @@ class ConfidenceRates:
         num, den = self.rows[b]
         prior = (CONF_EDGES[b - 1] if b > 0 else 0.0) * 0.5 + (CONF_EDGES[b] if b < len(CONF_EDGES) else 1.0) * 0.5
         return (num + PRIOR_WEIGHT * prior) / (den + PRIOR_WEIGHT)
+
+    def state(self) -> list[list[float]]:
+        return [list(row) for row in self.rows]
+
+    def restore(self, rows: list) -> None:
+        if len(rows) == len(self.rows) and all(len(r) == 2 and 0 <= r[0] <= r[1] for r in rows):
+            self.rows = [[float(a), float(t)] for a, t in rows]
 
     def add_round(self, confs: list[float], path_len: int) -> None:
         """One chain round: confs[i] the draft's probability of its token at depth i + 1; path_len: accepted + 1."""

@@ -42,6 +42,20 @@ class Planner:
         self._greedy: tuple[int, list[tuple[int, int]], list[float]] | None = None  # (acceptance version, nodes, reach)
         self._cache: dict = {}
 
+    def state(self) -> dict:
+        """What this generation learned of acceptance, as JSON (drafting/auto/memory.py keeps it across them)."""
+        return {"draft": self.draft_acc.state(), "lookup": self.lookup_acc.state(),
+                "suffix": list(self.suffix_calib)}
+
+    def restore(self, state: dict) -> None:
+        """Start from what earlier generations learned (`state`'s layout; a section in another shape is skipped)."""
+        for name, acc in (("draft", self.draft_acc), ("lookup", self.lookup_acc)):
+            if isinstance(state.get(name), dict):
+                acc.restore(state[name])
+        calib = state.get("suffix")
+        if isinstance(calib, list) and len(calib) == 2 and calib[1] > 0:
+            self.suffix_calib = [float(calib[0]), float(calib[1])]
+
     def ar(self, costs) -> RoundPlan:
         return RoundPlan(ROOT, "none", label="ar", predicted_tps=1.0 / (costs.t(1) + costs.overhead["round_s"]))
 

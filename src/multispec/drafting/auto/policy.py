@@ -10,6 +10,7 @@ from __future__ import annotations
 from collections import Counter, defaultdict
 from typing import Any
 
+import multispec.drafting.auto.memory as acceptance_memory
 from multispec.drafting.auto.acceptance import ConfidenceRates
 from multispec.drafting.auto.costs import AloneCosts, BatchShareCosts
 from multispec.drafting.auto.plans import Planner
@@ -43,13 +44,16 @@ class AutoPolicy(DraftPolicyBase):
 
     def __init__(self, proposers=("draft", "lookup"), max_nodes: int = 32, max_depth: int = 12,
                  max_width: int = 4, lookup_tokens: int = 10, max_ngram: int = 3,
-                 cost_model: CostModel | None = None, suffix_store=None, draft_proposer: str = "draft"):
+                 cost_model: CostModel | None = None, suffix_store=None, draft_proposer: str = "draft",
+                 memory: bool = True):
         self.proposers = tuple(proposers)
         self.shape = dict(max_nodes=max_nodes, max_depth=max_depth, max_width=max_width,
                           lookup_tokens=lookup_tokens, max_ngram=max_ngram)
         self.draft_proposer = draft_proposer
         self.fixed_costs = cost_model
         self.suffix_store = suffix_store  # "suffix": the store of past requests shared by the Decoder family
+        self.memory = memory  # acceptance statistics kept across generations (drafting/auto/memory.py)
+        self._identities: dict = {}
         # (StepBatcher, BatchCosts, sampling) while this policy plans one sequence of a batch
         self._batch: tuple[Any, BatchCosts, bool] | None = None
         self.reset()
@@ -68,12 +72,15 @@ class AutoPolicy(DraftPolicyBase):
         self.usage: Counter = Counter()
         self.realised: dict[str, list[float]] = defaultdict(lambda: [0.0, 0.0, 0.0, 0])  # tokens, s, pred tps, n
         self.stored_overhead: dict | None = None
+        self.memory_key: str | None = None  # set by prepare when memory is on
 
     def join_batch(self, batcher, batch_costs, sampling: bool) -> None:
         self._batch = (batcher, batch_costs, sampling)
 
-    def prepare(self, target, draft, context_len: int) -> None:
+    def prepare(self, target, draft, context_len: int, temperature: float = 0.0) -> None:
         self.has_draft = draft is not None and "draft" in self.proposers
+        if self.memory:
+            self._recall(target, draft, temperature)
         if self._batch is not None:
             batcher, table, sampling = self._batch
             self.costs = BatchShareCosts(batcher, table, self.fixed_costs or table.cost_model(), sampling)
@@ -81,6 +88,19 @@ class AutoPolicy(DraftPolicyBase):
             model = get_cost_model(target, getattr(target, "model", target), draft if self.has_draft else None,
                                    getattr(draft, "model", draft) if self.has_draft else None, context_len)
             self.costs = AloneCosts(model, self.shape["max_nodes"])
+
+    def _recall(self, target, draft, temperature: float) -> None:
+        """Start from the acceptance earlier generations of this pair learned at this temperature range."""
+        models = (getattr(target, "model", target), getattr(draft, "model", draft) if self.has_draft else None)
+        ids = tuple(id(m) for m in models)
+        if ids not in self._identities:  # a checksum of a few weights, once per pair
+            self._identities = {ids: [acceptance_memory.model_identity(m) for m in models]}
+        self.memory_key = acceptance_memory.key(*self._identities[ids], self.draft_proposer, temperature)
+        stored = acceptance_memory.load(self.memory_key)
+        if stored is not None:
+            self.planner.restore(stored)
+            if isinstance(stored.get("confidence"), list):
+                self.confidence.restore(stored["confidence"])
 
     def _costs(self) -> AloneCosts | BatchShareCosts:
         """The cost view (set by reset with fixed costs, else by prepare, which the engine calls first)."""
@@ -202,6 +222,8 @@ class AutoPolicy(DraftPolicyBase):
         cost corrections for the next generation (drafting/costs.py)."""
         if "suffix" in self.proposers and self.suffix_store is not None:
             self.suffix_store.add(None, list(history))
+        if self.memory_key is not None:
+            acceptance_memory.save(self.memory_key, {**self.planner.state(), "confidence": self.confidence.state()})
         if isinstance(self.costs, AloneCosts):
             self.stored_overhead = self.costs.fitted_overhead()
             update_after_generation(self.costs.model, self.stored_overhead)

@@ -1,0 +1,103 @@
+"""auto's acceptance statistics kept across generations and processes (drafting/auto/memory.py, issue 38).
+
+A first process generates with auto and saves what it learned; a second process reads it and plans its first round
+from it (a different plan than the priors give); a malformed file is ignored with one warning and rebuilt. The
+blend is halfway, the key separates pairs and temperature ranges, and the output stays the target's own greedy text
+whatever was stored (the statistics only shape plans).
+"""
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from multispec.drafting.auto import memory
+
+TESTS = Path(__file__).resolve().parent
+SRC = str(TESTS.parent / "src")
+
+# One process: the same tiny model as target and draft (greedy acceptance 1), auto with fixed costs in which a
+# draft step is cheap, so the plan follows acceptance alone. argv: n_new, fresh_start (0/1). Prints the plans used.
+SCRIPT = r"""
+import json, sys, warnings
+warnings.simplefilter("always")
+from helpers import tiny_llama
+from engine_utils import greedy_reference
+from multispec.drafting.auto import AutoPolicy
+from multispec.drafting.costs import BUCKETS, CostCurve, CostModel
+from multispec.decoding.engine import generate_ids
+from multispec.decoding.methods import build_method
+from multispec.models import make_backend
+from multispec.sampling import SamplingConfig
+
+n_new, fresh = int(sys.argv[1]), sys.argv[2] == "1"
+model = tiny_llama(vocab=8, hidden=16, layers=1, heads=2, kv_heads=1, seed=3, scale=3.0)
+costs = CostModel(CostCurve([0.010 + 0.0002 * (b - 1) for b in BUCKETS]),
+                  CostCurve([0.0005 * (1 + 0.1 * (b - 1)) for b in BUCKETS]))
+policy = AutoPolicy(proposers=("draft",), cost_model=costs, memory=not fresh)
+prompt = [1, 2, 3]
+ids, _ = generate_ids(make_backend(model), make_backend(model), prompt, build_method("auto"),
+                      SamplingConfig(temperature=0.0), n_new, 0, set(), policy=policy)
+assert ids == greedy_reference(model, prompt, n_new), "auto's greedy output differs from the target's"
+plans = policy.report()["plans"]
+print(json.dumps({"plans": plans, "first": next(iter(policy.usage))}))
+"""
+
+
+def _run(cache: Path, n_new: int, fresh: bool = False) -> tuple[dict, str]:
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([SRC, str(TESTS)]), "OMP_NUM_THREADS": "1",
+           "MULTISPEC_CACHE_DIR": str(cache)}
+    out = subprocess.run([sys.executable, "-c", SCRIPT, str(n_new), "1" if fresh else "0"], env=env,
+                         capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr[-2000:]
+    return json.loads(out.stdout.strip().splitlines()[-1]), out.stderr
+
+
+def test_a_second_process_plans_its_first_round_from_what_the_first_learned(tmp_path):
+    cache = tmp_path / "cache"
+    fresh, _ = _run(cache, 1, fresh=True)  # the priors' first plan
+    assert not (cache / memory.FILE).exists(), "fresh_start must not store statistics"
+    _run(cache, 40)  # learns: every draft token is accepted
+    stored = json.loads((cache / memory.FILE).read_text())
+    (entry,) = stored.values()
+    assert entry["draft"]["1,1"][0] > 0.9 * entry["draft"]["1,1"][1]  # depth 1, rank 1: (nearly) always accepted
+    second, _ = _run(cache, 1)
+    assert second["first"] != fresh["first"], (second, fresh)
+    learned = second["plans"][second["first"]]["predicted_tokens_per_s"]
+    prior = fresh["plans"][fresh["first"]]["predicted_tokens_per_s"]
+    assert learned > 1.2 * prior  # it expects (and plans for) much more acceptance than the priors
+
+
+@pytest.mark.parametrize("content", [b"{not json", b"\xff\xfe", b"[1, 2]", None])
+def test_malformed_statistics_are_ignored_with_one_warning_and_rebuilt(tmp_path, content):
+    cache = tmp_path / "cache"
+    cache.mkdir()
+    path = cache / memory.FILE
+    if content is None:  # a JSON object with a malformed entry under the very key this pair uses
+        _run(cache, 5)
+        (key,) = json.loads(path.read_text())
+        path.write_text(json.dumps({key: {"draft": {"1,1": [-1, "x"]}}}))
+    else:
+        path.write_bytes(content)
+    result, stderr = _run(cache, 5)
+    assert stderr.count("ignoring auto's acceptance statistics") == 1, stderr
+    assert "Traceback" not in stderr
+    rebuilt = json.loads(path.read_text())
+    assert all(memory.valid_entry(e) for e in rebuilt.values()) and len(rebuilt) == 1
+
+
+def test_the_blend_moves_halfway_and_keys_separate_pairs_and_temperatures(tmp_path, monkeypatch):
+    monkeypatch.setenv("MULTISPEC_CACHE_DIR", str(tmp_path))
+    monkeypatch.setattr(memory, "_MEMORY", {})
+    k0 = memory.key("t|1", "d|1", "draft", 0.0)
+    assert memory.save(k0, {"draft": {"1,1": [4.0, 8.0]}, "suffix": [1.0, 2.0]}) == {
+        "draft": {"1,1": [4.0, 8.0]}, "suffix": [1.0, 2.0]}
+    after = memory.save(k0, {"draft": {"1,1": [8.0, 8.0], "2,1": [2.0, 4.0]}, "suffix": [3.0, 2.0]})
+    assert after == {"draft": {"1,1": [6.0, 8.0], "2,1": [1.0, 2.0]}, "suffix": [2.0, 2.0]}
+    monkeypatch.setattr(memory, "_MEMORY", {})  # a new process reads the disk
+    assert memory.load(k0) == after
+    assert len({k0, memory.key("t|1", "d|1", "draft", 0.7), memory.key("t|1", "d|1", "draft", 1.0),
+                memory.key("t|1", "d|2", "draft", 0.0), memory.key("t|1", "d|1", "head", 0.0)}) == 5
+    assert memory.key("t|1", "d|1", "draft", 0.95) == memory.key("t|1", "d|1", "draft", 1.5)
