@@ -34,10 +34,10 @@ def greedy_reference(model, prompt, n):
     return ids[len(prompt):]
 
 
-def run(target, draft, prompt, method, sampling, n_new, seed=0, **options):
+def run(target, draft, prompt, method, sampling, n_new, seed=0, backend="hf", **options):
     config = build_method(method, **options)
-    t = make_backend(target)
-    d = make_backend(draft) if config.name != "ar" else None
+    t = make_backend(target, backend)
+    d = make_backend(draft, backend) if config.name != "ar" else None
     from multispec.decoding.methods import build_policy
 
     policy = options.pop("_policy", None) or build_policy(config)

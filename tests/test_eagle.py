@@ -35,12 +35,12 @@ def _head_dir(target, path, seed: int = 1):
     return save_head(head, target, path)
 
 
-def _decode(target, head_dir, prompt, sampling, n, seed=0, backend="hf", method="eagle", **options):
+def _decode(target, head_dir, prompt, sampling, n, seed=0, backend="hf", method="eagle", loaded=None, **options):
     """generate_ids with `method` and the head, built as the Decoder builds it; returns (ids, metrics, head
-    backend)."""
+    backend). loaded: what entry.load gave for these options before (the head read once for many runs)."""
     config = build_method(method, head=str(head_dir), **options)
     entry, pair = get_method(method), SimpleNamespace(target=target, draft=None)
-    loaded = entry.load(config, pair)
+    loaded = loaded if loaded is not None else entry.load(config, pair)
     tap, head = entry.draft_backend(config, loaded, make_backend(target, backend), pair)
     ids, metrics = generate_ids(tap, head, prompt, config, sampling, n, seed, set(),
                                 policy=entry.make_policy(config, pair, loaded))
@@ -125,8 +125,11 @@ def _chi_square(head_dir, options, n=3_000, length=3, method="eagle", **more):
     target = _target(vocab=6, seed=3)
     prompt, sampling = [1, 2, 2], SamplingConfig(temperature=1.0)
     counts = np.zeros(6 ** length)
+    loaded = get_method(method).load(build_method(method, head=str(head_dir), **options, **more),
+                                     SimpleNamespace(target=target, draft=None))
     for seed in range(n):
-        ids, _, _ = _decode(target, head_dir, prompt, sampling, length, seed, method=method, **options, **more)
+        ids, _, _ = _decode(target, head_dir, prompt, sampling, length, seed, method=method, loaded=loaded,
+                            **options, **more)
         counts[np.ravel_multi_index(ids[:length], (6,) * length)] += 1
     return chi_square_pvalue(counts, exact_joint(target, prompt, sampling, length, 6))
 

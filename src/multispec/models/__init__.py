@@ -13,8 +13,12 @@ def make_backend(model: torch.nn.Module, kind: str = "hf", max_len: int | None =
     """A fresh backend (with its own empty cache) over a loaded model. max_len: the fast backend's cache rows
     (size it to prompt + max_new_tokens + one round's tree; default the model's position limit, at most 4096, plus
     256); the transformers backend's cache grows as needed and ignores it. "compiled" is the fast backend with its
-    steps of up to 64 tokens compiled (models/fast_compile.py; each step size compiles on first use)."""
+    steps of up to 64 tokens compiled (models/fast_compile.py; each step size compiles on first use). The model's
+    float32 CPU Linear layers take the few-row product where it measures faster (models/rows.py)."""
     check(kind in BACKENDS, f"unknown backend {kind!r}; choose one of {', '.join(BACKENDS)}")
+    from multispec.models import rows
+
+    rows.install(model)  # float32 CPU layers: the few-row product where it measures faster (models/rows.py)
     if kind in ("fast", "compiled"):
         from multispec.models.fast import FastBackend
 

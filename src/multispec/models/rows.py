@@ -1,0 +1,129 @@
+"""Linear layers that read their weight once for a few rows (float32 on the CPU), where that measures faster.
+
+A decode step multiplies one row by every weight matrix, a verification k + 1 rows. On this project's machines
+(AMD EPYC, torch 2.13's MKL, one thread) `F.linear(x, W)` over 1-3 rows is slow and grows with every row: over
+SmolLM2-135M's 211 projections 46 / 77 / 98 ms for 1 / 2 / 3 rows, as if W were read once per row. The same product
+taken as `W @ x.T` (x padded to two rows, so that the BLAS takes its matrix-matrix path) reads W once: 31 / 29 /
+46 ms. So one token costs a third less and a two-token verification costs what one token did, which is what makes
+speculation pay on a CPU (benchmarks/results/rows/).
+
+Which form wins depends on the CPU, the BLAS and the thread count, so it is measured, not assumed: `install` times
+both forms over the model's own weights for 1 ... ROWS rows (about a second for a 135M model), once per machine,
+thread count and set of weight shapes (cached in memory and in $MULTISPEC_CACHE_DIR/rows-v1.json), and routes a
+Linear through `W @ x.T` only for the row counts where that was faster. Both forms compute the same products in
+float32; they differ in the order of the sums, so logits differ in the last bits (as a one-row step and a
+many-row forward already do), never more. Only float32 weights on the CPU are touched; `plain(model)` undoes it
+for a block (transformers' own baselines in `multispec bench` run on the stock layers).
+"""
+from __future__ import annotations
+
+import contextlib
+import platform
+import time
+import types
+
+import torch
+import torch.nn.functional as F
+
+from multispec.paths import cache_root, load_cache_json, save_cache_json
+
+ROWS = 8  # row counts measured; more rows always take F.linear
+WIN = 0.95  # the few-row form is used where it took at most this fraction of F.linear's time
+SAMPLE_BYTES = 160 * 2**20  # the weights timed: about this many bytes of them
+FILE = "rows-v1.json"
+_MEMORY: dict[str, list[bool]] = {}
+
+
+def _few_rows_forward(self, x: torch.Tensor) -> torch.Tensor:
+    k = x.shape[-1]
+    rows = x.numel() // k if k else 0
+    if 0 < rows < len(self._multispec_rows) and self._multispec_rows[rows]:
+        return few_rows(x, self.weight, self.bias)
+    return F.linear(x, self.weight, self.bias)
+
+
+def few_rows(x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
+    """F.linear(x, w, bias) as w @ x.T: x [..., K] of R rows (one row is padded to two), w [N, K]. [..., N]."""
+    k = x.shape[-1]
+    x2 = x.reshape(-1, k).contiguous()
+    rows = x2.shape[0]
+    if rows == 1:
+        x2 = torch.cat([x2, x2.new_zeros(1, k)])
+    out = torch.mm(w, x2.t()).t()[:rows].contiguous()
+    if bias is not None:
+        out = out + bias
+    return out.reshape(*x.shape[:-1], w.shape[0])
+
+
+def _linears(model: torch.nn.Module) -> list[torch.nn.Linear]:
+    return [m for m in model.modules() if type(m) is torch.nn.Linear and m.weight.dtype == torch.float32
+            and m.weight.device.type == "cpu" and m.weight.dim() == 2]
+
+
+def install(model: torch.nn.Module) -> list[bool] | None:
+    """Route `model`'s float32 CPU Linear layers through `few_rows` for the row counts where it measured faster
+    (measuring once per machine, threads and weight shapes). Returns the table (index: rows; True: few_rows), or
+    None when the model has no such layer. Idempotent."""
+    linears = _linears(model)
+    if not linears:
+        return None
+    table = _table(linears)
+    for m in linears:
+        m._multispec_rows = table
+        if "forward" not in m.__dict__:
+            m.forward = types.MethodType(_few_rows_forward, m)
+    return table
+
+
+@contextlib.contextmanager
+def plain(model: torch.nn.Module):
+    """Within the block, `model`'s Linear layers are the stock ones (F.linear at every row count)."""
+    patched = [m for m in model.modules() if isinstance(m, torch.nn.Linear) and "forward" in m.__dict__
+               and getattr(m.forward, "__func__", None) is _few_rows_forward]
+    for m in patched:
+        del m.forward
+    try:
+        yield
+    finally:
+        for m in patched:
+            m.forward = types.MethodType(_few_rows_forward, m)
+
+
+def _table(linears: list[torch.nn.Linear]) -> list[bool]:
+    shapes = sorted({tuple(m.weight.shape) for m in linears})
+    key = "|".join(str(x) for x in (torch.__version__, torch.get_num_threads(), platform.processor()
+                                    or platform.machine(), len(linears), shapes))
+    table = _MEMORY.get(key)
+    if table is None:
+        stored = load_cache_json(cache_root() / FILE, "the few-row linear timings", "measuring again").get(key)
+        table = stored if isinstance(stored, list) and len(stored) == ROWS + 1 and all(
+            isinstance(v, bool) for v in stored) else measure([m.weight for m in linears])
+        _MEMORY[key] = table
+        data = load_cache_json(cache_root() / FILE, "the few-row linear timings", "measuring again")
+        if data.get(key) != table:
+            data[key] = table
+            save_cache_json(cache_root() / FILE, data)
+    return table
+
+
+@torch.inference_mode()
+def measure(weights: list[torch.Tensor], reps: int = 3) -> list[bool]:
+    """[False, use few_rows at 1 row, ..., at ROWS rows]: both forms timed over the weights in turn (as a forward
+    streams them; every j-th one past SAMPLE_BYTES, which is still far more than any CPU cache holds), interleaved
+    rep by rep, the fastest rep of each kept."""
+    total = sum(w.numel() * w.element_size() for w in weights)
+    weights = weights[::-(-total // SAMPLE_BYTES)]
+    xs = {}
+    best = {(r, f): float("inf") for r in range(1, ROWS + 1) for f in (0, 1)}
+    for w in weights:
+        xs.setdefault(w.shape[1], torch.randn(ROWS, w.shape[1], generator=torch.Generator().manual_seed(0)))
+    for rep in range(reps + 1):
+        for r in range(1, ROWS + 1):
+            for form in (0, 1):
+                t0 = time.perf_counter()
+                for w in weights:
+                    x = xs[w.shape[1]][:r]
+                    few_rows(x, w) if form else F.linear(x, w)
+                if rep:  # the first pass warms up
+                    best[(r, form)] = min(best[(r, form)], time.perf_counter() - t0)
+    return [False] + [best[(r, 1)] <= WIN * best[(r, 0)] for r in range(1, ROWS + 1)]
