@@ -82,12 +82,15 @@ class CostModel:
 
 
 def model_key(backend, role_model) -> str:
-    """What a cost depends on: backend kind, model identity and size, device, dtype, threads, CPU."""
+    """What a cost depends on: backend kind, the few-row layers (models/rows.py), model identity and size, device,
+    dtype, threads, CPU."""
     cfg = getattr(role_model, "config", None)
     name = getattr(cfg, "_name_or_path", "") or type(role_model).__name__
     n_params = sum(p.numel() for p in role_model.parameters()) if hasattr(role_model, "parameters") else 0
+    from multispec.models.rows import signature
+
     return "|".join(str(x) for x in (backend.name,
-                                      getattr(backend, "cost_key", ""), name, n_params,
+                                      getattr(backend, "cost_key", ""), signature(role_model), name, n_params,
                                       backend.device, getattr(backend, "dtype", ""),
                                       torch.get_num_threads(), platform.processor() or platform.machine()))
 

@@ -75,6 +75,16 @@ def install(model: torch.nn.Module) -> list[bool] | None:
     return table
 
 
+def signature(model) -> str:
+    """Which row counts take the few-row product in `model` ("" when none does): part of the cost cache's key,
+    since a forward's cost by row count depends on it."""
+    for m in model.modules() if hasattr(model, "modules") else ():
+        table = getattr(m, "_multispec_rows", None)
+        if table is not None and "forward" in m.__dict__:
+            return "rows:" + "".join("1" if v else "0" for v in table[1:])
+    return ""
+
+
 @contextlib.contextmanager
 def plain(model: torch.nn.Module):
     """Within the block, `model`'s Linear layers are the stock ones (F.linear at every row count)."""
