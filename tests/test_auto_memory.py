@@ -91,11 +91,13 @@ def test_malformed_statistics_are_ignored_with_one_warning_and_rebuilt(tmp_path,
 def test_the_blend_moves_halfway_and_keys_separate_pairs_and_temperatures(tmp_path, monkeypatch):
     monkeypatch.setenv("MULTISPEC_CACHE_DIR", str(tmp_path))
     monkeypatch.setattr(memory, "_MEMORY", {})
+    monkeypatch.setattr(memory, "_DIRTY", set())
     k0 = memory.key("t|1", "d|1", "draft", 0.0)
     assert memory.save(k0, {"draft": {"1,1": [4.0, 8.0]}, "suffix": [1.0, 2.0]}) == {
         "draft": {"1,1": [4.0, 8.0]}, "suffix": [1.0, 2.0]}
     after = memory.save(k0, {"draft": {"1,1": [8.0, 8.0], "2,1": [2.0, 4.0]}, "suffix": [3.0, 2.0]})
     assert after == {"draft": {"1,1": [6.0, 8.0], "2,1": [1.0, 2.0]}, "suffix": [2.0, 2.0]}
+    memory.flush()  # (a process writes at most every WRITE_EVERY_S seconds, and at exit)
     monkeypatch.setattr(memory, "_MEMORY", {})  # a new process reads the disk
     assert memory.load(k0) == after
     assert len({k0, memory.key("t|1", "d|1", "draft", 0.7), memory.key("t|1", "d|1", "draft", 1.0),

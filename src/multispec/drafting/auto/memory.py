@@ -14,8 +14,10 @@ never exactness. A file or entry that is not what `save` writes is ignored with 
 """
 from __future__ import annotations
 
+import atexit
 import math
 import threading
+import time
 from pathlib import Path
 
 import torch
@@ -26,7 +28,10 @@ FILE = "acceptance-v1.json"
 BLEND = 0.5  # a generation moves the stored statistics this far towards what it saw
 TEMPERATURE_EDGES = (0.0, 0.5, 0.9)  # ranges: T = 0, (0, 0.5], (0.5, 0.9], > 0.9
 MAX_ENTRIES = 256  # pairs x proposers x temperature ranges kept on disk
+WRITE_EVERY_S = 5.0
 _MEMORY: dict[str, dict] = {}
+_DIRTY: set[str] = set()
+_LAST_WRITE = [float("-inf")]
 _LOCK = threading.Lock()
 
 
@@ -74,16 +79,38 @@ def load(key: str) -> dict | None:
 
 
 def save(key: str, seen: dict) -> dict:
-    """Move the stored statistics for key halfway towards `seen` (same layout), store and return them."""
+    """Move the stored statistics for key halfway towards `seen` (same layout) and return them. Every Decoder of
+    the process reads them at once; the file is written at most every WRITE_EVERY_S seconds (a 64-token request
+    takes less than that) and when the process exits."""
     with _LOCK:
         old = _MEMORY.get(key)
         entry = seen if old is None else _blend(old, seen)
         _MEMORY[key] = entry
-        data = _disk()
-        data.pop(key, None)
-        data[key] = entry  # the most recent last: past MAX_ENTRIES, the longest unused go
-        save_cache_json(_file(), dict(list(data.items())[-MAX_ENTRIES:]))
+        _DIRTY.add(key)
+        if time.monotonic() - _LAST_WRITE[0] >= WRITE_EVERY_S:
+            _write()
         return entry
+
+
+def _write() -> None:
+    """Merge the entries changed since the last write into the file (the most recent last: past MAX_ENTRIES the
+    longest unused go). Called with _LOCK held."""
+    if not _DIRTY:
+        return
+    data = _disk()
+    for key in [k for k in _DIRTY if k in _MEMORY]:
+        data.pop(key, None)
+        data[key] = _MEMORY[key]
+    save_cache_json(_file(), dict(list(data.items())[-MAX_ENTRIES:]))
+    _DIRTY.clear()
+    _LAST_WRITE[0] = time.monotonic()
+
+
+@atexit.register
+def flush() -> None:
+    """Write what has not been written yet (at exit; tests call it to read the file)."""
+    with _LOCK:
+        _write()
 
 
 def _blend(old, new):
