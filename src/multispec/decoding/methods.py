@@ -13,27 +13,15 @@ from pathlib import Path
 from multispec.decoding.method_checks import chain_verifier, integer, max_nodes as max_nodes_option, \
     node_or_sequence_verifier, prob, shape, stop_rule
 from multispec.decoding.registry import (AUTO_PROPOSERS, DEFAULT_AUTO_PROPOSERS, DEFAULT_METHOD, HEAD_DIRNAME,  # noqa: F401
-                                         MAX_TREE_NODES, REGISTRY, MethodConfig, MethodEntry, Option, build_method,
+                                         MAX_NODES_HELP, MAX_TREE_NODES, REGISTRY, MethodConfig, MethodEntry, Option, build_method,
                                          build_policy, get_method, method_names, register, unregister)
+from multispec.decoding.auto_method import SUFFIX_STORE_TOKENS, load_suffix_store  # registers auto first
 from multispec.errors import check, parse_bool
 
 
 # ---------------------------------------------------------------------------------------------- the methods
 def _build_ar(o: dict) -> MethodConfig:
     return MethodConfig(name="ar", options=o)
-
-
-def _build_auto(o: dict) -> MethodConfig:
-    proposers = o.get("proposers", DEFAULT_AUTO_PROPOSERS)
-    proposers = tuple(x.strip() for x in proposers.replace("+", ",").split(",")) \
-        if isinstance(proposers, str) else tuple(proposers)
-    bad = [x for x in proposers if x not in AUTO_PROPOSERS]
-    check(bool(proposers) and not bad, f"auto: proposers must be among {', '.join(AUTO_PROPOSERS)}, got {proposers!r}")
-    head = eagle_method.head_option(o, "auto")  # a feature head drafts auto's draft plans instead of a draft model
-    check(head is None or "draft" in proposers, "auto: a head drafts the draft plans; keep draft among proposers")
-    parse_bool(o.get("fresh_start", False), "fresh_start")
-    return MethodConfig(name="auto", verifier="traversal", proposers=proposers, max_nodes=max_nodes_option(o, 32),
-                        head=head, options=o)
 
 
 def _build_lookup(o: dict) -> MethodConfig:
@@ -164,36 +152,6 @@ def _lookup_policy(config: MethodConfig, pair, loaded: dict):
     return LookupPolicy(len(config.tree), config.ngram)
 
 
-def _auto_policy(config: MethodConfig, pair, loaded: dict):
-    """auto with the proposers this pair allows: no draft model, no draft proposer; chains only on models whose
-    attention cannot verify trees exactly (models.tree_refusal)."""
-    from multispec.drafting.auto import AutoPolicy
-    from multispec.models import tree_refusal
-
-    store = loaded.get("store")
-    memory = not parse_bool(config.options.get("fresh_start", False), "fresh_start")
-    if pair is None or config.head is not None:  # (with a head, it drafts: no draft model is read)
-        return AutoPolicy(proposers=config.proposers, max_nodes=config.max_nodes, suffix_store=store,
-                          draft_proposer="head" if config.head is not None else "draft", memory=memory)
-    proposers = tuple(p for p in config.proposers if p != "draft" or pair.draft is not None)
-    check(bool(proposers), "auto: proposers=draft needs a draft model; load the pair with a draft, or let auto use "
-                     "lookup (proposers=draft,lookup)")
-    chains_only = any(m is not None and hasattr(m, "config") and tree_refusal(m) for m in (pair.target, pair.draft))
-    if chains_only:  # suffix trees are trees
-        proposers = tuple(p for p in proposers if p != "suffix")
-    one_chain = chains_only or getattr(pair, "cross_vocab", None) == "uag"  # a re-tokenized draft: one chain
-    return AutoPolicy(proposers=proposers, max_nodes=config.max_nodes, max_width=1 if one_chain else 4,
-                      suffix_store=store, memory=memory)
-
-
-def _load_auto(config: MethodConfig, pair) -> dict:
-    loaded = _load_suffix_store(config, pair) if "suffix" in config.proposers else {}
-    return {**loaded, **eagle_method.load_eagle(config, pair)} if config.head is not None else loaded
-
-
-SUFFIX_STORE_TOKENS = 200_000  # the shared store's default cap (tokens); about 0.4 KB each (drafting/suffix.py)
-
-
 def _build_suffix(o: dict) -> MethodConfig:
     max_nodes = max_nodes_option(o, 16)
     factor = o.get("factor", 2.0)
@@ -212,17 +170,6 @@ def _build_suffix(o: dict) -> MethodConfig:
     return MethodConfig(name="suffix", verifier="rrs-wor", max_nodes=max_nodes, options=o)
 
 
-def _load_suffix_store(config: MethodConfig, pair) -> dict:
-    """The store of past requests, shared by every Decoder spawned from one (the server's workers)."""
-    from multispec.drafting.suffix import SuffixStore
-
-    store = config.options.get("store")
-    if store is None:
-        cap = config.options.get("store_tokens", SUFFIX_STORE_TOKENS)
-        store = SuffixStore(max_tokens=cap) if cap > 0 else None
-    return {"store": store}
-
-
 def _suffix_policy(config: MethodConfig, pair, loaded: dict):
     from multispec.drafting.suffix import SuffixPolicy
 
@@ -236,22 +183,8 @@ _VERIFIER_NODE = "a node or sequence verifier (`multispec verifiers`)"
 _CONFIDENCE = Option("confidence", "float", "stop drafting once the draft's probability of its newest token is "
                                             "below this (transformers' assistant_confidence_threshold, e.g. 0.4)")
 _ENTROPY = Option("entropy", "float", "stop drafting once AdaEDL's acceptance bound 1 - sqrt(H(q)) is below this")
-_MAX_NODES = "the largest tree a round may draft (at most 64)"
 
 for _entry in (
-    MethodEntry("auto", (Option("proposers", "str", "any of draft,lookup,suffix (also draft+lookup); draft alone "
-                                                    "needs a draft model", "all three"),
-                         Option("max_nodes", "int", _MAX_NODES, 32, (1, MAX_TREE_NODES)),
-                         Option("head", "path", "a feature head (or 'shipped') drafts auto's draft plans"),
-                         Option("fresh_start", "flag", "every generation starts from the priors: the acceptance "
-                                "earlier generations of this pair learned (kept in the cache folder) is neither read "
-                                "nor stored")),
-                _build_auto, _auto_policy, needs_draft=False,
-                uses_draft=lambda c: "draft" in c.proposers and c.head is None, tree_nodes=lambda c: c.max_nodes,
-                load=_load_auto, draft_backend=lambda *args: eagle_method.eagle_backends(*args),
-                reproducible_when_seeded=True, chooses_cheap_draft=True,
-                summary="per round: no speculation, a lookup chain or a draft tree, from measured acceptance and "
-                        "costs"),
     MethodEntry("ar", (), _build_ar, _fixed_tree_policy, needs_draft=False,
                 summary="plain decoding (target only)"),
     MethodEntry("sd", (Option("k", "int", "draft tokens per round", 4),
@@ -289,14 +222,14 @@ for _entry in (
                            Option("ngram", "int", "longest n-gram matched in the context", 3)),
                 _build_lookup, _lookup_policy, needs_draft=False,
                 summary="a chain copied from the context (prompt lookup), no draft model"),
-    MethodEntry("suffix", (Option("max_nodes", "int", _MAX_NODES, 16, (1, MAX_TREE_NODES)),
+    MethodEntry("suffix", (Option("max_nodes", "int", MAX_NODES_HELP, 16, (1, MAX_TREE_NODES)),
                            Option("factor", "float", "tree depth at most factor x the matched suffix's length", 2.0),
                            Option("min_prob", "float", "children rarer than this (conditional frequency) are not "
                                                        "drafted", 0.1),
                            Option("store_tokens", "int", "tokens of past requests kept for later ones (0: none)",
                                   SUFFIX_STORE_TOKENS),
                            Option("store", "object", "a SuffixStore shared with other decoders")),
-                _build_suffix, _suffix_policy, needs_draft=False, load=_load_suffix_store,
+                _build_suffix, _suffix_policy, needs_draft=False, load=load_suffix_store,
                 tree_nodes=lambda c: c.max_nodes, drafts_trees=lambda c: True,
                 summary="a token tree from suffix tries over the context and past requests, no draft model"),
 ):

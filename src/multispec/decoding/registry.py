@@ -19,6 +19,7 @@ AUTO_PROPOSERS = ("draft", "lookup", "suffix")  # what auto may use
 DEFAULT_AUTO_PROPOSERS = ("draft", "lookup", "suffix")
 HEAD_DIRNAME = "acceptance_head"  # specdecpp looks for its head here, in the draft's directory
 MAX_TREE_NODES = 64  # auto's and suffix's max_nodes: the largest tree one round may draft
+MAX_NODES_HELP = f"the largest tree a round may draft (at most {MAX_TREE_NODES})"
 
 
 @dataclass(frozen=True)

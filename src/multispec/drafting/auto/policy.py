@@ -96,7 +96,8 @@ class AutoPolicy(DraftPolicyBase):
         ids = tuple(id(m) for m in models)
         if ids not in self._identities:  # a checksum of a few weights, once per pair
             self._identities = {ids: [acceptance_memory.model_identity(m) for m in models]}
-        self.memory_key = acceptance_memory.key(*self._identities[ids], self.draft_proposer, temperature)
+        target_id, draft_id = self._identities[ids]
+        self.memory_key = acceptance_memory.key(target_id, draft_id, self.draft_proposer, temperature)
         stored = acceptance_memory.load(self.memory_key)
         if stored is not None:
             self.planner.restore(stored)

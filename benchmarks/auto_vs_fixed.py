@@ -1,0 +1,71 @@
+"""auto against the best fixed method of the same run and against ar, per (data set, temperature) cell (issue 38).
+
+Reads `multispec bench` results.json files (one run each: every method interleaved prompt by prompt on the same
+prompts) and writes one JSON and one markdown table: for each cell the tokens/s of ar, of auto, of every fixed
+method, the best fixed one, auto / best fixed (goal >= 0.97) and auto / ar (goal >= 1.00).
+
+    python benchmarks/auto_vs_fixed.py RUN/results.json [...] --out benchmarks/results/auto_vs_fixed/table
+"""
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+
+GOAL_BEST, GOAL_AR = 0.97, 1.00
+
+
+def cells(path: Path) -> list[dict]:
+    r = json.loads(path.read_text())
+    s = r["settings"]
+    label = f"{Path(s['target']).name} {s['max_new_tokens']} tok"
+    by_cell: dict[tuple, dict[str, dict]] = {}
+    for row in r["summary"]:
+        if row.get("category") is not None:
+            continue
+        by_cell.setdefault((row["dataset"], row["temperature"]), {})[row["method"]] = row
+    out = []
+    for (dataset, t), rows in by_cell.items():
+        autos = [m for m in rows if m == "auto" or m.startswith("auto:")]
+        fixed = {m: rows[m]["tokens_per_s"] for m in rows if m not in autos and m != "ar"}
+        best = max(fixed, key=fixed.get)
+        for a in autos:
+            tps = rows[a]["tokens_per_s"]
+            out.append({"run": label, "offset": s["offset"], "limit": s["limit"], "dataset": dataset,
+                        "temperature": t, "prompts": rows[a]["prompts"], "auto": a, "auto_tps": tps,
+                        "ar_tps": rows["ar"]["tokens_per_s"], "fixed_tps": fixed, "best_fixed": best,
+                        "best_fixed_tps": fixed[best], "auto_vs_best": tps / fixed[best],
+                        "auto_vs_ar": tps / rows["ar"]["tokens_per_s"],
+                        "auto_accepted_per_call": rows[a].get("accepted_per_call"),
+                        "meets": tps / fixed[best] >= GOAL_BEST and tps / rows["ar"]["tokens_per_s"] >= GOAL_AR})
+    return out
+
+
+def markdown(rows: list[dict]) -> str:
+    lines = ["| run | data set | T | ar tok/s | auto (tok/s) | best fixed (tok/s) | auto / best fixed | auto / ar |",
+             "|---|---|---|---|---|---|---|---|"]
+    for c in rows:
+        flag = lambda ok: "" if ok else " **(miss)**"  # noqa: E731
+        lines.append(f"| {c['run']} | {c['dataset']} | {c['temperature']:g} | {c['ar_tps']:.1f} | "
+                     f"`{c['auto']}` ({c['auto_tps']:.1f}) | `{c['best_fixed']}` ({c['best_fixed_tps']:.1f}) | "
+                     f"{c['auto_vs_best']:.2f}×{flag(c['auto_vs_best'] >= GOAL_BEST)} | "
+                     f"{c['auto_vs_ar']:.2f}×{flag(c['auto_vs_ar'] >= GOAL_AR)} |")
+    return "\n".join(lines) + "\n"
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("results", nargs="+")
+    ap.add_argument("--out", required=True, help="path without extension: writes .json and .md")
+    args = ap.parse_args()
+    rows = [c for p in args.results for c in cells(Path(p))]
+    out = Path(args.out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.with_suffix(".json").write_text(json.dumps({"goals": {"auto_vs_best": GOAL_BEST, "auto_vs_ar": GOAL_AR},
+                                                    "sources": args.results, "cells": rows}, indent=1))
+    out.with_suffix(".md").write_text(markdown(rows))
+    print(markdown(rows))
+
+
+if __name__ == "__main__":
+    main()
