@@ -13,7 +13,7 @@ from multispec.drafting.protocol import RoundOutcome, RoundPlan
 from multispec.drafting.suffix import SuffixProposer
 from multispec.tree import Tree
 
-CATCH_UP_ROUNDS = 8  # the draft's catch-up forward is charged over this many rounds (see Planner.draft)
+CATCH_UP_ROUNDS = 16  # the draft's catch-up forward is charged over this many rounds (see Planner.draft)
 SUFFIX_PRIOR = 2.0  # pseudo-counts of the suffix calibration
 SUFFIX_PRIOR_CALIB = 0.5  # where the calibration starts: a node reached half as often as its frequency score says
 

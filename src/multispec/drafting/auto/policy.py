@@ -11,7 +11,7 @@ from collections import Counter, defaultdict
 from typing import Any
 
 import multispec.drafting.auto.memory as acceptance_memory
-from multispec.drafting.auto.acceptance import ConfidenceRates
+from multispec.drafting.auto.acceptance import ConfidenceRates, RealisedRates
 from multispec.drafting.auto.costs import AloneCosts, BatchShareCosts
 from multispec.drafting.auto.plans import Planner
 from multispec.drafting.batch_costs import BatchCosts
@@ -26,6 +26,12 @@ BATCH_SKIP_BELOW = 0.8  # in a batch: plans predicted below this fraction of a p
 # the batch ends with its slowest sequence), which the share model does not see: speculate only for a clear gain.
 BATCH_MARGIN = 0.25
 QUIET_MAX = 8  # alone: at most this many plain steps in a row without weighing the plans
+
+
+def family(plan: RoundPlan) -> str:
+    """A plan's family for RealisedRates: "ar", "draft chain", "draft tree", "head chain", "lookup", "suffix"."""
+    words = plan.label.removesuffix(" (probe)").split(" ")
+    return " ".join(words[:2]) if plan.proposer not in ("lookup", "suffix", "none") else words[0]
 
 
 def _tps(plan: RoundPlan) -> float:
@@ -64,6 +70,7 @@ class AutoPolicy(DraftPolicyBase):
         self.costs: AloneCosts | BatchShareCosts | None = (
             AloneCosts(self.fixed_costs, self.shape["max_nodes"]) if self.fixed_costs is not None else None)
         self.confidence = ConfidenceRates()
+        self.realised_rates = RealisedRates()
         self.round_conf: list[float] = []
         self.has_draft = False
         self.current: RoundPlan | None = None
@@ -103,6 +110,8 @@ class AutoPolicy(DraftPolicyBase):
             self.planner.restore(stored)
             if isinstance(stored.get("confidence"), list):
                 self.confidence.restore(stored["confidence"])
+            if isinstance(stored.get("realised"), dict):
+                self.realised_rates.restore(stored["realised"])
 
     def _costs(self) -> AloneCosts | BatchShareCosts:
         """The cost view (set by reset with fixed costs, else by prepare, which the engine calls first)."""
@@ -130,18 +139,19 @@ class AutoPolicy(DraftPolicyBase):
         candidates = [p for p in (planner.draft(costs, pending) if self.has_draft else None,
                                   planner.lookup(costs, history) if "lookup" in self.proposers else None,
                                   self._suffix_plan(history, ar)) if p is not None]
-        best = max(candidates, key=_tps, default=ar)
+        score = self._scorer(batched)
+        best = max(candidates, key=score, default=ar)
         if batched:
             # every sequence's planning runs in turn between two forwards, so it costs the whole batch: when the
             # best speculative plan falls well short of a plain step, plain steps follow for 1, 2, 4 ... 16 rounds
-            if best is ar or _tps(best) < _tps(ar) * BATCH_SKIP_BELOW:
+            if best is ar or score(best) < score(ar) * BATCH_SKIP_BELOW:
                 self._backoff = min(16, max(1, 2 * self._backoff))
                 self._skip = self._backoff
             else:
                 self._backoff = 0
-        if _tps(best) < _tps(ar) * (1 + (BATCH_MARGIN if batched else MARGIN)):
+        if score(best) < score(ar) * (1 + (BATCH_MARGIN if batched else MARGIN)):
             best = ar
-        self.current = self._probe_or(best, candidates)
+        self.current = self._probe_or(best, candidates, score)
         if not batched:  # alone: after a plain step chosen on its merits, the next 1, 2, 4, 8 are taken unweighed
             # (weighing costs ~0.3 ms of Python, 3 % of a pycode-v1 step, on every round of a back-off)
             if self.current is ar:
@@ -168,7 +178,14 @@ class AutoPolicy(DraftPolicyBase):
                 self._suffix_backoff = 0
         return plan
 
-    def _probe_or(self, best: RoundPlan, speculative: list[RoundPlan]) -> RoundPlan:
+    def _scorer(self, batched: bool):
+        """A plan's predicted tokens/s times its family's realised / predicted factor: alone and with measured costs
+        (in a batch a round's seconds include waiting for the others; fixed costs are not this machine's)."""
+        if batched or self.fixed_costs is not None:
+            return _tps
+        return lambda plan: _tps(plan) * self.realised_rates.factor(family(plan))
+
+    def _probe_or(self, best: RoundPlan, speculative: list[RoundPlan], score=_tps) -> RoundPlan:
         """`best`, or, after a streak of plain steps as long as the probe period, the best speculative plan, to
         keep its estimates current (in a batch a probe's forwards hold up every sequence: B times rarer)."""
         if best.tree.max_depth > 0 or not speculative:
@@ -182,7 +199,7 @@ class AutoPolicy(DraftPolicyBase):
             return best
         self.ar_streak = 0
         self.probe_level += 1
-        spec = max(speculative, key=_tps)
+        spec = max(speculative, key=score)
         return RoundPlan(spec.tree, spec.proposer, spec.tokens, spec.label + " (probe)", spec.predicted_tps,
                          spec.ngram)
 
@@ -221,6 +238,8 @@ class AutoPolicy(DraftPolicyBase):
         row[1] += outcome.times.round_s
         row[2] += plan.predicted_tps or 0.0
         row[3] += 1
+        if self._costs().live == 1 and plan.predicted_tps:
+            self.realised_rates.add(family(plan), len(path), outcome.times.round_s, plan.predicted_tps)
         self._costs().observe(outcome)
         if len(tree) == 1:
             return
@@ -234,7 +253,8 @@ class AutoPolicy(DraftPolicyBase):
         if "suffix" in self.proposers and self.suffix_store is not None:
             self.suffix_store.add(None, list(history))
         if self.memory_key is not None:
-            acceptance_memory.save(self.memory_key, {**self.planner.state(), "confidence": self.confidence.state()})
+            acceptance_memory.save(self.memory_key, {**self.planner.state(), "confidence": self.confidence.state(),
+                                                     "realised": self.realised_rates.state()})
         if isinstance(self.costs, AloneCosts):
             self.stored_overhead = self.costs.fitted_overhead()
             update_after_generation(self.costs.model, self.stored_overhead)
@@ -248,4 +268,5 @@ class AutoPolicy(DraftPolicyBase):
         costs = self.costs
         return {"plans": plans, "costs": None if costs is None else costs.model.summary(),
                 "overhead": dict(self.stored_overhead or (costs.overhead if costs is not None else {})),
-                "cost_correction": dict(costs.scale) if costs is not None else {}}
+                "cost_correction": dict(costs.scale) if costs is not None else {},
+                "realised_factor": {f: self.realised_rates.factor(f) for f in self.realised_rates.rows}}
