@@ -63,6 +63,7 @@ def test_a_second_process_plans_its_first_round_from_what_the_first_learned(tmp_
     stored = json.loads((cache / memory.FILE).read_text())
     (entry,) = stored.values()
     assert entry["draft"]["1,1"][0] > 0.9 * entry["draft"]["1,1"][1]  # depth 1, rank 1: (nearly) always accepted
+    assert set(entry) == {"draft", "lookup", "suffix", "confidence", "realised"}
     second, _ = _run(cache, 1)
     assert second["first"] != fresh["first"], (second, fresh)
     learned = second["plans"][second["first"]]["predicted_tokens_per_s"]
@@ -103,3 +104,26 @@ def test_the_blend_moves_halfway_and_keys_separate_pairs_and_temperatures(tmp_pa
     assert len({k0, memory.key("t|1", "d|1", "draft", 0.7), memory.key("t|1", "d|1", "draft", 1.0),
                 memory.key("t|1", "d|2", "draft", 0.0), memory.key("t|1", "d|1", "head", 0.0)}) == 5
     assert memory.key("t|1", "d|1", "draft", 0.95) == memory.key("t|1", "d|1", "draft", 1.5)
+
+
+def test_realised_rates_correct_a_family_towards_what_its_rounds_did():
+    from multispec.drafting.auto.acceptance import REALISED_CLAMP, RealisedRates
+    from multispec.drafting.auto.policy import family
+    from multispec.drafting.protocol import RoundPlan
+    from multispec.tree import Tree
+
+    rates = RealisedRates()
+    assert rates.factor("draft chain") == 1.0  # no evidence: the cost model is taken at its word
+    for _ in range(60):
+        rates.add("draft chain", 0.010, 0.016)  # its rounds take 1.6x the seconds predicted
+        rates.add("ar", 0.010, 0.010)  # as predicted
+    assert 0.6 < rates.factor("draft chain") < 0.7 and rates.factor("ar") == 1.0
+    rates.add("lookup", 1.0, 0.001)
+    assert rates.factor("lookup") == REALISED_CLAMP[1]
+    plans = {"ar": RoundPlan(Tree.chain(0), "none", label="ar"),
+             "draft chain": RoundPlan(Tree.chain(12), "draft", label="draft chain (probe)"),
+             "draft tree": RoundPlan(Tree((-1, 0, 0)), "draft", label="draft tree 2"),
+             "head chain": RoundPlan(Tree.chain(12), "head", label="head chain"),
+             "lookup": RoundPlan(Tree.chain(3), "lookup", label="lookup 3"),
+             "suffix": RoundPlan(Tree.chain(2), "suffix", label="suffix 2")}
+    assert {k: family(p) for k, p in plans.items()} == {k: k for k in plans}

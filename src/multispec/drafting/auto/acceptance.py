@@ -5,12 +5,13 @@
   rate of each rank. Prompt lookup keys it by (depth, matched n-gram length) instead.
 - `ConfidenceRates`: a chain's next token accepted, by the draft's own probability of it (a training-free
   predictor like transformers' confidence threshold, calibrated online).
-- `RealisedRates`: per plan family, the rate its rounds realised against the rate predicted for them.
+- `RealisedRates`: per plan family, how fast its rounds ran against the seconds predicted for them.
 - `greedy_tree` / `to_tree`: the best draft tree of every size for the estimated rates (OPT-Tree's construction).
 """
 from __future__ import annotations
 
 import heapq
+import math
 from collections import defaultdict
 
 from multispec.tree import Tree
@@ -18,7 +19,7 @@ from multispec.tree import Tree
 DECAY = 0.95  # per round: about the last 20 rounds carry the estimates
 PRIOR_WEIGHT = 2.0
 SHRINK = 3.0  # pseudo-observations pulling a depth's estimate towards the pooled one for its rank
-REALISED_PRIOR = 8.0  # tokens of evidence that the models are right (factor 1)
+REALISED_PRIOR = 4.0  # rounds of evidence that the cost model is right (factor 1)
 REALISED_CLAMP = (0.5, 1.5)
 CONF_EDGES = (0.05, 0.1, 0.2, 0.3, 0.5, 0.7, 0.9, 0.97)  # buckets of the draft's probability of its own token
 
@@ -111,30 +112,32 @@ class ConfidenceRates:
 
 
 class RealisedRates:
-    """Per plan family ("ar", "draft chain", "draft tree", "lookup", "suffix", ...): the tokens its rounds committed
-    against the tokens their predicted rate implied for the seconds they took, decayed per round of the family.
-    factor(family) = realised / predicted rate, shrunk towards 1 (REALISED_PRIOR tokens) and clamped: what the
-    cost and acceptance models miss about a family (its Python, a busy machine, a draft slower than calibrated) is
-    corrected from what its rounds actually did, within a generation and (drafting/auto/memory.py) across them."""
+    """Per plan family ("ar", "draft chain", "draft tree", "lookup", "suffix", ...): how fast its rounds ran against
+    the seconds the cost model predicted for the tree each actually drafted — a decayed mean of log(predicted /
+    realised), shrunk towards 0 by REALISED_PRIOR rounds. factor(family) = exp of it, clamped: what the cost model
+    misses about a family (a suffix or lookup proposal's Python, a chain's per-level work, a machine busier than at
+    calibration) is corrected from its own rounds, within a generation and (drafting/auto/memory.py) across them.
+    Acceptance is not in it (the acceptance estimates learn that), so a family that was unlucky is not held down."""
 
     def __init__(self) -> None:
-        self.rows: dict[str, list[float]] = {}  # family -> [realised tokens, predicted tokens], decayed
+        self.rows: dict[str, list[float]] = {}  # family -> [Σ log(predicted / realised), rounds], decayed
 
-    def add(self, family: str, tokens: int, seconds: float, predicted_tps: float) -> None:
-        row = self.rows.setdefault(family, [0.0, 0.0])
-        row[0] = DECAY * row[0] + tokens
-        row[1] = DECAY * row[1] + predicted_tps * seconds
+    def add(self, family: str, predicted_s: float, realised_s: float) -> None:
+        if predicted_s > 0 and realised_s > 0:
+            row = self.rows.setdefault(family, [0.0, 0.0])
+            row[0] = DECAY * row[0] + math.log(predicted_s / realised_s)
+            row[1] = DECAY * row[1] + 1.0
 
     def factor(self, family: str) -> float:
-        num, den = self.rows.get(family, (0.0, 0.0))
-        return min(REALISED_CLAMP[1], max(REALISED_CLAMP[0], (num + REALISED_PRIOR) / (den + REALISED_PRIOR)))
+        total, n = self.rows.get(family, (0.0, 0.0))
+        return min(REALISED_CLAMP[1], max(REALISED_CLAMP[0], math.exp(total / (n + REALISED_PRIOR))))
 
     def state(self) -> dict[str, list[float]]:
-        return {k: list(v) for k, v in self.rows.items()}
+        return {k: [v[0], v[1]] for k, v in self.rows.items()}
 
     def restore(self, rows: dict) -> None:
         for k, v in rows.items():
-            if isinstance(v, list) and len(v) == 2 and all(isinstance(x, (int, float)) and x >= 0 for x in v):
+            if isinstance(v, list) and len(v) == 2 and all(isinstance(x, (int, float)) for x in v) and v[1] >= 0:
                 self.rows[k] = [float(v[0]), float(v[1])]
 
 

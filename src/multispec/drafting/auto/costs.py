@@ -51,6 +51,16 @@ class AloneCosts:
         sizes = [len(tree.level(d)) for d in range(1, tree.max_depth)]
         return self.model.draft(pending) + sum(self.model.draft(s) for s in sizes)
 
+    def round_time(self, tree: Tree, pending: int, drafted: bool) -> float:
+        """Predicted seconds of a round that drafted `tree`: the draft's forwards (its catch-up over `pending`
+        tokens, one per level but the deepest) when the draft ran, the target's forward, the overheads."""
+        o = self.overhead
+        seconds = self.t(len(tree)) + o["round_s"]
+        if drafted:
+            sizes = [len(tree.level(d)) for d in range(1, tree.max_depth)]
+            seconds += self.d(pending) + sum(self.d(s) for s in sizes) + tree.max_depth * o["level_s"]
+        return seconds
+
     def observe(self, outcome: RoundOutcome) -> None:
         """Correct the costs by one round's timed forwards, and learn the per-round overhead."""
         tree, times = outcome.tree, outcome.times

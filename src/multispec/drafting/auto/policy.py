@@ -179,8 +179,8 @@ class AutoPolicy(DraftPolicyBase):
         return plan
 
     def _scorer(self, batched: bool):
-        """A plan's predicted tokens/s times its family's realised / predicted factor: alone and with measured costs
-        (in a batch a round's seconds include waiting for the others; fixed costs are not this machine's)."""
+        """A plan's predicted tokens/s times its family's predicted / realised seconds: alone and with measured
+        costs (in a batch a round's seconds include waiting for the others; fixed costs are not this machine's)."""
         if batched or self.fixed_costs is not None:
             return _tps
         return lambda plan: _tps(plan) * self.realised_rates.factor(family(plan))
@@ -238,9 +238,11 @@ class AutoPolicy(DraftPolicyBase):
         row[1] += outcome.times.round_s
         row[2] += plan.predicted_tps or 0.0
         row[3] += 1
-        if self._costs().live == 1 and plan.predicted_tps:
-            self.realised_rates.add(family(plan), len(path), outcome.times.round_s, plan.predicted_tps)
-        self._costs().observe(outcome)
+        costs = self._costs()
+        if isinstance(costs, AloneCosts):  # predicted before this round corrects the costs
+            predicted = costs.round_time(tree, outcome.times.pending, outcome.draft_calls > 0)
+            self.realised_rates.add(family(plan), predicted, outcome.times.round_s)
+        costs.observe(outcome)
         if len(tree) == 1:
             return
         self.planner.learn(outcome)
