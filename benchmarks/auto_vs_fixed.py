@@ -18,7 +18,9 @@ GOAL_BEST, GOAL_AR = 0.97, 1.00
 def cells(path: Path) -> list[dict]:
     r = json.loads(path.read_text())
     s = r["settings"]
-    label = f"{Path(s['target']).name} {s['max_new_tokens']} tok"
+    target = Path(s["target"])
+    name = target.parent.name if target.name == "target" else target.name.split(".")[0]
+    label = f"{name}, {s['max_new_tokens']} tok" + (" (stopped part-way)" if r.get("partial") else "")
     by_cell: dict[tuple, dict[str, dict]] = {}
     for row in r["summary"]:
         if row.get("category") is not None:
@@ -26,6 +28,8 @@ def cells(path: Path) -> list[dict]:
         by_cell.setdefault((row["dataset"], row["temperature"]), {})[row["method"]] = row
     out = []
     for (dataset, t), rows in by_cell.items():
+        if set(rows) != set(s["methods"]) or len({row["prompts"] for row in rows.values()}) > 1:
+            continue  # a run stopped part-way: a cell not every method finished on the same prompts
         autos = [m for m in rows if m == "auto" or m.startswith("auto:")]
         fixed = {m: rows[m]["tokens_per_s"] for m in rows if m not in autos and m != "ar"}
         best = max(fixed, key=fixed.get)
@@ -48,8 +52,8 @@ def markdown(rows: list[dict]) -> str:
         flag = lambda ok: "" if ok else " **(miss)**"  # noqa: E731
         lines.append(f"| {c['run']} | {c['dataset']} | {c['temperature']:g} | {c['ar_tps']:.1f} | "
                      f"`{c['auto']}` ({c['auto_tps']:.1f}) | `{c['best_fixed']}` ({c['best_fixed_tps']:.1f}) | "
-                     f"{c['auto_vs_best']:.2f}×{flag(c['auto_vs_best'] >= GOAL_BEST)} | "
-                     f"{c['auto_vs_ar']:.2f}×{flag(c['auto_vs_ar'] >= GOAL_AR)} |")
+                     f"{c['auto_vs_best']:.3f}×{flag(c['auto_vs_best'] >= GOAL_BEST)} | "
+                     f"{c['auto_vs_ar']:.3f}×{flag(c['auto_vs_ar'] >= GOAL_AR)} |")
     return "\n".join(lines) + "\n"
 
 

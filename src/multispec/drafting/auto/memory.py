@@ -138,11 +138,12 @@ def _zeros(x):
 
 
 def _number(x) -> bool:
-    return isinstance(x, (int, float)) and not isinstance(x, bool) and math.isfinite(x) and x >= 0
+    return isinstance(x, (int, float)) and not isinstance(x, bool) and math.isfinite(x)
 
 
 def valid_entry(entry) -> bool:
-    """What `save` writes: a dict of sections, each a dict or list, nested, of finite counts >= 0."""
+    """What `save` writes: a dict of sections, each a dict or list, nested, of finite numbers (counts; the realised
+    factors' log-ratio sums may be negative). Each section's own shape is checked where it is restored."""
     def ok(x, depth=0) -> bool:
         if depth > 4:
             return False
