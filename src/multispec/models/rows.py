@@ -105,12 +105,12 @@ def _table(linears: list[torch.nn.Linear]) -> list[bool]:
                                     or platform.machine(), len(linears), shapes))
     table = _MEMORY.get(key)
     if table is None:
-        stored = load_cache_json(cache_root() / FILE, "the few-row linear timings", "measuring again").get(key)
+        data = load_cache_json(cache_root() / FILE, "the few-row linear timings", "measuring again")
+        stored = data.get(key)
         table = stored if isinstance(stored, list) and len(stored) == ROWS + 1 and all(
             isinstance(v, bool) for v in stored) else measure([m.weight for m in linears])
         _MEMORY[key] = table
-        data = load_cache_json(cache_root() / FILE, "the few-row linear timings", "measuring again")
-        if data.get(key) != table:
+        if stored != table:
             data[key] = table
             save_cache_json(cache_root() / FILE, data)
     return table
