@@ -57,8 +57,7 @@ class AloneCosts:
         o = self.overhead
         seconds = self.t(len(tree)) + o["round_s"]
         if drafted:
-            sizes = [len(tree.level(d)) for d in range(1, tree.max_depth)]
-            seconds += self.d(pending) + sum(self.d(s) for s in sizes) + tree.max_depth * o["level_s"]
+            seconds += self.draft_time(tree, pending) * self.scale["d"] + tree.max_depth * o["level_s"]
         return seconds
 
     def observe(self, outcome: RoundOutcome) -> None:

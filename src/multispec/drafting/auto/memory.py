@@ -64,7 +64,8 @@ def key(target_identity: str, draft_identity: str, draft_proposer: str, temperat
 
 
 def load(key: str) -> dict | None:
-    """The stored statistics for key (a dict of sections, see AutoPolicy.memory_sections), or None."""
+    """The stored statistics for key (sections as AutoPolicy.finish saves them: Planner.state's, "confidence",
+    "realised"), or None."""
     with _LOCK:
         if key in _MEMORY:
             return _MEMORY[key]
