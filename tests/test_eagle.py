@@ -272,6 +272,12 @@ def test_train_head_on_a_tiny_target_then_decode(tmp_path, capsys):
     code, _, err = run_cli(capsys, "train-head", "--target", str(paths["target"]), "--out", str(tmp_path / "h2"),
                            "--data", str(tmp_path / "short.jsonl"), "--seq-len", "16", "--minutes", "0.05")
     assert_one_line_error(code, err, "at least 32 are needed")
+    for flag, value, says in (("--max-tokens", "31", "--max-tokens must be >= 2 x --seq-len"),
+                              ("--device", "tpu", "unknown device"), ("--device", "cuda:7", "cuda:7")):
+        code, _, err = run_cli(capsys, "train-head", "--target", str(paths["target"]), "--out", str(tmp_path / "h3"),
+                               "--seq-len", "16", flag, value)
+        assert_one_line_error(code, err, says)
+        assert not (tmp_path / "h3").exists()  # refused before anything was written
 
 
 def test_train_head_reads_token_ids_and_several_sources(tmp_path):

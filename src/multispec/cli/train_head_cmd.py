@@ -19,18 +19,23 @@ from multispec.cli import cli
 @click.option("--batch", default=4, show_default=True, help="Chunks per step.")
 @click.option("--lr", default=1e-3, show_default=True)
 @click.option("--seed", default=0, show_default=True)
+@click.option("--max-tokens", default=400_000, show_default=True, help="Training tokens at most (features are "
+              "kept in memory: 2 x hidden size bytes per token).")
+@click.option("--device", default="cpu", show_default=True, help="Where the target and the head run while training "
+              "(cuda: train on a GPU; the head decodes on any device).")
 @click.option("--threads", default=1, show_default=True, help="torch CPU threads.")
 @click.option("--overwrite", is_flag=True, help="Replace an existing --out folder's head.")
 @click.option("--resume", is_flag=True, help="Go on training the head in --out (its best weights so far).")
-def train_head_command(target, out, data, minutes, vocab, unroll, seq_len, batch, lr, seed, threads,
-                       overwrite, resume) -> None:
+def train_head_command(target, out, data, minutes, vocab, unroll, seq_len, batch, lr, seed, max_tokens, device,
+                       threads, overwrite, resume) -> None:
     """Train a head that drafts from TARGET's hidden states; use it with --method eagle --head OUT."""
     import torch
 
     from multispec.training.eagle import HeadTrainConfig, train_head
 
     cfg = HeadTrainConfig(target=target, out=out, data=tuple(data), minutes=minutes, vocab=vocab, unroll=unroll,
-                          seq_len=seq_len, batch=batch, lr=lr, seed=seed, overwrite=overwrite, resume=resume)
+                          seq_len=seq_len, batch=batch, lr=lr, seed=seed, max_tokens=max_tokens, device=device,
+                          overwrite=overwrite, resume=resume)
     cfg.check()  # before the model loads
     torch.set_num_threads(threads)
     summary = train_head(cfg)

@@ -95,8 +95,9 @@ class EagleHead(nn.Module):
         Returns f: float [B, L, H]. (Training feeds it the target's features, then its own f to unroll.)"""
         b, n = tokens.shape
         shifted = torch.cat([torch.zeros_like(features[:, :1]), features[:, :-1]], dim=1)
-        mask = additive_mask(causal_mask(0, n), features.dtype)[None, None]  # [1, 1, L, L]
-        return self(parts, tokens, shifted, torch.arange(n)[None].expand(b, n), mask)
+        dev = features.device
+        mask = additive_mask(causal_mask(0, n), features.dtype).to(dev)[None, None]  # [1, 1, L, L]
+        return self(parts, tokens, shifted, torch.arange(n, device=dev)[None].expand(b, n), mask)
 
 
 def new_head(target: nn.Module) -> EagleHead:
@@ -110,7 +111,8 @@ def new_head(target: nn.Module) -> EagleHead:
         for name, p in head.transformer.named_parameters():
             if name.endswith(("o_proj.weight", "down_proj.weight")):
                 p.mul_(0.1)
-    return head.to(next(target.parameters()).dtype)
+    p = next(target.parameters())
+    return head.to(device=p.device, dtype=p.dtype)
 
 
 class FeatureTap:

@@ -50,6 +50,7 @@ class HeadTrainConfig:
     own_share: float = 0.3  # at most this share of the budget generates the target's own text (--data own)
     collect_share: float = 0.25  # at most this share of the budget collects features (after the own text)
     max_tokens: int = 400_000
+    device: str = "cpu"  # where the target and the head run ("cuda": train there, decode anywhere)
     heldout_chunks: int = 8
     eval_every: float = 60.0  # seconds
     seed: int = 0
@@ -60,6 +61,11 @@ class HeadTrainConfig:
         check(self.minutes > 0, f"--minutes must be > 0, got {self.minutes}")
         check(self.vocab is None or self.vocab >= 2, f"--vocab must be >= 2, got {self.vocab}")
         check(self.unroll >= 1, f"--unroll must be >= 1, got {self.unroll}")
+        check(self.max_tokens >= 2 * self.seq_len, f"--max-tokens must be >= 2 x --seq-len ({2 * self.seq_len}), "
+                                                   f"got {self.max_tokens}")
+        from multispec.loading import resolve_device
+
+        resolve_device(self.device)  # a device this machine has, before the model loads
         out = Path(self.out)
         check(self.overwrite or self.resume or not out.exists(),
               f"--out {out} exists; choose another folder, --resume its head or pass --overwrite")
@@ -147,8 +153,9 @@ def collect_features(target, chunks: torch.Tensor, batch: int, deadline: float) 
 
     out = []
     for b in range(0, chunks.shape[0], batch):
-        with bf16_autocast():
-            out.append(target.model(input_ids=chunks[b:b + batch]).last_hidden_state.to(torch.float16))
+        with bf16_autocast(target.device):
+            ids = chunks[b:b + batch].to(target.device)
+            out.append(target.model(input_ids=ids).last_hidden_state.to(torch.float16))
         if time.monotonic() > deadline:
             break
     return torch.cat(out)
@@ -218,8 +225,8 @@ def train_head(cfg: HeadTrainConfig, log=None) -> dict:
     torch.manual_seed(cfg.seed)
     start = time.monotonic()
     end = start + cfg.minutes * 60
-    pair = load_pair(target=cfg.target, device="cpu")
-    target = pair.target.float().eval()
+    pair = load_pair(target=cfg.target, device=cfg.device, dtype=torch.float32)  # (a GPU's default is bfloat16)
+    target = pair.target.eval()
     for prm in target.parameters():
         prm.requires_grad_(False)
     parts = TargetParts.of(target)
@@ -228,7 +235,7 @@ def train_head(cfg: HeadTrainConfig, log=None) -> dict:
     chunks = chunk_tokens(pair.tokenizer, docs, cfg.seq_len, cfg.max_tokens, eos)
     chunks = chunks[torch.randperm(chunks.shape[0], generator=torch.Generator().manual_seed(cfg.seed))]
     feats = collect_features(target, chunks, cfg.batch, time.monotonic() + cfg.collect_share * cfg.minutes * 60)
-    chunks = chunks[:feats.shape[0]]
+    chunks = chunks[:feats.shape[0]].to(feats.device)
     check(feats.shape[0] >= 2, "collecting features took the whole budget before two chunks: give more --minutes")
     n_held = max(1, min(cfg.heldout_chunks, feats.shape[0] // 10))
     held, train = (chunks[:n_held], feats[:n_held]), (chunks[n_held:], feats[n_held:])
@@ -237,7 +244,7 @@ def train_head(cfg: HeadTrainConfig, log=None) -> dict:
         f"{time.monotonic() - start:.0f} s")
     if cfg.resume:  # its weights and its vocabulary (a resumed head keeps the rows it was trained on)
         head, ids = load_head(cfg.out, target)
-        head = head.float().train()
+        head, ids = head.float().train(), None if ids is None else ids.to(feats.device)
     else:
         head = new_head(target).float().train()
     summary = _loop(cfg, head, parts, train, held, ids, end, log,
@@ -286,7 +293,7 @@ def _loop(cfg, head, parts, train, held, ids, end, log, save) -> dict:
                 next_eval = now + cfg.eval_every
                 if now >= end:
                     break
-            idx = torch.randint(train[0].shape[0], (cfg.batch,), generator=gen)
+            idx = torch.randint(train[0].shape[0], (cfg.batch,), generator=gen).to(train[0].device)
             for g in opt.param_groups:
                 g["lr"] = lr_at((now - t0) / max(1e-9, end - t0), cfg.lr)
             loss, _, _ = head_loss(head, parts, train[0][idx], train[1][idx].float(), ids, cfg.unroll)

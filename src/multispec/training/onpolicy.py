@@ -11,10 +11,12 @@ from collections.abc import Iterator
 import torch
 
 
-def bf16_autocast():
-    """bfloat16 matmuls where the CPU has them (a no-op context elsewhere): feature collection and own text."""
-    fast = torch.backends.mkldnn.is_available() and torch.ops.mkldnn._is_mkldnn_bf16_supported()
-    return torch.autocast("cpu", dtype=torch.bfloat16, enabled=fast)
+def bf16_autocast(device: torch.device | str = "cpu"):
+    """bfloat16 matmuls on a GPU, or where the CPU has them (a no-op context elsewhere): feature collection and own
+    text."""
+    kind = torch.device(device).type
+    fast = kind == "cuda" or (torch.backends.mkldnn.is_available() and torch.ops.mkldnn._is_mkldnn_bf16_supported())
+    return torch.autocast(kind, dtype=torch.bfloat16, enabled=fast)
 
 
 def continuations(model, prompts: list[list[int]], *, max_new: int, batch: int, temperature: float,
@@ -30,8 +32,8 @@ def continuations(model, prompts: list[list[int]], *, max_new: int, batch: int, 
             return
         rows = [prompts[i] for i in order[b:b + batch]]
         width = max(len(r) for r in rows)
-        ids = torch.tensor([[pad] * (width - len(r)) + r for r in rows])  # [B, W] left padded
-        att = torch.tensor([[0] * (width - len(r)) + [1] * len(r) for r in rows])
+        ids = torch.tensor([[pad] * (width - len(r)) + r for r in rows], device=model.device)  # [B, W] left padded
+        att = torch.tensor([[0] * (width - len(r)) + [1] * len(r) for r in rows], device=model.device)
         sample = temperature > 0 and (n % 2 == 1 or not alternate)
         kw = {"do_sample": True, "temperature": temperature, "top_k": 0, "top_p": 1.0} if sample else \
             {"do_sample": False}
@@ -66,7 +68,7 @@ def own_texts(pair, model, deadline: float, seed: int = 0, max_new: int = 160, b
     for start in range(0, len(prompts), batch):  # a batch at a time, the deadline checked after the first
         if out and time.monotonic() > deadline:
             break
-        with bf16_autocast():
+        with bf16_autocast(model.device):
             out += list(continuations(model, prompts[start:start + batch], max_new=max_new, batch=batch,
                                       temperature=temperature if (start // batch) % 2 else 0.0, eos=eos,
                                       pad=pad, seed=seed + start))
