@@ -232,7 +232,8 @@ def sample_rows(probs: torch.Tensor, n: int, generator: torch.Generator | None) 
     total = cdf[:, -1:]  # [B, 1]
     if not bool(((total > 0) & total.isfinite()).all()):
         raise MultispecError(_not_a_law(total))
-    u = torch.rand(probs.shape[0], n, generator=generator, dtype=torch.float64, device=probs.device) * total
+    where = generator.device if generator is not None else probs.device  # a CPU generator serves CUDA laws too
+    u = torch.rand(probs.shape[0], n, generator=generator, dtype=torch.float64, device=where).to(probs.device) * total
     u = torch.minimum(u, torch.nextafter(total, torch.zeros_like(total)))  # u < total even after rounding
     return torch.searchsorted(cdf, u, right=True)
 

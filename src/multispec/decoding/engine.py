@@ -183,7 +183,9 @@ def _verify(run: Run, state: State, proposal: Proposal, out, lt: int) -> tuple[l
         rng = node_keys(tree, run.key, lt) if run.key is not None else run.gen_verify
         verifier = run.verifier if run.key is not None or proposal.verifier is None else \
             choose_verifier(run.method, sampling, False, proposal.verifier)
-        path, nxt = verifier.verify(tree, tokens, p, torch.zeros_like(p) if proposal.q is None else proposal.q, rng)
+        q = torch.zeros_like(p) if proposal.q is None else proposal.q
+        # verify/ runs on the CPU with its CPU generators (a no-op there; on a GPU one copy of the tree's rows)
+        path, nxt = verifier.verify(tree, tokens.cpu(), p.cpu(), q.cpu(), rng)
     if state.logprobs is not None:  # committed token i is scored by the row of path[i], the node above it
         rows = list(path)
         lp = state.logprobs.rows(sampling, out.logits[rows], None if adjusted is None else adjusted[rows],
