@@ -127,3 +127,23 @@ def test_realised_rates_correct_a_family_towards_what_its_rounds_did():
              "lookup": RoundPlan(Tree.chain(3), "lookup", label="lookup 3"),
              "suffix": RoundPlan(Tree.chain(2), "suffix", label="suffix 2")}
     assert {k: family(p) for k, p in plans.items()} == {k: k for k in plans}
+
+
+
+@pytest.mark.parametrize("spec, says", [("auto:fresh_start=maybe", "fresh_start must be a boolean"),
+                                        ("auto:fresh_start=2", "fresh_start must be a boolean"),
+                                        ("auto:fresh_starts=1", "does not take option(s) fresh_starts")])
+def test_a_bad_fresh_start_value_is_refused_in_one_line(capsys, tmp_path, spec, says):
+    """`auto:fresh_start` takes a flag (1/0, true/false); anything else, or a misspelt name, is refused before any
+    model loads or output is written: one line, exit 2 (bench specs), a MultispecError (the API)."""
+    from helpers import assert_one_line_error, run_cli
+
+    from multispec import generate, load_pair
+    from multispec.errors import MultispecError
+
+    code, _, err = run_cli(capsys, "bench", "--methods", spec, "--limit", "1", "--out", str(tmp_path / "b"))
+    assert_one_line_error(code, err, says)
+    assert not (tmp_path / "b").exists()
+    option = spec.split(":")[1].split("=")
+    with pytest.raises(MultispecError, match=says.replace("(", r"\(").replace(")", r"\)")):
+        generate(load_pair(), "def f(x):", method="auto", max_new_tokens=2, **{option[0]: option[1]})
