@@ -24,7 +24,7 @@ def main() -> None:
     ax.set_ylim(0, 1)
     ax.grid(alpha=0.3)
     ax.legend(fontsize=8)
-    ax.set_title("Feature heads trained on this machine's CPU (multispec train-head)")
+    ax.set_title("Feature heads for SmolLM2-135M-Instruct (multispec train-head)")
     fig.tight_layout()
     fig.savefig(out, dpi=110)
     print(f"wrote {out}")

