@@ -341,3 +341,15 @@ def test_same_seed_same_result():
             res = spec.verify(p.expand(64, -1), q.expand(64, -1), drafts, gen)
             runs.append((drafts, res.token, res.accepted))
         assert all(torch.equal(a, b) for a, b in zip(*runs)), name
+
+
+def test_top_tokens_is_a_stable_sort_with_ties_and_zeros():
+    """top_tokens sorts only the tokens at or above the k-th value; it must equal the full stable sort (ties go to
+    the lowest id), with many ties and zero mass."""
+    gen = torch.Generator().manual_seed(0)
+    for _ in range(300):
+        b, v = int(torch.randint(1, 5, (1,), generator=gen)), int(torch.randint(2, 40, (1,), generator=gen))
+        k = int(torch.randint(2, v + 1, (1,), generator=gen))
+        q = torch.randint(0, 4, (b, v), generator=gen).double()
+        want = torch.sort(q, dim=-1, descending=True, stable=True).indices[:, :k]
+        assert torch.equal(top_tokens(q, k), want), (q, k)

@@ -115,7 +115,13 @@ def top_tokens(q: torch.Tensor, k: int) -> torch.Tensor:
     check(k <= q.shape[-1], f"cannot take {k} distinct drafts from a vocabulary of {q.shape[-1]} tokens")
     if k == 1:  # argmax returns the first maximum: the same tie-break, without sorting the whole vocabulary
         return q.argmax(-1, keepdim=True)
-    return torch.sort(q, dim=-1, descending=True, stable=True).indices[:, :k]
+    # only the tokens at or above each row's k-th largest value are sorted (stable: ties keep index order)
+    kth = torch.topk(q, k, dim=-1).values[:, -1:]  # [B, 1]
+    rows = []
+    for row, t in zip(q, kth):
+        idx = torch.nonzero(row >= t).flatten()  # ascending ids, >= k of them
+        rows.append(idx[torch.sort(row[idx], descending=True, stable=True).indices[:k]])
+    return torch.stack(rows) if rows else torch.zeros(0, k, dtype=torch.long, device=q.device)
 
 
 # ----------------------------------------------------------------------------------- sample / evaluate
