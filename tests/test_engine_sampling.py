@@ -92,7 +92,8 @@ N_SEQUENCE = 3_000
     ("sd", {"k": 3, "verifier": "block"}, "T1"),
     ("mcsd", {"tree": (2, 2), "verifier": "traversal"}, "T0.8-k5-p0.9"),
     ("ti-mcsd", {"tree": (1, 2, 1), "verifier": "traversal"}, "T1"),
-], ids=["sd-block", "mcsd-traversal", "ti-mcsd-traversal"])
+    ("mcsd", {"tree": (2, 2), "verifier": "univer"}, "T0.8-k5-p0.9"),
+], ids=["sd-block", "mcsd-traversal", "ti-mcsd-traversal", "mcsd-univer"])
 def test_sequence_verifiers_match_target_law(method, options, sampling_name):
     counts = sample_counts(method, options, SAMPLINGS[sampling_name], n=N_SEQUENCE)
     assert counts.sum() == N_SEQUENCE

@@ -1,4 +1,4 @@
-"""Sequence verifiers (block, traversal) are lossless: exact enumeration of the committed-token law.
+"""Sequence verifiers (block, traversal, univer) are lossless: exact enumeration of the committed-token law.
 
 A toy model with arbitrary context dependence: p(.|prefix) and q(.|prefix) are drawn per prefix from a seeded
 generator (V <= 5), in five regimes: random with zeros, disjoint supports, p = q, one-hot q, and q that misses
@@ -201,7 +201,8 @@ def test_traversal_with_token_level_child_weights_is_caught(monkeypatch):
 
 
 # ----------------------------------------------------------------------------- sampling = exact law
-@pytest.mark.parametrize("name,shape", [("block", (1, 1, 1)), ("traversal", (2, 2, 1))])
+@pytest.mark.parametrize("name,shape", [("block", (1, 1, 1)), ("traversal", (2, 2, 1)), ("univer", (2, 2, 1)),
+                                        ("univer-ot", (2, 1))])
 def test_sampling_matches_the_exact_law(name, shape):
     spec = SEQUENCE_REGISTRY[name]
     toy = Toy(4, "random", seed=3)
@@ -275,3 +276,67 @@ def test_methods_take_the_sequence_verifiers_where_their_shapes_fit():
     ]:
         with pytest.raises(MultispecError, match=message):
             build_method(name, **options)
+
+
+# ----------------------------------------------------------------------------- univer (verify/univer.py)
+@pytest.mark.parametrize("regime", REGIMES)
+def test_univer_trees_and_chains_are_lossless(regime):
+    """`univer` (greedy-md drafts) on every tree and chain shape, depth <= 3 (4 on chains), width <= 3, V <= 5."""
+    spec = SEQUENCE_REGISTRY["univer"]
+    for i, shape in enumerate(TREES + CHAINS):
+        law, want = committed_law(Toy(_vocab(shape), regime, seed=23 + i), spec, shape)
+        assert np.abs(law - want).max() < 1e-9, f"univer {regime} {shape}: {np.abs(law - want).max()}"
+
+
+@pytest.mark.parametrize("regime", ["random", "holes", "onehot"])
+def test_univer_ot_trees_are_lossless(regime):
+    """`univer-ot` (i.i.d. drafts, the exact ot plan at each node; slower to enumerate: three shapes)."""
+    spec = SEQUENCE_REGISTRY["univer-ot"]
+    for i, shape in enumerate([(2, 1, 2), (3, 2), (1, 1, 1)]):
+        law, want = committed_law(Toy(3, regime, seed=41 + i), spec, shape)
+        assert np.abs(law - want).max() < 1e-9, f"univer-ot {regime} {shape}: {np.abs(law - want).max()}"
+
+
+def _mean_accepted(name: str, toy: Toy, shape) -> float:
+    spec = get_sequence_verifier(name)
+    return sum(w * m * (len(path) - 1) for w, tree, tokens, p, q in drafted_trees(toy, shape, spec.draft.law_fn)
+               for (path, _), m in spec.law(tree, tokens, p, q).items())
+
+
+def test_univer_is_greedy_md_on_one_level_and_block_on_chains_and_gains_with_depth():
+    """On one level univer's law is the greedy-md node verifier's (the optimum for that draft law), on a chain
+    block's, outcome by outcome; on deeper trees it accepts at least as much as the greedy-md walk on average,
+    strictly more here (a rejected leaf hands its mass back to its parent)."""
+    univer = SEQUENCE_REGISTRY["univer"]
+    for shape, other in (((2,), "greedy-md"), ((3,), "greedy-md"), ((1, 1, 1), "block")):
+        ref = get_sequence_verifier(other)
+        for _, tree, tokens, p, q in drafted_trees(Toy(4, "random", seed=9), shape, univer.draft.law_fn):
+            a, b = univer.law(tree, tokens, p, q), ref.law(tree, tokens, p, q)
+            assert max(abs(a.get(k, 0.0) - b.get(k, 0.0)) for k in {*a, *b}) < 1e-12, (shape, tokens)
+    for seed, shape in ((0, (2, 1, 2)), (2, (3, 2)), (3, (2, 1, 2))):
+        toy = Toy(4, "random", seed=seed)
+        assert _mean_accepted("univer", toy, shape) > _mean_accepted("greedy-md", toy, shape) + 1e-3
+
+
+def test_univer_with_unconditioned_child_scalings_is_caught(monkeypatch):
+    """Each child visited with its plan's match probability itself (not divided by what its elder siblings
+    left): the walk then under-weights younger children. Not lossless."""
+    from multispec.verify import univer
+
+    monkeypatch.setattr(univer, "child_scalings", lambda acc: [float(x) for x in acc])
+    assert _max_error(SEQUENCE_REGISTRY["univer"], [(2, 1, 2), (3, 2)]) > 1e-3
+
+
+def test_univer_without_the_bottom_outcome_is_caught():
+    """A local plan that forgets the 'node rejected' outcome (a = 1 below the root: token-level acceptance inside
+    the sequence-level walk, so the first child with any match always wins). Not lossless."""
+    import dataclasses
+
+    from multispec.verify import univer
+
+    def forgetful(p, q, a, drafts):
+        return univer.greedy_plan(p, q, 1.0 if a > 0 else a, drafts)
+
+    broken = dataclasses.replace(SEQUENCE_REGISTRY["univer"],
+                                 law_fn=lambda t, x, p, q: univer.univer_law(t, x, p, q, forgetful))
+    assert _max_error(broken, [(2, 1, 2), (1, 1, 1)]) > 1e-3

@@ -9,6 +9,8 @@ accepted path (node indices from the root 0) and the token that ends the round. 
 - `block`: block verification of a chain (Sun et al., ICLR 2025), drafts one per level from q;
 - `traversal`: traversal verification of a tree (Weng et al., NeurIPS 2025), siblings drafted without
   replacement;
+- `univer` / `univer-ot`: local optimal-transport plans composed under prefix acceptance, in post-order (UniVer,
+  arXiv 2605.04543, as reconstructed in verify/univer.py), siblings drafted as `greedy-md` / i.i.d.;
 - `gumbel` (chains) and `gls` (trees): drafter-invariant verification (issue 26, `verify.gumbel`). These are
   *keyed*: their last argument is a `keyed.PositionKeys` (seed and the absolute position each node draws), not
   a torch.Generator, and their drafts come from `drafting.coupled.coupled_draw` with the same keys.
@@ -31,6 +33,7 @@ from multispec.verify.gumbel import gumbel_chain_law, verify_gumbel
 from multispec.verify.keyed import PositionKeys
 from multispec.verify.rrs_wor import law_wor
 from multispec.verify.traversal import traversal_law, verify_traversal
+from multispec.verify.univer import ot_plan, univer_law, verify_univer
 from multispec.verify.tree_walk import walk_tree, walk_tree_law
 
 Outcome = tuple[tuple[int, ...], int]
@@ -149,6 +152,20 @@ SEQUENCE_REGISTRY: dict[str, SequenceVerifierSpec] = {
                     "equals block on a chain",
         lossless=True, shapes="tree", draft=REGISTRY["rrs-wor"], verify_fn=verify_traversal,
         law_fn=traversal_law, source="Weng et al., NeurIPS 2025, arXiv 2505.12398"),
+    "univer": SequenceVerifierSpec(
+        name="univer",
+        description="UniVer-style: greedy-md drafts (top k-1 + one sampled); each node's optimal plan towards its "
+                    "prefix-scaled target, post-order as traversal; equals block on a chain",
+        lossless=True, shapes="tree", draft=REGISTRY["greedy-md"], verify_fn=verify_univer, law_fn=univer_law,
+        source="Weng, Hu, Yairi, arXiv 2605.04543 (reconstructed from its abstract; verify/univer.py)"),
+    "univer-ot": SequenceVerifierSpec(
+        name="univer-ot",
+        description="UniVer-style with i.i.d. drafts: each node's exact ot plan towards its prefix-scaled target, "
+                    "post-order; equals block on a chain",
+        lossless=True, shapes="tree", draft=REGISTRY["ot"],
+        verify_fn=lambda tree, tokens, p, q, gen: verify_univer(tree, tokens, p, q, gen, ot_plan),
+        law_fn=lambda tree, tokens, p, q: univer_law(tree, tokens, p, q, ot_plan),
+        source="as univer, with verify/ot.py's plan (ours)"),
     "gumbel": SequenceVerifierSpec(
         name="gumbel",
         description="drafter-invariant: accept a draft iff it is the target's Gumbel-max token under the "
