@@ -159,7 +159,8 @@ def region_pieces(order: np.ndarray, q: np.ndarray, r: np.ndarray, lo: float, hi
     order is valid. The closed form (nested intervals) is tried with r/q ascending and descending (the
     first one tried: ascending_first; A nests mostly descending, H ascending, on LLM pairs). If
     neither nests throughout, the order that nests longer gives its nested prefix in closed form and the
-    sequential sweep places the other tokens in the two intervals left.
+    sequential sweep places the other tokens in the two intervals left, in r/q ascending order whichever order
+    nested (any order is valid): its runs then break 10–40x less often than in descending order on LLM pairs.
     """
     if order.size == 0:
         return np.zeros(0, dtype=np.int64), np.zeros(0), np.zeros(0), np.zeros(0, dtype=np.int64)
@@ -178,7 +179,8 @@ def region_pieces(order: np.ndarray, q: np.ndarray, r: np.ndarray, lo: float, hi
         left = [(lo, prefix[0][-1]), (prefix[1][-1], hi)]
     else:
         parts, left = [], [(lo, hi)]
-    tok, a, b = sweep_pieces(o[good:].tolist(), q, r, left, n)
+    rest = o[good:]
+    tok, a, b = sweep_pieces(rest[np.argsort(r[rest] / q[rest], kind="stable")], q, r, left, n)
     tok = np.array(tok, dtype=np.int64)
     by_tok = np.argsort(tok, kind="stable")  # each token's pieces in the order placed: slots 0, 1, ...
     first = np.searchsorted(tok[by_tok], tok[by_tok])  # where each token's run starts in the sorted order
@@ -344,6 +346,10 @@ def disjoint_run(order: np.ndarray, q: np.ndarray, r: np.ndarray, a: float, b: f
     windows disjoint and moving from b leftward (or from a rightward): a window of the right length and F-mass
     inside measure left is the sweep's unique root, whatever else is left elsewhere. Returns (tokens placed,
     pieces (token, lo, hi) arrays, the fragments of [a, b] still left, sorted)."""
+    t = int(order[0])  # most calls place nothing: the first window must fit, which scalar bounds tell cheaply
+    if q[t] > b - a or not (coverage(b, n) - coverage(b - q[t], n) - RUN_MASS_TOL <= r[t]
+                            <= coverage(a + q[t], n) - coverage(a, n) + RUN_MASS_TOL):
+        return 0, None, None
     placed, chunk, edge = 0, RUN_CHUNK, (b if leftward else a)
     toks, los, his = [], [], []
     frags: list[list[float]] = []
@@ -631,7 +637,7 @@ class OTVerifierSpec(VerifierSpec):
 SPEC = OTVerifierSpec(
     name="ot",
     description="optimal transport, i.i.d. drafts: key-race selection + single-draft SD, acceptance = α* iid; "
-                "CPU cost per call (V <= 32k, n <= 8): median ~3 ms, most pairs < 70 ms, worst measured 1.7 s "
+                "CPU cost per call (V <= 32k, n <= 8): median ~3 ms, most pairs < 30 ms, worst measured 77 ms "
                 "(benchmarks/results/ot/ot_worst_case.json)",
     lossless=True,
     drafts="any",
