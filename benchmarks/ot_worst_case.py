@@ -7,6 +7,7 @@ between p and q, which defeats the closed form of the key pieces most often), `f
 and `peaked` (one token holds most of p, q spread out). The per-family worst, median and the tokens placed by the
 sequential sweep are recorded with the machine; one torch thread.
 Writes benchmarks/results/ot/ot_worst_case.json. Run: PYTHONPATH=src python benchmarks/ot_worst_case.py [--quick]
+[--vocabs 262144 --out benchmarks/results/ot/ot_worst_case_262k.json]
 """
 import argparse
 import json
@@ -44,13 +45,14 @@ def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--quick", action="store_true", help="fewer pairs per cell (a smoke run)")
     ap.add_argument("--out", default=str(Path(__file__).parent / "results" / "ot" / "ot_worst_case.json"))
+    ap.add_argument("--vocabs", default="1000,8000,32000", help="comma-separated vocabulary sizes")
     args = ap.parse_args()
     torch.set_num_threads(1)
     spec = REGISTRY["ot"]
     reps = 2 if args.quick else 6
     rng = np.random.default_rng(28)
     rows = []
-    for v in (1000, 8000, 32000):
+    for v in (int(x) for x in args.vocabs.split(",")):
         for n in (2, 3, 4, 6, 8):
             for family in FAMILIES:
                 times, swept = [], []
