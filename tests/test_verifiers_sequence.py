@@ -288,9 +288,10 @@ def test_univer_trees_and_chains_are_lossless(regime):
         assert np.abs(law - want).max() < 1e-9, f"univer {regime} {shape}: {np.abs(law - want).max()}"
 
 
-@pytest.mark.parametrize("regime", ["random", "holes", "onehot"])
+@pytest.mark.parametrize("regime", ["random", "holes"])
 def test_univer_ot_trees_are_lossless(regime):
-    """`univer-ot` (i.i.d. drafts, the exact ot plan at each node; slower to enumerate: three shapes)."""
+    """`univer-ot` (i.i.d. drafts, the exact ot plan at each node; slower to enumerate: three shapes, two
+    regimes)."""
     spec = SEQUENCE_REGISTRY["univer-ot"]
     for i, shape in enumerate([(2, 1, 2), (3, 2), (1, 1, 1)]):
         law, want = committed_law(Toy(3, regime, seed=41 + i), spec, shape)
