@@ -220,6 +220,10 @@ def test_extended_subset_equals_full_on_the_grown_subset(kind, int8):
     before = cut.vocab_subset
     cut.extend_vocab_subset(torch.tensor([9, 1]))  # nothing new: the same head
     assert cut.vocab_subset is before
+    cut.extend_vocab_subset([9, 5])  # a list (the engine's committed tokens) works the same
+    assert cut.vocab_subset is before
+    with pytest.raises(MultispecError, match="must lie in"):
+        cut.extend_vocab_subset([9, V])  # a new id out of range is still refused
     cut.extend_vocab_subset(torch.tensor([40, 9, 2, 40]))
     assert sorted(cut.vocab_subset.ids.tolist()) == [1, 2, 5, 9, 40]
     tree = Tree.from_shape((2, 2))

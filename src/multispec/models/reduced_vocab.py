@@ -71,14 +71,19 @@ class RestrictedHead:
         self.ids = subset_ids(ids, vocab_size).to(self.source.weight.device)
         self.size = int(self.ids.numel())
         self.weight, self.bias = self.source.gather(self.ids)  # [K, H], [K] or None
+        self._members: set[int] | None = None  # S as a Python set, made on the first extend
 
     def extend(self, ids) -> "RestrictedHead":
-        """This subset plus `ids` (a gather of the rows of S ∪ ids), or self when they are all in S already."""
-        ids = subset_ids(ids, self.vocab_size).to(self.ids.device)
-        new = ids[~torch.isin(ids, self.ids)]
-        if new.numel() == 0:
+        """This subset plus `ids` (a gather of the rows of S ∪ ids), or self when they are all in S already (a set
+        lookup: the engine calls this every round with the committed tokens)."""
+        if self._members is None:
+            self._members = set(self.ids.tolist())
+        values = ids.flatten().tolist() if isinstance(ids, torch.Tensor) else list(ids)
+        new = [int(i) for i in values if int(i) not in self._members]
+        if not new:
             return self
-        return RestrictedHead(self.source, torch.cat([self.ids, new]), self.vocab_size)
+        return RestrictedHead(self.source, torch.cat([self.ids, subset_ids(new, self.vocab_size).to(self.ids.device)]),
+                              self.vocab_size)
 
     def compact(self, hidden: torch.Tensor) -> torch.Tensor:
         """hidden: [N, H] (the output layer's input) -> logits [N, K] in the layer's dtype, before the model's own
