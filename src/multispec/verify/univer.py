@@ -46,7 +46,7 @@ from multispec.tree import Tree
 from multispec.verify.base import EPS
 from multispec.verify.ot import ot_selection
 
-Plan = Callable[[np.ndarray, np.ndarray, float, list[int]], tuple[np.ndarray, np.ndarray]]
+LocalPlan = Callable[[np.ndarray, np.ndarray, float, list[int]], tuple[np.ndarray, np.ndarray]]
 
 
 def ot_plan(p: np.ndarray, q: np.ndarray, a: float, drafts: list[int]) -> tuple[np.ndarray, np.ndarray]:
@@ -116,7 +116,7 @@ class _Rows:
 
 
 def verify_univer(tree: Tree, tokens: torch.Tensor, p: torch.Tensor, q: torch.Tensor,
-                  generator: torch.Generator | None, local_plan: Plan = greedy_plan) -> tuple[tuple[int, ...], int]:
+                  generator: torch.Generator | None, local_plan: LocalPlan = greedy_plan) -> tuple[tuple[int, ...], int]:
     """(accepted path of node indices from the root, next token) for a drafted tree: tokens long [N], p and q
     float [N, V] (q[u] = the law u's children were drawn from, by local_plan's draft law)."""
     P, Q = _Rows(p), _Rows(q)
@@ -148,7 +148,7 @@ def verify_univer(tree: Tree, tokens: torch.Tensor, p: torch.Tensor, q: torch.Te
 
 
 def univer_law(tree: Tree, tokens: torch.Tensor, p: torch.Tensor, q: torch.Tensor,
-               local_plan: Plan = greedy_plan) -> dict:
+               local_plan: LocalPlan = greedy_plan) -> dict:
     """Exact law of `verify_univer` for this drafted tree: {(path, next_token): probability} (the same plans and
     coins; a child's failure has its realised probability here, which is 1 - a_j only on average over its
     subtree's draws)."""
