@@ -115,8 +115,8 @@ class _Rows:
         return self.rows[u]
 
 
-def verify_univer(tree: Tree, tokens: torch.Tensor, p: torch.Tensor, q: torch.Tensor,
-                  generator: torch.Generator | None, local_plan: LocalPlan = greedy_plan) -> tuple[tuple[int, ...], int]:
+def verify_univer(tree: Tree, tokens: torch.Tensor, p: torch.Tensor, q: torch.Tensor, generator: torch.Generator | None,
+                  local_plan: LocalPlan = greedy_plan) -> tuple[tuple[int, ...], int]:
     """(accepted path of node indices from the root, next token) for a drafted tree: tokens long [N], p and q
     float [N, V] (q[u] = the law u's children were drawn from, by local_plan's draft law)."""
     P, Q = _Rows(p), _Rows(q)
