@@ -21,10 +21,8 @@ from smollm2_data import prompt_items  # noqa: E402
 
 from multispec import load_pair  # noqa: E402
 from multispec.loading import eos_ids  # noqa: E402
-from multispec.text import encode_chat, encode_prompt  # noqa: E402
 from multispec.training.eagle import HeadTrainConfig, train_head  # noqa: E402
-from multispec.training.onpolicy import bf16_autocast, continuations  # noqa: E402
-from multispec.training.prompts import code_prompts, instructions  # noqa: E402
+from multispec.training.onpolicy import bf16_autocast, builtin_prompts, continuations  # noqa: E402
 
 
 def log(s: str) -> None:
@@ -53,10 +51,8 @@ def main() -> None:
     pair = load_pair(target=a.target, device=a.device, dtype=torch.float32)
     torch.backends.cuda.matmul.allow_tf32 = True  # after the load's exactness probe (which TF32 would fail)
     log(f"loaded in {time.monotonic() - t0:.0f} s on {pair.device}")
-    tok, v = pair.tokenizer, pair.target.config.vocab_size
-    prompts = [ids for ids, _ in prompt_items(pair, a.data_dir)]
-    prompts += [encode_prompt(tok, v, c)[-256:] for c in code_prompts(3000)]
-    prompts += [encode_chat(tok, v, [{"role": "user", "content": m}])[-256:] for m in instructions(240)]
+    code, asks = builtin_prompts(pair.tokenizer, pair.target.config.vocab_size, 3000, 256)
+    prompts = [ids for ids, _ in prompt_items(pair, a.data_dir)] + code + asks
     log(f"{len(prompts)} prompts")
     model, eos = pair.target.eval(), sorted(eos_ids(pair))
     deadline = t0 + a.gen_share * a.seconds

@@ -79,7 +79,7 @@ class RestrictedHead:
         if self._members is None:
             self._members = set(self.ids.tolist())
         values = ids.flatten().tolist() if isinstance(ids, torch.Tensor) else list(ids)
-        new = [int(i) for i in values if int(i) not in self._members]
+        new = [i for i in map(int, values) if i not in self._members]
         if not new:
             return self
         return RestrictedHead(self.source, torch.cat([self.ids, subset_ids(new, self.vocab_size).to(self.ids.device)]),

@@ -45,21 +45,28 @@ def continuations(model, prompts: list[list[int]], *, max_new: int, batch: int, 
             yield r + row[:cut]
 
 
+def builtin_prompts(tok, vocab: int, n: int, width: int, seed: int = 0) -> tuple[list[list[int]], list[list[int]]]:
+    """The built-in prompt set as token ids, each cut to its last `width` tokens: (up to n function openings as
+    raw text, up to n instructions as one user message through the chat template when the tokenizer has one)."""
+    from multispec.text import encode_chat, encode_prompt
+    from multispec.training.prompts import code_prompts, instructions
+
+    chat = bool(getattr(tok, "chat_template", None))
+    code = [encode_prompt(tok, vocab, c)[-width:] for c in code_prompts(n, seed)]
+    asks = [(encode_chat(tok, vocab, [{"role": "user", "content": m}]) if chat else encode_prompt(tok, vocab, m))
+            [-width:] for m in instructions(n, seed)]
+    return code, asks
+
+
 def own_texts(pair, model, deadline: float, seed: int = 0, max_new: int = 160, batch: int = 16,
               temperature: float = 0.7, log=None) -> list[list[int]]:
     """The target's own continuations of the built-in prompt set (training/prompts.py), code openings and
     instructions interleaved (instructions through the chat template when the tokenizer has one), generated
     until `deadline` in bfloat16 matmuls where the CPU has them: prompt + continuation ids per prompt."""
     from multispec.loading import eos_ids
-    from multispec.text import encode_chat, encode_prompt
-    from multispec.training.prompts import code_prompts, instructions
 
-    tok, vocab = pair.tokenizer, model.config.vocab_size
-    chat = bool(getattr(tok, "chat_template", None))
     width = min(256, (getattr(model.config, "max_position_embeddings", None) or 4096) - max_new)  # prompt tokens
-    code = [encode_prompt(tok, vocab, c)[-width:] for c in code_prompts(256, seed)]
-    asks = [(encode_chat(tok, vocab, [{"role": "user", "content": m}]) if chat else encode_prompt(tok, vocab, m))
-            [-width:] for m in instructions(256, seed)]
+    code, asks = builtin_prompts(pair.tokenizer, model.config.vocab_size, 256, width, seed)
     prompts = [p for pair_ in zip(code, asks) for p in pair_]
     eos = sorted(eos_ids(pair))
     pad = eos[0] if eos else 0

@@ -42,6 +42,7 @@ from typing import Callable
 import numpy as np
 import torch
 
+from multispec.sampling import sample
 from multispec.tree import Tree
 from multispec.verify.base import EPS
 from multispec.verify.ot import ot_selection
@@ -102,6 +103,12 @@ def _terminal(acc: np.ndarray, residual: np.ndarray) -> float:
     return min(1.0, float(residual.sum()) / left) if left > EPS else 0.0
 
 
+def _next_law(residual: np.ndarray, p: np.ndarray) -> np.ndarray:
+    """The law of the token after an accepted node: its residual normalised (p itself when it has no mass)."""
+    mass = float(residual.sum())
+    return residual / mass if mass > EPS else p
+
+
 class _Rows:
     """float64 numpy rows of a [N, V] tensor, converted when first read (a walk reads few of them)."""
 
@@ -136,11 +143,7 @@ def verify_univer(tree: Tree, tokens: torch.Tensor, p: torch.Tensor, q: torch.Te
                 return found
         if u != 0 and coin() >= _terminal(acc, residual):  # the root (a = 1) has no bottom: it always ends here
             return None
-        mass = float(residual.sum())
-        law = residual / mass if mass > EPS else P[u]
-        cdf = np.cumsum(law)
-        nxt = int(np.searchsorted(cdf, coin() * cdf[-1], side="right"))
-        return tuple(tree.path_to(u)), min(nxt, law.size - 1)
+        return tuple(tree.path_to(u)), int(sample(torch.from_numpy(_next_law(residual, P[u])), generator))
 
     found = visit(0, 1.0)
     assert found is not None  # the root always ends the walk
@@ -166,8 +169,7 @@ def univer_law(tree: Tree, tokens: torch.Tensor, p: torch.Tensor, q: torch.Tenso
         reach = 1.0  # P(every child visited so far failed)
         for c, a_c in zip(kids, child_scalings(acc)):
             reach *= 1.0 - visit(c, a_c, weight * reach)
-        h, mass = 1.0 if u == 0 else _terminal(acc, residual), float(residual.sum())
-        out = residual / mass if mass > EPS else P[u]
+        h, out = 1.0 if u == 0 else _terminal(acc, residual), _next_law(residual, P[u])
         path = tuple(tree.path_to(u))
         for y in np.flatnonzero(out > 0).tolist():
             law[(path, y)] += weight * reach * h * float(out[y])
