@@ -26,7 +26,8 @@ def generate(pair: Pair, prompt: str | list[int] | list[str] | list[list[int]] |
              repetition_penalty: float | None = None, presence_penalty: float | None = None,
              frequency_penalty: float | None = None, logit_bias: dict | None = None, min_tokens: int | None = None,
              ignore_eos: bool = False, stop_token_ids: list[int] | None = None, logprobs: int | None = None,
-             prompt_logprobs: bool = False, logprobs_mode: str = "raw",
+             prompt_logprobs: bool = False, logprobs_mode: str = "raw", json_schema=None, regex: str | None = None,
+             choice: list[str] | None = None, grammar: str | None = None,
              on_result: Callable[[int, GenerationResult], None] | None = None,
              params: SamplingParams | None = None, messages: list[dict] | None = None,
              chat_template: str | None = None, **method_options) -> GenerationResult | list[GenerationResult]:
@@ -57,6 +58,11 @@ def generate(pair: Pair, prompt: str | list[int] | list[str] | list[list[int]] |
     from the verification forward that committed it; prompt_logprobs=True: `result.prompt_logprobs` (raw; allows
     max_new_tokens=0). logprobs_mode: "raw" (default: log_softmax of the target's logits) or "processed" (of the
     processed law), see multispec.decoding.logprobs.
+    Structured output (at most one): json_schema (a dict, its JSON text or a pydantic model class), regex, choice
+    (a list of strings) or grammar (Lark, or llama.cpp's GBNF): the output follows it exactly under every method
+    (the target's law masked to what the grammar allows, each drafted node along its own path; tokens the grammar
+    forces are committed without a target call) and ends with EOS where it completes; stats["structured"] reports
+    the forced tokens and whether the output is complete (docs/structured.md).
     temperature=None takes the sampling defaults of the target's generation_config.json, as transformers'
     `generate` does: its temperature, top_k and top_p when it sets do_sample, otherwise greedy (temperature 0).
     Explicit top_k / top_p override the file's. seed=None draws a fresh seed (as transformers and vLLM sample
@@ -96,7 +102,8 @@ def generate(pair: Pair, prompt: str | list[int] | list[str] | list[list[int]] |
                     stop=stop, reproducible=reproducible, min_p=min_p, repetition_penalty=repetition_penalty,
                     presence_penalty=presence_penalty, frequency_penalty=frequency_penalty, logit_bias=logit_bias,
                     min_tokens=min_tokens, ignore_eos=ignore_eos, stop_token_ids=stop_token_ids, logprobs=logprobs,
-                    prompt_logprobs=prompt_logprobs, logprobs_mode=logprobs_mode)
+                    prompt_logprobs=prompt_logprobs, logprobs_mode=logprobs_mode, json_schema=json_schema,
+                    regex=regex, choice=choice, grammar=grammar)
     batch = _is_batch(prompt)
     seeds = settings.pop("seed") if batch else None  # per prompt: s + i from an int s, or one each from a list
     defaults = {n: p.default for n, p in inspect.signature(generate).parameters.items()}

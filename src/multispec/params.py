@@ -40,7 +40,9 @@ class SamplingParams:
     seed per run (reported in stats["seed"]). stop: stop strings (a str is one); stop_token_ids: more tokens that end
     the output; ignore_eos: do not stop at EOS. logprobs=k in [0, 20]: each new token's logprob and its row's top k;
     prompt_logprobs: the prompt's; logprobs_mode "raw" or "processed". reproducible: None (the method's rule), True
-    or False (docs/reproducible.md)."""
+    or False (docs/reproducible.md). Structured output (at most one; docs/structured.md): json_schema (a dict, its
+    JSON text or a pydantic model class), regex, choice (a list of strings) or grammar (Lark or GBNF): the output
+    then follows it exactly (`constraint`), and ends with EOS where it completes."""
 
     max_new_tokens: int = 128
     temperature: float | None = None
@@ -60,6 +62,10 @@ class SamplingParams:
     prompt_logprobs: bool = False
     logprobs_mode: str = "raw"
     reproducible: bool | None = None
+    json_schema: object = None
+    regex: str | None = None
+    choice: tuple[str, ...] | None = None
+    grammar: str | None = None
 
     def __post_init__(self) -> None:
         for f in fields(self):
@@ -78,6 +84,7 @@ class SamplingParams:
             raise ParamError(f"min_tokens ({self.min_tokens}) must be at most max_new_tokens "
                              f"({self.max_new_tokens})", "min_tokens")
         _check_ranges(self)
+        _check_constraint(self)
 
     @classmethod
     def of(cls, params: SamplingParams | None, settings: dict) -> SamplingParams:
@@ -92,6 +99,11 @@ class SamplingParams:
     def replace(self, **changes) -> SamplingParams:
         """A copy with `changes`, validated as a new object is."""
         return replace(self, **changes)
+
+    @property
+    def constraint(self):
+        """The structured-output constraint (structured.Constraint), or None."""
+        return self.__dict__.get("_constraint")
 
     @property
     def wants_logprobs(self) -> bool:
@@ -152,6 +164,10 @@ _CHECKS = {
     "prompt_logprobs": _flag("prompt_logprobs"),
     "logprobs_mode": _mode,
     "reproducible": _optional_flag,
+    "json_schema": lambda v: v,  # checked together by _check_constraint
+    "regex": lambda v: v,
+    "choice": lambda v: tuple(v) if isinstance(v, list) else v,
+    "grammar": lambda v: v,
 }
 FIELDS = frozenset(_CHECKS)
 OTHER_NAMES = {"max_tokens": "max_new_tokens", "max_completion_tokens": "max_new_tokens", "stop_sequences": "stop",
@@ -188,3 +204,24 @@ def _check_ranges(p: SamplingParams) -> None:
             SamplingConfig(**{name: values[name]})
         except MultispecError as e:
             raise ParamError(str(e), name) from None
+
+
+def _check_constraint(p: SamplingParams) -> None:
+    """The structured-output fields: at most one, its text valid (compiled without a tokenizer here; for the model's
+    tokenizer by the Decoder), and not beside the settings that would contradict it."""
+    from multispec.structured import KINDS, Constraint
+
+    given = [k for k in KINDS if getattr(p, k) is not None]
+    if not given:
+        return
+    try:
+        constraint = Constraint.of(**{k: getattr(p, k) for k in KINDS})
+    except MultispecError as e:
+        raise ParamError(str(e), given[-1]) from None
+    if p.ignore_eos:
+        raise ParamError(f"ignore_eos cannot be combined with {given[0]}: the grammar ends the output with EOS",
+                         "ignore_eos")
+    if p.min_tokens:
+        raise ParamError(f"min_tokens cannot be combined with {given[0]}: the grammar decides where the output "
+                         "ends", "min_tokens")
+    object.__setattr__(p, "_constraint", constraint)

@@ -16,7 +16,8 @@ law plain decoding would use after that path (decoding/engine.py builds the per-
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from typing import Any
 
 import torch
 
@@ -51,7 +52,8 @@ class SamplingConfig:
     positive, multiplied when negative (transformers, vLLM). presence_penalty, frequency_penalty in [-2, 2]
     (0 = off): the logit of a token the output holds c > 0 times drops by presence + frequency * c (OpenAI: output
     tokens only). logit_bias: ((token id, bias in [-100, 100]), ...) added to the logits. min_tokens >= 0: the stop
-    tokens (EOS, stop_token_ids) are impossible while the output is shorter.
+    tokens (EOS, stop_token_ids) are impossible while the output is shorter. grammar: a structured.Grammar (JSON
+    schema, regex, choice, Lark/GBNF) whose masks restrict every row to what it allows after the row's own history.
     """
 
     temperature: float = 0.0
@@ -63,6 +65,7 @@ class SamplingConfig:
     frequency_penalty: float = 0.0
     logit_bias: tuple[tuple[int, float], ...] = ()
     min_tokens: int = 0
+    grammar: Any = field(default=None, compare=False)  # structured.Grammar
 
     def __post_init__(self) -> None:
         t = self.temperature
@@ -106,7 +109,7 @@ class SamplingConfig:
     def reads_history(self) -> bool:
         """Whether the processed law depends on the tokens before the row (penalties, min_tokens)."""
         return (self.repetition_penalty != 1 or self.presence_penalty != 0 or self.frequency_penalty != 0
-                or self.min_tokens > 0)
+                or self.min_tokens > 0 or self.grammar is not None)
 
     @property
     def adjusts(self) -> bool:
@@ -119,12 +122,14 @@ class History:
     """What history-dependent processors read, one row per processed row. seen: bool [N, V], the tokens in the
     prompt or the output (repetition_penalty); counts: float32 [N, V], how often each token occurs in the output
     (presence and frequency penalties); out_len: long [N], the output's length (min_tokens); stop_ids: the token
-    ids min_tokens holds back (EOS unless ignored, and stop_token_ids)."""
+    ids min_tokens holds back (EOS unless ignored, and stop_token_ids); allowed: bool [N, V], what the grammar allows
+    after each row's history (None: no grammar)."""
 
     seen: torch.Tensor
     counts: torch.Tensor
     out_len: torch.Tensor
     stop_ids: tuple[int, ...] = ()
+    allowed: torch.Tensor | None = None
 
 
 def _float(x: torch.Tensor) -> torch.Tensor:
@@ -143,6 +148,8 @@ def adjust_logits(logits: torch.Tensor, config: SamplingConfig, history: History
     if not config.reads_history:
         return logits
     check(history is not None, "internal: penalties and min_tokens need the history of each row")
+    if history.allowed is not None:
+        logits = logits.masked_fill(~history.allowed[..., :v].to(logits.device), float("-inf"))
     if config.min_tokens > 0 and history.stop_ids:
         short = history.out_len < config.min_tokens  # [N]
         ids = torch.tensor([t for t in history.stop_ids if t < v], dtype=torch.long)

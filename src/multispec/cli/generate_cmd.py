@@ -32,6 +32,12 @@ from multispec.errors import MultispecError, check
 @click.option("--reproducible/--no-reproducible", default=None, help="With --seed: verify with position-keyed noise "
               "so that the seed alone fixes the text, whatever the method or its plans (docs/reproducible.md).")
 @click.option("--stop", multiple=True, help="Stop string (repeatable); the output ends before it.")
+@click.option("--json-schema", "json_schema", type=click.Path(exists=True, dir_okay=False),
+              help="Structured output: the output is JSON valid under this JSON schema file (docs/structured.md).")
+@click.option("--regex", help="Structured output: the output matches this regular expression.")
+@click.option("--choice", multiple=True, help="Structured output: the output is one of these strings (repeatable).")
+@click.option("--grammar", type=click.Path(exists=True, dir_okay=False),
+              help="Structured output: the output follows this grammar file (Lark, or llama.cpp's GBNF).")
 @click.option("--chat", "chat", metavar="MESSAGE", help="A user message instead of PROMPT: the prompt is the "
               "conversation rendered by the target's chat template (with --system); prints the reply.")
 @click.option("--system", help="With --chat: the system message.")
@@ -44,7 +50,7 @@ from multispec.errors import MultispecError, check
 @click.option("--baseline", is_flag=True, help="Also run plain decoding (ar) on the same settings and report the "
               "speedup over it: the median of 3 to 5 alternating runs of each, with its min-max spread.")
 def generate_command(prompt, prompt_file, per_line, batch_size, target, draft, cross_vocab, method, temperature, top_k,
-                     top_p, seed, max_new_tokens, reproducible, stop, chat, system, chat_template, compile_, device,
+                     top_p, seed, max_new_tokens, reproducible, stop, json_schema, regex, choice, grammar, chat, system, chat_template, compile_, device,
                      dtype, backend, threads, stream, as_json, baseline, **method_kw):
     """Generate a continuation of PROMPT with speculative decoding ('-': read it from stdin)."""
     from multispec.api import generate, load_pair, resolve_device
@@ -71,7 +77,8 @@ def generate_command(prompt, prompt_file, per_line, batch_size, target, draft, c
     prompt = prompts[0]
     options = collect_method_options(method_kw)
     params = SamplingParams(max_new_tokens=max_new_tokens, temperature=temperature, top_k=top_k, top_p=top_p,
-                            seed=seed, stop=list(stop), reproducible=reproducible)  # the request, checked once
+                            seed=seed, stop=list(stop), reproducible=reproducible,
+                            **_structured(json_schema, regex, choice, grammar))  # the request, checked once
     config = check_method_options(method, options)
     resolve_device(device)
     check(not (compile_ and backend not in (None, "compiled")),
@@ -347,3 +354,20 @@ def _read_prompt(prompt: str | None, prompt_file: tuple[str, ...] | str | None) 
 
     check_text(prompt, "the PROMPT argument")  # argv bytes that were not UTF-8 reach Python as lone surrogates
     return prompt
+
+
+def _structured(json_schema, regex, choice, grammar) -> dict:
+    """The structured-output settings from the flags (files read here; SamplingParams checks their content)."""
+    out: dict = {}
+    for name, path in (("json_schema", json_schema), ("grammar", grammar)):
+        if path is not None:
+            try:
+                with open(path, encoding="utf-8-sig") as f:
+                    out[name] = f.read()
+            except (OSError, UnicodeDecodeError) as e:
+                raise MultispecError(f"--{name.replace('_', '-')}: cannot read {path}: {e}") from None
+    if regex is not None:
+        out["regex"] = regex
+    if choice:
+        out["choice"] = list(choice)
+    return out

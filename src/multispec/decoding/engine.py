@@ -38,7 +38,7 @@ from multispec.decoding.ti_round import ti_round
 from multispec.drafting.proposers import Proposal, RoundInputs, get_proposer
 from multispec.drafting.protocol import DraftPolicy, RoundOutcome, RoundTimes
 from multispec.errors import check
-from multispec.models.base import Backend, forward_chain, has_vocab_subset
+from multispec.models.base import Backend, ForwardOut, forward_chain, has_vocab_subset
 from multispec.sampling import SamplingConfig, greedy_argmax, process_logits
 from multispec.verify.keyed import node_keys
 from multispec.verify.tree_walk import walk_tree_greedy
@@ -64,8 +64,11 @@ def generate_ids(
     state = _start(run, prompt, eos_ids, logprobs)
     c.t_prefill = time.perf_counter() - start
     new: list[int] = []
-    while len(new) < max_new_tokens:
-        limit = round_limit(target, max_new_tokens - len(new), method.target_init)
+    jump = _jumps(run, logprobs)
+    if jump and state.committed is not None:  # tokens the grammar forces before the first round
+        _commit_forced(run, state, new, c, max_new_tokens)
+    while len(new) < max_new_tokens and cut(new, max_new_tokens, eos_ids, stop) is None:
+        limit = round_limit(target, max_new_tokens - len(new), method.target_init, len(state.ahead))
         if limit is None:  # the context is full: nothing more can be decoded
             break
         outcome = ti_round(run, state, limit) if method.target_init else _round(run, state, limit)
@@ -77,6 +80,8 @@ def generate_ids(
         state.history.extend(outcome.committed)
         if state.committed is not None:
             state.committed.commit(outcome.committed)
+            if jump:
+                _commit_forced(run, state, new, c, max_new_tokens)
         end = cut(new, max_new_tokens, eos_ids, stop)
         if end is not None:
             new, c.finish_reason = new[:end[0]], end[1]
@@ -122,7 +127,7 @@ def _start(run: Run, prompt: list[int], eos_ids: set[int], logprobs: LogprobReco
     committed = None
     if run.sampling.reads_history:
         vocab = max(target.vocab_size, draft.vocab_size if draft is not None else 0)
-        committed = CommittedHistory(prompt, vocab, eos_ids)
+        committed = CommittedHistory(prompt, vocab, eos_ids, run.sampling.grammar)
     state = prefill(target, prompt, run.method.target_init, run.sampling, logprobs, committed)
     if defer:
         state.pending = list(prompt)
@@ -136,10 +141,11 @@ def _round(run: Run, state: State, limit: tuple[int, int]) -> RoundOutcome:
     plan = run.policy.plan_round(state.history, len(state.pending))
     max_tree = cap_tree(plan.tree, limit)
     proposer = get_proposer(plan.proposer if max_tree.max_depth > 0 else "none")
-    n_pending, lt = len(state.pending), run.target.cache_len
+    n_pending, lt = len(state.pending), run.target.cache_len + len(state.ahead)  # lt: the root's position
     proposal = proposer.propose(_inputs(run, state, lt), plan, max_tree)
     t1 = time.perf_counter()
-    out = _verify_forward(run.target, proposal, lt)
+    out = _verify_forward(run.target, proposal, lt, state.ahead)
+    state.ahead = []
     t_fwd = time.perf_counter() - t1
     path, nxt = _verify(run, state, proposal, out, lt)
     t2 = time.perf_counter()
@@ -160,11 +166,47 @@ def _inputs(run: Run, state: State, lt: int) -> RoundInputs:
                        policy=run.policy, key=run.key, node_history=state.draft_history)
 
 
-def _verify_forward(target: Backend, proposal: Proposal, lt: int):
-    """The target scores [root, tree] in one call: positions and mask sliced from the max tree (N_d nodes)."""
-    n = len(proposal.tree)
-    return target.forward(proposal.tokens, proposal.max_tree.position_ids(lt)[:n],
-                          proposal.max_tree.attention_mask(lt, rows=range(n), cols=n))
+def _verify_forward(target: Backend, proposal: Proposal, lt: int, ahead: list[int]):
+    """The target scores [root, tree] in one call: positions and mask sliced from the max tree (N_d nodes). ahead:
+    committed tokens before the root the target has not consumed (a grammar's forced tokens), fed first as a chain
+    in the same call; their rows are dropped from the output."""
+    n, k = len(proposal.tree), len(ahead)
+    tokens, positions = proposal.tokens, proposal.max_tree.position_ids(lt)[:n]
+    mask = proposal.max_tree.attention_mask(lt, rows=range(n), cols=n)
+    if not k:
+        return target.forward(tokens, positions, mask)
+    chain = torch.ones(k, lt + n, dtype=torch.bool)  # ahead token i reads the cache and ahead tokens 0..i
+    chain[:, lt - k:] = False
+    chain[:, lt - k:lt] = torch.ones(k, k, dtype=torch.bool).tril()
+    out = target.forward(torch.cat([torch.tensor(ahead, dtype=torch.long), tokens.to(torch.long)]),
+                         torch.cat([torch.arange(lt - k, lt), positions]), torch.cat([chain, mask]))
+    return ForwardOut(logits=out.logits[k:], hidden=None if out.hidden is None else out.hidden[k:])
+
+
+def _jumps(run: Run, logprobs) -> bool:
+    """Whether a grammar's forced tokens are committed without a target call (jump-forward): not in
+    target-initialized rounds (their root is already in the target's cache), not when logprobs are recorded (each
+    token's row comes from the forward that committed it), not for a feature head (it reads the target's features
+    of every committed token when it drafts)."""
+    from multispec.models.eagle import FeatureTap
+
+    return run.sampling.grammar is not None and not run.method.target_init and logprobs is None \
+        and not isinstance(run.target, FeatureTap)
+
+
+def _commit_forced(run: Run, state: State, new: list[int], c: Metrics, max_new_tokens: int) -> None:
+    """Commit what the grammar forces after the committed text: each has probability 1 under the constrained law.
+    The target consumes them in its next forward (state.ahead), the draft as pending tokens."""
+    if state.committed is None:
+        return
+    forced = state.committed.forced(max_new_tokens - len(new))
+    if not forced:
+        return
+    new.extend(forced)
+    state.history.extend(forced)
+    state.ahead.extend(state.pending[-1:] + forced[:-1])  # the old root and all but the last forced token
+    state.pending = state.pending + forced if run.draft is not None else [forced[-1]]
+    c.forced_tokens += len(forced)
 
 
 def _verify(run: Run, state: State, proposal: Proposal, out, lt: int) -> tuple[list[int], int]:

@@ -25,6 +25,7 @@ class Metrics:
     drafted_tokens: int = 0  # draft tokens sent to the target (tree nodes, root excluded)
     num_drafts: int = 0  # rounds that drafted
     accepted_per_pos: list[int] = field(default_factory=list)  # [d - 1]: rounds that accepted a token at depth d
+    forced_tokens: int = 0  # committed because the grammar allowed nothing else, without a target call of their own
     t_prefill: float = 0.0
     t_draft: float = 0.0
     t_verify: float = 0.0
@@ -69,6 +70,7 @@ class Metrics:
             "mean_acceptance_length": 1 + self.accepted / self.num_drafts if self.num_drafts else None,
             "draft_acceptance_rate": self.accepted / self.drafted_depth if self.drafted_depth else None,
             "accepted_per_position": list(self.accepted_per_pos),
+            "forced_tokens": self.forced_tokens,
             "seconds": self.seconds,
             "tokens_per_s": self.new_tokens / self.seconds if self.seconds > 0 else None,
             "prefill_s": self.t_prefill,

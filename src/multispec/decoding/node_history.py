@@ -17,10 +17,12 @@ from multispec.tree import Tree
 class CommittedHistory:
     """The prompt and the committed output, as the processors read them: seen bool [V] (prompt or output),
     counts float32 [V] (output occurrences), out_len (output length). V: the largest vocabulary a row may have
-    (target and draft); rows of a smaller vocabulary read the first columns. stop_ids: what min_tokens holds back."""
+    (target and draft); rows of a smaller vocabulary read the first columns. stop_ids: what min_tokens holds back.
+    grammar: a structured.Grammar, whose state follows the committed output and masks each node along its path."""
 
-    def __init__(self, prompt: list[int], vocab: int, stop_ids) -> None:
+    def __init__(self, prompt: list[int], vocab: int, stop_ids, grammar=None) -> None:
         self.vocab = vocab
+        self.grammar = grammar.start() if grammar is not None else None
         self.seen = torch.zeros(vocab, dtype=torch.bool)
         self.seen[torch.tensor(prompt, dtype=torch.long)] = True
         self.counts = torch.zeros(vocab)
@@ -33,11 +35,25 @@ class CommittedHistory:
             self.counts.index_add_(0, ids, torch.ones(len(tokens)))
             self.seen[ids] = True
             self.out_len += len(tokens)
+            if self.grammar is not None:
+                self.grammar.commit(tokens)
+
+    def forced(self, limit: int) -> list[int]:
+        """Tokens the grammar allows one at a time from here (probability 1 under the constrained law), at most
+        `limit`, committed here; [] without a grammar."""
+        if self.grammar is None or limit <= 0:
+            return []
+        tokens = self.grammar.forced(self.vocab, limit)
+        grammar, self.grammar = self.grammar, None  # already advanced: count the tokens, not the grammar again
+        self.commit(tokens)
+        self.grammar = grammar
+        return tokens
 
     def at_root(self, vocab: int) -> History:
         """One row: the history after the committed tokens."""
+        allowed = self.grammar.mask(vocab)[None] if self.grammar is not None else None
         return History(seen=self.seen[None, :vocab], counts=self.counts[None, :vocab],
-                       out_len=torch.tensor([self.out_len]), stop_ids=self.stop_ids)
+                       out_len=torch.tensor([self.out_len]), stop_ids=self.stop_ids, allowed=allowed)
 
     def for_nodes(self, tree: Tree, tokens: torch.Tensor, rows: range | list[int], vocab: int) -> History:
         """One row per node in `rows` of `tree` (tokens: long [N], tokens[0] the root): each node's history is the
@@ -47,5 +63,7 @@ class CommittedHistory:
         below_root = tree.ancestor_mask[:n, :n][idx][:, 1:].float()  # [R, N-1]: u's path nodes below the root
         path_counts = below_root @ torch.nn.functional.one_hot(tokens[1:n], self.vocab).float()  # [R, V]
         counts = self.counts[None] + path_counts
+        allowed = self.grammar.node_masks(tree, tokens[:n].tolist(), idx.tolist(), vocab) \
+            if self.grammar is not None else None
         return History(seen=(self.seen[None] | (path_counts > 0))[:, :vocab], counts=counts[:, :vocab],
-                       out_len=self.out_len + tree.depth_tensor[:n][idx], stop_ids=self.stop_ids)
+                       out_len=self.out_len + tree.depth_tensor[:n][idx], stop_ids=self.stop_ids, allowed=allowed)

@@ -59,6 +59,7 @@ class State:
     pending: list[int]  # committed tokens the draft has not consumed (last one: the root)
     history: list[int] = field(default_factory=list)  # prompt + committed tokens (proposers read it)
     committed: CommittedHistory | None = None  # what penalties / min_tokens read (None when the sampling reads none)
+    ahead: list[int] = field(default_factory=list)  # committed before the root, not yet fed to the target (forced)
     logprobs: LogprobRecorder | None = None
     p_next: torch.Tensor | None = None  # target-initialized, T > 0: the law of the next token, float [V]
     # target-initialized only, float [V]: the next token's row adjusted (bias, penalties: greedy top-W ranks it),
@@ -124,12 +125,13 @@ def keep_path(backend: Backend, tree: Tree, path, prefix_len: int) -> None:
         backend.keep(tree.keep_indices(path, prefix_len))
 
 
-def round_limit(target: Backend, remaining: int, target_init: bool) -> tuple[int, int] | None:
+def round_limit(target: Backend, remaining: int, target_init: bool, ahead: int = 0) -> tuple[int, int] | None:
     """(max draft depth, max tree nodes) for this round, so that a round never drafts past the token budget
     (it commits at most depth + 1 tokens), the model's positions or the backend's cache rows; None when not even
     one more token fits. The root sits at position lt = cache_len; a node at depth d at lt + d
-    (target-initialized rounds: the root is already cached, at cache_len - 1)."""
-    lt = target.cache_len - (1 if target_init else 0)
+    (target-initialized rounds: the root is already cached, at cache_len - 1; `ahead` tokens before the root still
+    to be fed: at cache_len + ahead)."""
+    lt = target.cache_len - (1 if target_init else 0) + ahead
     # Draft-initialized rounds commit at most depth + 1 tokens, and a shallower tree leaves their (lossless) law
     # unchanged. Target-initialized rounds pick the longest accepted chain (P1), so their depth is part of the
     # method's law: only the context bounds it, and the output is cut at the budget instead.

@@ -107,10 +107,50 @@ _DEFAULT_ONLY = (
     ("length_penalty", lambda v: v == 1), ("include_stop_str_in_output", lambda v: v is False),
     ("truncate_prompt_tokens", lambda v: v is None), ("allowed_token_ids", lambda v: v is None),
     ("bad_words", lambda v: v in (None, [])), ("prompt_logprobs", lambda v: v is None),
-    ("guided_json", lambda v: v is None), ("guided_regex", lambda v: v is None),
-    ("guided_choice", lambda v: v is None), ("guided_grammar", lambda v: v is None),
-    ("structured_outputs", lambda v: v is None),
 )
+STRUCTURED_KEYS = {"json": "json_schema", "regex": "regex", "choice": "choice", "grammar": "grammar"}  # vLLM's
+
+
+def structured_fields(req) -> tuple[str | None, dict]:
+    """The request's structured-output constraint as SamplingParams fields, from whichever one field carries it:
+    OpenAI's response_format (json_object: any JSON object; json_schema: its `schema`), vLLM's structured_outputs
+    ({json | regex | choice | grammar | json_object}) or the older guided_json / guided_regex / guided_choice /
+    guided_grammar. Returns (the field that carried it, or None; the fields). Two carriers at once are refused by
+    name."""
+    found: list[tuple[str, dict]] = []
+    rf = getattr(req, "response_format", None)
+    if rf is not None and rf.type == "json_object":
+        found.append(("response_format", {"json_schema": {"type": "object"}}))
+    elif rf is not None and rf.type == "json_schema":
+        if rf.json_schema is None:
+            raise APIError(400, "response_format.json_schema is required with type json_schema (OpenAI's {\"name\": "
+                           "..., \"schema\": {...}})", param="response_format.json_schema")
+        spec = rf.json_schema
+        if not isinstance(spec.get("schema", {}), (dict, bool)):
+            raise APIError(400, "response_format.json_schema.schema must be a JSON schema object",
+                           param="response_format.json_schema.schema")
+        found.append(("response_format", {"json_schema": spec.get("schema", {})}))  # OpenAI: absent = any JSON
+    so = getattr(req, "structured_outputs", None)
+    if so is not None:
+        if not isinstance(so, dict):
+            raise APIError(400, "structured_outputs must be an object with one of json, regex, choice, grammar, "
+                           "json_object", param="structured_outputs")
+        given = {k: v for k, v in so.items() if v is not None and v is not False}
+        unknown = [k for k in given if k not in (*STRUCTURED_KEYS, "json_object")]
+        if unknown or len(given) != 1:
+            raise APIError(400, "structured_outputs takes exactly one of json, regex, choice, grammar, json_object"
+                           + (f" (unknown: {', '.join(unknown)})" if unknown else ""), param="structured_outputs")
+        key, value = next(iter(given.items()))
+        found.append(("structured_outputs", {"json_schema": {"type": "object"}} if key == "json_object"
+                      else {STRUCTURED_KEYS[key]: value}))
+    for key, field_name in STRUCTURED_KEYS.items():
+        value = getattr(req, f"guided_{key}", None)
+        if value is not None:
+            found.append((f"guided_{key}", {field_name: value}))
+    if len(found) > 1:
+        raise APIError(400, f"give one structured-output field, not {' and '.join(n for n, _ in found)}",
+                       param=found[1][0])
+    return found[0] if found else (None, {})
 
 
 class Edge:
@@ -175,8 +215,6 @@ class Edge:
         for name, is_default in _DEFAULT_ONLY:
             if name in type(req).model_fields:
                 refuse(not is_default(getattr(req, name)), name)
-        rf = getattr(req, "response_format", None)
-        refuse(rf is not None and rf.type != "text", "response_format")
         return req
 
     def check_count(self, prompts: int, n: int) -> None:
@@ -258,6 +296,7 @@ class Edge:
         # the library's default mode is decided by whether a seed was given, so the server keeps that distinction
         reproducible = req.reproducible if req.reproducible is not None else (
             self.reproducible_when_seeded and req.seed is not None)
+        carrier, structured = structured_fields(req)
         try:  # the request object, validated once, and the model's own checks, before the request is queued
             params = SamplingParams(
                 max_new_tokens=max_tokens, temperature=req.temperature, top_k=req.top_k, top_p=req.top_p,
@@ -265,11 +304,13 @@ class Edge:
                 frequency_penalty=req.frequency_penalty, logit_bias=req.logit_bias, min_tokens=req.min_tokens,
                 seed=seed, stop=req.stop, stop_token_ids=req.stop_token_ids, ignore_eos=req.ignore_eos,
                 logprobs=logprobs, prompt_logprobs=prompt_logprobs, logprobs_mode=req.logprobs_mode,
-                reproducible=reproducible)
+                reproducible=reproducible, **structured)
             self.decoder.check_request(params)
         except ParamError as e:  # OpenAI's name for the token budget
             message, param = str(e).replace("max_new_tokens", budget_param), e.param.replace("max_new_tokens",
                                                                                                budget_param)
+            if param in STRUCTURED_KEYS.values() and carrier:
+                param = carrier
             raise APIError(400, message, param=param) from None
         return Job(prompt_ids=ids, params=params)
 

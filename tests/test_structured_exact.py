@@ -1,0 +1,186 @@
+"""Structured output stays lossless under speculation: exact enumeration over a tiny vocabulary (issue 39).
+
+With a grammar, the target's law is its processed law masked to what the grammar allows after each prefix,
+renormalised. A byte-level tokenizer of four tokens (a, b, c, EOS) and the regex `a(b|c)a?c` (a forced first token,
+a branch, an optional token, an end) drive the production code: GrammarState masks every node of a drafted tree
+along its own path (CommittedHistory.for_nodes), the draft's law q is masked the same way, the verifier's exact law
+(`law`) gives each round's committed tokens, the grammar's forced tokens follow (CommittedHistory.forced), and the
+target law completes them to M tokens. The result must equal the masked target's own law of M tokens, computed
+token by token by independent code (the regex's finite language, listed here), within 1e-9. Two broken variants
+must fail the same check: every node masked with the committed text's state (its own path ignored), and drafts
+drawn from the unmasked draft law while the verifier is told the masked one.
+"""
+from __future__ import annotations
+
+import itertools
+
+import numpy as np
+import pytest
+import torch
+
+from multispec import structured
+from multispec.decoding.node_history import CommittedHistory
+from multispec.sampling import SamplingConfig, process_logits
+from multispec.tree import Tree
+from multispec.verify.sequence import get_sequence_verifier
+
+EOS, V = 3, 4
+WORDS = "abc"
+REGEX = "a(b|c)a?c"
+LANGUAGE = ("abc", "acc", "abac", "acac")  # what REGEX matches, listed by hand: the reference's grammar
+CASES = [("sd", (1, 1, 1)), ("block", (1, 1)), ("rrs-wor", (2, 2)), ("traversal", (2, 1, 2)), ("kseq", (2, 2))]
+
+
+def tiny_tokenizer():
+    from tokenizers import AddedToken, Tokenizer, decoders, models, pre_tokenizers
+    from transformers import PreTrainedTokenizerFast
+
+    t = Tokenizer(models.BPE({w: i for i, w in enumerate(WORDS)}, merges=[]))
+    t.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    t.decoder = decoders.ByteLevel()
+    t.add_special_tokens([AddedToken("</s>", special=True)])
+    return PreTrainedTokenizerFast(tokenizer_object=t, eos_token="</s>")
+
+
+@pytest.fixture(scope="module")
+def grammar():
+    return structured.bind(structured.Constraint.of(regex=REGEX), tiny_tokenizer(), V, {EOS})
+
+
+def reference_allowed(output: tuple[int, ...]) -> torch.Tensor:
+    """What the grammar allows after `output`, from the listed language; after an EOS, anything (the output ended
+    there and is cut)."""
+    if EOS in output:
+        return torch.ones(V, dtype=torch.bool)
+    text = "".join(WORDS[t] for t in output)
+    allowed = torch.tensor([any(s.startswith(text + w) for s in LANGUAGE) for w in WORDS] + [text in LANGUAGE])
+    return allowed if bool(allowed.any()) else torch.ones(V, dtype=torch.bool)
+
+
+class RawToy:
+    def __init__(self, seed: int):
+        self.seed = seed
+
+    def logits(self, prefix: tuple[int, ...]) -> tuple[torch.Tensor, torch.Tensor]:
+        rng = np.random.default_rng([self.seed, len(prefix), *prefix])
+        return torch.tensor(rng.normal(0, 1.5, V)), torch.tensor(rng.normal(0, 1.5, V))
+
+
+
+def reference_p(toy: RawToy, output: tuple[int, ...]) -> torch.Tensor:
+    """The masked target law after `output`, by plain code: disallowed logits to -inf, softmax."""
+    raw = toy.logits(output)[0].clone()
+    raw[~reference_allowed(output)] = float("-inf")
+    return torch.softmax(raw, -1)
+
+
+def seq_law(toy, prefix: tuple[int, ...], length: int) -> np.ndarray:
+    out = np.zeros((V,) * length)
+    for s in itertools.product(range(V), repeat=length):
+        prob = 1.0
+        for t in range(length):
+            prob *= float(reference_p(toy, prefix + s[:t])[s[t]])
+            if prob == 0:
+                break
+        out[s] = prob
+    return out
+
+
+def committed_law(toy: RawToy, grammar, spec, shape, unmasked_drafts: bool = False):
+    """(law of a round's committed tokens plus the forced ones, completed to M tokens; the masked target's own law
+    of M tokens). The round starts after the first (forced) token 'a' is committed."""
+    sampling = SamplingConfig(1.0, grammar=grammar)
+    tree = Tree.from_shape(shape)
+    n, m = len(tree), len(shape) + 2
+    start = (0,)  # 'a', committed: the round's root
+    history = CommittedHistory([1], V, {EOS}, grammar)
+    history.commit(list(start))
+    parents = [u for u in range(n) if tree.children[u]]
+    law = np.zeros((V,) * m)
+
+    def path_tokens(u, tokens):
+        return start + tuple(tokens[a] for a in tree.path_to(u)[1:])
+
+    def draft_q(u, tokens, masked=True):
+        raw = toy.logits(path_tokens(u, tokens))[1][None]
+        if not masked:
+            return process_logits(raw, SamplingConfig(1.0))[0].double()
+        return process_logits(raw, sampling, history.for_nodes(tree, torch.tensor(tokens), [u], V))[0].double()
+
+    def extend(i, tokens, weight):
+        if i == len(parents):
+            t = torch.tensor(tokens)
+            raw = torch.stack([toy.logits(path_tokens(u, tokens))[0] for u in range(n)])
+            p = process_logits(raw, sampling, history.for_nodes(tree, t, range(n), V)).double()  # production
+            q = torch.stack([draft_q(u, tokens) if tree.children[u] else torch.zeros(V, dtype=torch.float64)
+                             for u in range(n)])
+            for (path, nxt), mass in spec.law(tree, t, p, q).items():
+                committed = tuple(tokens[u] for u in path[1:]) + (nxt,)
+                after = CommittedHistory([1], V, {EOS}, grammar)
+                after.commit(list(start + committed))
+                committed += tuple(after.forced(m - 1 - len(committed)))  # production: probability-1 tokens
+                full = start + committed
+                rest = seq_law(toy, full, m - len(full)) if len(full) < m else 1.0
+                law[full] += weight * mass * rest
+            return
+        u = parents[i]
+        kids = tree.children[u]
+        drafts, weights = spec.draft.law_fn(draft_q(u, tokens, masked=not unmasked_drafts), len(kids))
+        for d, w in zip(drafts.tolist(), weights.tolist()):
+            if w > 0:
+                new = list(tokens)
+                for kid, tok in zip(kids, d):
+                    new[kid] = tok
+                extend(i + 1, new, weight * w)
+
+    extend(0, [start[-1]] + [0] * (n - 1), 1.0)
+    return law, seq_law(toy, (), m)
+
+
+@pytest.mark.parametrize("verifier,shape", CASES, ids=[f"{v}-{'x'.join(map(str, s))}" for v, s in CASES])
+def test_masked_law_is_kept_by_every_verifier(grammar, verifier, shape):
+    law, want = committed_law(RawToy(seed=5), grammar, get_sequence_verifier(verifier), shape)
+    assert abs(law.sum() - 1) < 1e-9
+    assert np.abs(law - want).max() < 1e-9, np.abs(law - want).max()
+
+
+def test_the_grammar_really_constrains(grammar):
+    """Against a vacuous pass: the reference masks differ by path, the production masks agree with them on every
+    prefix of the language, and the first token and the end are forced."""
+    for n in range(1, 5):
+        for prefix in itertools.product(range(3), repeat=n - 1):
+            text = "".join(WORDS[t] for t in prefix)
+            if not any(s.startswith(text) for s in LANGUAGE):
+                continue
+            state = grammar.start()
+            state.commit(list(prefix))
+            assert torch.equal(state.mask(V), reference_allowed(prefix)), text
+    assert not torch.equal(reference_allowed((0, 1)), reference_allowed((0, 1, 0)))
+    h = CommittedHistory([1], V, {EOS}, grammar)
+    assert h.forced(10) == [0]  # 'a'
+    h.commit([1])  # 'ab'
+    assert h.forced(10) == []  # 'a' or 'c' next
+    h.commit([0])  # 'aba'
+    assert h.forced(10) == [2, EOS]  # 'c', then the end
+
+
+def _root_only(self, tree, tokens, rows, vocab):
+    """Broken: every node masked with the committed text's state, as if drafted tokens were not part of it."""
+    return self.mask(vocab)[None].expand(len(list(rows)), -1)
+
+
+@pytest.mark.parametrize("verifier,shape", [("sd", (1, 1, 1)), ("traversal", (2, 1, 2))])
+def test_nodes_masked_with_the_committed_state_are_caught(grammar, monkeypatch, verifier, shape):
+    monkeypatch.setattr(structured.GrammarState, "node_masks", _root_only)
+    try:
+        law, want = committed_law(RawToy(seed=5), grammar, get_sequence_verifier(verifier), shape)
+    except RuntimeError as e:  # caught by the production code itself: it commits a token the grammar refuses
+        assert "the grammar refused committed token" in str(e)
+        return
+    assert np.abs(law - want).max() > 1e-3
+
+
+@pytest.mark.parametrize("verifier,shape", [("sd", (1, 1, 1)), ("rrs-wor", (2, 2))])
+def test_drafts_from_the_unmasked_draft_law_are_caught(grammar, verifier, shape):
+    law, want = committed_law(RawToy(seed=5), grammar, get_sequence_verifier(verifier), shape, unmasked_drafts=True)
+    assert np.abs(law - want).max() > 1e-3
