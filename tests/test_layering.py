@@ -14,7 +14,7 @@ SRC = Path(__file__).resolve().parents[1] / "src" / "multispec"
 # not import each other (so that every arrow points down).
 LAYERS = [
     {"errors", "threads"},
-    {"paths", "validate", "sampling", "tree", "data"},
+    {"paths", "validate", "sampling", "structured", "tree", "data"},
     {"text", "verify", "token_freq", "params"},
     {"models", "gguf_files"},
     {"loading"},

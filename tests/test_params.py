@@ -16,7 +16,8 @@ BAD = [  # (field, value, words of the message)
     ("seed", 2**63, "[0, 2**63)"), ("seed", 1.0, "integer"), ("stop", "", "empty"), ("stop", [3], "strings"),
     ("stop_token_ids", 5, "list"), ("stop_token_ids", [-1], ">= 0"), ("ignore_eos", 1, "True or False"),
     ("logprobs", 21, "[0, 20]"), ("prompt_logprobs", "yes", "True or False"), ("logprobs_mode", "log", "raw"),
-    ("reproducible", "yes", "True, False or None"),
+    ("reproducible", "yes", "True, False or None"), ("json_schema", 3, "JSON object"), ("regex", "(", "regex"),
+    ("choice", "yes", "list"), ("grammar", "start: x", "unknown name"),
 ]
 
 

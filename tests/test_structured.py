@@ -139,3 +139,13 @@ def test_bad_constraints_are_refused_by_generate_before_any_forward(tiny, monkey
     monkeypatch.setattr(engine, "generate_ids", lambda *a, **k: pytest.fail("a model ran"))
     with pytest.raises(MultispecError, match="unclosed group"):
         multispec.generate(tiny, [0], method="sd", regex="a(b")
+
+
+def test_batched_sequences_equal_their_batch_1_outputs_under_a_schema(default_pair):
+    prompts = ["def f(x):\n    ", "import os\n", "class A:\n    ", "x = "]
+    alone = [multispec.generate(default_pair, p, method="sd", backend="fast", max_new_tokens=40, temperature=0,
+                                json_schema=SCHEMA).token_ids for p in prompts]
+    batched = multispec.generate(default_pair, prompts, method="sd", batch_size=4, max_new_tokens=40, temperature=0,
+                                 json_schema=SCHEMA)
+    assert [r.token_ids for r in batched] == alone
+    assert all(r.stats["structured"]["forced_tokens"] > 0 for r in batched)

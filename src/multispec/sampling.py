@@ -108,8 +108,13 @@ class SamplingConfig:
     @property
     def reads_history(self) -> bool:
         """Whether the processed law depends on the tokens before the row (penalties, min_tokens)."""
+        return self.penalised or self.grammar is not None
+
+    @property
+    def penalised(self) -> bool:
+        """Whether a processor reads the history's tokens or length (penalties, min_tokens), not only a grammar."""
         return (self.repetition_penalty != 1 or self.presence_penalty != 0 or self.frequency_penalty != 0
-                or self.min_tokens > 0 or self.grammar is not None)
+                or self.min_tokens > 0)
 
     @property
     def adjusts(self) -> bool:

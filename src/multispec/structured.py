@@ -157,6 +157,13 @@ class GrammarState:
         """Whether the text so far is complete under the grammar."""
         return self.m.is_accepting()
 
+    def completes(self, tokens: list[int]) -> bool:
+        """Whether `tokens` (an output, with or without its final EOS) are allowed from here and end complete."""
+        ids = [int(t) for t in tokens]
+        if ids and ids[-1] in self.eos:
+            ids.pop()  # try_consume_tokens takes text tokens only
+        return self.m.try_consume_tokens(ids) == len(ids) and self.accepting
+
     def mask(self, vocab: int) -> torch.Tensor:
         """bool [vocab]: the tokens the grammar allows next (columns past the tokenizer's words: none)."""
         bits = np.unpackbits(np.frombuffer(self.m.compute_bitmask(), dtype=np.uint8), bitorder="little")
@@ -217,18 +224,3 @@ def bind(constraint: Constraint | None, tokenizer, vocab: int, eos_ids) -> Gramm
     grammar = Grammar(constraint, ll_tokenizer(tokenizer, vocab, eos_ids), vocab, tuple(sorted(eos_ids)))
     grammar.start()  # builds the matcher once: a grammar error surfaces here, before any forward
     return grammar
-
-
-def structured_stats(grammar: Grammar, new_ids: list[int], metrics, warnings: list[str]) -> dict:
-    """stats["structured"]: the constraint's kind, the tokens the grammar forced, and whether the output is
-    complete under it (a warning when max_new_tokens or the context ran out first)."""
-    state = grammar.start()
-    ids = [int(t) for t in new_ids]
-    if ids and ids[-1] in state.eos:
-        ids.pop()  # the matcher's try_consume_tokens takes text tokens only
-    complete = state.m.try_consume_tokens(ids) == len(ids) and state.accepting
-    if not complete and metrics.finish_reason == "length":
-        warnings.append(f"the output is incomplete under the {grammar.constraint.kind}: it ran out of tokens "
-                        "(max_new_tokens or the context) before the grammar could end; raise max_new_tokens")
-    return {"kind": grammar.constraint.kind, "complete": complete, "forced_tokens": metrics.forced_tokens,
-            "forced_fraction": metrics.forced_tokens / max(1, len(new_ids))}

@@ -309,6 +309,9 @@ def _summary(s: dict, finish_reason: str) -> str:
     if s["method"] != "ar":
         acc = "n/a" if s["draft_acceptance_rate"] is None else f"{s['draft_acceptance_rate']:.2f}"
         line += f"; {s['tau']:.2f} tokens per target call, draft acceptance {acc}"
+    if s.get("structured"):
+        g = s["structured"]
+        line += f"; {g['kind']}: {g['forced_tokens']} tokens forced, {'complete' if g['complete'] else 'INCOMPLETE'}"
     line += f"; finished by {finish_reason}"
     if s["temperature"] != 0:
         line += f"; seed {s['seed']}" + (" (reproducible)" if s.get("reproducible") else "")

@@ -28,7 +28,7 @@ from multispec.loading import Pair, eos_ids, max_positions, vocab_rows
 from multispec.models.base import Backend
 from multispec.params import ParamError, SamplingParams
 from multispec.sampling import SamplingConfig
-from multispec.structured import structured_stats
+from multispec.decoding.grammar import grammar_stats, request_grammar
 from multispec.text import StopStrings, Streamer, encode_prompt
 from multispec.validate import logit_bias as check_logit_bias, seed_or_fresh, token_ids
 
@@ -190,10 +190,9 @@ class Decoder:
 
     # ------------------------------------------------------------------ text
     def check_request(self, params: SamplingParams) -> SamplingConfig:
-        """The checks of a request that depend on the model (token ids against its vocabulary), then its sampling
-        law: the explicit settings, with what is left out taken from the target's generation config, as
-        transformers' `generate` does (its temperature, top_k and top_p when it sets do_sample, else greedy). The
-        processors (min_p ... min_tokens, see SamplingConfig) are off unless given."""
+        """The checks of a request that depend on the model (token ids, the grammar), then its sampling law: the
+        explicit settings, the rest from the target's generation config as transformers' `generate` takes them (its
+        temperature, top_k and top_p when it sets do_sample, else greedy); processors are off unless given."""
         try:
             bias = check_logit_bias(params.logit_bias, self.vocab_size)
         except MultispecError as e:
@@ -204,7 +203,7 @@ class Decoder:
             raise ParamError(str(e), "stop_token_ids") from None
         top_k, top_p, temperature = params.top_k, params.top_p, params.temperature
         processors: dict[str, Any] = dict(
-            grammar=self.grammar(params), min_p=params.min_p, logit_bias=bias, min_tokens=params.min_tokens,
+            grammar=request_grammar(params, self), min_p=params.min_p, logit_bias=bias, min_tokens=params.min_tokens,
             repetition_penalty=1.0 if params.repetition_penalty is None else params.repetition_penalty,
             presence_penalty=params.presence_penalty or 0.0, frequency_penalty=params.frequency_penalty or 0.0)
         if temperature is None:
@@ -215,21 +214,6 @@ class Decoder:
             top_k = top_k if top_k is not None else (gc.top_k or None)  # transformers' top_k 0 means off
             top_p = top_p if top_p is not None else (gc.top_p if gc.top_p is not None and gc.top_p < 1.0 else None)
         return SamplingConfig(temperature=temperature, top_k=top_k, top_p=top_p, **processors)
-
-    def grammar(self, params: SamplingParams):
-        """The request's structured-output constraint compiled for this pair's tokenizer (None without one)."""
-        constraint = params.constraint
-        if constraint is None:
-            return None
-        from multispec.structured import bind
-
-        check(self.pair.cross_vocab is None or not self.uses_draft,
-              "structured output needs a draft of the target's own vocabulary (a draft with another tokenizer "
-              "cannot be masked by the grammar); use a method without that draft")
-        try:
-            return bind(constraint, self.pair.tokenizer, self.vocab_size, self.eos_ids)
-        except MultispecError as e:
-            raise ParamError(str(e), constraint.kind) from None
 
     def generate(self, prompt, params: SamplingParams | None = None, *, stream: Callable[[str], None] | None = None,
                  stream_chunks: bool = False, **settings) -> GenerationResult:
@@ -268,8 +252,7 @@ class Decoder:
         streamer.flush(text, new_ids)
         stats = self.stats(metrics, sampling, reproducible)
         stats.update(seed=seed, prompt_tokens=len(ids), max_new_tokens=max_new_tokens, warnings=warnings)
-        if sampling.grammar is not None:
-            stats["structured"] = structured_stats(sampling.grammar, new_ids, metrics, warnings)
+        stats.update(grammar_stats(sampling.grammar, new_ids, metrics, warnings))
         if recorder is not None:
             stats["logprobs_mode"] = recorder.mode
         return GenerationResult(

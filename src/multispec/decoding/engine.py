@@ -18,8 +18,10 @@ suffix, auto — the root is the newest committed token, which the target has no
 accepted path plus one bonus/residual token) and target-initialized (decoding/ti_round.py: ti-mcsd and dynamic with
 target_init, the one lossy shape, P1's longest accepted chain). Only `models/` touches caches (style §2.4).
 
-History-dependent processors (penalties, min_tokens) give every tree node its own processed law: node u's row is
-processed with the committed history plus u's own path (decoding/node_history.py), in verification and in drafting.
+History-dependent processors (penalties, min_tokens, a grammar's mask) give every tree node its own processed law:
+node u's row is processed with the committed history plus u's own path (decoding/node_history.py, structured.py), in
+verification and in drafting. Tokens a grammar forces (the one token it allows) are committed between rounds
+without a target call (`_commit_forced`) and fed ahead of the next root in the next verification forward.
 Log-probabilities (decoding/logprobs.py) are read from the verification forward that committed each token.
 """
 from __future__ import annotations
@@ -127,7 +129,7 @@ def _start(run: Run, prompt: list[int], eos_ids: set[int], logprobs: LogprobReco
     committed = None
     if run.sampling.reads_history:
         vocab = max(target.vocab_size, draft.vocab_size if draft is not None else 0)
-        committed = CommittedHistory(prompt, vocab, eos_ids, run.sampling.grammar)
+        committed = CommittedHistory(prompt, vocab, eos_ids, run.sampling.grammar, run.sampling.penalised)
     state = prefill(target, prompt, run.method.target_init, run.sampling, logprobs, committed)
     if defer:
         state.pending = list(prompt)
@@ -186,12 +188,9 @@ def _verify_forward(target: Backend, proposal: Proposal, lt: int, ahead: list[in
 def _jumps(run: Run, logprobs) -> bool:
     """Whether a grammar's forced tokens are committed without a target call (jump-forward): not in
     target-initialized rounds (their root is already in the target's cache), not when logprobs are recorded (each
-    token's row comes from the forward that committed it), not for a feature head (it reads the target's features
-    of every committed token when it drafts)."""
-    from multispec.models.eagle import FeatureTap
-
-    return run.sampling.grammar is not None and not run.method.target_init and logprobs is None \
-        and not isinstance(run.target, FeatureTap)
+    token's row comes from the forward that committed it). A feature head reads its own features for the forced
+    tokens the target has not seen yet (HeadBackend.forward feeds them one at a time)."""
+    return run.sampling.grammar is not None and not run.method.target_init and logprobs is None
 
 
 def _commit_forced(run: Run, state: State, new: list[int], c: Metrics, max_new_tokens: int) -> None:

@@ -20,8 +20,8 @@ class CommittedHistory:
     (target and draft); rows of a smaller vocabulary read the first columns. stop_ids: what min_tokens holds back.
     grammar: a structured.Grammar, whose state follows the committed output and masks each node along its path."""
 
-    def __init__(self, prompt: list[int], vocab: int, stop_ids, grammar=None) -> None:
-        self.vocab = vocab
+    def __init__(self, prompt: list[int], vocab: int, stop_ids, grammar=None, counts: bool = True) -> None:
+        self.vocab, self.track_counts = vocab, counts  # counts False: nothing reads seen / counts (a grammar alone)
         self.grammar = grammar.start() if grammar is not None else None
         self.seen = torch.zeros(vocab, dtype=torch.bool)
         self.seen[torch.tensor(prompt, dtype=torch.long)] = True
@@ -60,10 +60,14 @@ class CommittedHistory:
         committed one plus the tokens of its own path below the root."""
         idx = torch.as_tensor(list(rows), dtype=torch.long)
         n = len(tokens)
+        allowed = self.grammar.node_masks(tree, tokens[:n].tolist(), idx.tolist(), vocab) \
+            if self.grammar is not None else None
+        if not self.track_counts:
+            r = len(idx)
+            return History(seen=self.seen[None, :vocab].expand(r, -1), counts=self.counts[None, :vocab].expand(r, -1),
+                           out_len=self.out_len + tree.depth_tensor[:n][idx], stop_ids=self.stop_ids, allowed=allowed)
         below_root = tree.ancestor_mask[:n, :n][idx][:, 1:].float()  # [R, N-1]: u's path nodes below the root
         path_counts = below_root @ torch.nn.functional.one_hot(tokens[1:n], self.vocab).float()  # [R, V]
         counts = self.counts[None] + path_counts
-        allowed = self.grammar.node_masks(tree, tokens[:n].tolist(), idx.tolist(), vocab) \
-            if self.grammar is not None else None
         return History(seen=(self.seen[None] | (path_counts > 0))[:, :vocab], counts=counts[:, :vocab],
                        out_len=self.out_len + tree.depth_tensor[:n][idx], stop_ids=self.stop_ids, allowed=allowed)

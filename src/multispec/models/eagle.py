@@ -208,6 +208,23 @@ class HeadBackend(VocabSubset):
         n, start = tokens.shape[0], self.cache_len
         positions = positions.cpu()
         mask = causal_mask(start, n) if mask is None else mask.cpu()
+        if n > 1:
+            # a row past the target's cache reads the head's own feature of its parent, which must be a cached row:
+            # where the parent comes in this same call (tokens a grammar forced, waiting ahead of the root), the rows
+            # from there on go one at a time
+            own = positions - 1 >= self.tap.cache_len
+            cached_parent = (mask[:, :start] & (self._pos[None, :] == (positions - 1)[:, None])).any(1)
+            late = (own & ~cached_parent).nonzero()
+            if len(late):
+                split = int(late[0])
+                parts = ([self.forward(tokens[:split], positions[:split], mask[:split, :start + split],
+                                       want_hidden)] if split else []) \
+                    + [self.forward(tokens[i:i + 1], positions[i:i + 1], mask[i:i + 1, :start + i + 1], want_hidden)
+                       for i in range(split, n)]
+                if last_only:
+                    return parts[-1]
+                return ForwardOut(logits=torch.cat([p.logits for p in parts]),
+                                  hidden=torch.cat([p.hidden for p in parts]) if want_hidden else None)
         feats = self._features(positions, mask, start)  # [N, H]
         f = self.head(self.parts, tokens.to(self.device)[None], feats.to(self.device)[None],
                       positions.to(self.device)[None], additive_mask(mask, self.dtype).to(self.device)[None, None],

@@ -1,0 +1,36 @@
+"""A request's structured-output constraint, compiled for a Decoder's pair (structured.py has the grammar itself)."""
+from __future__ import annotations
+
+from multispec.errors import MultispecError, check
+from multispec.params import ParamError, SamplingParams
+from multispec.structured import Grammar, bind
+
+
+def request_grammar(params: SamplingParams, decoder) -> Grammar | None:
+    """params.constraint compiled for the decoder's tokenizer, or None; an error names the field (ParamError), before
+    any forward. A draft with another tokenizer cannot be masked by the grammar: refused."""
+    constraint = params.constraint
+    if constraint is None:
+        return None
+    try:
+        check(decoder.pair.cross_vocab is None or not decoder.uses_draft,
+              "structured output needs a draft of the target's own vocabulary (a draft with another tokenizer cannot "
+              "be masked by the grammar); use a method without that draft")
+        return bind(constraint, decoder.pair.tokenizer, decoder.vocab_size, decoder.eos_ids)
+    except MultispecError as e:
+        raise ParamError(str(e), constraint.kind) from None
+
+
+def grammar_stats(grammar: Grammar | None, new_ids: list[int], metrics, warnings: list[str]) -> dict:
+    """{"structured": ...} for a generation's stats ({} without a grammar): the constraint's kind, the tokens the
+    grammar forced, and whether the output is complete under it (a warning when max_new_tokens or the context ran
+    out first)."""
+    if grammar is None:
+        return {}
+    complete = grammar.start().completes(new_ids)
+    if not complete and metrics.finish_reason == "length":
+        warnings.append(f"the output is incomplete under the {grammar.constraint.kind}: it ran out of tokens "
+                        "(max_new_tokens or the context) before the grammar could end; raise max_new_tokens")
+    return {"structured": {"kind": grammar.constraint.kind, "complete": complete,
+                           "forced_tokens": metrics.forced_tokens,
+                           "forced_fraction": metrics.forced_tokens / max(1, len(new_ids))}}
