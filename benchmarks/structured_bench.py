@@ -181,7 +181,7 @@ def main() -> None:
             {"role": "user", "content": f"Give {what} as a JSON object with the fields {', '.join(schema['properties'])}."}]),
             schema) for what, schema in items]
         result["models"]["SmolLM2-135M-Instruct"] = run_model(
-            "smollm2", pair, ["ar", "lookup", "suffix", "auto", "eagle:head=shipped:k=3"], prompts,
+            "smollm2", pair, ["ar", "lookup", "suffix", "auto", "auto:head=shipped", "eagle:head=shipped:k=3"], prompts,
             args.max_new_tokens, clock)
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)

@@ -346,3 +346,33 @@ def test_auto_drafts_with_a_head(tmp_path):
 @pytest.mark.slow
 def test_the_law_at_t1_with_auto_and_a_head(head6):
     assert _chi_square(head6, {}, method="auto", proposers="draft") > 1e-3
+
+
+def test_greedy_under_a_grammar_is_the_constrained_argmax(tiny):
+    """A grammar forces runs of tokens, committed without a target call; the head then drafts after tokens the
+    target has not read yet (its own features for them, fed one at a time). Output: the target's constrained
+    argmax, token by token."""
+    from tokenizers import AddedToken, Tokenizer, decoders, models, pre_tokenizers
+    from transformers import PreTrainedTokenizerFast
+
+    from multispec.structured import Constraint, bind
+
+    words, eos = "abcdefghijklmno", 15
+    t = Tokenizer(models.BPE({w: i for i, w in enumerate(words)}, merges=[]))
+    t.pre_tokenizer, t.decoder = pre_tokenizers.ByteLevel(add_prefix_space=False), decoders.ByteLevel()
+    t.add_special_tokens([AddedToken("</s>", special=True)])
+    tok = PreTrainedTokenizerFast(tokenizer_object=t, eos_token="</s>")
+    grammar = bind(Constraint.of(regex="(ab|cd)eee[f-o]{2,6}(jkl|mno)[a-e]{1,4}"), tok, 16, {eos})
+    target, head_dir = tiny
+    for prompt in ([1, 2, 3], [0, 7, 7, 7, 2, 9, 4]):
+        state, ids, want = grammar.start(), list(prompt), []
+        with torch.no_grad():
+            while not want or want[-1] != eos:
+                logits = target(input_ids=torch.tensor([ids])).logits[0, -1]
+                want.append(int(logits.masked_fill(~state.mask(16), float("-inf")).argmax()))
+                ids.append(want[-1])
+                state.commit(want[-1:])
+        for options in ({"k": 3}, {"tree": (2, 2, 1)}):
+            got, m, _ = _decode(target, head_dir, prompt, SamplingConfig(0.0, grammar=grammar), len(want), **options)
+            assert got == want, (options, prompt)
+            assert m.forced_tokens >= 1 and m.drafted_tokens > 0
