@@ -28,9 +28,12 @@ from multispec.errors import MultispecError, check
 
 KINDS = ("json_schema", "regex", "choice", "grammar")
 MAX_FORCED = 64  # forced tokens committed in a row at most (each costs one mask)
-# JSON as json.dumps writes it: ", " and ": " between items, no other whitespace (a flexible layout lets a model pad
-# with whitespace until max_tokens runs out, vLLM's `disable_any_whitespace`; a fixed one also forces more tokens)
-JSON_LAYOUT: Any = {"whitespace_flexible": False, "item_separator": ", ", "key_separator": ": "}
+# JSON as json.dumps(ensure_ascii=False) writes it: ", " and ": " between items, no other whitespace (a flexible
+# layout lets a model pad with whitespace until max_tokens runs out, vLLM's `disable_any_whitespace`; a fixed one
+# also forces more tokens), characters as themselves rather than \uXXXX escapes (a sampled model can spend a
+# string's whole budget on six-token escapes of control characters)
+JSON_LAYOUT: Any = {"whitespace_flexible": False, "item_separator": ", ", "key_separator": ": ",
+                    "json_allowed_escapes": "\"\\bfnrt"}
 
 
 @dataclass(frozen=True)
