@@ -354,3 +354,28 @@ def test_batch_options_refuse_bad_values_in_one_line(tmp_path, capsys, args, nee
     args = [a.format(jsonl=tmp_path / "p.jsonl", blank=tmp_path / "blank.txt", out=tmp_path / "o") for a in args]
     code, _, err = run_cli(capsys, *args)
     assert_one_line_error(code, err, needle)
+
+
+def test_chunked_prefill_keeps_every_output(monkeypatch):
+    """A prompt longer than PREFILL_CHUNK is fed in chunks, each its own batched forward (a joining prompt does not
+    stall the others for its whole prefill); outputs and prompt logprobs stay those of batch-1 decoding."""
+    import multispec
+    from multispec.models import batched
+
+    pair = multispec.load_pair()
+    prompts = ["def fibonacci(n):\n    if n < 2:\n        return n\n    return fibonacci(n - 1) + fibonacci(n - 2)\n",
+               "import os\n", "for i in range(10):\n    print(i * i)\n"]
+    alone = [multispec.generate(pair, p, method=m, backend="fast", max_new_tokens=16, temperature=0).token_ids
+             for m in ("ar", "sd") for p in prompts]
+    scored = multispec.generate(pair, prompts[0], method="ar", backend="fast", max_new_tokens=0, prompt_logprobs=True)
+    calls = []
+    chunked = batched.SlotBackend._chunked
+    monkeypatch.setattr(batched, "PREFILL_CHUNK", 8)
+    monkeypatch.setattr(batched.SlotBackend, "_chunked", lambda self, *a: calls.append(1) or chunked(self, *a))
+    got = [r.token_ids for m in ("ar", "sd") for r in multispec.generate(pair, prompts, method=m, batch_size=3,
+                                                                         max_new_tokens=16, temperature=0)]
+    assert got == alone and calls
+    rescored = multispec.generate(pair, [prompts[0], prompts[1]], method="ar", batch_size=2, max_new_tokens=0,
+                                  prompt_logprobs=True)[0]
+    assert [x.logprob for x in rescored.prompt_logprobs[1:]] == pytest.approx(
+        [x.logprob for x in scored.prompt_logprobs[1:]], abs=1e-5)

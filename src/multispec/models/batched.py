@@ -41,6 +41,8 @@ class Role(IntEnum):
 
 
 PAD_LIMIT = 64  # steps of more tokens (prefills) attend alone: padding every row to a prefill's length would cost more
+PREFILL_CHUNK = 256  # a longer step (a prefill) goes in chunks of this many tokens, one batched forward each, so that
+# a joining prompt adds at most this much to the running sequences' steps (chunked prefill)
 
 
 class SlotCache:
@@ -329,8 +331,24 @@ class SlotBackend(VocabSubset):
         if limit is not None and int(positions.max()) >= limit:
             raise MultispecError(f"position {int(positions.max())} is past the model's limit of {limit} positions "
                                  "(max_position_embeddings)")
+        if n > PREFILL_CHUNK:
+            return self._chunked(tokens, positions, mask, want_hidden, last_only)
         step = Step(self.slot, tokens, positions, mask, want_hidden, last_only and n > 1, self.vocab_subset)
         return self.batcher.submit(self.cache, step)
+
+    def _chunked(self, tokens, positions, mask, want_hidden: bool, last_only: bool) -> ForwardOut:
+        """A long step (a prefill) in chunks of PREFILL_CHUNK tokens, each one batched forward with the others'
+        steps. Exact for any mask whose rows read no later row (a chain, a tree in order): chunk [a, b) reads the
+        cache and rows before b. Outputs: the last row's (last_only), else every row's."""
+        n, start, outs = tokens.shape[0], self.cache_len, []
+        for a in range(0, n, PREFILL_CHUNK):
+            b = min(n, a + PREFILL_CHUNK)
+            rows = None if mask is None else mask[a:b, :start + b]
+            outs.append(self.forward(tokens[a:b], positions[a:b], rows, want_hidden, last_only))
+        if last_only:  # the earlier chunks' last rows are not asked for
+            return outs[-1]
+        return ForwardOut(logits=torch.cat([o.logits for o in outs]),
+                          hidden=torch.cat([o.hidden for o in outs]) if want_hidden else None)
 
     def keep(self, indices: torch.Tensor) -> None:
         self.cache.keep(self.slot, indices)
