@@ -25,6 +25,8 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     add_pycode_args(ap)
     ap.add_argument("--prompts", type=int, default=32)
+    ap.add_argument("--dataset", default="humaneval", help="humaneval, or spec-bench (prompts spread over its categories)")
+    ap.add_argument("--offset", type=int, default=0, help="first prompt (spec-bench: within each category)")
     ap.add_argument("--max-new-tokens", type=int, default=128)
     ap.add_argument("--batch-sizes", default="1,4,16,32")
     ap.add_argument("--threads", default="1,2")
@@ -40,12 +42,18 @@ def main() -> None:
     from multispec.decoding.decoder import Decoder
 
     pair = load_pycode(args)
-    prompts = [p.text for p in load_prompts("humaneval", data_dir=args.data_dir, limit=args.prompts)]
+    per = -(-args.prompts // 6) + 1 if args.dataset == "spec-bench" else args.prompts
+    prompts = [p.text for p in load_prompts(args.dataset, data_dir=args.data_dir, limit=per,
+                                            offset=args.offset)]
+    fits = [p for p in prompts if len(pair.tokenizer(p)["input_ids"]) + args.max_new_tokens < 2000]
+    prompts = fits[:args.prompts]  # a prompt that leaves no room for the new tokens in the context is skipped
+    args.label = f"{args.dataset} from {args.offset}"
     sizes = [int(b) for b in args.batch_sizes.split(",")]
     for m in ("ar", "auto"):  # untimed warm-up: cost calibrations, first-call allocations
         generate_batch(Decoder(pair, m, "fast"), prompts[:4], batch_size=max(sizes), max_new_tokens=8, temperature=0)
         Decoder(pair, m, "fast").generate(prompts[0], max_new_tokens=8, temperature=0, seed=0)
-    hf_generate_batched(pair, prompts[:2], 2, 4, 0.0, 0)
+    prompt_ids = [pair.tokenizer(p)["input_ids"] for p in prompts]  # transformers' generate takes token ids
+    hf_generate_batched(pair, prompt_ids[:2], 2, 4, 0.0, 0)
     # a fresh Decoder per measurement: auto's suffix store would otherwise copy the earlier runs' outputs
     fresh = {m: (lambda m=m: Decoder(pair, m, "fast")) for m in ("ar", "auto")}
     rows, started = [], time.time()
@@ -73,16 +81,17 @@ def main() -> None:
                                          temperature=temperature, seed=0)
                     record(threads, temperature, m, b, sum(len(r.token_ids) for r in out), time.perf_counter() - t0)
                 t0 = time.perf_counter()
-                tokens = hf_generate_batched(pair, prompts, b, args.max_new_tokens, temperature, 0)
+                tokens = hf_generate_batched(pair, prompt_ids, b, args.max_new_tokens, temperature, 0)
                 record(threads, temperature, "hf generate", b, tokens, time.perf_counter() - t0)
     torch.set_num_threads(1)
-    record_json = {"meta": environment(pair, sys.argv), "prompts": len(prompts), "max_new_tokens": args.max_new_tokens,
+    record_json = {"meta": environment(pair, sys.argv), "prompts": len(prompts), "data": args.label,
+                   "max_new_tokens": args.max_new_tokens,
                    "rows": rows, "ratios": ratios(rows, sizes)}
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
     out.with_suffix(".json").write_text(json.dumps(record_json, indent=1))
-    out.with_suffix(".md").write_text(table(rows, sizes, len(prompts), args.max_new_tokens))
-    print(table(rows, sizes, len(prompts), args.max_new_tokens))
+    out.with_suffix(".md").write_text(table(rows, sizes, len(prompts), args.max_new_tokens, args.label))
+    print(table(rows, sizes, len(prompts), args.max_new_tokens, args.label))
 
 
 def _rate(rows, threads, temperature, system, b):
@@ -103,8 +112,8 @@ def ratios(rows, sizes) -> list[dict]:
     return out
 
 
-def table(rows, sizes, n_prompts, max_new) -> str:
-    lines = [f"Total tokens/s, pycode-v1, HumanEval 0-{n_prompts - 1}, {max_new} new tokens, fp32 CPU (one run). "
+def table(rows, sizes, n_prompts, max_new, label="humaneval from 0") -> str:
+    lines = [f"Total tokens/s, pycode-v1, {n_prompts} prompts of {label}, {max_new} new tokens, fp32 CPU (one run). "
              "auto / x: the batched auto's ratio to x at the same batch size.", "",
              "| threads | T | batch | ar | auto | hf generate | auto loop (b=1) | auto / loop | auto / hf | auto / ar |",
              "|---|---|---|---|---|---|---|---|---|---|"]

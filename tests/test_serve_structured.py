@@ -13,13 +13,12 @@ pydantic = pytest.importorskip("pydantic")
 pytest.importorskip("uvicorn")
 
 from test_serve import ServerThread  # noqa: E402
+from test_serve_openai import TEMPLATE, post  # noqa: E402
 
 import multispec  # noqa: E402
 from multispec.serve import ServeSettings, create_app  # noqa: E402
 
 NAME = "default"
-TEMPLATE = ("{% for m in messages %}<{{ m['role'] }}>{{ m['content'] }}\n{% endfor %}"
-            "{% if add_generation_prompt %}<assistant>{% endif %}")
 
 
 class Point(pydantic.BaseModel):
@@ -39,12 +38,6 @@ def server(pair):
                                                     max_queue=16, chat_template=TEMPLATE)))
     yield s
     s.close()
-
-
-def post(server, path, body, status=200):
-    r = httpx.post(server.url + path, json=body, timeout=60)
-    assert r.status_code == status, r.text
-    return r.json()
 
 
 def test_openai_client_parses_a_pydantic_model(server, pair):

@@ -73,11 +73,11 @@ def generate_ids(
         limit = round_limit(target, max_new_tokens - len(new), method.target_init, len(state.ahead))
         if limit is None:  # the context is full: nothing more can be decoded
             break
-        outcome = ti_round(run, state, limit) if method.target_init else _round(run, state, limit)
+        if method.target_init:
+            _grow_draft_vocab(run, state, new)
+        outcome = ti_round(run, state, limit) if method.target_init else _round(run, state, limit, new)
         run.policy.observe(outcome)
         c.count(outcome)
-        if draft is not None and has_vocab_subset(draft):  # a reduced draft vocabulary
-            draft.extend_vocab_subset(outcome.committed)  # grows between rounds only: q is the law drafts came from
         new.extend(outcome.committed)
         state.history.extend(outcome.committed)
         if state.committed is not None:
@@ -137,12 +137,14 @@ def _start(run: Run, prompt: list[int], eos_ids: set[int], logprobs: LogprobReco
     return state
 
 
-def _round(run: Run, state: State, limit: tuple[int, int]) -> RoundOutcome:
-    """One draft-initialized round, as named steps."""
+def _round(run: Run, state: State, limit: tuple[int, int], new: list[int]) -> RoundOutcome:
+    """One draft-initialized round, as named steps. new: the output so far."""
     t0 = time.perf_counter()
     plan = run.policy.plan_round(state.history, len(state.pending))
     max_tree = cap_tree(plan.tree, limit)
     proposer = get_proposer(plan.proposer if max_tree.max_depth > 0 else "none")
+    if getattr(proposer, "uses_draft", False):
+        _grow_draft_vocab(run, state, new)
     n_pending, lt = len(state.pending), run.target.cache_len + len(state.ahead)  # lt: the root's position
     proposal = proposer.propose(_inputs(run, state, lt), plan, max_tree)
     t1 = time.perf_counter()
@@ -183,6 +185,14 @@ def _verify_forward(target: Backend, proposal: Proposal, lt: int, ahead: list[in
     out = target.forward(torch.cat([torch.tensor(ahead, dtype=torch.long), tokens.to(torch.long)]),
                          torch.cat([torch.arange(lt - k, lt), positions]), torch.cat([chain, mask]))
     return ForwardOut(logits=out.logits[k:], hidden=None if out.hidden is None else out.hidden[k:])
+
+
+def _grow_draft_vocab(run: Run, state: State, new: list[int]) -> None:
+    """A reduced draft vocabulary takes in the output's tokens before the draft next drafts (between rounds: q is the
+    law the drafts came from), all since its last drafting round at once: rounds that do not draft pay nothing."""
+    if run.draft is not None and has_vocab_subset(run.draft) and state.vocab_seen < len(new):
+        run.draft.extend_vocab_subset(new[state.vocab_seen:])
+        state.vocab_seen = len(new)
 
 
 def _jumps(run: Run, logprobs) -> bool:

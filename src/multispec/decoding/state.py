@@ -60,6 +60,7 @@ class State:
     history: list[int] = field(default_factory=list)  # prompt + committed tokens (proposers read it)
     committed: CommittedHistory | None = None  # what penalties / min_tokens read (None when the sampling reads none)
     ahead: list[int] = field(default_factory=list)  # committed before the root, not yet fed to the target (forced)
+    vocab_seen: int = 0  # output tokens a reduced draft vocabulary has taken in (engine._grow_draft_vocab)
     logprobs: LogprobRecorder | None = None
     p_next: torch.Tensor | None = None  # target-initialized, T > 0: the law of the next token, float [V]
     # target-initialized only, float [V]: the next token's row adjusted (bias, penalties: greedy top-W ranks it),

@@ -139,6 +139,7 @@ class DraftModelProposer:
     feeds the pending tokens, so it consumes them; a keyed run couples each draw to its position's noise."""
 
     name = "draft"
+    uses_draft = True  # drafts with the run's draft backend (a reduced vocabulary grows before it does)
 
     def propose(self, inputs: RoundInputs, plan: RoundPlan, max_tree: Tree) -> Proposal:
         draft = inputs.draft
