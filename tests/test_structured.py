@@ -149,3 +149,12 @@ def test_batched_sequences_equal_their_batch_1_outputs_under_a_schema(default_pa
                                  json_schema=SCHEMA)
     assert [r.token_ids for r in batched] == alone
     assert all(r.stats["structured"]["forced_tokens"] > 0 for r in batched)
+
+
+def test_an_output_the_grammar_forces_whole_finishes_with_stop(default_pair):
+    """Every token forced before the first round (one choice): committed without a target call, cut at its EOS, and
+    finished by "stop" as any output that ends with EOS."""
+    r = multispec.generate(default_pair, "x = ", method="ar", max_new_tokens=20, temperature=0,
+                           choice=["yes please"])
+    assert r.text == "yes please" and r.finish_reason == "stop"
+    assert r.stats["target_calls"] == 0 and r.stats["structured"]["forced_fraction"] == 1.0

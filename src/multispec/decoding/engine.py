@@ -67,9 +67,10 @@ def generate_ids(
     c.t_prefill = time.perf_counter() - start
     new: list[int] = []
     jump = _jumps(run, logprobs)
-    if jump and state.committed is not None:  # tokens the grammar forces before the first round
+    if jump:  # tokens the grammar forces before the first round
         _commit_forced(run, state, new, c, max_new_tokens)
-    while len(new) < max_new_tokens and cut(new, max_new_tokens, eos_ids, stop) is None:
+    end = cut(new, max_new_tokens, eos_ids, stop)
+    while end is None:
         limit = round_limit(target, max_new_tokens - len(new), method.target_init, len(state.ahead))
         if limit is None:  # the context is full: nothing more can be decoded
             break
@@ -85,11 +86,10 @@ def generate_ids(
             if jump:
                 _commit_forced(run, state, new, c, max_new_tokens)
         end = cut(new, max_new_tokens, eos_ids, stop)
-        if end is not None:
-            new, c.finish_reason = new[:end[0]], end[1]
-            break
-        if on_tokens is not None:
+        if end is None and on_tokens is not None:
             on_tokens(new)
+    if end is not None:
+        new, c.finish_reason = new[:end[0]], end[1]
     if on_tokens is not None:
         on_tokens(new)
     run.policy.finish(state.history)
@@ -206,7 +206,7 @@ def _jumps(run: Run, logprobs) -> bool:
 def _commit_forced(run: Run, state: State, new: list[int], c: Metrics, max_new_tokens: int) -> None:
     """Commit what the grammar forces after the committed text: each has probability 1 under the constrained law.
     The target consumes them in its next forward (state.ahead), the draft as pending tokens."""
-    if state.committed is None:
+    if state.committed is None:  # a grammar always reads the history; kept for a caller without one
         return
     forced = state.committed.forced(max_new_tokens - len(new))
     if not forced:
