@@ -30,24 +30,25 @@ class CommittedHistory:
         self.stop_ids = tuple(sorted(stop_ids))
 
     def commit(self, tokens: list[int]) -> None:
+        self._count(tokens)
+        if tokens and self.grammar is not None:
+            self.grammar.commit(tokens)
+
+    def forced(self, limit: int) -> list[int]:
+        """Tokens the grammar allows one at a time from here (probability 1 under the constrained law), at most
+        `limit`, committed here (GrammarState.forced advances the grammar over them); [] without a grammar."""
+        if self.grammar is None or limit <= 0:
+            return []
+        tokens = self.grammar.forced(self.vocab, limit)
+        self._count(tokens)
+        return tokens
+
+    def _count(self, tokens: list[int]) -> None:
         if tokens:
             ids = torch.tensor(tokens, dtype=torch.long)
             self.counts.index_add_(0, ids, torch.ones(len(tokens)))
             self.seen[ids] = True
             self.out_len += len(tokens)
-            if self.grammar is not None:
-                self.grammar.commit(tokens)
-
-    def forced(self, limit: int) -> list[int]:
-        """Tokens the grammar allows one at a time from here (probability 1 under the constrained law), at most
-        `limit`, committed here; [] without a grammar."""
-        if self.grammar is None or limit <= 0:
-            return []
-        tokens = self.grammar.forced(self.vocab, limit)
-        grammar, self.grammar = self.grammar, None  # already advanced: count the tokens, not the grammar again
-        self.commit(tokens)
-        self.grammar = grammar
-        return tokens
 
     def at_root(self, vocab: int) -> History:
         """One row: the history after the committed tokens."""
