@@ -44,6 +44,9 @@ def main() -> None:
     ap.add_argument("--device", default="cuda")
     ap.add_argument("--commit", default="")
     ap.add_argument("--own", help="where the own text is written (default: OUT/own.jsonl)")
+    ap.add_argument("--chat", type=int, default=700, help="chat prompts (smollm2_data.prompt_items)")
+    ap.add_argument("--width", type=int, default=384, help="prompt tokens kept (the last ones)")
+    ap.add_argument("--more-chat", action="store_true", help="every GSM8K question, MT-Bench and small Alpaca sets")
     a = ap.parse_args()
     t0 = time.monotonic()
     out = Path(a.out)
@@ -52,15 +55,15 @@ def main() -> None:
     torch.backends.cuda.matmul.allow_tf32 = True  # after the load's exactness probe (which TF32 would fail)
     log(f"loaded in {time.monotonic() - t0:.0f} s on {pair.device}")
     code, asks = builtin_prompts(pair.tokenizer, pair.target.config.vocab_size, 3000, 256)
-    prompts = [ids for ids, _ in prompt_items(pair, a.data_dir)] + code + asks
+    prompts = [ids for ids, _ in prompt_items(pair, a.data_dir, a.chat, a.width, a.more_chat)] + code + asks
     log(f"{len(prompts)} prompts")
     model, eos = pair.target.eval(), sorted(eos_ids(pair))
     deadline = t0 + a.gen_share * a.seconds
     own, n_new = Path(a.own or out / "own.jsonl"), 0
     with open(own, "w") as f, bf16_autocast(model.device):
-        for temperature, alternate in ((0.7, True), (1.0, False)):  # a second pass while time remains
+        for k, (temperature, alternate) in enumerate(((0.7, True), (1.0, False), (0.7, False))):  # while time remains
             for full in continuations(model, prompts, max_new=a.max_new, batch=a.batch, temperature=temperature,
-                                      eos=eos, pad=eos[0], deadline=deadline, seed=int(temperature * 10),
+                                      eos=eos, pad=eos[0], deadline=deadline, seed=int(temperature * 10) + 100 * k,
                                       alternate=alternate):
                 f.write(json.dumps({"ids": full}) + "\n")
                 n_new += len(full)

