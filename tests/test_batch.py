@@ -93,6 +93,58 @@ def test_batched_forward_equals_each_sequences_own_forward(arch):
                                atol=1e-5, rtol=1e-5)
 
 
+def _sliding_rounds(arch: str, broken: bool = False) -> SlotCache:
+    """Two slots through 40 rounds each (a 3-node tree, a keep of one branch, now and then a 3-token chain) on a
+    cache whose sliding layers hold window + 12 rows, every output against each sequence's own FastBackend."""
+    model = build(arch)
+    net = FastNet.of(model)
+    cache = SlotCache(net, 2, 160, slack=12)
+    alone = [FastBackend(model, max_len=160) for _ in range(2)]
+    g = torch.Generator().manual_seed(2)
+    for s, n in enumerate((7, 16)):
+        p = torch.randint(0, net.vocab_size, (n,), generator=g)
+        run_batch(cache, [Step(s, p, torch.arange(n))])
+        alone[s].forward(p, torch.arange(n), causal_mask(0, n))
+    for r in range(40):
+        steps, refs = [], []
+        for s in range(2):
+            a = cache.lens[s]
+            t = torch.randint(0, net.vocab_size, (3,), generator=g)
+            if r % 5 == 4:  # a chain
+                pos, mask = torch.arange(a, a + 3), None
+            else:  # a root and two children
+                pos, mask = torch.tensor([a, a + 1, a + 1]), torch.ones(3, a + 3, dtype=torch.bool)
+                mask[0, a + 1:] = mask[1, a + 2] = mask[2, a + 1] = False
+            steps.append(Step(s, t, pos, mask))
+            refs.append(alone[s].forward(t, pos, causal_mask(a, 3) if mask is None else mask))
+        if broken and r == 30:  # slot 1's sliding rows read one row off
+            cache.base[1] += 1
+        for o, ref in zip(run_batch(cache, steps), refs):
+            torch.testing.assert_close(o.logits, ref.logits, atol=1e-5, rtol=1e-5)
+        for s in range(2):
+            a = cache.lens[s] - 3
+            kept = torch.tensor(list(range(a + 3)) if r % 5 == 4 else list(range(a + 1)) + [a + 1 + (r + s) % 2])
+            cache.keep(s, kept)
+            alone[s].keep(kept)
+    return cache
+
+
+@pytest.mark.parametrize("arch", ["gemma3", "mistral-window"])
+def test_sliding_layers_sized_to_their_window_keep_every_output(arch):
+    """Sliding-window layers of a SlotCache hold window + slack rows, dropping what no query sees any more: over
+    80+ rows per slot their outputs equal each sequence's own full-cache FastBackend (full layers keep every row)."""
+    cache = _sliding_rounds(arch)
+    assert cache.base[0] > 0 and cache.base[1] > 0  # rows were dropped, more than once
+    sized = [c.shape[2] for c, sl in zip(cache.k, cache.sliding) if sl]
+    assert sized and set(sized) == {cache.window + 12}
+    assert all(c.shape[2] == 160 for c, sl in zip(cache.k, cache.sliding) if not sl)
+
+
+def test_a_sliding_cache_read_from_the_wrong_row_is_caught():
+    with pytest.raises(AssertionError):
+        _sliding_rounds("gemma3", broken=True)
+
+
 # ---------------------------------------------------------------------------------------------------- greedy
 @pytest.mark.parametrize("method,options", [("ar", {}), ("sd", {"k": 3}), ("mcsd", {"tree": (2, 2, 1)}),
                                             ("lookup", {}), ("auto", {})])

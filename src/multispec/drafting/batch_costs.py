@@ -85,6 +85,7 @@ def _calibrate_batched(cache, sizes: list[int], budget_s: float) -> list[list[fl
         steps = [Step(s, torch.randint(0, cache.net.vocab_size, (n,), generator=gen), torch.arange(ctx, ctx + n))
                  for s in range(b)]
         for s in range(b):
+            cache.reset(s)
             cache.lens[s] = ctx
         t0 = time.perf_counter()
         run_batch(cache, steps)
@@ -100,7 +101,8 @@ def _calibrate_batched(cache, sizes: list[int], budget_s: float) -> list[list[fl
             runs = 1 if time.perf_counter() - start > budget_s / 2 else 2
             row.append(min(timed(b, n) for _ in range(runs)))
         table.append(row)
-    cache.lens[:] = [0] * cache.slots
+    for s in range(cache.slots):
+        cache.reset(s)
     out: list[list[float]] = []
     for i, row in enumerate(table):
         if not row:  # a size past the slots or the budget: linear in the batch from the two sizes below

@@ -43,30 +43,72 @@ class Role(IntEnum):
 PAD_LIMIT = 64  # steps of more tokens (prefills) attend alone: padding every row to a prefill's length would cost more
 PREFILL_CHUNK = 256  # a longer step (a prefill) goes in chunks of this many tokens, one batched forward each, so that
 # a joining prompt adds at most this much to the running sequences' steps (chunked prefill)
+SLIDE_SLACK = 3 * PREFILL_CHUNK  # rows a sliding-window layer holds past its window: a step's new rows, a round's
+# uncommitted ones and a margin (SlotCache)
 
 
 class SlotCache:
     """The KV cache of one model (`role`: Role.TARGET or Role.DRAFT) for `slots` sequences of up to `rows` rows
-    each."""
+    each.
 
-    def __init__(self, net, slots: int, rows: int, role: Role = Role.TARGET):
+    Sliding-window layers hold only `window + slack` rows per slot when that is fewer than `rows`: a slot's rows
+    [base, len) sit at their rows [0, len - base), and when a step would not fit, the rows that no query can see
+    any more (positions at least `slack // 4` before the step's earliest query's window) are dropped by moving
+    the rest down (`make_room`). Full-attention layers hold every row."""
+
+    def __init__(self, net, slots: int, rows: int, role: Role = Role.TARGET, slack: int = SLIDE_SLACK):
         self.net, self.slots, self.rows, self.role = net, slots, rows, role
-        shape = (slots, net.n_kv, rows, net.head_dim)
-        self.k = [torch.zeros(shape, dtype=net.dtype, device=net.device) for _ in net.layers]
-        self.v = [torch.zeros(shape, dtype=net.dtype, device=net.device) for _ in net.layers]
+        self.window = net.layout.windows.get("sliding_attention")
+        self.slide_rows = min(rows, self.window + slack) if self.window else rows
+        self.margin = slack // 4
+        self.sliding = [t == "sliding_attention" and self.slide_rows < rows for t in net.layout.layer_types]
+        shapes = [(slots, net.n_kv, self.slide_rows if sl else rows, net.head_dim) for sl in self.sliding]
+        self.k = [torch.zeros(shape, dtype=net.dtype, device=net.device) for shape in shapes]
+        self.v = [torch.zeros(shape, dtype=net.dtype, device=net.device) for shape in shapes]
         self.pos = torch.zeros(slots, rows, dtype=torch.long, device=net.device)  # position of each row
         self.lens = [0] * slots
+        self.base = [0] * slots  # the row a slot's sliding layers hold at their row 0
 
     @property
     def nbytes(self) -> int:
         """Memory its buffers take: keys, values and positions of every slot's rows."""
         return sum(t.nbytes for t in (*self.k, *self.v, self.pos))
 
+    def reset(self, slot: int) -> None:
+        self.lens[slot] = self.base[slot] = 0
+
+    def _slot_views(self, slot: int, sliding: bool) -> list[torch.Tensor]:
+        return [c[slot] for c, sl in zip((*self.k, *self.v), self.sliding * 2) if sl == sliding]
+
     def keep(self, slot: int, indices: torch.Tensor) -> None:
         """Keep rows `indices` (long [K], increasing) of `slot` (FastBackend.keep, on the slot's views)."""
         from multispec.models.fast import keep_rows
 
-        self.lens[slot] = keep_rows([c[slot] for c in (*self.k, *self.v)], self.pos[slot], indices)
+        self.lens[slot] = keep_rows(self._slot_views(slot, False), self.pos[slot], indices)
+        if any(self.sliding):  # every kept row from base on (the rows before it are a kept prefix)
+            b = self.base[slot]
+            keep_rows(self._slot_views(slot, True), None, indices[indices >= b] - b)
+
+    def make_room(self, slot: int, start: int, n: int, positions: torch.Tensor) -> None:
+        """Before a step of n rows after `start` at `positions`: drop the sliding layers' rows that no query can see
+        any more when the step would not fit; MultispecError when a query would need a dropped row or the step
+        cannot fit."""
+        if not any(self.sliding):
+            return
+        b, first_position = self.base[slot], int(positions.min())
+        if 0 < b and first_position - self.window + 1 < b:  # never: a dropped row in a query's window would be wrong output
+            raise MultispecError(f"a query at position {first_position} needs rows this slot's sliding-window cache "
+                                 f"dropped (it holds rows from {b})")
+        if start + n - b <= self.slide_rows:
+            return
+        cut = min(start, first_position - self.window - self.margin + 1)
+        if cut > b and int(self.pos[slot, b:cut].max()) <= first_position - self.window:
+            for c in self._slot_views(slot, True):
+                c[:, :start - cut] = c[:, cut - b:start - b].clone()
+            self.base[slot] = b = cut
+        if start + n - b > self.slide_rows:
+            raise MultispecError(f"a step of {n} rows after {start - b} does not fit the {self.slide_rows} rows of "
+                                 "this slot's sliding-window layers")
 
 
 @dataclass
@@ -92,8 +134,12 @@ def run_batch(cache: SlotCache, steps: list[Step]) -> list[ForwardOut]:
     starts = [cache.lens[s.slot] for s in steps]
     tokens = torch.cat([s.tokens for s in steps]).to(dev)
     positions = torch.cat([s.positions for s in steps]).to(dev)
-    slot_of = torch.tensor([s.slot for s in steps], device=dev).repeat_interleave(torch.tensor(ns, device=dev))
+    for s, n, a in zip(steps, ns, starts):
+        cache.make_room(s.slot, a, n, s.positions)
+    repeat = torch.tensor(ns, device=dev)
+    slot_of = torch.tensor([s.slot for s in steps], device=dev).repeat_interleave(repeat)
     row_of = torch.cat([torch.arange(a, a + n, device=dev) for a, n in zip(starts, ns)])
+    slide_row_of = row_of - torch.tensor([cache.base[s.slot] for s in steps], device=dev).repeat_interleave(repeat)
     cache.pos[slot_of, row_of] = positions
     plan = _AttentionPlan(cache, steps, ns, starts, positions)
     ropes = net.ropes(positions)
@@ -105,8 +151,9 @@ def run_batch(cache: SlotCache, steps: list[Step]) -> list[ForwardOut]:
         if net.use_rope[i]:
             cos, sin = ropes[net.rope_index[i]]
             q, k = net.rotate(q, cos, sin), net.rotate(k, cos, sin)
-        cache.k[i][slot_of, :, row_of] = k.transpose(0, 1)  # [N, Hkv, D] at (slot, row) of each token
-        cache.v[i][slot_of, :, row_of] = v.transpose(0, 1)
+        rows = slide_row_of if cache.sliding[i] else row_of
+        cache.k[i][slot_of, :, rows] = k.transpose(0, 1)  # [N, Hkv, D] at (slot, row) of each token
+        cache.v[i][slot_of, :, rows] = v.transpose(0, 1)
         o = plan.attend(i, q, attn.scaling)  # [N, Hq * D]
         x = net.finish_layer(layer, x, o)
     for s, n, a in zip(steps, ns, starts):
@@ -158,16 +205,19 @@ class _AttentionPlan:
             qpos.view(-1)[index] = positions[tokens_at]
             masks = []
             kpos = cache.pos[lo:hi, :width]
+            slide_width = max(starts[j] + ns[j] - cache.base[steps[j].slot] for j in small)
             for kind in net.layout.distinct_types:
                 m, w = allowed, net.layout.windows.get(kind)
                 if kind == "sliding_attention":
                     m = m & (qpos[:, :, None] - kpos[:, None, :] < w)
+                    if any(cache.sliding):
+                        m = _from_base(m, cache.base[lo:hi], slide_width)
                 elif kind == "chunked_attention":
                     m = m & (qpos[:, :, None] // w == kpos[:, None, :] // w)
-                m = m | (~live)[:, :, None] & (torch.arange(width, device=dev) == 0)
-                masks.append(m[:, None])  # [R, 1, nmax, width]
+                m = m | (~live)[:, :, None] & (torch.arange(m.shape[2], device=dev) == 0)
+                masks.append(m[:, None])  # [R, 1, nmax, width] (a sized sliding layer's: slide_width)
             in_order = len(small) == len(steps) and bool((tokens_at == torch.arange(self.total, device=dev)).all())
-            self.padded = (lo, hi, nmax, width, index, None if in_order else tokens_at, masks)
+            self.padded = (lo, hi, nmax, (width, slide_width), index, None if in_order else tokens_at, masks)
 
     def attend(self, layer: int, q: torch.Tensor, scale) -> torch.Tensor:
         """q: [Hq, N, D] -> attention output [N, Hq * D]."""
@@ -175,7 +225,8 @@ class _AttentionPlan:
         hq, _, d = q.shape
         out = q.new_empty(self.total, hq * d)
         if self.padded is not None:
-            lo, hi, nmax, width, index, tokens_at, masks = self.padded
+            lo, hi, nmax, widths, index, tokens_at, masks = self.padded
+            width = widths[cache.sliding[layer]]
             qt = q.transpose(0, 1)  # [N, Hq, D]
             qp = q.new_zeros((hi - lo) * nmax, hq, d)
             qp[index] = qt if tokens_at is None else qt[tokens_at]
@@ -188,10 +239,20 @@ class _AttentionPlan:
             else:
                 out[tokens_at] = o
         for (s, off, n, a), masks in zip(self.alone, self.alone_masks):
-            keys, values = cache.k[layer][s.slot, :, :a + n], cache.v[layer][s.slot, :, :a + n]
-            o = net.attend(q[:, off:off + n], keys, values, masks[net.mask_index[layer]], scale)  # [Hq, n, D]
+            b = cache.base[s.slot] if cache.sliding[layer] else 0  # a sized sliding layer holds rows [b, a + n)
+            keys, values = cache.k[layer][s.slot, :, :a + n - b], cache.v[layer][s.slot, :, :a + n - b]
+            mask = masks[net.mask_index[layer]]
+            o = net.attend(q[:, off:off + n], keys, values, mask if mask is None else mask[..., b:], scale)
             out[off:off + n] = o.transpose(0, 1).reshape(n, hq * d)
         return out
+
+
+def _from_base(m: torch.Tensor, bases: list[int], width: int) -> torch.Tensor:
+    """m: bool [R, Q, T] over rows [0, T) of slots lo.. -> [R, Q, width] over each slot's rows from its base."""
+    base = torch.tensor(bases, device=m.device)[:, None]  # [R, 1]
+    rows = torch.arange(width, device=m.device)[None, :] + base  # [R, width]: the row at each held row
+    out = m.gather(2, rows.clamp(max=m.shape[2] - 1)[:, None, :].expand(-1, m.shape[1], -1))
+    return out & (rows < m.shape[2])[:, None, :]
 
 
 def _outputs(net, x: torch.Tensor, steps: list[Step], ns: list[int]) -> list[ForwardOut]:
@@ -317,7 +378,7 @@ class SlotBackend(VocabSubset):
         return self.cache.lens[self.slot]
 
     def reset(self) -> None:
-        self.cache.lens[self.slot] = 0
+        self.cache.reset(self.slot)
 
     def _full_head(self):
         return self.cache.net.head

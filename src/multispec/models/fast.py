@@ -36,19 +36,21 @@ TREE_SLACK = 256  # default rows past the position limit: a round's tree rows si
 PREFILL_BLOCK = 256  # queries per attention block of a longer step (FastBackend.query_blocks)
 
 
-def keep_rows(caches, pos: torch.Tensor, indices: torch.Tensor) -> int:
-    """Keep rows `indices` (long [K], increasing) of per-layer caches [H, rows, D] and their positions pos [rows]:
-    the rows after the common prefix are gathered and written down onto it, in place. Returns K, the new length."""
+def keep_rows(caches, pos: torch.Tensor | None, indices: torch.Tensor) -> int:
+    """Keep rows `indices` (long [K], increasing) of per-layer caches [H, rows, D] and their positions pos [rows]
+    (None: no positions): the rows after the common prefix are gathered and written down onto it, in place.
+    Returns K, the new length."""
     idx = indices.tolist()
     first = 0
     while first < len(idx) and idx[first] == first:
         first += 1
     if first < len(idx):
-        tail = torch.tensor(idx[first:], device=pos.device)
+        tail = torch.tensor(idx[first:], device=(caches[0] if pos is None else pos).device)
         end = first + len(tail)
         for cache in caches:
             cache[:, first:end] = cache.index_select(1, tail)
-        pos[first:end] = pos.index_select(0, tail)
+        if pos is not None:
+            pos[first:end] = pos.index_select(0, tail)
     return len(idx)
 
 

@@ -6,8 +6,9 @@ target's cache and in the draft's. Batch slots are allocated at start-up for max
 ask, so the default is not the model's position limit (Gemma 3's 32,768 positions × 8 slots took 9.5 GB) but the
 longest that fits CACHE_MEMORY_FRACTION of the memory available at start-up (free GPU memory on CUDA, the
 system's available RAM otherwise), rounded down to ROUND_TO tokens and never more than the models' positions.
-Sliding-window layers are sized like the others: the fast backend's caches share one row layout across layers
-(models/batched.py), so their window is applied in the mask, not in the cache's size.
+That length is computed as if every layer held every row; batch slots' sliding-window layers hold only their
+window and a slack (models/batched.py SlotCache), so their caches take less than the budget (Gemma 3: 5 of 6
+layers), and the start-up line reports what they take.
 """
 from __future__ import annotations
 
