@@ -3,6 +3,8 @@ the target's own, the law at T = 1 is the target's (chi-square, chains and trees
 every round, exactly the rows a full teacher-forced forward of the head computes. Broken variants are caught."""
 from __future__ import annotations
 
+from dataclasses import replace
+
 from types import SimpleNamespace
 
 import numpy as np
@@ -54,7 +56,8 @@ def tiny(tmp_path_factory):
 
 
 @pytest.mark.parametrize("options", [{"k": 1}, {"k": 4}, {"tree": (3, 2, 1)}, {"tree": (2, 2, 2, 1)},
-                                     {"k": 6, "confidence": 0.3}, {"tree": (2, 2, 1, 1), "confidence": 0.3}])
+                                     {"k": 6, "confidence": 0.3}, {"tree": (2, 2, 1, 1), "confidence": 0.3},
+                                     {"nodes": 6, "depth": 3, "width": 2}, {"nodes": 3, "depth": 3, "width": 1}])
 def test_greedy_is_the_targets_own(tiny, options):
     target, head_dir = tiny
     for prompt in ([1, 2, 3], [5], [0, 7, 7, 7, 2, 9, 4], [3, 1, 4, 1, 5, 9, 2, 6]):
@@ -140,8 +143,8 @@ def head6(tmp_path_factory):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("options", [{"k": 1}, {"k": 2, "verifier": "sd"}, {"tree": (2,)}, {"tree": (2, 2)},
-                                     {"k": 3, "confidence": 0.4}])
+@pytest.mark.parametrize("options", [{"k": 1}, {"k": 2, "verifier": "sd"}, {"tree": (2, 2)},
+                                     {"nodes": 4, "depth": 2, "width": 2}, {"k": 3, "confidence": 0.4}])
 def test_the_law_at_t1_is_the_targets(head6, options):
     """Length 3 after the prompt: every sequence takes at least two rounds with k = 1 and depth-1 trees, so the
     tap's and the head's cuts between rounds are part of the law tested."""
@@ -161,6 +164,22 @@ def test_the_law_at_t1_with_a_reduced_vocabulary(tmp_path, options):
     head_dir = save_head(head, target, tmp_path / "head", token_ids=torch.tensor([0, 1, 2, 4]))
     assert load_head(head_dir, target)[1].tolist() == [0, 1, 2, 4]
     assert _chi_square(head_dir, options) > 1e-3
+
+
+@pytest.mark.slow
+def test_a_dynamic_tree_verified_with_a_law_it_was_not_drawn_from_is_caught(head6, monkeypatch):
+    """The dynamic tree's tokens are the head's top ones, not draws: verified as if they were drawn from a law
+    (here uniform over the vocabulary) instead of as point masses, the output's law is not the target's."""
+    from multispec.drafting import dynamic_tree
+
+    propose = dynamic_tree.DynamicHeadProposer.propose
+
+    def broken(self, inputs, plan, max_tree):
+        p = propose(self, inputs, plan, max_tree)
+        return p if p.q is None else replace(p, q=(p.q.sum(1, keepdim=True) > 0).float().expand_as(p.q) / p.q.shape[1])
+
+    monkeypatch.setattr(dynamic_tree.DynamicHeadProposer, "propose", broken)
+    assert _chi_square(head6, {"nodes": 4, "depth": 2, "width": 2}, n=800) < 1e-3
 
 
 @pytest.mark.slow
@@ -189,8 +208,12 @@ def test_save_load_and_refusals(tiny, tmp_path):
         load_head(tmp_path / "bad", target)
     with pytest.raises(MultispecError, match="needs a trained head"):
         build_method("eagle")
-    with pytest.raises(MultispecError, match="not both"):
-        build_method("eagle", head=str(head_dir), k=2, tree=(2, 1))
+    for bad, needle in [(dict(k=2, tree=(2, 1)), "give one of k"), (dict(nodes=4, k=2), "give one of k"),
+                        (dict(depth=3), "give nodes"), (dict(nodes=3, depth=4), "more than the tree's 3 nodes"),
+                        (dict(nodes=4, width=0), "width"), (dict(nodes=4, confidence=0.5), "not nodes"),
+                        (dict(nodes=4, verifier="traversal"), "give no verifier")]:
+        with pytest.raises(MultispecError, match=needle):
+            build_method("eagle", head=str(head_dir), **bad)
 
 
 def test_the_shipped_head_is_found_by_the_targets_fingerprint(tiny, tmp_path, monkeypatch):

@@ -22,8 +22,20 @@ def _build_eagle(o: dict) -> MethodConfig:
     head = head_option(o, "eagle")
     if head is None:
         raise MultispecError("eagle needs a trained head: head=DIR (--head DIR); train one with multispec train-head")
-    check(not ("k" in o and "tree" in o), "eagle: give k (a chain) or tree (a static tree), not both")
-    if "tree" in o:
+    check(sum(x in o for x in ("k", "tree", "nodes")) <= 1,
+          "eagle: give one of k (a chain), tree (a static tree) or nodes (a dynamic tree)")
+    check("nodes" in o or not ({"depth", "width"} & set(o)), "eagle: depth and width shape a dynamic tree: give nodes")
+    check(not ("nodes" in o and "confidence" in o), "eagle: confidence stops a chain or static tree, not nodes")
+    if "nodes" in o:  # EAGLE-2's dynamic tree: `nodes` below the root, at most `depth` levels
+        nodes = integer(o["nodes"], "nodes", 1)
+        depth = integer(o.get("depth", min(5, nodes)), "depth", 1)
+        integer(o.get("width", 3), "width", 1)
+        check(depth <= nodes, f"eagle: depth {depth} is more than the tree's {nodes} nodes")
+        check("verifier" not in o, "eagle: a dynamic tree's tokens are the head's top ones, not draws: it is verified "
+                                   "by the rrs-wor walk (give no verifier)")
+        tree: tuple[int, ...] = (nodes,)
+        verifier = "rrs-wor"
+    elif "tree" in o:
         tree = shape(o["tree"])
         verifier = node_or_sequence_verifier(o.get("verifier", "traversal"), tree)
     else:
@@ -44,12 +56,17 @@ def load_eagle(config: MethodConfig, pair) -> dict:
 
 
 def _eagle_policy(config: MethodConfig, pair, loaded: dict):
-    from multispec.drafting.policies import ConfidenceStop, FixedTree
+    from multispec.drafting.policies import ConfidenceStop, DynamicTree, FixedTree
     from multispec.tree import Tree
 
-    tree, stop = Tree.from_shape(config.tree), config.options.get("confidence")
-    policy = FixedTree(tree) if stop is None else ConfidenceStop(tree, float(stop))
-    policy.proposer = "head"  # (ConfidenceStop takes no proposer)
+    o = config.options
+    tree, stop = Tree.from_shape(config.tree), o.get("confidence")
+    policy: FixedTree
+    if "nodes" in o:
+        policy = DynamicTree(int(o["nodes"]), int(o.get("depth", min(5, int(o["nodes"])))), int(o.get("width", 3)))
+    else:
+        policy = FixedTree(tree) if stop is None else ConfidenceStop(tree, float(stop))
+        policy.proposer = "head"  # (ConfidenceStop takes no proposer)
     policy.defers_draft_prefill = True  # the head reads the target's features of the prompt: after its prefill
     return policy
 
@@ -67,6 +84,10 @@ register(MethodEntry(
                                           "head installed for this target)"),
               Option("k", "int", "draft tokens per round", 4),
               Option("tree", "shape", "tree shape below the root (instead of a chain of k)"),
+              Option("nodes", "int", "a dynamic tree (EAGLE-2) of this many nodes below the root, shaped each round "
+                                     "by the head's path probabilities (instead of k or tree)"),
+              Option("depth", "int", "a dynamic tree's most levels (default: 5, at most nodes)"),
+              Option("width", "int", "a dynamic tree's children per expanded node and nodes expanded per level", 3),
               Option("verifier", "str", "block or sd on chains; a node or sequence verifier on trees"),
               Option("confidence", "float", "stop drafting deeper once the head's probability of each newest token "
                                             "is below this (EAGLE-2: the head's confidence estimates acceptance)")),

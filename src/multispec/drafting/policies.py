@@ -6,6 +6,7 @@ generation (style §2.12).
 """
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import Callable
 
 import torch
@@ -29,6 +30,20 @@ class FixedTree(DraftPolicyBase):
     def plan_round(self, history: list[int], pending: int) -> RoundPlan:
         tree = self.round_tree()
         return RoundPlan(tree, self.proposer if tree.max_depth > 0 else "none")
+
+
+class DynamicTree(FixedTree):
+    """EAGLE-2's dynamic tree (drafting/dynamic_tree.py) every round: up to `nodes` nodes below the root, `depth`
+    levels, `width` children per expanded node and nodes expanded per level."""
+
+    def __init__(self, nodes: int, depth: int, width: int):
+        from multispec.drafting.dynamic_tree import budget_tree  # (registers the "head-dynamic" proposer)
+
+        super().__init__(budget_tree(nodes, depth), "head-dynamic")
+        self.width = width
+
+    def plan_round(self, history: list[int], pending: int) -> RoundPlan:
+        return replace(super().plan_round(history, pending), width=self.width)
 
 
 class LookupPolicy(DraftPolicyBase):

@@ -34,7 +34,8 @@ class RoundPlan:
     `tree`), "lookup" (`tokens` copied from the context, a chain), "suffix" (`tokens` of a whole tree from suffix
     structures, node order, root excluded), "none", or any other registered one. tokens: what the policy already
     proposed (lookup, suffix: the root is not repeated). label: a short name for stats; predicted_tps: the
-    planner's expected tokens/s (auto only); ngram: lookup's matched n-gram length."""
+    planner's expected tokens/s (auto only); ngram: lookup's matched n-gram length. width: children per expanded
+    node and nodes expanded per level of a dynamic tree ("head-dynamic", drafting/dynamic_tree.py)."""
 
     tree: Tree
     proposer: str = "draft"
@@ -42,6 +43,7 @@ class RoundPlan:
     label: str = ""
     predicted_tps: float | None = None
     ngram: int = 0
+    width: int = 0
 
 
 @dataclass(frozen=True)
