@@ -56,10 +56,10 @@ class DynamicHeadProposer(HeadProposer):
         frontier, calls = [-1], 1
         for d in range(1, depth + 1):
             level = []
-            for j, par in enumerate(frontier):
+            top = torch.topk(q, min(width, q.shape[1]), dim=-1)  # one call for the whole frontier
+            for par, probs, toks in zip(frontier, top.values.tolist(), top.indices.tolist()):
                 score = 0.0 if par == -1 else cands[par][0]
-                top = torch.topk(q[j], min(width, q.shape[1]))
-                for p, tok in zip(top.values.tolist(), top.indices.tolist()):
+                for p, tok in zip(probs, toks):
                     if p > 0:
                         level.append(len(cands))
                         cands.append((score + math.log(p), par, tok, d))
@@ -94,9 +94,11 @@ class DynamicHeadProposer(HeadProposer):
 def _rerank(cands, nodes: int, root_token: int) -> tuple[Tree, torch.Tensor]:
     """The `nodes` likeliest candidates (a parent before its children on ties) as a breadth-first Tree and its
     tokens (the root's first)."""
-    chosen = sorted(range(len(cands)), key=lambda c: (-cands[c][0], cands[c][3]))[:nodes]
-    chosen_set = set(chosen)
-    chosen = [c for c in chosen if cands[c][1] == -1 or cands[c][1] in chosen_set]
+    chosen, kept = sorted(range(len(cands)), key=lambda c: (-cands[c][0], cands[c][3]))[:nodes], {-1}
+    for c in sorted(chosen, key=lambda c: cands[c][3]):  # (a no-op: a parent sorts before its children)
+        if cands[c][1] in kept:
+            kept.add(c)
+    chosen = [c for c in chosen if c in kept]
     index = {-1: 0}
     order: list[int] = []
     for d in range(1, max((cands[c][3] for c in chosen), default=0) + 1):
