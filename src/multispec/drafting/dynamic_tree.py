@@ -37,6 +37,9 @@ def budget_tree(nodes: int, depth: int) -> Tree:
 
 
 class DynamicHeadProposer(HeadProposer):
+    """The head grows the round's tree by its own path probabilities (module docstring); the plan's max tree is the
+    budget (node count and depth), RoundPlan.width the children per expanded node and nodes expanded per level."""
+
     name = "head-dynamic"
 
     def propose(self, inputs: RoundInputs, plan: RoundPlan, max_tree: Tree) -> Proposal:
