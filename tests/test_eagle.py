@@ -163,7 +163,7 @@ def test_the_law_at_t1_with_a_reduced_vocabulary(tmp_path, options):
         head.fc.weight.mul_(3.0)
     head_dir = save_head(head, target, tmp_path / "head", token_ids=torch.tensor([0, 1, 2, 4]))
     assert load_head(head_dir, target)[1].tolist() == [0, 1, 2, 4]
-    assert _chi_square(head_dir, options) > 1e-3
+    assert _chi_square(head_dir, options, n=2_000) > 1e-3
 
 
 @pytest.mark.slow
@@ -368,7 +368,7 @@ def test_auto_drafts_with_a_head(tmp_path):
 
 @pytest.mark.slow
 def test_the_law_at_t1_with_auto_and_a_head(head6):
-    assert _chi_square(head6, {}, method="auto", proposers="draft") > 1e-3
+    assert _chi_square(head6, {}, method="auto", n=2_000, proposers="draft") > 1e-3
 
 
 def test_greedy_under_a_grammar_is_the_constrained_argmax(tiny):
