@@ -444,3 +444,36 @@ def test_serve_compiled_backend_answers_concurrent_requests_like_the_library(dir
     for p in prompts:
         status, body = got[p]
         assert status == 200 and body["choices"][0]["text"] == want[p], body
+
+
+def test_a_cache_saved_by_many_threads_at_once_is_always_whole(tmp_path):
+    """The server's workers save the cost and acceptance caches from their own threads: a reader never sees a
+    half-written file (each thread writes its own temporary file, renamed whole over the cache)."""
+    import threading
+
+    from multispec.paths import save_cache_json
+
+    path, bad, stop = tmp_path / "c.json", [], threading.Event()
+    data = [{f"k{i}": list(range(20_000 + t)) for i in range(3)} for t in range(8)]
+
+    def read() -> None:
+        while not stop.is_set():
+            try:
+                json.loads(path.read_bytes())
+            except FileNotFoundError:
+                pass
+            except ValueError:
+                bad.append(1)
+
+    reader = threading.Thread(target=read)
+    reader.start()
+    writers = [threading.Thread(target=lambda t=t: [save_cache_json(path, data[t]) for _ in range(30)])
+               for t in range(8)]
+    for w in writers:
+        w.start()
+    for w in writers:
+        w.join()
+    stop.set()
+    reader.join()
+    assert not bad and json.loads(path.read_bytes()) in data
+    assert [p.name for p in tmp_path.iterdir()] == ["c.json"]  # no temporary file left

@@ -73,14 +73,15 @@ def load_cache_json(path: Path, what: str, then: str) -> dict:
 
 
 def save_cache_json(path: Path, data) -> None:
-    """Write a cache file (JSON) whole or not at all: through a temporary file (named per process, so that two
-    processes saving at once do not mix their writes) renamed over it. A cache that cannot be written is only
-    measured again next time, so failing to write it is silent."""
+    """Write a cache file (JSON) whole or not at all: through a temporary file (named per process and thread, so
+    that two saving at once, the server's workers included, do not mix their writes) renamed over it. A cache that
+    cannot be written is only measured again next time, so failing to write it is silent."""
     import json
+    import threading
 
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = path.with_suffix(f".{os.getpid()}.tmp")
+        tmp = path.with_suffix(f".{os.getpid()}.{threading.get_ident()}.tmp")
         tmp.write_text(json.dumps(data))
         tmp.replace(path)
     except OSError:
