@@ -29,8 +29,8 @@ def _build_eagle(o: dict) -> MethodConfig:
     if "nodes" in o:  # EAGLE-2's dynamic tree: `nodes` below the root, at most `depth` levels
         nodes = integer(o["nodes"], "nodes", 1)
         depth = integer(o.get("depth", min(5, nodes)), "depth", 1)
-        integer(o.get("width", 3), "width", 1)
         check(depth <= nodes, f"eagle: depth {depth} is more than the tree's {nodes} nodes")
+        o = {**o, "nodes": nodes, "depth": depth, "width": integer(o.get("width", 3), "width", 1)}
         check("verifier" not in o, "eagle: a dynamic tree's tokens are the head's top ones, not draws: it is verified "
                                    "by the rrs-wor walk (give no verifier)")
         tree: tuple[int, ...] = (nodes,)
@@ -63,7 +63,7 @@ def _eagle_policy(config: MethodConfig, pair, loaded: dict):
     tree, stop = Tree.from_shape(config.tree), o.get("confidence")
     policy: FixedTree
     if "nodes" in o:
-        policy = DynamicTree(int(o["nodes"]), int(o.get("depth", min(5, int(o["nodes"])))), int(o.get("width", 3)))
+        policy = DynamicTree(o["nodes"], o["depth"], o["width"])  # (filled in by _build_eagle)
     else:
         policy = FixedTree(tree) if stop is None else ConfidenceStop(tree, float(stop))
         policy.proposer = "head"  # (ConfidenceStop takes no proposer)
