@@ -60,11 +60,11 @@ def _eagle_policy(config: MethodConfig, pair, loaded: dict):
     from multispec.tree import Tree
 
     o = config.options
-    tree, stop = Tree.from_shape(config.tree), o.get("confidence")
     policy: FixedTree
     if "nodes" in o:
         policy = DynamicTree(o["nodes"], o["depth"], o["width"])  # (filled in by _build_eagle)
     else:
+        tree, stop = Tree.from_shape(config.tree), o.get("confidence")
         policy = FixedTree(tree) if stop is None else ConfidenceStop(tree, float(stop))
         policy.proposer = "head"  # (ConfidenceStop takes no proposer)
     policy.defers_draft_prefill = True  # the head reads the target's features of the prompt: after its prefill
