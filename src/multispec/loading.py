@@ -63,7 +63,10 @@ def load_pair(target: str | os.PathLike | torch.nn.Module | None = None,
     models/probe.py), whatever it came from.
     A draft with another tokenizer drafts in the target's tokens through cross_vocab: "tli" (default: token-level
     intersection) or "uag" (text re-tokenization); one line on stderr says which (docs/cross_vocab.md).
-    device: default "cuda" when available, else "cpu". dtype: default float32 on CPU, bfloat16 on CUDA.
+    device: default "cuda" when available, else "cpu". dtype: default float32 on CPU, bfloat16 on CUDA; "int8" (CPU):
+    the target and the draft loaded in float32, then given int8 weights and int8 activations quantized row by row
+    (models/int8.py quantize_target: a different model from the float32 one, decoded exactly; a model in memory is
+    copied first, not changed).
     compile=True: `generate` runs on the compiled fast backend unless told otherwise (backend="compiled": the
     static-cache backend with its steps torch.compile'd; Llama-family models only, checked here). Every step size
     is compiled here, at load, with a line on stderr each (minutes the first time on a CPU; torch caches the
@@ -86,12 +89,17 @@ def load_pair(target: str | os.PathLike | torch.nn.Module | None = None,
         target, draft = DEFAULT_PAIR_DIR / "target", DEFAULT_PAIR_DIR / "draft"
         check(target.is_dir() and draft.is_dir(),
               f"the embedded default pair is not installed (expected {DEFAULT_PAIR_DIR}); pass --target/--draft")
+    int8 = isinstance(dtype, str) and dtype == "int8"
+    dtype = "float32" if int8 else dtype
     given = _in_memory(target, tokenizer, "target", "tokenizer")
     given_draft = _in_memory(draft, draft_tokenizer, "draft", "draft_tokenizer") if draft is not None else None
     if given is not None:  # a model in memory decides the device and dtype, unless they were given (and agree)
         device = _same(device, given.device, "device", given.label)
         dtype = _same(dtype, next(given.model.parameters()).dtype, "dtype", given.label)
     device = resolve_device(device)
+    check(not int8 or device.type == "cpu", f"dtype int8 runs on the CPU only (torch's int8 kernels), not on {device}; "
+                                            "use device cpu or another dtype")
+    check(not (int8 and compile), "the compiled backend does not run int8 models; use the fast or hf backend")
     if isinstance(dtype, str):
         check(dtype in _DTYPES, f"unknown dtype {dtype!r}; choose one of {', '.join(_DTYPES)}")
         dtype = _DTYPES[dtype]
@@ -104,10 +112,12 @@ def load_pair(target: str | os.PathLike | torch.nn.Module | None = None,
     d_src = None if draft is None else given_draft or _check_path(str(draft), role="draft")
     apply_library_default()
     t_model = t_src.load(device, dtype)
+    t_model = _int8(t_model, t_src.label, copy=given is not None) if int8 else t_model
     tokenizer = t_src.tokenizer()
     d_model = d_tok = bridge = None
     if d_src is not None:
         d_model = d_src.load(device, dtype)
+        d_model = _int8(d_model, d_src.label, copy=given_draft is not None) if int8 else d_model
         tv, dv = vocab_rows(t_model), vocab_rows(d_model)
         d_tok = d_src.tokenizer(required=False)
         shared = tv == dv and (d_tok is None or d_tok.get_vocab() == tokenizer.get_vocab())
@@ -131,6 +141,25 @@ def load_pair(target: str | os.PathLike | torch.nn.Module | None = None,
     return Pair(target=t_model, draft=d_model, tokenizer=tokenizer, target_path=t_src.label,
                 draft_path=None if d_src is None else d_src.label, compile=compile,
                 cross_vocab=cross_vocab if bridge is not None else None, draft_tokenizer=d_tok, bridge=bridge)
+
+
+def _int8(model: torch.nn.Module, label: str, copy: bool) -> torch.nn.Module:
+    """The model with int8 weights and row-exact int8 activations (models/int8.py), probed again: the probe checks
+    that the backend's cached forwards reproduce the quantized model's own full forward. copy: a model the caller
+    holds is copied first."""
+    import copy as copy_module
+
+    from multispec.models.int8 import quantize_target
+    from multispec.models.probe import probe_model
+
+    if copy:
+        held = model.__dict__.pop("_multispec_fast_net", None)
+        model, original = copy_module.deepcopy(model), model
+        if held is not None:
+            original.__dict__["_multispec_fast_net"] = held
+    model = quantize_target(model)
+    probe_model(model, f"{label} (int8)")
+    return model
 
 
 @dataclass
@@ -419,7 +448,9 @@ def _one_line(e: BaseException, limit: int = 300) -> str:
 
 
 def vocab_rows(model: torch.nn.Module) -> int:
-    return int(model.get_output_embeddings().weight.shape[0])
+    from multispec.models.int8 import linear_shape
+
+    return linear_shape(model.get_output_embeddings())[0]
 
 
 def load_tokenizer(path: str, required: bool = True, hub: dict | None = None):

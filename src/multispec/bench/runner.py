@@ -28,6 +28,7 @@ import torch
 from multispec.bench.hf_assisted import hf_assisted_generate
 from multispec.bench.specs import HF_ASSISTED, HF_BEST_SWEEP, MethodSpec, check_draft_given, parse_method_specs
 from multispec.data import load_prompts, truncate_ids
+from multispec.loading import vocab_rows
 from multispec.errors import check
 from multispec.decoding.methods import HEAD_DIRNAME, get_method
 from multispec.paths import writable_dir
@@ -202,7 +203,6 @@ def run_bench(target: str | None = None, draft: str | None = None, datasets: lis
 def encode_datasets(pair, prompts: dict, chat_template: str, max_prompt_tokens: int | None) -> tuple[dict, dict]:
     """({data set: [(ids, truncated)]}, {data set: chat template applied}): every prompt tokenized as `generate`
     does, a chat data set's as one user message through the target's chat template (per chat_template)."""
-    from multispec.loading import vocab_rows
     from multispec.text import encode_chat, encode_prompt
 
     bos, rows = pair.tokenizer.bos_token_id, vocab_rows(pair.target)
@@ -270,7 +270,7 @@ class _Shadow:
         from multispec.models.shadow import make_shadow_backend, shadow_model
 
         target_param = next(pair.target.parameters())
-        vocab = int(pair.target.get_output_embeddings().weight.shape[0])
+        vocab = vocab_rows(pair.target)
         self.shape = shape
         self.model = shadow_model(shape, vocab, dtype=target_param.dtype, device=target_param.device)
         self.backend = make_shadow_backend(self.model, max_len=max_len + 256)  # + room for a drafted tree
@@ -408,7 +408,7 @@ def step_costs(pair, context: int = COST_CONTEXT, steps: int = COST_STEPS, shado
 
     on_cuda = pair.device.type == "cuda"
     g = torch.Generator().manual_seed(0)
-    vocab = int(pair.target.get_output_embeddings().weight.shape[0])
+    vocab = vocab_rows(pair.target)
     ids = torch.randint(1, vocab, (context + 1,), generator=g)
     per_backend = {}
     for kind in kinds or ["hf", "fast"]:

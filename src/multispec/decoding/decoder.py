@@ -26,6 +26,7 @@ from multispec.decoding.pair_checks import (backend_name, cross_vocab_backend, r
 from multispec.errors import MultispecError, attach_partial, check
 from multispec.loading import Pair, eos_ids, max_positions, vocab_rows
 from multispec.models.base import Backend
+from multispec.models.int8 import weights_dtype
 from multispec.params import ParamError, SamplingParams
 from multispec.sampling import SamplingConfig
 from multispec.decoding.grammar import grammar_stats, request_grammar
@@ -286,10 +287,9 @@ class Decoder:
             "verifier": verifier if c.name != "ar" or reproducible else None,
             "tree": list(c.tree),
             "temperature": sampling.temperature,
-            "top_k": sampling.top_k,
-            "top_p": sampling.top_p,
+            "top_k": sampling.top_k, "top_p": sampling.top_p,
             "backend": self.backend,
-            "draft_vocab": self.cheap.vocab,
+            "target_dtype": weights_dtype(self.pair.target), "draft_vocab": self.cheap.vocab,
             "draft_dtype": self.cheap.dtype,
             "cross_vocab": self.pair.cross_vocab if self.uses_draft else None,
             **metrics.stats(),

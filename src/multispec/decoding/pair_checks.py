@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from multispec.decoding.methods import MethodConfig, get_method
 from multispec.errors import check
+from multispec.models.int8 import weights_dtype
 from multispec.loading import Pair, max_positions, vocab_rows
 
 
@@ -16,6 +17,8 @@ def backend_name(pair: Pair, backend) -> str:
     check(backend in BACKENDS, f"unknown backend {backend!r}; choose one of {', '.join(BACKENDS)}")
     check(not (pair.compile and backend == "hf"),
           "backend 'hf' asked for on a pair loaded with compile=True; compiling applies to the fast backend")
+    check(backend != "compiled" or weights_dtype(pair.target) != "int8",
+          "the compiled backend does not run int8 models; use the fast or hf backend")
     return backend
 
 

@@ -26,6 +26,7 @@ import torch
 
 from multispec.errors import MultispecError, check
 from multispec.models.eagle import EagleHead, TargetParts, layer_config
+from multispec.models.int8 import first_rows, linear_shape
 
 FORMAT = "multispec-eagle"
 WEIGHTS = "model.safetensors"
@@ -36,7 +37,7 @@ SHIPPED_DIR = Path(__file__).resolve().parent.parent / "shipped_heads"
 def fingerprint(target: torch.nn.Module) -> str:
     """A short hash of the target's first output-layer rows, rounded to 3 decimals (a dequantized GGUF and its
     source agree to that)."""
-    rows = TargetParts.of(target).lm_head.weight[:32].detach().float().cpu()
+    rows = first_rows(TargetParts.of(target).lm_head, 32).detach().float().cpu()
     return hashlib.sha256((rows * 1000).round().to(torch.int32).numpy().tobytes()).hexdigest()[:16]
 
 
@@ -53,8 +54,7 @@ def save_head(head: EagleHead, target: torch.nn.Module, out: str | Path, target_
         "fusion": "fc(concat(embed(x_t), feature_{t-1}))", "fusion_bias": False,
         "transformer_layer_class": type(head.transformer).__name__,
         "transformer_layer_config": head.config.to_dict(),
-        "model_type": cfg.model_type, "hidden_size": cfg.hidden_size, "vocab_size": TargetParts.of(target)
-        .lm_head.weight.shape[0],
+        "model_type": cfg.model_type, "hidden_size": cfg.hidden_size, "vocab_size": linear_shape(TargetParts.of(target).lm_head)[0],
         "draft_vocab_size": None if token_ids is None else int(token_ids.numel()),
         "speculators_config": {"algorithm": "eagle", "verifier": {
             "name_or_path": str(target_path), "architectures": list(getattr(cfg, "architectures", None) or []),
@@ -110,7 +110,7 @@ def load_head(path: str | Path, target: torch.nn.Module) -> tuple[EagleHead, tor
     parts = TargetParts.of(target)
     cfg = target.config
     for key, actual in (("model_type", cfg.model_type), ("hidden_size", cfg.hidden_size),
-                        ("vocab_size", parts.lm_head.weight.shape[0])):
+                        ("vocab_size", linear_shape(parts.lm_head)[0])):
         check(config.get(key) == actual, f"eagle head {path} was trained for a target with {key} "
                                          f"{config.get(key)!r}; this target has {actual!r}")
     try:

@@ -26,13 +26,15 @@ import torch.nn.functional as F
 from multispec.errors import MultispecError, check
 from multispec.models.base import ForwardOut
 from multispec.models.fast_families import FAMILIES
-from multispec.models.int8 import linear_shape
+from multispec.models.int8 import RowInt8Linear, attends_in_float64, fused, linear_shape
 from multispec.models.layout import attention_layout
 from multispec.models.reduced_vocab import VocabSubset
 
 SUPPORTED = tuple(FAMILIES)
 DEFAULT_ROWS = 4096
 TREE_SLACK = 256  # default rows past the position limit: a round's tree rows sit after the committed chain
+GATED_MLPS = {f"{f}MLP" for f in ("Llama", "Mistral", "Qwen2", "Qwen3", "Gemma", "Gemma2", "Gemma3", "Olmo2",
+                                   "Granite")}  # forward: down_proj(act_fn(gate_proj(x)) * up_proj(x))
 PREFILL_BLOCK = 256  # queries per attention block of a longer step (FastBackend.query_blocks)
 
 
@@ -88,6 +90,7 @@ class FastNet:
         self.n_kv = getattr(cfg, "num_key_value_heads", None) or self.n_heads
         self.head_dim = getattr(cfg, "head_dim", None) or self.hidden_size // self.n_heads
         self.device, self.dtype = self.embed.weight.device, self.embed.weight.dtype
+        self.attend_64 = attends_in_float64(model)  # an int8 model: see models/int8.py
         self.rope_by_type = "layer_type" in inspect.signature(self.rotary.forward).parameters
         self.embed_mult = getattr(cfg, "embedding_multiplier", None)
         self.residual_mult = getattr(cfg, "residual_multiplier", None)
@@ -150,6 +153,11 @@ class FastNet:
         sdpa does for a decode step: the kernel's enable_gqa with a mask falls back to the math path, which copies
         the keys to every query head (SmolLM2, 300 cached rows: a 2-token verification spent 17 ms there against
         3 ms for one token)."""
+        if self.attend_64:
+            return self._attend(q.double(), keys.double(), values.double(), mask, scale).to(q.dtype)
+        return self._attend(q, keys, values, mask, scale)
+
+    def _attend(self, q, keys, values, mask, scale) -> torch.Tensor:
         batched = q.dim() == 4
         if not batched:
             q, keys, values = q[None], keys[None], values[None]
@@ -180,6 +188,10 @@ class FastNet:
         if fam.fused_qkv:
             qkv = attn.qkv_proj(h)
             nq, nk = self.n_heads * self.head_dim, self.n_kv * self.head_dim
+            q, k, v = qkv[..., :nq], qkv[..., nq:nq + nk], qkv[..., nq + nk:]
+        elif self.attend_64 and (packed := fused(attn.q_proj, attn.k_proj, attn.v_proj)) is not None:
+            qkv = packed.apply(h)  # an int8 model: one product for the three (models/int8.py)
+            nq, nk = attn.q_proj.out_features, attn.k_proj.out_features
             q, k, v = qkv[..., :nq], qkv[..., nq:nq + nk], qkv[..., nq + nk:]
         else:
             q, k, v = attn.q_proj(h), attn.k_proj(h), attn.v_proj(h)
@@ -252,17 +264,28 @@ class FastNet:
         """The rest of a layer after attention: x [N, H] the residual stream, o [N, Hq * D] the attention output.
         Returns the layer's output [N, H] (the family's norm placement and residual multiplier)."""
         block, mult = self.family.block, self.residual_mult
-        a = layer.self_attn.o_proj(o)
+        o_proj = layer.self_attn.o_proj
+        a = o_proj.packed.apply(o) if self.attend_64 and isinstance(o_proj, RowInt8Linear) else o_proj(o)
         if block != "pre":
             a = layer.post_attention_layernorm(a)
         x = x + (a * mult if mult is not None else a)
         if block == "pre":
-            m = layer.mlp(layer.post_attention_layernorm(x))
+            m = self.mlp(layer.mlp, layer.post_attention_layernorm(x))
         elif block == "sandwich":
-            m = layer.post_feedforward_layernorm(layer.mlp(layer.pre_feedforward_layernorm(x)))
+            m = layer.post_feedforward_layernorm(self.mlp(layer.mlp, layer.pre_feedforward_layernorm(x)))
         else:
-            m = layer.post_feedforward_layernorm(layer.mlp(x))
+            m = layer.post_feedforward_layernorm(self.mlp(layer.mlp, x))
         return x + (m * mult if mult is not None else m)
+
+    def mlp(self, mlp, x: torch.Tensor) -> torch.Tensor:
+        """The layer's MLP on x [N, H]: its own forward, or for an int8 gated MLP (gate/up sharing one product,
+        models/int8.py) the same computation with the products called directly."""
+        gate_up = fused(mlp.gate_proj, mlp.up_proj) if self.attend_64 and type(mlp).__name__ in GATED_MLPS else None
+        if gate_up is None or not isinstance(mlp.down_proj, RowInt8Linear):
+            return mlp(x)
+        y = gate_up.apply(x)
+        n = mlp.gate_proj.out_features
+        return mlp.down_proj.packed.apply(mlp.act_fn(y[..., :n]) * y[..., n:])
 
     def logits(self, hidden: torch.Tensor, head=None) -> torch.Tensor:
         """float32 logits [N, V] of final hidden states [N, H], the model's own final transforms applied. head: an
@@ -284,6 +307,8 @@ class FastBackend(VocabSubset):
         smaller of the config's limit and the cache rows. compile: run steps of up to 64 tokens compiled."""
         self.model = model  # auto's cost cache is keyed by the model (drafting/costs.model_key)
         self.net = net = FastNet.of(model)
+        check(not (compile and net.attend_64), "the compiled backend does not run int8 models; use the fast or hf "
+                                               "backend")
         self.layout, self.vocab_size, self.hidden_size = net.layout, net.vocab_size, net.hidden_size
         self.device, self.dtype = net.device, net.dtype
         limit = self.layout.max_positions

@@ -48,14 +48,247 @@ def quantize_draft(model: torch.nn.Module) -> torch.nn.Module:
 
 
 def is_int8(module: torch.nn.Module) -> bool:
-    """Whether `module` is a dynamically quantized int8 linear (from quantize_draft)."""
+    """Whether `module` is an int8 linear: dynamically quantized (quantize_draft) or row-exact (quantize_target)."""
     from torch.ao.nn.quantized.dynamic import Linear
 
-    return isinstance(module, Linear)
+    return isinstance(module, (Linear, RowInt8Linear))
 
 
 def linear_shape(module: torch.nn.Module) -> tuple[int, int]:
-    """(out_features, in_features) of a float or int8 output layer (an int8 linear's `weight` is a method)."""
+    """(out_features, in_features) of a float or int8 output layer (an int8 linear has no weight tensor)."""
     if is_int8(module):
         return int(module.out_features), int(module.in_features)
     return int(module.weight.shape[0]), int(module.weight.shape[1])
+
+
+def float_weight(module: torch.nn.Module) -> torch.Tensor:
+    """float [out, in]: a float linear's weight, or an int8 linear's int8 values times their row scales."""
+    if isinstance(module, RowInt8Linear):
+        return module.float_weight()
+    if is_int8(module):
+        return module.weight().dequantize()
+    return module.weight.detach()
+
+
+def float_bias(module: torch.nn.Module) -> torch.Tensor | None:
+    """float [out] or None: a float or int8 linear's bias."""
+    if isinstance(module, RowInt8Linear):
+        bias = module.packed.bias
+        return None if bias is None else bias[module.start:module.stop]
+    bias = module.bias() if is_int8(module) else getattr(module, "bias", None)
+    return None if bias is None else bias.detach()
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# int8 targets: row-exact W8A8 (issue 43)
+#
+# A verification runs k + 1 rows through the model where a decode step runs one; lossless speculation needs row i of
+# the k-row forward to be what a one-row forward of that row gives. torch's dynamic int8 (quantize_draft above)
+# quantizes the activations with one scale for the whole input, so a row's result depends on the other rows in the
+# call: fine for a draft (the verifier reads the q the draft produced), wrong for a target. RowInt8Linear scales
+# each row to max |x| = 1 itself and appends an anchor row (+1, -1, 0, ...), so the per-tensor range the kernel
+# measures is always [-1, 1] and its activation scale a constant: each row is quantized by its own max alone, the
+# int8 products are summed in int32 (exact), and the float epilogue is elementwise. A row's output is then the
+# same bits in any company (tests/test_quantized.py checks it). The kernel is fbgemm's / onednn's dynamic int8
+# linear (AVX-512 VNNI here), the fastest int8 product torch has on this CPU at 1-16 rows
+# (benchmarks/results/quantized/). Rows are quantized with 8 bits where the CPU has VNNI (int8 dot products summed
+# straight into int32), else with 7 (reduce_range, as torch does on x86: no int16 saturation); on SmolLM2 the
+# 7-bit rows cost 11-15 % perplexity against float32, the 8-bit rows 3 %.
+#
+# The int8 products are then exact, and so sensitive: a float32 sum that another row count orders differently (the
+# attention's, which the fp32 model shares) moves a value by one bit, which can move an int8 rounding by one step,
+# a change that grows through the layers (SmolLM2: logits 3-6 apart between a 16-row and a one-row forward). So an
+# int8 model attends in float64 (both backends: FastNet.attend, and a transformers attention function registered
+# below) and rounds the result to float32: a one-bit float64 difference survives that rounding about once in 10^9
+# values, and then moves an int8 rounding about once in 10^5. A 16-row forward then equals 16 one-row forwards
+# bit for bit (tests/test_quantized.py, on SmolLM2 at contexts 37-517).
+
+def _has_vnni() -> bool:
+    """Whether this CPU sums int8 products in int32 in one instruction (AVX512-VNNI or AVX-VNNI; Linux flags)."""
+    try:
+        flags = open("/proc/cpuinfo").read()
+    except OSError:
+        return False
+    return any(f in flags for f in ("avx512_vnni", "avx_vnni", "amx_int8"))
+
+
+REDUCE_RANGE = not _has_vnni()  # 7-bit rows where 8-bit ones could saturate fbgemm's int16 sums
+_FUSE = (("q_proj", "k_proj", "v_proj"), ("gate_proj", "up_proj"))  # siblings that read the same input
+
+
+class PackedInt8:
+    """One packed int8 weight [N, K] (per-output-row scales) and the last input it was applied to, so that siblings
+    reading the same tensor (q/k/v, gate/up) share one product: their outputs are column ranges of it."""
+
+    def __init__(self, weights: list[torch.Tensor], biases: list[torch.Tensor | None]):
+        w = torch.cat([x.detach().float() for x in weights])  # [N, K]
+        scale = (w.abs().amax(1) / 127).clamp_min(1e-12).double()
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")  # torch's deprecation notice for quantized tensors
+            qw = torch.quantize_per_channel(w, scale, torch.zeros(w.shape[0], dtype=torch.long), 0, torch.qint8)
+        self.packed = torch.ops.quantized.linear_prepack(qw, None)
+        self.bias = None if all(b is None for b in biases) else torch.cat(
+            [torch.zeros(x.shape[0]) if b is None else b.detach().float() for x, b in zip(weights, biases)])
+        self.anchor = torch.zeros(1, w.shape[1])
+        self.anchor[0, 0], self.anchor[0, -1] = 1.0, -1.0
+        self.first_rows = w[:32].clone()  # the source rows: what eagle_io.fingerprint reads (the shipped head's key)
+        self._last: tuple | None = None  # (input, output, input's version) for the next sibling
+
+
+    def __call__(self, x: torch.Tensor, keep: bool) -> torch.Tensor:
+        """float [M, K] -> float [M, N]: each row quantized by its own max |x|, int8 x int8 summed in int32.
+        keep: hold the result for a sibling's call on the same tensor (the last sibling passes False and drops it).
+        The input is held with it, so its memory cannot be reused by another tensor while the result is kept."""
+        last = self._last
+        y = last[1] if last is not None and _same_tensor(last[0], last[2], x) else self.apply(x)
+        self._last = (x, y, _version(x)) if keep else None
+        return y
+
+    def apply(self, x: torch.Tensor) -> torch.Tensor:
+        """float [M, K] -> float [M, N], no sharing (the fast backend calls this directly)."""
+        r = torch.linalg.vector_norm(x, float("inf"), dim=-1, keepdim=True).clamp_min(1e-30)  # [M, 1]
+        y = torch.ops.quantized.linear_dynamic(torch.cat([x / r, self.anchor]), self.packed, REDUCE_RANGE)[:-1] * r
+        return y if self.bias is None else y + self.bias
+
+    def dequantized(self) -> torch.Tensor:
+        w, _ = torch.ops.quantized.linear_unpack(self.packed)
+        return w.dequantize()
+
+
+def _version(x: torch.Tensor) -> int:
+    """x's version counter; -1 for an inference-mode tensor, which keeps none (no code between sibling projections
+    writes their input in place)."""
+    return -1 if x.is_inference() else x._version
+
+
+def _same_tensor(a: torch.Tensor, version: int, b: torch.Tensor) -> bool:
+    """b views the memory of a (held, so not reused) with the same shape and strides, unwritten since a was seen
+    at `version`."""
+    return (a.data_ptr() == b.data_ptr() and a.shape == b.shape and a.stride() == b.stride()
+            and _version(b) == version)
+
+
+class RowInt8Linear(torch.nn.Module):
+    """An nn.Linear with int8 weights and row-exact int8 activations (see above); `columns` of a shared PackedInt8."""
+
+    def __init__(self, packed: PackedInt8, start: int, stop: int, in_features: int, last: bool):
+        super().__init__()
+        self.packed, self.start, self.stop, self.last = packed, start, stop, last
+        self.in_features, self.out_features = in_features, stop - start
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        flat = x.reshape(-1, self.in_features)
+        y = self.packed(flat, keep=not self.last)
+        if (self.start, self.stop) != (0, y.shape[-1]):
+            y = y[:, self.start:self.stop]
+        return y.reshape(*x.shape[:-1], self.out_features)
+
+    def float_weight(self) -> torch.Tensor:
+        """float [out, in]: the int8 weight times its row scales (what a float gather of its rows reads)."""
+        return self.packed.dequantized()[self.start:self.stop]
+
+    def extra_repr(self) -> str:
+        return f"in_features={self.in_features}, out_features={self.out_features}, int8 weights, row-exact int8 rows"
+
+
+def fused(*layers: torch.nn.Module) -> PackedInt8 | None:
+    """The one packed product behind `layers` (q/k/v, or gate/up) when they share one, laid out in this order with
+    nothing else in it; else None."""
+    if not all(isinstance(m, RowInt8Linear) for m in layers):
+        return None
+    packed = layers[0].packed
+    stops = [0] + [m.stop for m in layers]
+    ok = all(m.packed is packed and m.start == a for m, a in zip(layers, stops))
+    return packed if ok and stops[-1] == sum(m.out_features for m in layers) else None
+
+
+def quantize_target(model: torch.nn.Module) -> torch.nn.Module:
+    """Replace, in place, every nn.Linear of `model` (output layer included; the embedding stays float) by a
+    RowInt8Linear; q/k/v and gate/up siblings share one packed product. CPU and float32 only, refused in one line
+    otherwise. Returns `model`, marked so that `weights_dtype(model)` says "int8"."""
+    weight = model.get_input_embeddings().weight
+    check(weight.device.type == "cpu",
+          f"int8 models run on CPU only (torch's int8 kernels); this one is on {weight.device}; use --device cpu")
+    check(weight.dtype == torch.float32, f"int8 weights are made from a float32 model, not {weight.dtype}")
+    engines = torch.backends.quantized.supported_engines
+    check(any(e in engines for e in ("x86", "fbgemm", "onednn")),
+          f"this torch build has no int8 CPU kernels (quantized engines: {engines})")
+    model.__dict__.pop(FAST_NET_KEY, None)  # a cached FastNet holds the float modules
+    int8_linears(model)
+    model.__dict__[QUANTIZED_KEY] = "int8"
+    _attend_in_float64(model)
+    return model.eval()
+
+
+def int8_linears(module: torch.nn.Module) -> torch.nn.Module:
+    """Replace, in place, every nn.Linear under `module` by a RowInt8Linear (q/k/v and gate/up siblings sharing one
+    packed product). Returns `module`."""
+    for parent in list(module.modules()):
+        children = dict(parent.named_children())
+        done: set[str] = set()
+        for names in _FUSE:
+            group = [children.get(n) for n in names]
+            if all(isinstance(c, torch.nn.Linear) for c in group) and len({c.in_features for c in group}) == 1:
+                _replace(parent, list(names), group)
+                done.update(names)
+        for name, child in children.items():
+            if name not in done and type(child) is torch.nn.Linear:
+                _replace(parent, [name], [child])
+    return module
+
+
+QUANTIZED_KEY = "_multispec_weights_dtype"
+ATTENTION_64 = "multispec_float64"  # the transformers attention implementation of an int8 model
+
+
+def _attend_in_float64(model: torch.nn.Module) -> None:
+    """Route the model's transformers attention through ATTENTION_64: its own implementation (sdpa or the
+    family's eager code), on float64 copies of q, k and v, the result rounded back."""
+    from transformers import AttentionInterface
+
+    config = model.config
+    base = getattr(config, "_attn_implementation", None) or "sdpa"
+    if base != ATTENTION_64:
+        config._multispec_attention_base = base
+    AttentionInterface.register(ATTENTION_64, _attention_64)
+    model.set_attn_implementation(ATTENTION_64)
+
+
+def _attention_64(module, query, key, value, attention_mask, **kwargs):
+    import sys
+
+    from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
+
+    base = getattr(module.config, "_multispec_attention_base", "sdpa")
+    fn = (getattr(sys.modules[type(module).__module__], "eager_attention_forward") if base == "eager"
+          else ALL_ATTENTION_FUNCTIONS[base])
+    if attention_mask is not None and attention_mask.is_floating_point():
+        attention_mask = attention_mask.double()
+    out, weights = fn(module, query.double(), key.double(), value.double(), attention_mask, **kwargs)
+    return out.to(query.dtype), weights
+
+
+def attends_in_float64(model: torch.nn.Module) -> bool:
+    """Whether the fast backend must attend in float64 for this model (an int8 model, see above)."""
+    return model.__dict__.get(QUANTIZED_KEY) == "int8"
+
+
+def first_rows(module: torch.nn.Module, n: int) -> torch.Tensor:
+    """float [n, in]: the first rows of an output layer as it was before quantize_target (a head's fingerprint)."""
+    if isinstance(module, RowInt8Linear) and module.start == 0:
+        return module.packed.first_rows[:n]
+    return float_weight(module)[:n]
+
+
+def _replace(parent: torch.nn.Module, names: list[str], linears: list[torch.nn.Linear]) -> None:
+    packed = PackedInt8([m.weight for m in linears], [m.bias for m in linears])
+    start = 0
+    for i, (name, m) in enumerate(zip(names, linears)):
+        setattr(parent, name, RowInt8Linear(packed, start, start + m.out_features, m.in_features, i == len(names) - 1))
+        start += m.out_features
+
+
+def weights_dtype(model: torch.nn.Module) -> str:
+    """"int8" for a model from quantize_target, else its parameters' dtype ("float32", "bfloat16", ...)."""
+    marked = model.__dict__.get(QUANTIZED_KEY)
+    return marked or str(next(model.parameters()).dtype).removeprefix("torch.")

@@ -11,6 +11,7 @@ import torch
 
 from multispec.errors import MultispecError
 from multispec.models.base import forward_chain
+from multispec.models.int8 import is_int8
 from multispec.models.layout import attention_layout
 from multispec.tree import Tree
 
@@ -22,7 +23,7 @@ def probe_model(model: torch.nn.Module, name: str) -> None:
     from multispec.models.hf import HFBackend
 
     head = model.get_output_embeddings()
-    if head is None or getattr(head, "weight", None) is None:
+    if head is None or (getattr(head, "weight", None) is None and not is_int8(head)):
         raise MultispecError(f"{name}: unsupported model (no output embedding)")
     try:
         layout = attention_layout(model.config)

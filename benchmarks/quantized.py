@@ -1,0 +1,241 @@
+"""int8 targets on this CPU (issue 43): what a k-row forward costs, how fast each method decodes, whether every
+lossless method reproduces the int8 target's own greedy output, and how far the int8 model is from the float32 one.
+
+    python benchmarks/quantized.py rows      # forward cost at k = 1 ... 16 rows, float32 and int8: rows.json, rows.png
+    python benchmarks/quantized.py speed     # methods on HumanEval, greedy, one thread, and llama.cpp: speed.json
+    python benchmarks/quantized.py quality   # int8 vs float32: greedy agreement on HumanEval 0-19, perplexity
+
+SmolLM2-135M-Instruct from its Q4_1 GGUF file (dequantized to float32 by transformers; int8 = models/int8.py
+quantize_target of that float32 model), the fast backend, one thread. `speed` runs every method on one prompt
+before the next prompt (so that a change in machine load hits all alike), and llama.cpp (llama-cpp-python, a
+benchmark baseline only: pip install llama-cpp-python) on the same GGUF file, greedy, same prompts, same count of
+new tokens. Results: benchmarks/results/quantized/.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import platform
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "tests"))  # real_models: where the GGUF files are
+OUT = ROOT / "benchmarks/results/quantized"
+ROWS = (1, 2, 3, 4, 5, 6, 8, 12, 16)
+CTX, REPS = 300, 7
+
+
+def meta() -> dict:
+    import transformers
+
+    commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True, cwd=ROOT)
+    return {"commit": commit.stdout.strip(), "torch": torch.__version__, "transformers": transformers.__version__,
+            "cpu": platform.processor() or platform.machine(), "threads": torch.get_num_threads(),
+            "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())}
+
+
+def load(dtype: str):
+    import multispec
+    from real_models import find_smollm2
+
+    return multispec.load_pair(target=str(find_smollm2()), dtype=dtype)
+
+
+def rows(kind: str) -> None:
+    from multispec.models import causal_mask, make_backend
+
+    backends = {d: make_backend(load(d).target, kind) for d in ("float32", "int8")}
+    ids = torch.randint(0, 40000, (CTX + max(ROWS),), generator=torch.Generator().manual_seed(0))
+    for b in backends.values():
+        b.forward(ids[:CTX], torch.arange(CTX), causal_mask(0, CTX))
+    times: dict = {d: {n: [] for n in ROWS} for d in backends}
+    for rep in range(REPS + 1):
+        for n in ROWS:
+            for d, b in backends.items():
+                t0 = time.perf_counter()
+                b.forward(ids[CTX:CTX + n], torch.arange(CTX, CTX + n), causal_mask(CTX, n))
+                dt = time.perf_counter() - t0
+                b.keep(torch.arange(CTX))
+                if rep:
+                    times[d][n].append(dt)
+        print(f"rep {rep}/{REPS}", flush=True)
+    med = {d: {str(n): statistics.median(v) for n, v in t.items()} for d, t in times.items()}
+    result = {"meta": meta(), "model": "SmolLM2-135M-Instruct", "backend": kind, "context": CTX, "reps": REPS,
+              "seconds": med, "int8_speedup": {str(n): med["float32"][str(n)] / med["int8"][str(n)] for n in ROWS}}
+    OUT.mkdir(parents=True, exist_ok=True)
+    (OUT / f"rows_{kind}.json").write_text(json.dumps(result, indent=1) + "\n")
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(6, 4))
+    for d in med:
+        ax.plot(ROWS, [1000 * med[d][str(n)] for n in ROWS], "o-", label=d)
+    ax.set(xlabel="rows in the forward (k + 1 for a k-token chain)", ylabel="ms per forward",
+           title=f"SmolLM2-135M, {kind} backend, {CTX} cached tokens, 1 thread")
+    ax.set_ylim(bottom=0)
+    ax.grid(alpha=0.3)
+    ax.legend()
+    fig.tight_layout()
+    fig.savefig(OUT / f"rows_{kind}.png", dpi=120)
+    for n in ROWS:
+        print(f"{n:2d} rows: float32 {1000 * med['float32'][str(n)]:6.1f} ms, int8 {1000 * med['int8'][str(n)]:6.1f} ms")
+
+
+METHODS = [("float32", "ar", {}), ("int8", "ar", {}), ("int8", "lookup", {}), ("int8", "suffix", {}),
+           ("int8", "eagle", {"head": "shipped"}), ("int8", "auto", {"head": "shipped"})]
+
+
+def speed(offset: int, limit: int, max_new: int) -> None:
+    from multispec.data import load_prompts
+    from multispec.decoding.decoder import Decoder
+
+    pairs = {d: load(d) for d in ("float32", "int8")}
+    decoders = {f"{d}/{m}": Decoder(pairs[d], m, backend="fast", **o) for d, m, o in METHODS}
+    prompts = load_prompts("humaneval", "/work/shared/data", offset=offset, limit=limit)
+    llama = _llama()
+    for name, dec in decoders.items():  # untimed: caches, auto's cost calibration
+        dec.generate(prompts[0].text, max_new_tokens=8, temperature=0)
+    runs: dict = {name: [] for name in [*decoders, *(["llama.cpp/ar"] if llama else [])]}
+    for i, p in enumerate(prompts):
+        for name, dec in decoders.items():
+            t0 = time.perf_counter()
+            r = dec.generate(p.text, max_new_tokens=max_new, temperature=0)
+            runs[name].append({"prompt": p.id, "seconds": time.perf_counter() - t0, "ids": r.token_ids,
+                               "prefill_s": r.stats["prefill_s"], "target_calls": r.stats.get("target_calls"),
+                               "tau": r.stats.get("tau")})
+        if llama:
+            llama.reset()  # no prompt reuse from the last call: each completion evaluates its prompt
+            t0 = time.perf_counter()
+            llama(p.text, max_tokens=1, temperature=0.0, top_k=1)  # the prompt and one token: its "prefill"
+            first = time.perf_counter() - t0
+            llama.reset()
+            t0 = time.perf_counter()
+            out = llama(p.text, max_tokens=max_new, temperature=0.0, top_k=1)
+            runs["llama.cpp/ar"].append({"prompt": p.id, "seconds": time.perf_counter() - t0, "prefill_s": first,
+                                         "new_tokens": out["usage"]["completion_tokens"],
+                                         "text": out["choices"][0]["text"]})
+        print(f"prompt {i + 1}/{len(prompts)}: " + ", ".join(
+            f"{n} {_rate(v):.1f}" for n, v in runs.items()), flush=True)
+    ref = {r["prompt"]: r["ids"] for r in runs["int8/ar"]}
+    summary = {}
+    for name, rs in runs.items():
+        s = {"tokens_per_s": _rate(rs), "decode_tokens_per_s": _rate(rs, decode_only=True), "prompts": len(rs)}
+        if name.startswith("int8/"):
+            s["greedy_equal_int8_ar"] = sum(r["ids"] == ref[r["prompt"]] for r in rs)
+            s["tokens_per_call"] = sum(len(r["ids"]) for r in rs) / max(1, sum(r["target_calls"] or 0 for r in rs))
+        summary[name] = s
+    base = summary["int8/ar"]["tokens_per_s"]
+    for name, s in summary.items():
+        s["vs_int8_ar"] = s["tokens_per_s"] / base
+        s["vs_float32_ar"] = s["tokens_per_s"] / summary["float32/ar"]["tokens_per_s"]
+        if llama:
+            s["vs_llama_cpp"] = s["tokens_per_s"] / summary["llama.cpp/ar"]["tokens_per_s"]
+    result = {"meta": {**meta(), "llama_cpp": _llama_version()}, "prompts": f"HumanEval {offset}-{offset + limit - 1}",
+              "max_new_tokens": max_new, "backend": "fast", "summary": summary, "runs": runs}
+    OUT.mkdir(parents=True, exist_ok=True)
+    (OUT / "speed.json").write_text(json.dumps(result, indent=1) + "\n")
+    for name, s in summary.items():
+        print(name, {k: round(v, 3) if isinstance(v, float) else v for k, v in s.items()})
+
+
+def _rate(rs: list, decode_only: bool = False) -> float:
+    """New tokens per second over all runs; decode_only: without the prompt's evaluation (ours: prefill_s; llama.cpp:
+    a one-token completion of the same prompt, so its first token is left out too)."""
+    toks = sum(r.get("new_tokens", len(r.get("ids", []))) for r in rs)
+    secs = sum(r["seconds"] for r in rs)
+    if decode_only:
+        llama = all("new_tokens" in r for r in rs)
+        toks -= len(rs) if llama else 0
+        secs -= sum(r["prefill_s"] for r in rs)
+    return toks / secs if secs else 0.0
+
+
+def _llama():
+    try:
+        from llama_cpp import Llama
+    except ImportError:
+        print("llama-cpp-python is not installed: no llama.cpp baseline", flush=True)
+        return None
+    from real_models import find_smollm2
+
+    return Llama(model_path=str(find_smollm2()), n_threads=1, n_threads_batch=1, n_ctx=2048, verbose=False)
+
+
+def _llama_version() -> str | None:
+    try:
+        import llama_cpp
+    except ImportError:
+        return None
+    return llama_cpp.__version__
+
+
+def quality(max_new: int) -> None:
+    import gzip
+
+    from multispec.data import load_prompts
+    from multispec.decoding.decoder import Decoder
+
+    pairs = {d: load(d) for d in ("float32", "int8")}
+    prompts = load_prompts("humaneval", "/work/shared/data", limit=20)
+    outs = {d: [Decoder(pairs[d], "ar", backend="fast").generate(p.text, max_new_tokens=max_new,
+                                                                   temperature=0).token_ids for p in prompts]
+            for d in pairs}
+    agree = [next((i for i, (a, b) in enumerate(zip(x, y)) if a != b), min(len(x), len(y)))
+             for x, y in zip(outs["float32"], outs["int8"])]
+    same = sum(a == b for x, y in zip(outs["float32"], outs["int8"]) for a, b in zip(x, y))
+    total = sum(min(len(x), len(y)) for x, y in zip(outs["float32"], outs["int8"]))
+    with gzip.open("/work/shared/data/humaneval.jsonl.gz", "rt") as f:
+        code = [json.loads(line) for line in f][20:40]
+    texts = {"humaneval 20-39 prompt + canonical solution": [r["prompt"] + r["canonical_solution"] for r in code]}
+    with open("/work/shared/data/alpaca_eval.jsonl") as f:
+        alp = [json.loads(line) for line in f][780:800]
+    texts["alpaca_eval 780-799 instruction + output"] = [r["instruction"] + "\n" + r["output"] for r in alp]
+    ppl = {name: {d: _perplexity(pairs[d], ts) for d in pairs} for name, ts in texts.items()}
+    result = {"meta": meta(), "greedy": {"prompts": "HumanEval 0-19", "max_new_tokens": max_new,
+                                         "identical_continuations": sum(a == len(x) == len(y) for a, x, y in
+                                                                        zip(agree, outs["float32"], outs["int8"])),
+                                         "first_difference": agree, "same_token_at_position": same / total},
+              "perplexity": ppl}
+    OUT.mkdir(parents=True, exist_ok=True)
+    (OUT / "quality.json").write_text(json.dumps(result, indent=1) + "\n")
+    print(json.dumps({k: v for k, v in result.items() if k != "meta"}, indent=1))
+
+
+def _perplexity(pair, texts: list[str]) -> float:
+    nll, count = 0.0, 0
+    with torch.inference_mode():
+        for t in texts:
+            ids = pair.tokenizer(t, return_tensors="pt").input_ids[:, :512]
+            logits = pair.target(input_ids=ids).logits[0, :-1].float()
+            nll += float(torch.nn.functional.cross_entropy(logits, ids[0, 1:], reduction="sum"))
+            count += ids.shape[1] - 1
+    return float(torch.exp(torch.tensor(nll / count)))
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("what", choices=("rows", "speed", "quality"))
+    ap.add_argument("--backend", default="fast", choices=("fast", "hf"))
+    ap.add_argument("--offset", type=int, default=140, help="speed: first HumanEval problem (default 140)")
+    ap.add_argument("--limit", type=int, default=20)
+    ap.add_argument("--max-new-tokens", type=int, default=64)
+    a = ap.parse_args()
+    torch.set_num_threads(1)
+    if a.what == "rows":
+        rows(a.backend)
+    elif a.what == "speed":
+        speed(a.offset, a.limit, a.max_new_tokens)
+    else:
+        quality(a.max_new_tokens)
+
+
+if __name__ == "__main__":
+    main()

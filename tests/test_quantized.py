@@ -1,0 +1,282 @@
+"""int8 targets (issue 43): row-exact W8A8 linears (models/int8.py quantize_target) and the lossless claims on them.
+
+- A row's output is the same bits in any company: one row alone or among 16 (the linear itself, then a whole
+  model's k-row forward against k one-row forwards on both backends). The broken variant, torch's own dynamic int8
+  (one activation scale per call), is caught by the same check.
+- Greedy: every lossless method reproduces the int8 target's own greedy output (full forwards of the quantized
+  model, no cache); T = 1: the joint law of the first two tokens through Decoder.run is the int8 target's exact
+  law, and a mis-normalised draft law is caught by the same chi-square test.
+- Labels and refusals: stats and the summary line name the int8 target; int8 off the CPU, on the compiled backend,
+  or on a non-float32 model in memory is refused in one line, before any weights load where it can be.
+"""
+import warnings
+from types import SimpleNamespace
+
+import numpy as np
+import pytest
+import torch
+
+from engine_utils import chi_square_pvalue, exact_joint, greedy_reference, tiny_pair
+from helpers import assert_one_line_error, run_cli, save_tiny_pair, tiny_llama
+from multispec.decoding.decoder import Decoder
+from multispec.drafting import grow
+from multispec.errors import MultispecError
+from multispec.loading import Pair, load_pair
+from multispec.models import causal_mask, make_backend
+from multispec.models.int8 import RowInt8Linear, PackedInt8, quantize_draft, quantize_target, weights_dtype
+from multispec.sampling import SamplingConfig
+
+V = 8
+PROMPT = [1, 5]
+T1 = SamplingConfig(temperature=1.0)
+SAMPLES = 2000
+
+
+def rows_in_company(layer, x: torch.Tensor) -> bool:
+    """Whether every prefix x[:n] gives, row for row, the bits of the full call."""
+    full = layer(x)
+    return all(torch.equal(layer(x[:n].clone()), full[:n]) for n in range(1, x.shape[0]))
+
+
+def test_a_row_is_the_same_bits_alone_or_among_sixteen():
+    torch.manual_seed(0)
+    linear = torch.nn.Linear(96, 200, bias=True).requires_grad_(False)
+    x = torch.randn(16, 96) * torch.rand(16, 1) * 10
+    x[3] *= 100  # an outlier row: with one scale per call it would coarsen every other row
+    x[5] = 0.0  # an all-zero row
+    packed = PackedInt8([linear.weight], [linear.bias])
+    layer = RowInt8Linear(packed, 0, 200, 96, last=True)
+    assert rows_in_company(layer, x)
+    assert torch.allclose(layer(x), linear(x), rtol=0, atol=0.03 * float(linear(x).abs().max()))
+    assert torch.equal(layer(x[5:6]), linear.bias.detach()[None])  # zero in, the bias out
+
+
+def test_torch_dynamic_int8_is_the_broken_variant_the_same_check_catches():
+    """One activation scale per call: an outlier row changes its neighbours' rounding."""
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(96, 200))
+    x = torch.randn(16, 96) * torch.rand(16, 1) * 10
+    x[3] *= 100
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # torch's deprecation notice for eager quantization
+        from torch.ao.quantization import per_channel_dynamic_qconfig, quantize_dynamic
+
+        dyn = quantize_dynamic(model, {torch.nn.Linear: per_channel_dynamic_qconfig}, dtype=torch.qint8)
+    assert not rows_in_company(dyn, x)
+
+
+def forward_rows(backend, ids: torch.Tensor, ctx: int, n: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """(logits of an n-row forward after ctx cached tokens, logits of the same rows as n one-row forwards)."""
+    backend.reset()
+    backend.forward(ids[:ctx], torch.arange(ctx), causal_mask(0, ctx))
+    many = backend.forward(ids[ctx:ctx + n], torch.arange(ctx, ctx + n), causal_mask(ctx, n)).logits[-n:]
+    backend.keep(torch.arange(ctx))
+    one = [backend.forward(ids[ctx + i:ctx + i + 1], torch.tensor([ctx + i]), causal_mask(ctx + i, 1)).logits[-1]
+           for i in range(n)]
+    return many, torch.stack(one)
+
+
+def small_model(seed: int = 3) -> torch.nn.Module:
+    return tiny_llama(vocab=256, hidden=128, layers=3, heads=4, kv_heads=2, seed=seed, scale=2.0)
+
+
+@pytest.mark.parametrize("kind", ["fast", "hf"])
+def test_a_k_row_forward_of_the_int8_model_is_k_one_row_forwards(kind):
+    model = quantize_target(small_model())
+    assert weights_dtype(model) == "int8"
+    assert all(not isinstance(m, torch.nn.Linear) for m in model.modules())
+    backend = make_backend(model, kind)
+    g = torch.Generator().manual_seed(1)
+    for ctx, n in ((5, 16), (37, 3), (150, 8)):
+        ids = torch.randint(0, 256, (ctx + n,), generator=g)
+        many, one = forward_rows(backend, ids, ctx, n)
+        assert torch.equal(many, one), (kind, ctx, n, float((many - one).abs().max()))
+
+
+def test_shared_q_k_v_products_equal_separate_layers(monkeypatch):
+    """q/k/v (and gate/up) share one packed product; the bits are those of three separate int8 layers."""
+    import multispec.models.int8 as int8
+
+    ids = torch.randint(0, 256, (40,), generator=torch.Generator().manual_seed(2))
+    fused = quantize_target(small_model())
+    monkeypatch.setattr(int8, "_FUSE", ())
+    separate = quantize_target(small_model())
+    assert fused.model.layers[0].self_attn.k_proj.packed is fused.model.layers[0].self_attn.q_proj.packed
+    assert separate.model.layers[0].self_attn.k_proj.packed is not separate.model.layers[0].self_attn.q_proj.packed
+    with torch.no_grad():
+        assert torch.equal(fused(input_ids=ids[None]).logits, separate(input_ids=ids[None]).logits)
+
+
+@pytest.fixture(scope="module")
+def pair() -> Pair:
+    target, draft = tiny_pair(vocab=V, seed=1, noise=0.5)
+    quantize_target(target)
+    tok = SimpleNamespace(eos_token_id=None, bos_token_id=None)
+    return Pair(target=target, draft=draft, tokenizer=tok, target_path="t", draft_path="d")
+
+
+@pytest.mark.parametrize("backend", ["fast", "hf"])
+@pytest.mark.parametrize("method, options", [("ar", {}), ("sd", {"k": 3}), ("mcsd", {"tree": (2, 2, 1)}),
+                                             ("lookup", {}), ("suffix", {}), ("auto", {})])
+def test_greedy_on_an_int8_target_is_its_own_greedy_output(pair, backend, method, options):
+    prompt = PROMPT + [4, 1, 5, 1, 5]
+    ids, _ = Decoder(pair, method, backend, **options).run(prompt, SamplingConfig(temperature=0.0), 24, 0)
+    assert ids == greedy_reference(pair.target, prompt, 24)
+
+
+def first_two_counts(decoder: Decoder) -> np.ndarray:
+    counts = np.zeros(V * V, dtype=np.int64)
+    for seed in range(SAMPLES):
+        ids, _ = decoder.run(PROMPT, T1, 3, seed)
+        counts[ids[0] * V + ids[1]] += 1
+    return counts
+
+
+@pytest.fixture(scope="module")
+def exact(pair) -> np.ndarray:
+    return exact_joint(pair.target, PROMPT, T1, 2, V)  # the int8 model's own full forwards
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("method, options, backend", [("sd", {"k": 2}, "fast"), ("mcsd", {"tree": (2, 1)}, "hf")])
+def test_the_law_at_t1_is_the_int8_targets(pair, exact, method, options, backend):
+    p = chi_square_pvalue(first_two_counts(Decoder(pair, method, backend, **options)), exact)
+    print(f"{method} {backend}: p = {p:.3g}")
+    assert p > 1e-3
+
+
+def test_a_mis_normalised_draft_law_is_caught_on_the_int8_target(pair, exact, monkeypatch):
+    """The broken variant: drafts from half the vocabulary while the verifier reads the full softmax there."""
+    inside = torch.zeros(V, dtype=torch.bool)
+    inside[[1, 4, 5, 7]] = True
+    right = grow._draft_dists
+    monkeypatch.setattr(grow, "_draft_dists", lambda logits, sampling, history=None: right(logits, sampling) * inside)
+    p = chi_square_pvalue(first_two_counts(Decoder(pair, "sd", "fast", k=2)), exact)
+    print(f"broken: p = {p:.3g}")
+    assert p < 1e-6
+
+
+def test_the_float_model_is_a_different_law(pair):
+    """The int8 target is a different model: its law differs from the float32 source's (within rounding)."""
+    source, _ = tiny_pair(vocab=V, seed=1, noise=0.5)
+    with torch.no_grad():
+        a = torch.softmax(source(input_ids=torch.tensor([PROMPT])).logits[0, -1], -1)
+        b = torch.softmax(pair.target(input_ids=torch.tensor([PROMPT])).logits[0, -1], -1)
+    assert not torch.equal(a, b) and float((a - b).abs().max()) < 0.05
+
+
+def test_stats_and_summary_name_the_int8_target(tmp_path, capsys):
+    paths = save_tiny_pair(tmp_path)
+    capsys.readouterr()
+    code, out, err = run_cli(capsys, "generate", "def f", "--target", str(paths["target"]), "--draft",
+                             str(paths["draft"]), "--dtype", "int8", "--threads", "1", "--method", "sd", "--max-new-tokens", "8")
+    assert code == 0, err
+    assert "int8 target" in err.splitlines()[-1]
+    pair = load_pair(target=str(paths["target"]), draft=str(paths["draft"]), dtype="int8")
+    assert weights_dtype(pair.target) == weights_dtype(pair.draft) == "int8"
+    result = Decoder(pair, "sd", k=2).generate("def f", max_new_tokens=4, temperature=0)
+    assert result.stats["target_dtype"] == "int8"
+
+
+def test_int8_is_refused_in_one_line_where_it_cannot_run(tmp_path, capsys, monkeypatch):
+    paths = save_tiny_pair(tmp_path)
+    capsys.readouterr()  # the shard-writing bars
+    code, _, err = run_cli(capsys, "generate", "x", "--target", str(paths["target"]), "--dtype", "int8", "--threads", "1",
+                           "--backend", "compiled")
+    assert_one_line_error(code, err, "compiled backend does not run int8")
+    import multispec.loading as loading
+
+    with monkeypatch.context() as m:  # a CUDA device, as on a GPU machine: refused before any weights load
+        m.setattr(loading, "resolve_device", lambda device: torch.device("cuda"))
+        m.setattr(loading, "_check_path", lambda *a, **k: pytest.fail("checked after the device"))
+        with pytest.raises(MultispecError, match="CPU only"):
+            load_pair(target=str(paths["target"]), dtype="int8", device="cuda")
+    pair = load_pair(target=str(paths["target"]), dtype="int8")
+    with pytest.raises(MultispecError, match="compiled backend does not run int8"):
+        Decoder(pair, "ar", "compiled")
+    bf16 = tiny_llama(vocab=300).to(torch.bfloat16)
+    with pytest.raises(MultispecError, match="not int8|bfloat16"):
+        load_pair(target=bf16, tokenizer=load_pair(target=str(paths["target"])).tokenizer, dtype="int8")
+
+
+def test_a_model_in_memory_is_copied_not_changed(tmp_path):
+    paths = save_tiny_pair(tmp_path)
+    float_pair = load_pair(target=str(paths["target"]))
+    pair = load_pair(target=float_pair.target, tokenizer=float_pair.tokenizer, dtype="int8")
+    assert weights_dtype(pair.target) == "int8" and weights_dtype(float_pair.target) == "float32"
+    assert isinstance(float_pair.target.lm_head, torch.nn.Linear)
+    assert isinstance(pair.target.lm_head, RowInt8Linear)
+
+
+def test_an_int8_draft_copy_of_an_int8_model_leaves_it_unchanged():
+    """quantize_draft (dynamic int8, drafts only) on a model quantize_target already converted has no float linear
+    left to convert: the copy computes the same logits."""
+    model = quantize_target(small_model())
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        copy = quantize_draft(model)
+    ids = torch.arange(10)[None]
+    with torch.no_grad():
+        assert torch.equal(copy(input_ids=ids).logits, model(input_ids=ids).logits)
+
+
+@pytest.fixture(scope="module")
+def int8_head(tmp_path_factory):
+    """An int8 tiny target (6 tokens) and an EAGLE head on 4 of them, saved for the float model it came from."""
+    from multispec.models.eagle import new_head
+    from multispec.models.eagle_io import save_head
+
+    target = tiny_llama(vocab=6, hidden=32, layers=2, heads=4, kv_heads=2, seed=3, scale=3.0)
+    torch.manual_seed(4)
+    head = new_head(target)
+    with torch.no_grad():
+        head.fc.weight.mul_(3.0)
+    head_dir = save_head(head, target, tmp_path_factory.mktemp("head") / "head", token_ids=torch.tensor([0, 1, 2, 4]))
+    quantize_target(target)  # the head is found by the float model's fingerprint, which the int8 one keeps
+    tok = SimpleNamespace(eos_token_id=None, bos_token_id=None)
+    return Pair(target=target, draft=None, tokenizer=tok, target_path="t", draft_path=None), head_dir
+
+
+@pytest.mark.parametrize("backend", ["fast", "hf"])
+@pytest.mark.parametrize("options", [{"k": 3}, {"tree": (2, 2, 1)}])
+def test_eagle_greedy_on_an_int8_target_with_an_int8_head(int8_head, backend, options):
+    pair, head_dir = int8_head
+    decoder = Decoder(pair, "eagle", backend, head=str(head_dir), **options)
+    for prompt in ([1, 2, 3], [5, 0, 4, 4, 1]):
+        ids, metrics = decoder.run(prompt, SamplingConfig(temperature=0.0), 24, 0)
+        assert ids == greedy_reference(pair.target, prompt, 24) and metrics.drafted_tokens > 0
+    assert isinstance(decoder.loaded["eagle_head"].transformer.mlp.down_proj, RowInt8Linear)
+    assert decoder._draft.vocab_subset.packed is not None  # its output rows multiplied in int8
+
+
+@pytest.mark.slow
+def test_eagle_law_at_t1_on_an_int8_target(int8_head):
+    pair, head_dir = int8_head
+    exact6 = exact_joint(pair.target, PROMPT, T1, 2, 6)
+    decoder = Decoder(pair, "eagle", "fast", head=str(head_dir), k=2)
+    counts = np.zeros(36, dtype=np.int64)
+    for seed in range(SAMPLES):
+        ids, _ = decoder.run(PROMPT, T1, 3, seed)
+        counts[ids[0] * 6 + ids[1]] += 1
+    p = chi_square_pvalue(counts, exact6)
+    print(f"eagle int8: p = {p:.3g}")
+    assert p > 1e-3
+
+
+def test_an_int8_layers_subset_rows_are_packed_and_extend_carries_them(monkeypatch):
+    """A reduced output layer over an int8 target's layer multiplies in int8 (close to the float rows); rows added
+    later are multiplied in float32 beside the packed ones, which carry over, until REPACK of them."""
+    from multispec.models.reduced_vocab import RestrictedHead
+
+    model = quantize_target(small_model())
+    head = RestrictedHead(model.lm_head, torch.tensor([3, 7, 9, 100]), 256)
+    hidden = torch.randn(5, 128)
+    full = model.lm_head(hidden)
+    got = head.compact(hidden)
+    assert head.packed is not None and torch.allclose(got, full[:, [3, 7, 9, 100]], atol=0.05 * float(full.abs().max()))
+    grown = head.extend(torch.tensor([7, 200]))
+    assert grown.packed is head.packed and grown.ids.tolist() == [3, 7, 9, 100, 200]
+    assert torch.equal(grown.compact(hidden)[:, :4], got)
+    assert torch.allclose(grown.compact(hidden)[:, 4], hidden @ grown.weight[4], atol=1e-4)
+    monkeypatch.setattr(RestrictedHead, "REPACK", 1)
+    assert head.extend(torch.tensor([10, 11])).packed is not head.packed  # more than REPACK new rows: packed again
