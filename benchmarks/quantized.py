@@ -40,11 +40,15 @@ def meta() -> dict:
             "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())}
 
 
+MODEL = "smollm2"  # --model
+
+
 def load(dtype: str):
     import multispec
-    from real_models import find_smollm2
+    from real_models import find_gemma, find_smollm2
 
-    return multispec.load_pair(target=str(find_smollm2()), dtype=dtype)
+    path = find_smollm2() if MODEL == "smollm2" else find_gemma()
+    return multispec.load_pair(target=str(path), dtype=dtype)
 
 
 def rows(kind: str) -> None:
@@ -98,9 +102,10 @@ def speed(offset: int, limit: int, max_new: int) -> None:
     from multispec.decoding.decoder import Decoder
 
     pairs = {d: load(d) for d in ("float32", "int8")}
-    decoders = {f"{d}/{m}": Decoder(pairs[d], m, backend="fast", **o) for d, m, o in METHODS}
+    methods = METHODS if MODEL == "smollm2" else [(d, m, {}) for d, m, o in METHODS if m != "eagle"]  # no head
+    decoders = {f"{d}/{m}": Decoder(pairs[d], m, backend="fast", **o) for d, m, o in methods}
     prompts = load_prompts("humaneval", "/work/shared/data", offset=offset, limit=limit)
-    llama = _llama()
+    llama = _llama() if MODEL == "smollm2" else None
     for name, dec in decoders.items():  # untimed: caches, auto's cost calibration
         dec.generate(prompts[0].text, max_new_tokens=8, temperature=0)
     runs: dict = {name: [] for name in [*decoders, *(["llama.cpp/ar"] if llama else [])]}
@@ -138,10 +143,10 @@ def speed(offset: int, limit: int, max_new: int) -> None:
         s["vs_float32_ar"] = s["tokens_per_s"] / summary["float32/ar"]["tokens_per_s"]
         if llama:
             s["vs_llama_cpp"] = s["tokens_per_s"] / summary["llama.cpp/ar"]["tokens_per_s"]
-    result = {"meta": {**meta(), "llama_cpp": _llama_version()}, "prompts": f"HumanEval {offset}-{offset + limit - 1}",
+    result = {"meta": {**meta(), "llama_cpp": _llama_version()}, "model": MODEL, "prompts": f"HumanEval {offset}-{offset + limit - 1}",
               "max_new_tokens": max_new, "backend": "fast", "summary": summary, "runs": runs}
     OUT.mkdir(parents=True, exist_ok=True)
-    (OUT / "speed.json").write_text(json.dumps(result, indent=1) + "\n")
+    (OUT / ("speed.json" if MODEL == "smollm2" else f"speed_{MODEL}.json")).write_text(json.dumps(result, indent=1) + "\n")
     for name, s in summary.items():
         print(name, {k: round(v, 3) if isinstance(v, float) else v for k, v in s.items()})
 
@@ -224,10 +229,14 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("what", choices=("rows", "speed", "quality"))
     ap.add_argument("--backend", default="fast", choices=("fast", "hf"))
+    ap.add_argument("--model", default="smollm2", choices=("smollm2", "gemma"), help="speed: gemma runs without a "
+                    "head and without llama.cpp, into speed_gemma.json")
     ap.add_argument("--offset", type=int, default=140, help="speed: first HumanEval problem (default 140)")
     ap.add_argument("--limit", type=int, default=20)
     ap.add_argument("--max-new-tokens", type=int, default=64)
     a = ap.parse_args()
+    global MODEL
+    MODEL = a.model
     torch.set_num_threads(1)
     if a.what == "rows":
         rows(a.backend)

@@ -280,3 +280,17 @@ def test_an_int8_layers_subset_rows_are_packed_and_extend_carries_them(monkeypat
     assert torch.allclose(grown.compact(hidden)[:, 4], hidden @ grown.weight[4], atol=1e-4)
     monkeypatch.setattr(RestrictedHead, "REPACK", 1)
     assert head.extend(torch.tensor([10, 11])).packed is not head.packed  # more than REPACK new rows: packed again
+
+
+@pytest.mark.parametrize("method", ["ar", "sd", "suffix"])
+def test_a_batch_on_an_int8_target_equals_each_sequence_alone(tmp_path, method):
+    """Batched = alone on the int8 target: the batched fast backend attends in float64 too."""
+    import multispec
+
+    paths = save_tiny_pair(tmp_path)
+    pair = load_pair(target=str(paths["target"]), draft=str(paths["draft"]), dtype="int8")
+    prompts = [[1, 5, 9], [2, 2, 7, 30, 4], [11], [3, 40, 41, 42, 43, 44, 45]]
+    kw = dict(method=method, max_new_tokens=16, temperature=0, backend="fast")
+    batch = multispec.generate(pair, prompts, batch_size=4, **kw)
+    alone = [multispec.generate(pair, p, **kw) for p in prompts]
+    assert [r.token_ids for r in batch] == [r.token_ids for r in alone]
