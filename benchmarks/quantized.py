@@ -1,6 +1,7 @@
 """int8 targets on this CPU (issue 43): what a k-row forward costs, how fast each method decodes, whether every
 lossless method reproduces the int8 target's own greedy output, and how far the int8 model is from the float32 one.
 
+    python benchmarks/quantized.py kernels   # int8 products at 1-16 rows: dynamic, weight-only, int_mm, torchao
     python benchmarks/quantized.py rows      # forward cost at k = 1 ... 16 rows, float32 and int8: rows.json, rows.png
     python benchmarks/quantized.py speed     # methods on HumanEval, greedy, one thread, and llama.cpp: speed.json
     python benchmarks/quantized.py quality   # int8 vs float32: greedy agreement on HumanEval 0-19, perplexity
@@ -91,6 +92,101 @@ def rows(kind: str) -> None:
     fig.savefig(OUT / f"rows_{kind}.png", dpi=120)
     for n in ROWS:
         print(f"{n:2d} rows: float32 {1000 * med['float32'][str(n)]:6.1f} ms, int8 {1000 * med['int8'][str(n)]:6.1f} ms")
+
+
+KERNEL_SHAPES = {"q/k/v (960 x 576)": (960, 576), "gate/up (3072 x 576)": (3072, 576), "down (576 x 1536)": (576, 1536)}
+KERNEL_ROWS = (1, 2, 4, 8, 16)
+
+
+def kernels() -> None:
+    """Microseconds per product of SmolLM2's layer shapes at 1-16 rows, each candidate over 24 weight copies taken in
+    turn (more bytes than the L3 cache, as in a forward): float32, torch's dynamic int8 (one activation scale per
+    call: not row-exact), the row-exact form multispec uses (models/int8.py), weight-only int8
+    (torch._weight_int8pack_mm), int8 x int8 with per-row scales (torch._int_mm), and torchao's two int8 configs
+    where torchao imports (pip install torchao)."""
+    import warnings
+
+    warnings.simplefilter("ignore")
+    out: dict = {}
+    for label, (n, k) in KERNEL_SHAPES.items():
+        ws = [torch.randn(n, k) * 0.05 for _ in range(24)]
+        forms = _kernel_forms(ws)
+        out[label] = {}
+        for rows in KERNEL_ROWS:
+            x = torch.randn(rows, k)
+            out[label][str(rows)] = {}
+            for name, fns in forms.items():
+                for f in fns:
+                    f(x)
+                t0 = time.perf_counter()
+                for _ in range(5):
+                    for f in fns:
+                        f(x)
+                out[label][str(rows)][name] = (time.perf_counter() - t0) / (5 * len(fns)) * 1e6
+            print(label, rows, {a: round(b) for a, b in out[label][str(rows)].items()}, flush=True)
+    OUT.mkdir(parents=True, exist_ok=True)
+    try:
+        import torchao
+
+        torchao_version = torchao.__version__
+    except ImportError:
+        torchao_version = None
+    (OUT / "kernels.json").write_text(json.dumps({"meta": {**meta(), "torchao": torchao_version},
+                                                  "microseconds": out}, indent=1) + "\n")
+
+
+def _int4(w: torch.Tensor, group: int = 32):
+    """torch's CPU int4 product (gpt-fast's tinygemm layout: w = (q - 8) * scale + zero per group of 32)."""
+    n, k = w.shape
+    wg = w.reshape(n, k // group, group)
+    low, high = wg.amin(-1, keepdim=True), wg.amax(-1, keepdim=True)
+    scale = ((high - low) / 15).clamp_min(1e-8)
+    q = torch.round((wg - low) / scale).clamp(0, 15).to(torch.int32).reshape(n, k)
+    sz = torch.cat([scale, low + 8 * scale], -1).transpose(0, 1).contiguous().to(torch.bfloat16)  # [K / g, N, 2]
+    packed = torch.ops.aten._convert_weight_to_int4pack_for_cpu(q, 2)
+    return lambda x: torch.ops.aten._weight_int4pack_mm_for_cpu(x.to(torch.bfloat16), packed, group, sz)
+
+
+def _kernel_forms(ws: list) -> dict:
+    from torch.ao.quantization import per_channel_dynamic_qconfig, quantize_dynamic
+
+    from multispec.models.int8 import PackedInt8
+
+    scales = [w.abs().amax(1) / 127 for w in ws]
+    q8 = [torch.round(w / s[:, None]).to(torch.int8) for w, s in zip(ws, scales)]
+    dyn = [quantize_dynamic(torch.nn.Sequential(torch.nn.Linear(w.shape[1], w.shape[0], bias=False)),
+                            {torch.nn.Linear: per_channel_dynamic_qconfig}, dtype=torch.qint8) for w in ws]
+    packed = [PackedInt8([w], [None]) for w in ws]
+
+    def int_mm(q, s):
+        def f(x):
+            xs = x.abs().amax(1, keepdim=True).clamp_min(1e-30) / 127
+            xq = torch.round(x / xs).to(torch.int8)
+            pad = torch.nn.functional.pad(xq, (0, 0, 0, max(0, 17 - xq.shape[0])))  # _int_mm wants > 16 rows
+            return torch._int_mm(pad, q.t())[:x.shape[0]].float() * xs * s
+        return f
+
+    forms = {"float32": [lambda x, w=w: torch.nn.functional.linear(x, w) for w in ws],
+             "torch dynamic int8 (not row-exact)": [lambda x, m=m: m(x) for m in dyn],
+             "multispec row-exact int8": [lambda x, p=p: p.apply(x) for p in packed],
+             "weight-only int8 (_weight_int8pack_mm)": [lambda x, q=q, s=s: torch._weight_int8pack_mm(x, q, s)
+                                                        for q, s in zip(q8, scales)],
+             "int8 x int8 (_int_mm, per-row scales)": [int_mm(q, s) for q, s in zip(q8, scales)],
+             "int4 weight-only (_weight_int4pack_mm_for_cpu, bfloat16 rows, groups of 32)": [_int4(w) for w in ws]}
+    try:
+        from torchao.quantization import Int8DynamicActivationInt8WeightConfig, Int8WeightOnlyConfig, quantize_
+    except ImportError:
+        return forms
+    for name, cfg in (("torchao Int8WeightOnly", Int8WeightOnlyConfig),
+                      ("torchao Int8DynamicActivationInt8Weight", Int8DynamicActivationInt8WeightConfig)):
+        mods = []
+        for w in ws:
+            m = torch.nn.Sequential(torch.nn.Linear(w.shape[1], w.shape[0], bias=False))
+            m[0].weight.data.copy_(w)
+            quantize_(m, cfg())
+            mods.append(m)
+        forms[name] = [lambda x, m=m: m(x) for m in mods]
+    return forms
 
 
 METHODS = [("float32", "ar", {}), ("int8", "ar", {}), ("int8", "lookup", {}), ("int8", "suffix", {}),
@@ -227,7 +323,7 @@ def _perplexity(pair, texts: list[str]) -> float:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("what", choices=("rows", "speed", "quality"))
+    ap.add_argument("what", choices=("kernels", "rows", "speed", "quality"))
     ap.add_argument("--backend", default="fast", choices=("fast", "hf"))
     ap.add_argument("--model", default="smollm2", choices=("smollm2", "gemma"), help="speed: gemma runs without a "
                     "head and without llama.cpp, into speed_gemma.json")
@@ -238,7 +334,10 @@ def main() -> None:
     global MODEL
     MODEL = a.model
     torch.set_num_threads(1)
-    if a.what == "rows":
+    if a.what == "kernels":
+        with torch.no_grad():
+            kernels()
+    elif a.what == "rows":
         rows(a.backend)
     elif a.what == "speed":
         speed(a.offset, a.limit, a.max_new_tokens)
