@@ -4,6 +4,7 @@ lossless method reproduces the int8 target's own greedy output, and how far the 
     python benchmarks/quantized.py kernels   # int8 products at 1-16 rows: dynamic, weight-only, int_mm, torchao
     python benchmarks/quantized.py rows      # forward cost at k = 1 ... 16 rows, float32 and int8: rows.json, rows.png
     python benchmarks/quantized.py speed     # methods on HumanEval, greedy, one thread, and llama.cpp: speed.json
+    python benchmarks/quantized.py int4      # the int8 model with int4 products instead: cost and perplexity
     python benchmarks/quantized.py quality   # int8 vs float32: greedy agreement on HumanEval 0-19, perplexity
 
 SmolLM2-135M-Instruct from its Q4_1 GGUF file (dequantized to float32 by transformers; int8 = models/int8.py
@@ -42,6 +43,7 @@ def meta() -> dict:
 
 
 MODEL = "smollm2"  # --model
+QUANT = "int8"  # --quant
 
 
 def load(dtype: str):
@@ -189,6 +191,51 @@ def _kernel_forms(ws: list) -> dict:
     return forms
 
 
+def int4() -> None:
+    """What int4 would give: the int8 model with every packed product swapped for torch's CPU int4 kernel (_int4:
+    groups of 32 of the int8 model's dequantized weights, bfloat16 rows; the attention stays the int8 model's),
+    its forward cost at 1 / 4 / 16 rows against the int8 model's, and its perplexity on quality()'s texts."""
+    from multispec.models import causal_mask, make_backend
+    from multispec.models.int8 import QuantLinear
+
+    pairs = {d: load("int8") for d in ("int8", "int4")}
+    for mod in pairs["int4"].target.modules():
+        if isinstance(mod, QuantLinear) and mod.start == 0:
+            f, bias = _int4(mod.packed.dequantized()), mod.packed.bias
+            mod.packed.apply = (lambda x, f=f, bias=bias: f(x).float() if bias is None else f(x).float() + bias)
+    ids = torch.randint(0, 40000, (CTX + 16,), generator=torch.Generator().manual_seed(0))
+    backends = {d: make_backend(p.target, "fast") for d, p in pairs.items()}
+    for b in backends.values():
+        b.forward(ids[:CTX], torch.arange(CTX), causal_mask(0, CTX))
+    times: dict = {d: {n: [] for n in (1, 4, 16)} for d in backends}
+    for rep in range(REPS + 1):
+        for n in (1, 4, 16):
+            for d, b in backends.items():
+                t0 = time.perf_counter()
+                b.forward(ids[CTX:CTX + n], torch.arange(CTX, CTX + n), causal_mask(CTX, n))
+                times[d][n].append(time.perf_counter() - t0)
+                b.keep(torch.arange(CTX))
+    texts = _quality_texts()
+    result = {"meta": meta(), "context": CTX,
+              "seconds": {d: {str(n): statistics.median(v[1:]) for n, v in t.items()} for d, t in times.items()},
+              "perplexity": {name: {d: _perplexity(p, ts) for d, p in pairs.items()} for name, ts in texts.items()}}
+    OUT.mkdir(parents=True, exist_ok=True)
+    (OUT / "int4.json").write_text(json.dumps(result, indent=1) + "\n")
+    print(json.dumps({k: v for k, v in result.items() if k != "meta"}, indent=1))
+
+
+def _quality_texts() -> dict:
+    import gzip
+
+    with gzip.open("/work/shared/data/humaneval.jsonl.gz", "rt") as f:
+        code = [json.loads(line) for line in f][20:40]
+    texts = {"humaneval 20-39 prompt + canonical solution": [r["prompt"] + r["canonical_solution"] for r in code]}
+    with open("/work/shared/data/alpaca_eval.jsonl") as f:
+        alp = [json.loads(line) for line in f][780:800]
+    texts["alpaca_eval 780-799 instruction + output"] = [r["instruction"] + "\n" + r["output"] for r in alp]
+    return texts
+
+
 METHODS = [("float32", "ar", {}), ("int8", "ar", {}), ("int8", "lookup", {}), ("int8", "suffix", {}),
            ("int8", "eagle", {"head": "shipped"}), ("int8", "auto", {"head": "shipped"})]
 
@@ -197,8 +244,9 @@ def speed(offset: int, limit: int, max_new: int) -> None:
     from multispec.data import load_prompts
     from multispec.decoding.decoder import Decoder
 
-    pairs = {d: load(d) for d in ("float32", "int8")}
-    methods = METHODS if MODEL == "smollm2" else [(d, m, {}) for d, m, o in METHODS if m != "eagle"]  # no head
+    pairs = {d: load(d) for d in ("float32", QUANT)}
+    methods = [(QUANT if d == "int8" else d, m, o) for d, m, o in METHODS]
+    methods = methods if MODEL == "smollm2" else [(d, m, {}) for d, m, o in methods if m != "eagle"]  # no head
     decoders = {f"{d}/{m}": Decoder(pairs[d], m, backend="fast", **o) for d, m, o in methods}
     prompts = load_prompts("humaneval", "/work/shared/data", offset=offset, limit=limit)
     llama = _llama() if MODEL == "smollm2" else None
@@ -225,24 +273,25 @@ def speed(offset: int, limit: int, max_new: int) -> None:
                                          "text": out["choices"][0]["text"]})
         print(f"prompt {i + 1}/{len(prompts)}: " + ", ".join(
             f"{n} {_rate(v):.1f}" for n, v in runs.items()), flush=True)
-    ref = {r["prompt"]: r["ids"] for r in runs["int8/ar"]}
+    ref = {r["prompt"]: r["ids"] for r in runs[f"{QUANT}/ar"]}
     summary = {}
     for name, rs in runs.items():
         s = {"tokens_per_s": _rate(rs), "decode_tokens_per_s": _rate(rs, decode_only=True), "prompts": len(rs)}
-        if name.startswith("int8/"):
-            s["greedy_equal_int8_ar"] = sum(r["ids"] == ref[r["prompt"]] for r in rs)
+        if name.startswith(f"{QUANT}/"):
+            s[f"greedy_equal_{QUANT}_ar"] = sum(r["ids"] == ref[r["prompt"]] for r in rs)
             s["tokens_per_call"] = sum(len(r["ids"]) for r in rs) / max(1, sum(r["target_calls"] or 0 for r in rs))
         summary[name] = s
-    base = summary["int8/ar"]["tokens_per_s"]
+    base = summary[f"{QUANT}/ar"]["tokens_per_s"]
     for name, s in summary.items():
-        s["vs_int8_ar"] = s["tokens_per_s"] / base
+        s[f"vs_{QUANT}_ar"] = s["tokens_per_s"] / base
         s["vs_float32_ar"] = s["tokens_per_s"] / summary["float32/ar"]["tokens_per_s"]
         if llama:
             s["vs_llama_cpp"] = s["tokens_per_s"] / summary["llama.cpp/ar"]["tokens_per_s"]
-    result = {"meta": {**meta(), "llama_cpp": _llama_version()}, "model": MODEL, "prompts": f"HumanEval {offset}-{offset + limit - 1}",
+    result = {"meta": {**meta(), "llama_cpp": _llama_version()}, "model": MODEL, "quant": QUANT, "prompts": f"HumanEval {offset}-{offset + limit - 1}",
               "max_new_tokens": max_new, "backend": "fast", "summary": summary, "runs": runs}
     OUT.mkdir(parents=True, exist_ok=True)
-    (OUT / ("speed.json" if MODEL == "smollm2" else f"speed_{MODEL}.json")).write_text(json.dumps(result, indent=1) + "\n")
+    stem = "speed" + ("" if MODEL == "smollm2" else f"_{MODEL}") + ("" if QUANT == "int8" else f"_{QUANT}")
+    (OUT / f"{stem}.json").write_text(json.dumps(result, indent=1) + "\n")
     for name, s in summary.items():
         print(name, {k: round(v, 3) if isinstance(v, float) else v for k, v in s.items()})
 
@@ -279,7 +328,6 @@ def _llama_version() -> str | None:
 
 
 def quality(max_new: int) -> None:
-    import gzip
 
     from multispec.data import load_prompts
     from multispec.decoding.decoder import Decoder
@@ -293,12 +341,7 @@ def quality(max_new: int) -> None:
              for x, y in zip(outs["float32"], outs["int8"])]
     same = sum(a == b for x, y in zip(outs["float32"], outs["int8"]) for a, b in zip(x, y))
     total = sum(min(len(x), len(y)) for x, y in zip(outs["float32"], outs["int8"]))
-    with gzip.open("/work/shared/data/humaneval.jsonl.gz", "rt") as f:
-        code = [json.loads(line) for line in f][20:40]
-    texts = {"humaneval 20-39 prompt + canonical solution": [r["prompt"] + r["canonical_solution"] for r in code]}
-    with open("/work/shared/data/alpaca_eval.jsonl") as f:
-        alp = [json.loads(line) for line in f][780:800]
-    texts["alpaca_eval 780-799 instruction + output"] = [r["instruction"] + "\n" + r["output"] for r in alp]
+    texts = _quality_texts()
     ppl = {name: {d: _perplexity(pairs[d], ts) for d in pairs} for name, ts in texts.items()}
     result = {"meta": meta(), "greedy": {"prompts": "HumanEval 0-19", "max_new_tokens": max_new,
                                          "identical_continuations": sum(a == len(x) == len(y) for a, x, y in
@@ -323,20 +366,23 @@ def _perplexity(pair, texts: list[str]) -> float:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("what", choices=("kernels", "rows", "speed", "quality"))
+    ap.add_argument("what", choices=("kernels", "rows", "speed", "quality", "int4"))
     ap.add_argument("--backend", default="fast", choices=("fast", "hf"))
+    ap.add_argument("--quant", default="int8", choices=("int8", "int4"), help="speed: the quantized dtype")
     ap.add_argument("--model", default="smollm2", choices=("smollm2", "gemma"), help="speed: gemma runs without a "
                     "head and without llama.cpp, into speed_gemma.json")
     ap.add_argument("--offset", type=int, default=140, help="speed: first HumanEval problem (default 140)")
     ap.add_argument("--limit", type=int, default=20)
     ap.add_argument("--max-new-tokens", type=int, default=64)
     a = ap.parse_args()
-    global MODEL
-    MODEL = a.model
+    global MODEL, QUANT
+    MODEL, QUANT = a.model, a.quant
     torch.set_num_threads(1)
     if a.what == "kernels":
         with torch.no_grad():
             kernels()
+    elif a.what == "int4":
+        int4()
     elif a.what == "rows":
         rows(a.backend)
     elif a.what == "speed":

@@ -23,7 +23,7 @@ from multispec.drafting import grow
 from multispec.errors import MultispecError
 from multispec.loading import Pair, load_pair
 from multispec.models import causal_mask, make_backend
-from multispec.models.int8 import RowInt8Linear, PackedInt8, quantize_draft, quantize_target, weights_dtype
+from multispec.models.int8 import PackedInt4, PackedInt8, QuantLinear, quantize_draft, quantize_target, weights_dtype
 from multispec.sampling import SamplingConfig
 
 V = 8
@@ -38,16 +38,19 @@ def rows_in_company(layer, x: torch.Tensor) -> bool:
     return all(torch.equal(layer(x[:n].clone()), full[:n]) for n in range(1, x.shape[0]))
 
 
-def test_a_row_is_the_same_bits_alone_or_among_sixteen():
+@pytest.mark.parametrize("product", [PackedInt8, PackedInt4])
+def test_a_row_is_the_same_bits_alone_or_among_sixteen(product):
     torch.manual_seed(0)
-    linear = torch.nn.Linear(96, 200, bias=True).requires_grad_(False)
-    x = torch.randn(16, 96) * torch.rand(16, 1) * 10
+    linear = torch.nn.Linear(128, 208, bias=True).requires_grad_(False)
+    x = torch.randn(16, 128) * torch.rand(16, 1) * 10
     x[3] *= 100  # an outlier row: with one scale per call it would coarsen every other row
     x[5] = 0.0  # an all-zero row
-    packed = PackedInt8([linear.weight], [linear.bias])
-    layer = RowInt8Linear(packed, 0, 200, 96, last=True)
+    packed = product([linear.weight], [linear.bias])
+    layer = QuantLinear(packed, 0, 208, 128, last=True)
     assert rows_in_company(layer, x)
-    assert torch.allclose(layer(x), linear(x), rtol=0, atol=0.03 * float(linear(x).abs().max()))
+    close = 0.03 if product is PackedInt8 else 0.15  # 16 levels per group of 32 weights: coarser
+    assert torch.allclose(layer(x), linear(x), rtol=0, atol=close * float(linear(x).abs().max()))
+    assert torch.allclose(packed.dequantized(), linear.weight, atol=0.1 * float(linear.weight.abs().max()))
     assert torch.equal(layer(x[5:6]), linear.bias.detach()[None])  # zero in, the bias out
 
 
@@ -81,9 +84,11 @@ def small_model(seed: int = 3) -> torch.nn.Module:
 
 
 @pytest.mark.parametrize("kind", ["fast", "hf"])
-def test_a_k_row_forward_of_the_int8_model_is_k_one_row_forwards(kind):
-    model = quantize_target(small_model())
-    assert weights_dtype(model) == "int8"
+@pytest.mark.parametrize("dtype", ["int8", "int4"])
+def test_a_k_row_forward_of_the_int8_model_is_k_one_row_forwards(kind, dtype):
+    model = quantize_target(small_model(), dtype)
+    assert weights_dtype(model) == dtype
+    assert isinstance(model.model.layers[0].mlp.gate_proj.packed, PackedInt4 if dtype == "int4" else PackedInt8)
     assert all(not isinstance(m, torch.nn.Linear) for m in model.modules())
     backend = make_backend(model, kind)
     g = torch.Generator().manual_seed(1)
@@ -205,7 +210,7 @@ def test_a_model_in_memory_is_copied_not_changed(tmp_path):
     pair = load_pair(target=float_pair.target, tokenizer=float_pair.tokenizer, dtype="int8")
     assert weights_dtype(pair.target) == "int8" and weights_dtype(float_pair.target) == "float32"
     assert isinstance(float_pair.target.lm_head, torch.nn.Linear)
-    assert isinstance(pair.target.lm_head, RowInt8Linear)
+    assert isinstance(pair.target.lm_head, QuantLinear)
 
 
 def test_an_int8_draft_copy_of_an_int8_model_leaves_it_unchanged():
@@ -245,7 +250,7 @@ def test_eagle_greedy_on_an_int8_target_with_an_int8_head(int8_head, backend, op
     for prompt in ([1, 2, 3], [5, 0, 4, 4, 1]):
         ids, metrics = decoder.run(prompt, SamplingConfig(temperature=0.0), 24, 0)
         assert ids == greedy_reference(pair.target, prompt, 24) and metrics.drafted_tokens > 0
-    assert isinstance(decoder.loaded["eagle_head"].transformer.mlp.down_proj, RowInt8Linear)
+    assert isinstance(decoder.loaded["eagle_head"].transformer.mlp.down_proj, QuantLinear)
     assert decoder._draft.vocab_subset.packed is not None  # its output rows multiplied in int8
 
 
@@ -294,3 +299,35 @@ def test_a_batch_on_an_int8_target_equals_each_sequence_alone(tmp_path, method):
     batch = multispec.generate(pair, prompts, batch_size=4, **kw)
     alone = [multispec.generate(pair, p, **kw) for p in prompts]
     assert [r.token_ids for r in batch] == [r.token_ids for r in alone]
+
+
+@pytest.fixture(scope="module")
+def int4_pair() -> Pair:
+    """An int4 target (hidden 64: every layer but the 8-row output layer in int4) and a float draft made from it."""
+    target = tiny_llama(vocab=V, hidden=64, layers=1, heads=2, kv_heads=1, seed=5, scale=3.0)
+    draft = tiny_llama(vocab=V, hidden=64, layers=1, heads=2, kv_heads=1, seed=5, scale=3.0)
+    g = torch.Generator().manual_seed(7)
+    with torch.no_grad():
+        for prm in draft.parameters():
+            prm.add_(0.5 * prm.std() * torch.randn(prm.shape, generator=g))
+    quantize_target(target, "int4")
+    assert isinstance(target.model.layers[0].self_attn.q_proj.packed, PackedInt4)
+    tok = SimpleNamespace(eos_token_id=None, bos_token_id=None)
+    return Pair(target=target, draft=draft, tokenizer=tok, target_path="t", draft_path="d")
+
+
+@pytest.mark.parametrize("backend", ["fast", "hf"])
+@pytest.mark.parametrize("method, options", [("sd", {"k": 3}), ("mcsd", {"tree": (2, 2, 1)}), ("suffix", {}),
+                                             ("auto", {})])
+def test_greedy_on_an_int4_target_is_its_own_greedy_output(int4_pair, backend, method, options):
+    prompt = PROMPT + [4, 1, 5, 1, 5]
+    ids, _ = Decoder(int4_pair, method, backend, **options).run(prompt, SamplingConfig(temperature=0.0), 24, 0)
+    assert ids == greedy_reference(int4_pair.target, prompt, 24)
+
+
+@pytest.mark.slow
+def test_the_law_at_t1_is_the_int4_targets(int4_pair):
+    exact4 = exact_joint(int4_pair.target, PROMPT, T1, 2, V)
+    p = chi_square_pvalue(first_two_counts(Decoder(int4_pair, "sd", "fast", k=2)), exact4)
+    print(f"int4 sd: p = {p:.3g}")
+    assert p > 1e-3

@@ -66,7 +66,8 @@ def load_pair(target: str | os.PathLike | torch.nn.Module | None = None,
     device: default "cuda" when available, else "cpu". dtype: default float32 on CPU, bfloat16 on CUDA; "int8" (CPU):
     the target and the draft loaded in float32, then given int8 weights and int8 activations quantized row by row
     (models/int8.py quantize_target: a different model from the float32 one, decoded exactly; a model in memory is
-    copied first, not changed).
+    copied first, not changed). "int4" (CPU): int4 weights in groups of 32 and bfloat16 rows instead, where torch's
+    int4 kernel takes a layer's shape (else int8); docs/quantized.md.
     compile=True: `generate` runs on the compiled fast backend unless told otherwise (backend="compiled": the
     static-cache backend with its steps torch.compile'd; Llama-family models only, checked here). Every step size
     is compiled here, at load, with a line on stderr each (minutes the first time on a CPU; torch caches the
@@ -89,7 +90,8 @@ def load_pair(target: str | os.PathLike | torch.nn.Module | None = None,
         target, draft = DEFAULT_PAIR_DIR / "target", DEFAULT_PAIR_DIR / "draft"
         check(target.is_dir() and draft.is_dir(),
               f"the embedded default pair is not installed (expected {DEFAULT_PAIR_DIR}); pass --target/--draft")
-    int8 = isinstance(dtype, str) and dtype == "int8"
+    quant = dtype if isinstance(dtype, str) and dtype in ("int8", "int4") else None
+    int8 = quant is not None
     dtype = "float32" if int8 else dtype
     given = _in_memory(target, tokenizer, "target", "tokenizer")
     given_draft = _in_memory(draft, draft_tokenizer, "draft", "draft_tokenizer") if draft is not None else None
@@ -97,9 +99,9 @@ def load_pair(target: str | os.PathLike | torch.nn.Module | None = None,
         device = _same(device, given.device, "device", given.label)
         dtype = _same(dtype, next(given.model.parameters()).dtype, "dtype", given.label)
     device = resolve_device(device)
-    check(not int8 or device.type == "cpu", f"dtype int8 runs on the CPU only (torch's int8 kernels), not on {device}; "
-                                            "use device cpu or another dtype")
-    check(not (int8 and compile), "the compiled backend does not run int8 models; use the fast or hf backend")
+    check(not int8 or device.type == "cpu", f"dtype {quant} runs on the CPU only (torch's {quant} kernels), not on "
+                                            f"{device}; use device cpu or another dtype")
+    check(not (int8 and compile), f"the compiled backend does not run {quant} models; use the fast or hf backend")
     if isinstance(dtype, str):
         check(dtype in _DTYPES, f"unknown dtype {dtype!r}; choose one of {', '.join(_DTYPES)}")
         dtype = _DTYPES[dtype]
@@ -112,12 +114,12 @@ def load_pair(target: str | os.PathLike | torch.nn.Module | None = None,
     d_src = None if draft is None else given_draft or _check_path(str(draft), role="draft")
     apply_library_default()
     t_model = t_src.load(device, dtype)
-    t_model = _int8(t_model, t_src.label, copy=given is not None) if int8 else t_model
+    t_model = _int8(t_model, t_src.label, quant, copy=given is not None) if quant else t_model
     tokenizer = t_src.tokenizer()
     d_model = d_tok = bridge = None
     if d_src is not None:
         d_model = d_src.load(device, dtype)
-        d_model = _int8(d_model, d_src.label, copy=given_draft is not None) if int8 else d_model
+        d_model = _int8(d_model, d_src.label, quant, copy=given_draft is not None) if quant else d_model
         tv, dv = vocab_rows(t_model), vocab_rows(d_model)
         d_tok = d_src.tokenizer(required=False)
         shared = tv == dv and (d_tok is None or d_tok.get_vocab() == tokenizer.get_vocab())
@@ -143,8 +145,8 @@ def load_pair(target: str | os.PathLike | torch.nn.Module | None = None,
                 cross_vocab=cross_vocab if bridge is not None else None, draft_tokenizer=d_tok, bridge=bridge)
 
 
-def _int8(model: torch.nn.Module, label: str, copy: bool) -> torch.nn.Module:
-    """The model with int8 weights and row-exact int8 activations (models/int8.py), probed again: the probe checks
+def _int8(model: torch.nn.Module, label: str, dtype: str, copy: bool) -> torch.nn.Module:
+    """The model with int8 (int4) weights, row-exact (models/int8.py), probed again: the probe checks
     that the backend's cached forwards reproduce the quantized model's own full forward. copy: a model the caller
     holds is copied first."""
     import copy as copy_module
@@ -157,8 +159,8 @@ def _int8(model: torch.nn.Module, label: str, copy: bool) -> torch.nn.Module:
         model, original = copy_module.deepcopy(model), model
         if held is not None:
             original.__dict__["_multispec_fast_net"] = held
-    model = quantize_target(model)
-    probe_model(model, f"{label} (int8)")
+    model = quantize_target(model, dtype)
+    probe_model(model, f"{label} ({dtype})")
     return model
 
 

@@ -54,7 +54,7 @@ def load_eagle(config: MethodConfig, pair) -> dict:
     from multispec.models.int8 import int8_linears, weights_dtype
 
     head, token_ids = load_head(str(config.head), pair.target)
-    if weights_dtype(pair.target) == "int8":  # an int8 target's head: its decoder layer in int8 too (not the
+    if weights_dtype(pair.target) in ("int8", "int4"):  # a quantized target's head: its decoder layer in int8 (not the
         int8_linears(head.transformer)  # fusion layer: its input joins an embedding and a feature of other scales)
     return {"eagle_head": head, "eagle_token_ids": token_ids}
 

@@ -17,8 +17,8 @@ def backend_name(pair: Pair, backend) -> str:
     check(backend in BACKENDS, f"unknown backend {backend!r}; choose one of {', '.join(BACKENDS)}")
     check(not (pair.compile and backend == "hf"),
           "backend 'hf' asked for on a pair loaded with compile=True; compiling applies to the fast backend")
-    check(backend != "compiled" or weights_dtype(pair.target) != "int8",
-          "the compiled backend does not run int8 models; use the fast or hf backend")
+    check(backend != "compiled" or weights_dtype(pair.target) not in ("int8", "int4"),
+          f"the compiled backend does not run {weights_dtype(pair.target)} models; use the fast or hf backend")
     return backend
 
 

@@ -26,7 +26,7 @@ import torch.nn.functional as F
 from multispec.errors import MultispecError, check
 from multispec.models.base import ForwardOut
 from multispec.models.fast_families import FAMILIES
-from multispec.models.int8 import RowInt8Linear, attends_in_float64, fused, linear_shape
+from multispec.models.int8 import QuantLinear, attends_in_float64, fused, linear_shape
 from multispec.models.layout import attention_layout
 from multispec.models.reduced_vocab import VocabSubset
 
@@ -265,7 +265,7 @@ class FastNet:
         Returns the layer's output [N, H] (the family's norm placement and residual multiplier)."""
         block, mult = self.family.block, self.residual_mult
         o_proj = layer.self_attn.o_proj
-        a = o_proj.packed.apply(o) if self.attend_64 and isinstance(o_proj, RowInt8Linear) else o_proj(o)
+        a = o_proj.packed.apply(o) if self.attend_64 and isinstance(o_proj, QuantLinear) else o_proj(o)
         if block != "pre":
             a = layer.post_attention_layernorm(a)
         x = x + (a * mult if mult is not None else a)
@@ -281,7 +281,7 @@ class FastNet:
         """The layer's MLP on x [N, H]: its own forward, or for an int8 gated MLP (gate/up sharing one product,
         models/int8.py) the same computation with the products called directly."""
         gate_up = fused(mlp.gate_proj, mlp.up_proj) if self.attend_64 and type(mlp).__name__ in GATED_MLPS else None
-        if gate_up is None or not isinstance(mlp.down_proj, RowInt8Linear):
+        if gate_up is None or not isinstance(mlp.down_proj, QuantLinear):
             return mlp(x)
         y = gate_up.apply(x)
         n = mlp.gate_proj.out_features
@@ -307,8 +307,8 @@ class FastBackend(VocabSubset):
         smaller of the config's limit and the cache rows. compile: run steps of up to 64 tokens compiled."""
         self.model = model  # auto's cost cache is keyed by the model (drafting/costs.model_key)
         self.net = net = FastNet.of(model)
-        check(not (compile and net.attend_64), "the compiled backend does not run int8 models; use the fast or hf "
-                                               "backend")
+        check(not (compile and net.attend_64), "the compiled backend does not run int8 or int4 models; use the fast "
+                                               "or hf backend")
         self.layout, self.vocab_size, self.hidden_size = net.layout, net.vocab_size, net.hidden_size
         self.device, self.dtype = net.device, net.dtype
         limit = self.layout.max_positions

@@ -1,4 +1,6 @@
-"""Int8 draft weights on CPU: every `nn.Linear` of a copy of the draft becomes a dynamically quantized int8 linear
+"""Quantized models on CPU: int8 drafts (quantize_draft) and row-exact int8 / int4 targets (quantize_target).
+
+Int8 draft weights: every `nn.Linear` of a copy of the draft becomes a dynamically quantized int8 linear
 (int8 weights, one scale per output row; activations quantized per call), through torch's own
 `torch.ao.quantization.quantize_dynamic` and the fbgemm / onednn / qnnpack kernels that ship with torch.
 
@@ -8,9 +10,10 @@ torch drops it. `torch.ops.aten._weight_int8pack_mm` (weight-only int8) exists t
 CPU at a small draft's sizes. Dynamic int8 costs ~15 us more per call than fp32 on 256-wide layers and halves a
 [8192, 256] output layer (benchmarks/results/cheap_draft/steps.md): it pays where the weights are large.
 
-Only a draft is quantized: losslessness comes from the target alone, and the verifier reads the q the quantized
-draft actually produced. The target is never touched (the draft is copied first). The embedding stays float
-(a lookup, no matmul to save).
+quantize_draft quantizes a draft only: losslessness comes from the target alone, and the verifier reads the q the
+quantized draft actually produced; the target is never touched (the draft is copied first). The embedding stays
+float (a lookup, no matmul to save). A quantized *target* (`quantize_target`, `--dtype int8|int4`) needs row-exact
+products instead: see "int8 targets" below.
 """
 from __future__ import annotations
 
@@ -19,7 +22,7 @@ import warnings
 
 import torch
 
-from multispec.errors import check
+from multispec.errors import MultispecError, check
 
 FAST_NET_KEY = "_multispec_fast_net"  # models/fast.py keeps its FastNet on the model under this key
 
@@ -51,7 +54,7 @@ def is_int8(module: torch.nn.Module) -> bool:
     """Whether `module` is an int8 linear: dynamically quantized (quantize_draft) or row-exact (quantize_target)."""
     from torch.ao.nn.quantized.dynamic import Linear
 
-    return isinstance(module, (Linear, RowInt8Linear))
+    return isinstance(module, (Linear, QuantLinear))
 
 
 def linear_shape(module: torch.nn.Module) -> tuple[int, int]:
@@ -63,7 +66,7 @@ def linear_shape(module: torch.nn.Module) -> tuple[int, int]:
 
 def float_weight(module: torch.nn.Module) -> torch.Tensor:
     """float [out, in]: a float linear's weight, or an int8 linear's int8 values times their row scales."""
-    if isinstance(module, RowInt8Linear):
+    if isinstance(module, QuantLinear):
         return module.float_weight()
     if is_int8(module):
         return module.weight().dequantize()
@@ -72,7 +75,7 @@ def float_weight(module: torch.nn.Module) -> torch.Tensor:
 
 def float_bias(module: torch.nn.Module) -> torch.Tensor | None:
     """float [out] or None: a float or int8 linear's bias."""
-    if isinstance(module, RowInt8Linear):
+    if isinstance(module, QuantLinear):
         bias = module.packed.bias
         return None if bias is None else bias[module.start:module.stop]
     bias = module.bias() if is_int8(module) else getattr(module, "bias", None)
@@ -85,13 +88,14 @@ def float_bias(module: torch.nn.Module) -> torch.Tensor | None:
 # A verification runs k + 1 rows through the model where a decode step runs one; lossless speculation needs row i of
 # the k-row forward to be what a one-row forward of that row gives. torch's dynamic int8 (quantize_draft above)
 # quantizes the activations with one scale for the whole input, so a row's result depends on the other rows in the
-# call: fine for a draft (the verifier reads the q the draft produced), wrong for a target. RowInt8Linear scales
+# call: fine for a draft (the verifier reads the q the draft produced), wrong for a target. QuantLinear scales
 # each row to max |x| = 1 itself and appends an anchor row (+1, -1, 0, ...), so the per-tensor range the kernel
 # measures is always [-1, 1] and its activation scale a constant: each row is quantized by its own max alone, the
 # int8 products are summed in int32 (exact), and the float epilogue is elementwise. A row's output is then the
-# same bits in any company (tests/test_quantized.py checks it). The kernel is fbgemm's / onednn's dynamic int8
-# linear (AVX-512 VNNI here), the fastest int8 product torch has on this CPU at 1-16 rows
-# (benchmarks/results/quantized/). Rows are quantized with 8 bits where the CPU has VNNI (int8 dot products summed
+# same bits in any company (tests/test_quantized.py checks it). The kernel is torch's dynamic int8 linear (fbgemm,
+# AVX-512 VNNI here), the fastest int8 product torch has on this CPU at 1-16 rows, ahead of weight-only int8
+# (_weight_int8pack_mm) and int8 x int8 (_int_mm), the products torchao's CPU int8 layouts run on
+# (benchmarks/results/quantized/kernels.json). Rows are quantized with 8 bits where the CPU has VNNI (int8 dot products summed
 # straight into int32), else with 7 (reduce_range, as torch does on x86: no int16 saturation); on SmolLM2 the
 # 7-bit rows cost 11-15 % perplexity against float32, the 8-bit rows 3 %.
 #
@@ -116,9 +120,33 @@ REDUCE_RANGE = not _has_vnni()  # 7-bit rows where 8-bit ones could saturate fbg
 _FUSE = (("q_proj", "k_proj", "v_proj"), ("gate_proj", "up_proj"))  # siblings that read the same input
 
 
-class PackedInt8:
-    """One packed int8 weight [N, K] (per-output-row scales) and the last input it was applied to, so that siblings
-    reading the same tensor (q/k/v, gate/up) share one product: their outputs are column ranges of it."""
+class SharedProduct:
+    """A packed weight [N, K] (`apply`: float [M, K] -> float [M, N], row-exact) and the last input it was applied
+    to, so that siblings reading the same tensor (q/k/v, gate/up) share one product: their outputs are column ranges
+    of it. Subclasses: PackedInt8, PackedInt4."""
+
+    _last: tuple | None = None  # (input, output, input's version) for the next sibling
+    bias: torch.Tensor | None = None
+    first_rows: torch.Tensor  # the source rows: what eagle_io.fingerprint reads (the shipped head's key)
+
+    def __call__(self, x: torch.Tensor, keep: bool) -> torch.Tensor:
+        """float [M, K] -> float [M, N] by `apply`, or the result already held for this very input.
+        keep: hold the result for a sibling's call on the same tensor (the last sibling passes False and drops it).
+        The input is held with it, so its memory cannot be reused by another tensor while the result is kept."""
+        last = self._last
+        y = last[1] if last is not None and _same_tensor(last[0], last[2], x) else self.apply(x)
+        self._last = (x, y, _version(x)) if keep else None
+        return y
+
+    def apply(self, x: torch.Tensor) -> torch.Tensor:
+        raise NotImplementedError
+
+    def dequantized(self) -> torch.Tensor:
+        raise NotImplementedError
+
+
+class PackedInt8(SharedProduct):
+    """int8 weights, one scale per output row; each input row quantized by its own max |x| (see above)."""
 
     def __init__(self, weights: list[torch.Tensor], biases: list[torch.Tensor | None]):
         w = torch.cat([x.detach().float() for x in weights])  # [N, K]
@@ -131,18 +159,7 @@ class PackedInt8:
             [torch.zeros(x.shape[0]) if b is None else b.detach().float() for x, b in zip(weights, biases)])
         self.anchor = torch.zeros(1, w.shape[1])
         self.anchor[0, 0], self.anchor[0, -1] = 1.0, -1.0
-        self.first_rows = w[:32].clone()  # the source rows: what eagle_io.fingerprint reads (the shipped head's key)
-        self._last: tuple | None = None  # (input, output, input's version) for the next sibling
-
-
-    def __call__(self, x: torch.Tensor, keep: bool) -> torch.Tensor:
-        """float [M, K] -> float [M, N]: each row quantized by its own max |x|, int8 x int8 summed in int32.
-        keep: hold the result for a sibling's call on the same tensor (the last sibling passes False and drops it).
-        The input is held with it, so its memory cannot be reused by another tensor while the result is kept."""
-        last = self._last
-        y = last[1] if last is not None and _same_tensor(last[0], last[2], x) else self.apply(x)
-        self._last = (x, y, _version(x)) if keep else None
-        return y
+        self.first_rows = w[:32].clone()
 
     def apply(self, x: torch.Tensor) -> torch.Tensor:
         """float [M, K] -> float [M, N], no sharing (the fast backend calls this directly)."""
@@ -153,6 +170,41 @@ class PackedInt8:
     def dequantized(self) -> torch.Tensor:
         w, _ = torch.ops.quantized.linear_unpack(self.packed)
         return w.dequantize()
+
+
+class PackedInt4(SharedProduct):
+    """int4 weights in groups of INT4_GROUP along K (w = (q - 8) * scale + zero, asymmetric: the layout of torch's
+    CPU int4 kernel, gpt-fast's tinygemm), rows in bfloat16, the output rounded to bfloat16. Row-exact as it is:
+    the kernel sums each row alone (tests/test_quantized.py)."""
+
+    def __init__(self, weights: list[torch.Tensor], biases: list[torch.Tensor | None]):
+        w = torch.cat([x.detach().float() for x in weights])  # [N, K]
+        n, k = w.shape
+        wg = w.reshape(n, k // INT4_GROUP, INT4_GROUP)
+        low, high = wg.amin(-1, keepdim=True), wg.amax(-1, keepdim=True)
+        scale = ((high - low) / 15).clamp_min(1e-12)
+        q = torch.round((wg - low) / scale).clamp(0, 15).to(torch.int32).reshape(n, k)
+        self.scales = torch.cat([scale, low + 8 * scale], -1).transpose(0, 1).contiguous().to(torch.bfloat16)
+        self.packed = torch.ops.aten._convert_weight_to_int4pack_for_cpu(q, 2)
+        self.bias = None if all(b is None for b in biases) else torch.cat(
+            [torch.zeros(x.shape[0]) if b is None else b.detach().float() for x, b in zip(weights, biases)])
+        self.first_rows = w[:32].clone()
+        self.shape = (n, k)
+
+    def apply(self, x: torch.Tensor) -> torch.Tensor:
+        y = torch.ops.aten._weight_int4pack_mm_for_cpu(x.to(torch.bfloat16), self.packed, INT4_GROUP, self.scales)
+        return y.float() if self.bias is None else y.float() + self.bias
+
+    def dequantized(self) -> torch.Tensor:
+        eye = torch.eye(self.shape[1], dtype=torch.bfloat16)  # the product of the identity: each weight once
+        return torch.ops.aten._weight_int4pack_mm_for_cpu(eye, self.packed, INT4_GROUP, self.scales).float().t()
+
+    @staticmethod
+    def fits(linear: torch.nn.Linear) -> bool:
+        return linear.in_features % (INT4_GROUP * 2) == 0 and linear.out_features % 16 == 0
+
+
+INT4_GROUP = 32
 
 
 def _version(x: torch.Tensor) -> int:
@@ -168,10 +220,10 @@ def _same_tensor(a: torch.Tensor, version: int, b: torch.Tensor) -> bool:
             and _version(b) == version)
 
 
-class RowInt8Linear(torch.nn.Module):
-    """An nn.Linear with int8 weights and row-exact int8 activations (see above); `columns` of a shared PackedInt8."""
+class QuantLinear(torch.nn.Module):
+    """An nn.Linear with int8 or int4 weights, row-exact (see above): columns [start, stop) of a shared product."""
 
-    def __init__(self, packed: PackedInt8, start: int, stop: int, in_features: int, last: bool):
+    def __init__(self, packed: SharedProduct, start: int, stop: int, in_features: int, last: bool):
         super().__init__()
         self.packed, self.start, self.stop, self.last = packed, start, stop, last
         self.in_features, self.out_features = in_features, stop - start
@@ -191,10 +243,10 @@ class RowInt8Linear(torch.nn.Module):
         return f"in_features={self.in_features}, out_features={self.out_features}, int8 weights, row-exact int8 rows"
 
 
-def fused(*layers: torch.nn.Module) -> PackedInt8 | None:
+def fused(*layers: torch.nn.Module) -> SharedProduct | None:
     """The one packed product behind `layers` (q/k/v, or gate/up) when they share one, laid out in this order with
     nothing else in it; else None."""
-    if not all(isinstance(m, RowInt8Linear) for m in layers):
+    if not all(isinstance(m, QuantLinear) for m in layers):
         return None
     packed = layers[0].packed
     stops = [0] + [m.stop for m in layers]
@@ -202,10 +254,15 @@ def fused(*layers: torch.nn.Module) -> PackedInt8 | None:
     return packed if ok and stops[-1] == sum(m.out_features for m in layers) else None
 
 
-def quantize_target(model: torch.nn.Module) -> torch.nn.Module:
+QUANT_DTYPES = ("int8", "int4")
+
+
+def quantize_target(model: torch.nn.Module, dtype: str = "int8") -> torch.nn.Module:
     """Replace, in place, every nn.Linear of `model` (output layer included; the embedding stays float) by a
-    RowInt8Linear; q/k/v and gate/up siblings share one packed product. CPU and float32 only, refused in one line
-    otherwise. Returns `model`, marked so that `weights_dtype(model)` says "int8"."""
+    QuantLinear with `dtype` weights ("int8", or "int4": layers whose shape torch's int4 kernel does not take stay
+    int8); q/k/v and gate/up siblings share one packed product. CPU and float32 only, refused in one line otherwise.
+    Returns `model`, marked so that `weights_dtype(model)` says `dtype`."""
+    check(dtype in QUANT_DTYPES, f"quantized dtype must be one of {', '.join(QUANT_DTYPES)}, got {dtype!r}")
     weight = model.get_input_embeddings().weight
     check(weight.device.type == "cpu",
           f"int8 models run on CPU only (torch's int8 kernels); this one is on {weight.device}; use --device cpu")
@@ -214,26 +271,26 @@ def quantize_target(model: torch.nn.Module) -> torch.nn.Module:
     check(any(e in engines for e in ("x86", "fbgemm", "onednn")),
           f"this torch build has no int8 CPU kernels (quantized engines: {engines})")
     model.__dict__.pop(FAST_NET_KEY, None)  # a cached FastNet holds the float modules
-    int8_linears(model)
-    model.__dict__[QUANTIZED_KEY] = "int8"
+    int8_linears(model, dtype)
+    model.__dict__[QUANTIZED_KEY] = dtype
     _attend_in_float64(model)
     return model.eval()
 
 
-def int8_linears(module: torch.nn.Module) -> torch.nn.Module:
-    """Replace, in place, every nn.Linear under `module` by a RowInt8Linear (q/k/v and gate/up siblings sharing one
-    packed product). Returns `module`."""
+def int8_linears(module: torch.nn.Module, dtype: str = "int8") -> torch.nn.Module:
+    """Replace, in place, every nn.Linear under `module` by a QuantLinear (q/k/v and gate/up siblings sharing one
+    packed product) with `dtype` weights. Returns `module`."""
     for parent in list(module.modules()):
         children = dict(parent.named_children())
         done: set[str] = set()
         for names in _FUSE:
             group = [children.get(n) for n in names]
             if all(isinstance(c, torch.nn.Linear) for c in group) and len({c.in_features for c in group}) == 1:
-                _replace(parent, list(names), group)
+                _replace(parent, list(names), group, dtype)
                 done.update(names)
         for name, child in children.items():
             if name not in done and type(child) is torch.nn.Linear:
-                _replace(parent, [name], [child])
+                _replace(parent, [name], [child], dtype)
     return module
 
 
@@ -251,7 +308,12 @@ def _attend_in_float64(model: torch.nn.Module) -> None:
     if base != ATTENTION_64:
         config._multispec_attention_base = base
     AttentionInterface.register(ATTENTION_64, _attention_64)
-    model.set_attn_implementation(ATTENTION_64)
+    try:
+        model.set_attn_implementation(ATTENTION_64)
+    except (ValueError, AttributeError, NotImplementedError, TypeError) as e:
+        first = (str(e).splitlines() or [""])[0][:160]
+        raise MultispecError(f"int8 needs the model's attention routed through float64, which {type(model).__name__} "
+                             f"does not allow ({first}); use another dtype") from None
 
 
 def _attention_64(module, query, key, value, attention_mask, **kwargs):
@@ -269,26 +331,27 @@ def _attention_64(module, query, key, value, attention_mask, **kwargs):
 
 
 def attends_in_float64(model: torch.nn.Module) -> bool:
-    """Whether the fast backend must attend in float64 for this model (an int8 model, see above)."""
-    return model.__dict__.get(QUANTIZED_KEY) == "int8"
+    """Whether the fast backend must attend in float64 for this model (an int8 or int4 model, see above)."""
+    return model.__dict__.get(QUANTIZED_KEY) in QUANT_DTYPES
 
 
 def first_rows(module: torch.nn.Module, n: int) -> torch.Tensor:
     """float [n, in]: the first rows of an output layer as it was before quantize_target (a head's fingerprint)."""
-    if isinstance(module, RowInt8Linear) and module.start == 0:
+    if isinstance(module, QuantLinear) and module.start == 0:
         return module.packed.first_rows[:n]
     return float_weight(module)[:n]
 
 
-def _replace(parent: torch.nn.Module, names: list[str], linears: list[torch.nn.Linear]) -> None:
-    packed = PackedInt8([m.weight for m in linears], [m.bias for m in linears])
+def _replace(parent: torch.nn.Module, names: list[str], linears: list[torch.nn.Linear], dtype: str) -> None:
+    int4 = dtype == "int4" and all(PackedInt4.fits(m) for m in linears)
+    packed = (PackedInt4 if int4 else PackedInt8)([m.weight for m in linears], [m.bias for m in linears])
     start = 0
     for i, (name, m) in enumerate(zip(names, linears)):
-        setattr(parent, name, RowInt8Linear(packed, start, start + m.out_features, m.in_features, i == len(names) - 1))
+        setattr(parent, name, QuantLinear(packed, start, start + m.out_features, m.in_features, i == len(names) - 1))
         start += m.out_features
 
 
 def weights_dtype(model: torch.nn.Module) -> str:
-    """"int8" for a model from quantize_target, else its parameters' dtype ("float32", "bfloat16", ...)."""
+    """"int8" or "int4" for a model from quantize_target, else its parameters' dtype ("float32", "bfloat16", ...)."""
     marked = model.__dict__.get(QUANTIZED_KEY)
     return marked or str(next(model.parameters()).dtype).removeprefix("torch.")

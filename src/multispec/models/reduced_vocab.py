@@ -17,7 +17,7 @@ import torch
 import torch.nn.functional as F
 
 from multispec.errors import check
-from multispec.models.int8 import RowInt8Linear, PackedInt8, float_bias, float_weight, is_int8
+from multispec.models.int8 import QuantLinear, PackedInt8, float_bias, float_weight, is_int8
 
 
 def subset_ids(ids, vocab_size: int) -> torch.Tensor:
@@ -49,7 +49,7 @@ class HeadRows:
 
     def __init__(self, head: torch.nn.Module):
         self.weight, self.bias = float_weight(head), float_bias(head)  # [V, H] float32 (int8: dequantized), [V]
-        self.int8 = isinstance(head, RowInt8Linear)  # an int8 target's layer: subsets multiply in int8 too
+        self.int8 = isinstance(head, QuantLinear)  # an int8 target's layer: subsets multiply in int8 too
 
     def gather(self, ids: torch.Tensor):
         """(rows [K, H], bias [K] or None) for ids: long [K]."""
