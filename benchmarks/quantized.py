@@ -73,10 +73,12 @@ def rows(kind: str) -> None:
                     times[d][n].append(dt)
         print(f"rep {rep}/{REPS}", flush=True)
     med = {d: {str(n): statistics.median(v) for n, v in t.items()} for d, t in times.items()}
-    result = {"meta": meta(), "model": "SmolLM2-135M-Instruct", "backend": kind, "context": CTX, "reps": REPS,
+    name = {"smollm2": "SmolLM2-135M-Instruct", "gemma": "Gemma 3 270M"}[MODEL]
+    stem = f"rows_{kind}" + ("" if MODEL == "smollm2" else f"_{MODEL}")
+    result = {"meta": meta(), "model": name, "backend": kind, "context": CTX, "reps": REPS,
               "seconds": med, "int8_speedup": {str(n): med["float32"][str(n)] / med["int8"][str(n)] for n in ROWS}}
     OUT.mkdir(parents=True, exist_ok=True)
-    (OUT / f"rows_{kind}.json").write_text(json.dumps(result, indent=1) + "\n")
+    (OUT / f"{stem}.json").write_text(json.dumps(result, indent=1) + "\n")
     import matplotlib
 
     matplotlib.use("Agg")
@@ -86,12 +88,12 @@ def rows(kind: str) -> None:
     for d in med:
         ax.plot(ROWS, [1000 * med[d][str(n)] for n in ROWS], "o-", label=d)
     ax.set(xlabel="rows in the forward (k + 1 for a k-token chain)", ylabel="ms per forward",
-           title=f"SmolLM2-135M, {kind} backend, {CTX} cached tokens, 1 thread")
+           title=f"{name}, {kind} backend, {CTX} cached tokens, 1 thread")
     ax.set_ylim(bottom=0)
     ax.grid(alpha=0.3)
     ax.legend()
     fig.tight_layout()
-    fig.savefig(OUT / f"rows_{kind}.png", dpi=120)
+    fig.savefig(OUT / f"{stem}.png", dpi=120)
     for n in ROWS:
         print(f"{n:2d} rows: float32 {1000 * med['float32'][str(n)]:6.1f} ms, int8 {1000 * med['int8'][str(n)]:6.1f} ms")
 
@@ -369,8 +371,8 @@ def main() -> None:
     ap.add_argument("what", choices=("kernels", "rows", "speed", "quality", "int4"))
     ap.add_argument("--backend", default="fast", choices=("fast", "hf"))
     ap.add_argument("--quant", default="int8", choices=("int8", "int4"), help="speed: the quantized dtype")
-    ap.add_argument("--model", default="smollm2", choices=("smollm2", "gemma"), help="speed: gemma runs without a "
-                    "head and without llama.cpp, into speed_gemma.json")
+    ap.add_argument("--model", default="smollm2", choices=("smollm2", "gemma"), help="speed and rows: gemma's speed "
+                    "runs without a head and without llama.cpp, into speed_gemma.json")
     ap.add_argument("--offset", type=int, default=140, help="speed: first HumanEval problem (default 140)")
     ap.add_argument("--limit", type=int, default=20)
     ap.add_argument("--max-new-tokens", type=int, default=64)

@@ -91,17 +91,16 @@ def load_pair(target: str | os.PathLike | torch.nn.Module | None = None,
         check(target.is_dir() and draft.is_dir(),
               f"the embedded default pair is not installed (expected {DEFAULT_PAIR_DIR}); pass --target/--draft")
     quant = dtype if isinstance(dtype, str) and dtype in ("int8", "int4") else None
-    int8 = quant is not None
-    dtype = "float32" if int8 else dtype
+    dtype = "float32" if quant else dtype
     given = _in_memory(target, tokenizer, "target", "tokenizer")
     given_draft = _in_memory(draft, draft_tokenizer, "draft", "draft_tokenizer") if draft is not None else None
     if given is not None:  # a model in memory decides the device and dtype, unless they were given (and agree)
         device = _same(device, given.device, "device", given.label)
         dtype = _same(dtype, next(given.model.parameters()).dtype, "dtype", given.label)
     device = resolve_device(device)
-    check(not int8 or device.type == "cpu", f"dtype {quant} runs on the CPU only (torch's {quant} kernels), not on "
+    check(not quant or device.type == "cpu", f"dtype {quant} runs on the CPU only (torch's {quant} kernels), not on "
                                             f"{device}; use device cpu or another dtype")
-    check(not (int8 and compile), f"the compiled backend does not run {quant} models; use the fast or hf backend")
+    check(not (quant and compile), f"the compiled backend does not run {quant} models; use the fast or hf backend")
     if isinstance(dtype, str):
         check(dtype in _DTYPES, f"unknown dtype {dtype!r}; choose one of {', '.join(_DTYPES)}")
         dtype = _DTYPES[dtype]
@@ -114,12 +113,12 @@ def load_pair(target: str | os.PathLike | torch.nn.Module | None = None,
     d_src = None if draft is None else given_draft or _check_path(str(draft), role="draft")
     apply_library_default()
     t_model = t_src.load(device, dtype)
-    t_model = _int8(t_model, t_src.label, quant, copy=given is not None) if quant else t_model
+    t_model = _quantized(t_model, t_src.label, quant, copy=given is not None) if quant else t_model
     tokenizer = t_src.tokenizer()
     d_model = d_tok = bridge = None
     if d_src is not None:
         d_model = d_src.load(device, dtype)
-        d_model = _int8(d_model, d_src.label, quant, copy=given_draft is not None) if quant else d_model
+        d_model = _quantized(d_model, d_src.label, quant, copy=given_draft is not None) if quant else d_model
         tv, dv = vocab_rows(t_model), vocab_rows(d_model)
         d_tok = d_src.tokenizer(required=False)
         shared = tv == dv and (d_tok is None or d_tok.get_vocab() == tokenizer.get_vocab())
@@ -145,7 +144,7 @@ def load_pair(target: str | os.PathLike | torch.nn.Module | None = None,
                 cross_vocab=cross_vocab if bridge is not None else None, draft_tokenizer=d_tok, bridge=bridge)
 
 
-def _int8(model: torch.nn.Module, label: str, dtype: str, copy: bool) -> torch.nn.Module:
+def _quantized(model: torch.nn.Module, label: str, dtype: str, copy: bool) -> torch.nn.Module:
     """The model with int8 (int4) weights, row-exact (models/int8.py), probed again: the probe checks
     that the backend's cached forwards reproduce the quantized model's own full forward. copy: a model the caller
     holds is copied first."""

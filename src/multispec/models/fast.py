@@ -26,7 +26,7 @@ import torch.nn.functional as F
 from multispec.errors import MultispecError, check
 from multispec.models.base import ForwardOut
 from multispec.models.fast_families import FAMILIES
-from multispec.models.int8 import QuantLinear, attends_in_float64, fused, linear_shape
+from multispec.models.int8 import attends_in_float64, fused, linear_shape
 from multispec.models.layout import attention_layout
 from multispec.models.reduced_vocab import VocabSubset
 
@@ -90,7 +90,7 @@ class FastNet:
         self.n_kv = getattr(cfg, "num_key_value_heads", None) or self.n_heads
         self.head_dim = getattr(cfg, "head_dim", None) or self.hidden_size // self.n_heads
         self.device, self.dtype = self.embed.weight.device, self.embed.weight.dtype
-        self.attend_64 = attends_in_float64(model)  # an int8 model: see models/int8.py
+        self.attend_64 = attends_in_float64(model)  # an int8 / int4 model: see models/int8.py
         self.rope_by_type = "layer_type" in inspect.signature(self.rotary.forward).parameters
         self.embed_mult = getattr(cfg, "embedding_multiplier", None)
         self.residual_mult = getattr(cfg, "residual_multiplier", None)
@@ -190,7 +190,7 @@ class FastNet:
             nq, nk = self.n_heads * self.head_dim, self.n_kv * self.head_dim
             q, k, v = qkv[..., :nq], qkv[..., nq:nq + nk], qkv[..., nq + nk:]
         elif self.attend_64 and (packed := fused(attn.q_proj, attn.k_proj, attn.v_proj)) is not None:
-            qkv = packed.apply(h)  # an int8 model: one product for the three (models/int8.py)
+            qkv = packed.apply(h)  # a quantized model: one product for the three (models/int8.py)
             nq, nk = attn.q_proj.out_features, attn.k_proj.out_features
             q, k, v = qkv[..., :nq], qkv[..., nq:nq + nk], qkv[..., nq + nk:]
         else:
@@ -265,7 +265,8 @@ class FastNet:
         Returns the layer's output [N, H] (the family's norm placement and residual multiplier)."""
         block, mult = self.family.block, self.residual_mult
         o_proj = layer.self_attn.o_proj
-        a = o_proj.packed.apply(o) if self.attend_64 and isinstance(o_proj, QuantLinear) else o_proj(o)
+        whole = fused(o_proj) if self.attend_64 else None  # a quantized model: the product called directly
+        a = whole.apply(o) if whole is not None else o_proj(o)
         if block != "pre":
             a = layer.post_attention_layernorm(a)
         x = x + (a * mult if mult is not None else a)
@@ -281,11 +282,12 @@ class FastNet:
         """The layer's MLP on x [N, H]: its own forward, or for an int8 gated MLP (gate/up sharing one product,
         models/int8.py) the same computation with the products called directly."""
         gate_up = fused(mlp.gate_proj, mlp.up_proj) if self.attend_64 and type(mlp).__name__ in GATED_MLPS else None
-        if gate_up is None or not isinstance(mlp.down_proj, QuantLinear):
+        down = fused(mlp.down_proj) if gate_up is not None else None
+        if down is None:
             return mlp(x)
         y = gate_up.apply(x)
         n = mlp.gate_proj.out_features
-        return mlp.down_proj.packed.apply(mlp.act_fn(y[..., :n]) * y[..., n:])
+        return down.apply(mlp.act_fn(y[..., :n]) * y[..., n:])
 
     def logits(self, hidden: torch.Tensor, head=None) -> torch.Tensor:
         """float32 logits [N, V] of final hidden states [N, H], the model's own final transforms applied. head: an
