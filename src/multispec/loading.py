@@ -90,7 +90,9 @@ def load_pair(target: str | os.PathLike | torch.nn.Module | None = None,
         target, draft = DEFAULT_PAIR_DIR / "target", DEFAULT_PAIR_DIR / "draft"
         check(target.is_dir() and draft.is_dir(),
               f"the embedded default pair is not installed (expected {DEFAULT_PAIR_DIR}); pass --target/--draft")
-    quant = dtype if isinstance(dtype, str) and dtype in ("int8", "int4") else None
+    from multispec.models.int8 import QUANT_DTYPES
+
+    quant = dtype if isinstance(dtype, str) and dtype in QUANT_DTYPES else None
     dtype = "float32" if quant else dtype
     given = _in_memory(target, tokenizer, "target", "tokenizer")
     given_draft = _in_memory(draft, draft_tokenizer, "draft", "draft_tokenizer") if draft is not None else None
@@ -150,15 +152,10 @@ def _quantized(model: torch.nn.Module, label: str, dtype: str, copy: bool) -> to
     holds is copied first."""
     import copy as copy_module
 
-    from multispec.models.int8 import quantize_target
+    from multispec.models.int8 import quantize_target, without_fast_net
     from multispec.models.probe import probe_model
 
-    if copy:
-        held = model.__dict__.pop("_multispec_fast_net", None)
-        model, original = copy_module.deepcopy(model), model
-        if held is not None:
-            original.__dict__["_multispec_fast_net"] = held
-    model = quantize_target(model, dtype)
+    model = quantize_target(copy_module.deepcopy(without_fast_net(model)) if copy else model, dtype)
     probe_model(model, f"{label} ({dtype})")
     return model
 

@@ -12,6 +12,7 @@ from multispec.cli.common import (chat_template_option, decode_text, device_opti
 from multispec.cli.method_options import check_method_options, collect_method_options, method_options
 from multispec.decoding.methods import REGISTRY
 from multispec.errors import MultispecError, check
+from multispec.models.int8 import QUANT_DTYPES
 
 
 @cli.command("generate")
@@ -238,7 +239,7 @@ def _report_many(results, warned: bool, method: str) -> None:
     b = s0["batch"]
     flag = "lossless" if s0["lossless"] else "LOSSY"
     mode = "greedy" if s0["temperature"] == 0 else f"T={s0['temperature']:g}"
-    mode += f", {s0['target_dtype']} target" if s0.get("target_dtype") in ("int8", "int4") else ""
+    mode += f", {s0['target_dtype']} target" if s0.get("target_dtype") in QUANT_DTYPES else ""
     line = (f"[{s0['method']}, {flag}, {mode}] {b['prompts']} prompts, batch size {b['size']}: "
             f"{b['new_tokens']} tokens in {b['seconds']:.2f}s ({b['tokens_per_s'] or 0:.1f} tok/s)")
     click.echo(line + ("" if s0["temperature"] == 0 else f"; {_seeds(results)}"), err=True)
@@ -304,7 +305,7 @@ def _summary(s: dict, finish_reason: str) -> str:
     """One stderr line a person can read: what ran, how fast, how well the drafts did, and how to repeat it."""
     flag = "lossless" if s["lossless"] else "LOSSY"
     mode = "greedy" if s["temperature"] == 0 else f"T={s['temperature']:g}"
-    mode += f", {s['target_dtype']} target" if s.get("target_dtype") in ("int8", "int4") else ""
+    mode += f", {s['target_dtype']} target" if s.get("target_dtype") in QUANT_DTYPES else ""
     line = (f"[{s['method']}, {flag}, {mode}] {s['new_tokens']} tokens in {s['seconds']:.2f}s "
             f"({s['tokens_per_s'] or 0:.1f} tok/s)")
     line += _speedup_text(s)

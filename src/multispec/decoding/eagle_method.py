@@ -51,11 +51,11 @@ def load_eagle(config: MethodConfig, pair) -> dict:
     check(pair is not None, "eagle reads its head for a loaded pair's target")
     from multispec.models.eagle_io import load_head
 
-    from multispec.models.int8 import int8_linears, weights_dtype
+    from multispec.models.int8 import QUANT_DTYPES, quantize_linears, weights_dtype
 
     head, token_ids = load_head(str(config.head), pair.target)
-    if weights_dtype(pair.target) in ("int8", "int4"):  # a quantized target's head: its decoder layer in int8 (not the
-        int8_linears(head.transformer)  # fusion layer: its input joins an embedding and a feature of other scales)
+    if weights_dtype(pair.target) in QUANT_DTYPES:  # a quantized target's head: its decoder layer in int8 (not the
+        quantize_linears(head.transformer)  # fusion layer: its input joins an embedding and a feature of other scales)
     return {"eagle_head": head, "eagle_token_ids": token_ids}
 
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from multispec.decoding.methods import MethodConfig, get_method
 from multispec.errors import check
-from multispec.models.int8 import weights_dtype
+from multispec.models.int8 import QUANT_DTYPES, weights_dtype
 from multispec.loading import Pair, max_positions, vocab_rows
 
 
@@ -17,7 +17,7 @@ def backend_name(pair: Pair, backend) -> str:
     check(backend in BACKENDS, f"unknown backend {backend!r}; choose one of {', '.join(BACKENDS)}")
     check(not (pair.compile and backend == "hf"),
           "backend 'hf' asked for on a pair loaded with compile=True; compiling applies to the fast backend")
-    check(backend != "compiled" or weights_dtype(pair.target) not in ("int8", "int4"),
+    check(backend != "compiled" or weights_dtype(pair.target) not in QUANT_DTYPES,
           f"the compiled backend does not run {weights_dtype(pair.target)} models; use the fast or hf backend")
     return backend
 

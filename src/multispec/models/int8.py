@@ -41,13 +41,20 @@ def quantize_draft(model: torch.nn.Module) -> torch.nn.Module:
           f"this torch build has no int8 CPU kernels (quantized engines: {engines})")
     from torch.ao.quantization import per_channel_dynamic_qconfig, quantize_dynamic
 
-    fresh = copy.copy(model)  # drop a cached FastNet: its modules would be the float copies
-    fresh.__dict__ = {k: v for k, v in model.__dict__.items() if k != FAST_NET_KEY}
+    fresh = without_fast_net(model)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # torch's deprecation notices for eager quantization (see module docstring)
         out = quantize_dynamic(fresh, {torch.nn.Linear: per_channel_dynamic_qconfig}, dtype=torch.qint8,
                                inplace=False)
     return out.eval()
+
+
+def without_fast_net(model: torch.nn.Module) -> torch.nn.Module:
+    """A shallow copy of `model` without its cached FastNet (whose modules would be the source's), to copy deeply or
+    quantize into a copy; `model` itself is left as it is."""
+    fresh = copy.copy(model)
+    fresh.__dict__ = {k: v for k, v in model.__dict__.items() if k != FAST_NET_KEY}
+    return fresh
 
 
 def is_int8(module: torch.nn.Module) -> bool:
@@ -127,7 +134,7 @@ class SharedProduct:
 
     _last: tuple | None = None  # (input, output, input's version) for the next sibling
     bias: torch.Tensor | None = None
-    first_rows: torch.Tensor  # the source rows: what eagle_io.fingerprint reads (the shipped head's key)
+    first_rows: torch.Tensor | None = None  # the output layer's source rows (eagle_io.fingerprint): quantize_target
 
     def __call__(self, x: torch.Tensor, keep: bool) -> torch.Tensor:
         """float [M, K] -> float [M, N] by `apply`, or the result already held for this very input.
@@ -159,7 +166,6 @@ class PackedInt8(SharedProduct):
             [torch.zeros(x.shape[0]) if b is None else b.detach().float() for x, b in zip(weights, biases)])
         self.anchor = torch.zeros(1, w.shape[1])
         self.anchor[0, 0], self.anchor[0, -1] = 1.0, -1.0
-        self.first_rows = w[:32].clone()
 
     def apply(self, x: torch.Tensor) -> torch.Tensor:
         """float [M, K] -> float [M, N], no sharing (the fast backend calls this directly)."""
@@ -188,7 +194,6 @@ class PackedInt4(SharedProduct):
         self.packed = torch.ops.aten._convert_weight_to_int4pack_for_cpu(q, 2)
         self.bias = None if all(b is None for b in biases) else torch.cat(
             [torch.zeros(x.shape[0]) if b is None else b.detach().float() for x, b in zip(weights, biases)])
-        self.first_rows = w[:32].clone()
         self.shape = (n, k)
 
     def apply(self, x: torch.Tensor) -> torch.Tensor:
@@ -271,13 +276,17 @@ def quantize_target(model: torch.nn.Module, dtype: str = "int8") -> torch.nn.Mod
     check(any(e in engines for e in ("x86", "fbgemm", "onednn")),
           f"this torch build has no int8 CPU kernels (quantized engines: {engines})")
     model.__dict__.pop(FAST_NET_KEY, None)  # a cached FastNet holds the float modules
-    int8_linears(model, dtype)
+    head = model.get_output_embeddings()
+    source_rows = head.weight[:32].detach().clone() if isinstance(head, torch.nn.Linear) else None
+    quantize_linears(model, dtype)
+    if source_rows is not None and isinstance(model.get_output_embeddings(), QuantLinear):
+        model.get_output_embeddings().packed.first_rows = source_rows  # what the shipped head's key is read from
     model.__dict__[QUANTIZED_KEY] = dtype
     _attend_in_float64(model)
     return model.eval()
 
 
-def int8_linears(module: torch.nn.Module, dtype: str = "int8") -> torch.nn.Module:
+def quantize_linears(module: torch.nn.Module, dtype: str = "int8") -> torch.nn.Module:
     """Replace, in place, every nn.Linear under `module` by a QuantLinear (q/k/v and gate/up siblings sharing one
     packed product) with `dtype` weights. Returns `module`."""
     for parent in list(module.modules()):
@@ -337,7 +346,7 @@ def attends_in_float64(model: torch.nn.Module) -> bool:
 
 def first_rows(module: torch.nn.Module, n: int) -> torch.Tensor:
     """float [n, in]: the first rows of an output layer as it was before quantize_target (a head's fingerprint)."""
-    if isinstance(module, QuantLinear) and module.start == 0:
+    if isinstance(module, QuantLinear) and module.start == 0 and module.packed.first_rows is not None:
         return module.packed.first_rows[:n]
     return float_weight(module)[:n]
 

@@ -49,7 +49,7 @@ class HeadRows:
 
     def __init__(self, head: torch.nn.Module):
         self.weight, self.bias = float_weight(head), float_bias(head)  # [V, H] float32 (int8: dequantized), [V]
-        self.int8 = isinstance(head, QuantLinear)  # an int8 target's layer: subsets multiply in int8 too
+        self.int8 = isinstance(head, QuantLinear)  # a quantized target's layer: subsets multiply in int8 too
 
     def gather(self, ids: torch.Tensor):
         """(rows [K, H], bias [K] or None) for ids: long [K]."""
