@@ -189,6 +189,9 @@ def test_int8_is_refused_in_one_line_where_it_cannot_run(tmp_path, capsys, monke
     code, _, err = run_cli(capsys, "generate", "x", "--target", str(paths["target"]), "--dtype", "int8", "--threads", "1",
                            "--backend", "compiled")
     assert_one_line_error(code, err, "compiled backend does not run int8")
+    code, _, err = run_cli(capsys, "generate", "x", "--target", str(paths["target"]), "--dtype", "int4", "--threads",
+                           "1", "--backend", "compiled")
+    assert_one_line_error(code, err, "compiled backend does not run int4")
     import multispec.loading as loading
 
     with monkeypatch.context() as m:  # a CUDA device, as on a GPU machine: refused before any weights load
