@@ -146,6 +146,47 @@ def test_keyed_noise_is_uniform_and_keyed_sampling_draws_p():
     assert _chi2_pvalue(counts, {k: float(p[k]) for k in range(5) if p[k] > 0}, 6000) > 1e-3
 
 
+def _laws(vocab: int, count: int, gen: torch.Generator):
+    """Peaked, flat, uniform, sparse and point-mass laws over `vocab` tokens (float32, as the engine's p)."""
+    for i in range(count):
+        kind = i % 5
+        if kind == 0:
+            yield torch.softmax(torch.randn(vocab, generator=gen) * 3, -1)
+        elif kind == 1:
+            yield torch.softmax(torch.randn(vocab, generator=gen) * 20, -1)
+        elif kind == 2:
+            yield torch.full((vocab,), 1.0 / vocab)
+        elif kind == 3:
+            p = torch.rand(vocab, generator=gen) * (torch.rand(vocab, generator=gen) > 0.7)
+            p[i % vocab] += 0.01
+            yield p / p.sum()
+        else:
+            yield torch.nn.functional.one_hot(torch.tensor(i % vocab), vocab).float()
+
+
+def test_keyed_max_is_gumbel_max_token_for_token(monkeypatch):
+    """keyed_max (the plain step's keyed draw: exact scores only where a cheap bound comes close) returns
+    gumbel_max's token on every law and key, with or without the noise row memoised; a bound that is not one
+    (U in place of 1 - U) is caught by the same comparison."""
+    def compare(vocab: int, count: int) -> int:
+        differ = 0
+        for i, p in enumerate(_laws(vocab, count, torch.Generator().manual_seed(vocab))):
+            keyed._MEMO.clear()
+            want = int(gumbel_max(p[None], keyed_gumbel(i, [i + 3], vocab)))  # memoises the row
+            assert keyed.keyed_max(p, i, i + 3) == want  # from the memo
+            keyed._MEMO.clear()
+            try:
+                differ += keyed.keyed_max(p, i, i + 3) != want  # the bound's path
+            except IndexError:  # the broken bound can leave no candidate at all
+                differ += 1
+        return differ
+
+    assert sum(compare(v, 300) for v in (2, 3, 7, 50)) + compare(8192, 40) == 0
+    real_sub = torch.sub
+    monkeypatch.setattr(torch, "sub", lambda a, b, out=None: out.copy_(b) if isinstance(a, float) else real_sub(a, b))
+    assert compare(50, 300) > 30  # broken: bound p / U, not a bound
+
+
 # ----------------------------------------------------------------------------------- invariance
 @pytest.mark.parametrize("regime", REGIMES)
 def test_committed_text_is_keyed_ar_whatever_the_drafter(regime):

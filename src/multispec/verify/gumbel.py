@@ -53,7 +53,7 @@ import torch
 
 from multispec.errors import MultispecError, check
 from multispec.tree import Tree
-from multispec.verify.keyed import PositionKeys, gumbel_max, gumbel_top
+from multispec.verify.keyed import PositionKeys, gumbel_max, gumbel_top, keyed_max
 
 Outcome = tuple[tuple[int, ...], int]
 _ROUNDING = 1e-15  # round_law drops stop masses below this (p - ranks when the draft always has the token)
@@ -83,10 +83,9 @@ def verify_gumbel(tree: Tree, tokens: torch.Tensor, p: torch.Tensor, q: torch.Te
     target's Gumbel-max token that ends the round (the bonus at a leaf). Deterministic; no generator.
     """
     check_keys(tree, keys)
-    vocab = p.shape[-1]
     node, path = 0, [0]
     while True:
-        want = int(gumbel_max(p[node : node + 1], keys.row(node).gumbel(vocab)))
+        want = keyed_max(p[node], keys.seed, keys.positions[node], keys.slot)  # gumbel_max, cheaper
         child = next((kid for kid in tree.children[node] if int(tokens[kid]) == want), None)
         if child is None:
             return tuple(path), want

@@ -19,8 +19,8 @@ draw from p (the Gumbel-max trick), the sampler whose draws the `gumbel` and `gl
 """
 from __future__ import annotations
 
-import functools
-
+import threading
+from collections import OrderedDict
 from dataclasses import dataclass
 from typing import Sequence
 
@@ -64,10 +64,15 @@ def keyed_uniform(seed: int | Sequence[int], positions: Sequence[int], vocab: in
     out = torch.empty(len(positions), vocab, dtype=torch.float64)
     gen = torch.Generator()
     for k, (s, t) in enumerate(zip(seeds, positions)):
-        gen.manual_seed(position_key(s, t, slot))
-        torch.rand(vocab, generator=gen, dtype=torch.float64, out=out[k])
-    out.clamp_(min=2.0 ** -60)  # U = 0 has probability 2^-53: map it into (0, 1) so G stays finite
+        _fill_uniform(out[k], gen, s, t, slot)
     return out if device is None else out.to(device)
+
+
+def _fill_uniform(out: torch.Tensor, gen: torch.Generator, seed: int, position: int, slot: int) -> None:
+    """out: float64 [V], filled with the uniforms of key (seed, position, slot)."""
+    gen.manual_seed(position_key(seed, position, slot))
+    torch.rand(out.shape[0], generator=gen, dtype=torch.float64, out=out)
+    out.clamp_(min=2.0 ** -60)  # U = 0 has probability 2^-53: map it into (0, 1) so G stays finite
 
 
 def keyed_gumbel(seed: int | Sequence[int], positions: Sequence[int], vocab: int, slot: int = 0,
@@ -82,11 +87,71 @@ def keyed_gumbel(seed: int | Sequence[int], positions: Sequence[int], vocab: int
     return out if device is None else out.to(device)
 
 
-@functools.lru_cache(maxsize=32)
+_MEMO: OrderedDict = OrderedDict()  # (seed, position, vocab, slot) -> a Gumbel row: the 32 latest
+_MEMO_SIZE = 32
+_MEMO_LOCK = threading.Lock()  # the lanes of a batch and the server's workers draw at once
+
+
 def _gumbel_row(seed: int, position: int, vocab: int, slot: int) -> torch.Tensor:
     """One row of keyed Gumbel noise, float64 [V]; a pure function of its arguments, so memoising it changes no
     result (callers never write into it)."""
-    return -torch.log(-torch.log(keyed_uniform(seed, [position], vocab, slot)[0]))
+    key = (seed, position, vocab, slot)
+    with _MEMO_LOCK:
+        row = _MEMO.get(key)
+        if row is not None:
+            _MEMO.move_to_end(key)
+            return row
+    row = keyed_uniform(seed, [position], vocab, slot)[0].log_().neg_().log_().neg_()  # -log(-log U)
+    with _MEMO_LOCK:
+        _MEMO[key] = row
+        if len(_MEMO) > _MEMO_SIZE:
+            _MEMO.popitem(last=False)
+    return row
+
+
+_SLACK = 1e-9  # log-space margin of keyed_max's bound: float64 scores are off by ~1e-13 at most
+
+
+def keyed_max(p: torch.Tensor, seed: int, position: int, slot: int = 0) -> int:
+    """int(gumbel_max(p[None], keyed_gumbel(seed, [position], V, slot))): the same token, bit for bit, at a
+    third of the cost when the noise row is not memoised (a plain step in the reproducible mode, which nothing
+    drafted: 5.7 ms of noise at V = 262k against 1.2 ms of uniforms here). p: float [V].
+
+    Why it is the same: the score of x is log p_x + G_x with G_x = -log E_x, E_x = -log U_x >= 1 - U_x, so
+    log(p_x / (1 - U_x)) bounds it from above. Exact scores of the tokens whose bound comes within _SLACK of the
+    best exact score found (about one token on average) contain every maximum; among them the first of the
+    largest wins, as argmax does."""
+    vocab = p.shape[-1]
+    with _MEMO_LOCK:
+        row = _MEMO.get((seed, position, vocab, slot))
+    if row is not None:
+        return int(gumbel_max(p[None], row[None]))
+    p = p.detach().cpu()
+    gen, u, bound = _scratch(vocab)  # this thread's: no 2 MB allocations (page faults) per call at V = 262k
+    _fill_uniform(u, gen, seed, position, slot)
+    torch.div(p, torch.sub(1.0, u, out=bound), out=bound)  # float64 p / (1 - U): [V]
+    best = bound.argmax().reshape(1)  # p > 0 there (a law has mass), so its exact score is finite
+    ref = _scores(p, u, best)[0]
+    candidates = (bound >= torch.exp(ref - _SLACK)).nonzero()[:, 0]  # increasing ids; `best` among them
+    return int(candidates[int(_scores(p, u, candidates).argmax())])  # the first of the largest, in token order
+
+
+def _scores(p: torch.Tensor, u: torch.Tensor, ids: torch.Tensor) -> torch.Tensor:
+    """float64 log p + G of tokens `ids`, computed as gumbel_max computes them."""
+    p64 = p[ids].double()
+    return torch.where(p64 > 0, torch.log(p64), -torch.inf) + -torch.log(-torch.log(u[ids]))
+
+
+_LOCAL = threading.local()
+
+
+def _scratch(vocab: int) -> tuple[torch.Generator, torch.Tensor, torch.Tensor]:
+    """This thread's generator and two float64 [vocab] buffers, kept for the latest vocabulary size."""
+    kept = getattr(_LOCAL, "scratch", None)
+    if kept is None or kept[1].shape[0] != vocab:
+        kept = _LOCAL.scratch = (torch.Generator(), torch.empty(vocab, dtype=torch.float64),
+                                 torch.empty(vocab, dtype=torch.float64))
+    return kept
 
 
 @dataclass(frozen=True)
@@ -150,5 +215,5 @@ def keyed_sample(p: torch.Tensor, keys: PositionKeys) -> torch.Tensor:
     return gumbel_max(p, keys.gumbel(p.shape[-1], p.device))
 
 
-__all__ = ["PositionKeys", "gumbel_max", "gumbel_top", "keyed_gumbel", "keyed_sample", "keyed_uniform",
+__all__ = ["PositionKeys", "gumbel_max", "gumbel_top", "keyed_gumbel", "keyed_max", "keyed_sample", "keyed_uniform",
            "node_keys", "position_key", "splitmix64"]
