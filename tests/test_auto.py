@@ -119,6 +119,24 @@ def test_calibration_is_cached(tmp_path):
     assert second.target.seconds == first.target.seconds
 
 
+def test_auto_does_not_probe_a_draft_through_a_long_catch_up(monkeypatch):
+    """While backed off, auto probes the draft (test above), but not when the probe's first forward would feed a
+    long catch-up (here 256 pending tokens: ~12 plain steps of draft prefill); without the limit (the broken
+    variant) it does, every probe period."""
+    from multispec.drafting.auto import policy as auto_policy
+
+    def kinds(pending: int):
+        costs = _costs(0.010, 0.010, 0.009)
+        costs.draft = CostCurve([0.009 + 0.0004 * (b - 1) for b in BUCKETS])
+        policy = _policy(costs, accept=0.3)
+        return [policy.plan_round([1, 2, 3], pending).proposer for _ in range(40)]
+
+    assert kinds(1).count("draft") >= 1
+    assert kinds(256).count("draft") == 0
+    monkeypatch.setattr(auto_policy, "PROBE_CATCH_UP", 1e9)
+    assert kinds(256).count("draft") >= 1
+
+
 @pytest.mark.parametrize("method,options", [("auto", {}), ("lookup", {}), ("lookup", {"k": 2, "ngram": 1}),
                                             ("sd", {"k": 6, "confidence": 0.4}), ("sd", {"k": 6, "entropy": 0.3}),
                                             ("dynamic", {"width": 2, "depth": 4, "confidence": 0.3})])

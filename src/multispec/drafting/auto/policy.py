@@ -26,6 +26,11 @@ BATCH_SKIP_BELOW = 0.8  # in a batch: plans predicted below this fraction of a p
 # the batch ends with its slowest sequence), which the share model does not see: speculate only for a clear gain.
 BATCH_MARGIN = 0.25
 QUIET_MAX = 8  # alone: at most this many plain steps in a row without weighing the plans
+# A probe of a draft plan runs only while the draft's catch-up (the tokens it has not seen: the deferred prompt and
+# every plain step since it last ran) costs at most this many plain target steps. Measured (Gemma 3 drafted by
+# SmolLM2, T = 1, a long Spec-Bench prompt): a probe whose first forward fed the deferred draft prefill took 4.6 s
+# for 2 tokens, ~45 plain steps' worth. A plan chosen on its merits still may (the catch-up spread over rounds).
+PROBE_CATCH_UP = 4
 
 
 def family(plan: RoundPlan) -> str:
@@ -199,9 +204,18 @@ class AutoPolicy(DraftPolicyBase):
             return best
         self.ar_streak = 0
         self.probe_level += 1
-        spec = max(speculative, key=score)
+        spec = max((p for p in speculative if self._cheap_probe(p)), key=score, default=None)
+        if spec is None:
+            return best
         return RoundPlan(spec.tree, spec.proposer, spec.tokens, spec.label + " (probe)", spec.predicted_tps,
                          spec.ngram)
+
+    def _cheap_probe(self, plan: RoundPlan) -> bool:
+        """Whether probing `plan` costs at most a few plain steps: not a draft plan with a long catch-up."""
+        if plan.proposer != self.draft_proposer:
+            return True
+        c = self._costs()
+        return c.d(self.planner.pending) - c.d(1) <= PROBE_CATCH_UP * c.t(1)
 
     # ------------------------------------------------------------------ chains stopped token by token
     def start_round(self) -> None:
