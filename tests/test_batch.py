@@ -3,8 +3,8 @@ forward, a batched sequence's output equals its batch-1 output (greedy) and keep
 other sequences join and leave, and a deliberately broken batch (one row's mask shifted by one) is caught."""
 from __future__ import annotations
 
-import queue
-from concurrent.futures import ThreadPoolExecutor
+import concurrent.futures
+import threading
 from types import SimpleNamespace
 
 import numpy as np
@@ -33,24 +33,26 @@ def _pair(target, draft) -> Pair:
 
 
 def run_batched(decoder: Decoder, prompts, slots: int, sampling, max_new, seeds, rows: int = 96):
-    """Every prompt through a BatchGroup of `slots` lanes, each lane taking the next prompt when its sequence
-    ends (sequences join and leave between rounds). max_new: one int or one per prompt."""
+    """Every prompt through a BatchGroup of `slots` lanes on its loop, each lane taking the next prompt when its
+    sequence ends (sequences join and leave between rounds). max_new: one int or one per prompt."""
     group = BatchGroup(decoder, slots, rows)
-    free = queue.SimpleQueue()
-    for lane in group.lanes:
-        free.put(lane)
+    free = list(group.lanes)  # touched on the loop's thread only
     max_new = max_new if isinstance(max_new, list) else [max_new] * len(prompts)
     out = [None] * len(prompts)
 
     def one(i):
-        lane = free.get()
+        lane = free.pop()
         try:
             out[i] = lane.run(prompts[i], sampling, max_new[i], seeds[i])[0]
         finally:
-            free.put(lane)
+            free.append(lane)
 
-    with ThreadPoolExecutor(slots) as pool:
-        list(pool.map(one, range(len(prompts))))
+    futures = [group.submit(one, i) for i in range(len(prompts))]
+    try:
+        for f in futures:
+            f.result()
+    finally:
+        group.close()
     return out, group
 
 
@@ -348,6 +350,47 @@ def test_a_lane_refuses_a_run_that_does_not_fit_its_rows():
     with pytest.raises(MultispecError, match="cache rows"):
         lane.run(list(range(10)), GREEDY, 12, 0)
     assert lane.group.batcher.live == 0  # nothing joined
+
+
+def test_the_batch_loop_runs_every_generation_on_one_thread_a_slot_at_a_time():
+    """Ten generations on four slots: every forward runs on the group's one loop thread (no thread per sequence),
+    at most four run at once, they share forwards, the same requests give the same batches (nothing depends on
+    thread timing), an error in one reaches its own Future and the others finish; a lane's forward outside the
+    loop is refused in one sentence."""
+    target, draft = tiny_pair(vocab=16, seed=3, noise=0.3)
+    decoder = Decoder(_pair(target, draft), "sd", "fast", k=3)
+    prompts = [[1 + i % 5, 2, 3 + i % 7] for i in range(10)]
+
+    def run_all():
+        group = BatchGroup(decoder, 4, 64)
+        free, threads, running, most = list(group.lanes), set(), [0], [0]
+
+        def one(i):
+            lane = free.pop()
+            running[0] += 1
+            most[0] = max(most[0], running[0])
+            try:
+                threads.add(threading.get_ident())
+                if i == 7:
+                    raise ValueError("request 7 fails")
+                return lane.run(prompts[i], GREEDY, 12, 0)[0]
+            finally:
+                running[0] -= 1
+                free.append(lane)
+
+        futures = [group.submit(one, i) for i in range(len(prompts))]
+        concurrent.futures.wait(futures)
+        group.close()
+        assert threads and threading.get_ident() not in threads and len(threads) == 1 and most[0] == 4
+        with pytest.raises(ValueError, match="request 7"):
+            futures[7].result()
+        return [f.result() for i, f in enumerate(futures) if i != 7], group.stats()["target"]
+
+    first, stats = run_all()
+    assert (first, stats) == run_all() and stats["mean_batch"] > 2, stats
+    lane = BatchGroup(decoder, 2, 64).lanes[0]
+    with pytest.raises(RuntimeError, match="runs on its batch's loop"):
+        lane.run([1, 2, 3], GREEDY, 4, 0)
 
 
 def test_bench_batch_size_measures_every_method_and_transformers_batched_generate(pair, tmp_path, capsys):

@@ -29,7 +29,7 @@ def _interrupt_after(count: int, seen: list):
     return on_result
 
 
-@pytest.mark.parametrize("backend", ["fast", "hf"])  # lanes in worker threads; one sequence at a time, in this one
+@pytest.mark.parametrize("backend", ["fast", "hf"])  # lanes on the batch loop; one sequence at a time, in this thread
 def test_an_interrupted_batch_raises_with_one_result_per_prompt(pair, backend):
     seen = []
     with pytest.raises(KeyboardInterrupt) as e:

@@ -1,14 +1,14 @@
 """Many sequences at once: lanes of one Decoder that decode concurrently and share batched forwards.
 
-    group = BatchGroup(decoder, slots=16, rows=...)     # one SlotCache per model, one StepBatcher
-    group.lanes[i].generate(prompt, ...)                # a Decoder whose backends are slot i of the caches
+    group = BatchGroup(decoder, slots=16, rows=...)     # one SlotCache per model, one StepBatcher: the loop
+    group.submit(lambda: group.lanes[i].generate(prompt, ...))   # a Future; lane i: a Decoder over slot i
 
 Each lane is a Decoder (same pair, method and trained models, its own draft policy) whose backends are
-`SlotBackend`s over one slot of the group's caches. Run lanes in threads: every sequence goes through the ordinary
-generation loop (decoding/engine.py) with its own generator, policy, verifier calls and accepted path, and the
-group's StepBatcher turns their forward calls into one batched forward per model (models/batched.py). A sequence
-joins the batch when its run starts and leaves when it ends, so a server admits and frees sequences between rounds
-(continuous batching) with no scheduler of its own. The output of a sequence does not depend on the others in the
+`SlotBackend`s over one slot of the group's caches. Lanes run on the group's loop (`submit`; models/batched.py):
+every sequence goes through the ordinary generation loop (decoding/engine.py) with its own generator, policy,
+verifier calls and accepted path, as a greenlet in the loop's one thread, and the loop runs their forward calls as
+one batched forward per model. A sequence joins the batch when its run starts and leaves when it ends, so a server
+admits and frees sequences between rounds (continuous batching). The output of a sequence does not depend on the others in the
 batch: same law at T > 0, same tokens greedy up to near-ties of the batched arithmetic.
 
 `auto` in a lane plans with the batch's costs: a forward of B sequences × n tokens each costs C(B, n)
@@ -72,7 +72,7 @@ class BatchGroup:
                                                 "(serve --max-concurrent)")
         check(batchable(decoder), f"batched decoding runs on the fast backend, not {decoder.backend!r}")
         self.decoder, self.slots, self.rows = decoder, slots, rows
-        self.batcher = StepBatcher()
+        self.batcher = StepBatcher(slots)  # at most one generation per slot runs; later ones wait their turn
         self.target_cache = SlotCache(FastNet.of(decoder.pair.target), slots, rows, Role.TARGET)
         draft_model = decoder.draft_model  # set exactly when the decoder drafts with it (uses_draft)
         self.draft_cache = SlotCache(FastNet.of(draft_model), slots, rows, Role.DRAFT) \
@@ -80,6 +80,15 @@ class BatchGroup:
         self.batch_costs = _batch_costs(self) if decoder.config.name == "auto" else None
         self.lanes = [Lane(decoder, self, slot) for slot in range(slots)]
         self.cancelled = threading.Event()  # set: every lane stops after its current round (generate_batch)
+
+    def submit(self, fn, *args):
+        """Run fn(*args) (code that generates on lanes, one lane per running call) on the group's loop; returns
+        its concurrent.futures.Future. At most `slots` calls run at once; later ones start as earlier ones end."""
+        return self.batcher.submit_task(fn, *args)
+
+    def close(self, wait: bool = True) -> None:
+        """Stop the loop once its running calls end (those not started are cancelled); wait: for that."""
+        self.batcher.close(wait)
 
     def stats(self) -> dict:
         """Batched forwards so far and the mean sequences per forward, per model."""

@@ -4,9 +4,8 @@ batched bench): every prompt checked first, then decoded `batch_size` at a time 
 finishes, and an interrupt keeping every prompt's result so far."""
 from __future__ import annotations
 
-import queue
 import time
-from concurrent.futures import ThreadPoolExecutor, as_completed
+from concurrent.futures import as_completed, wait
 from typing import Callable
 
 from multispec.decoding.batch import (CROSS_VOCAB_NOTE, MAX_BATCH, SEQUENTIAL_NOTE, BatchGroup, Cancelled,
@@ -128,32 +127,31 @@ def _decode_in_turn(decoder: Decoder, count: int, one, done, results: list) -> N
 
 
 def _decode_in_lanes(group: BatchGroup, count: int, one, done) -> None:
-    """Every sequence on the group's lanes, each lane in a worker thread; results are reported here as they
-    finish. An exception here (an interrupt: signals reach this thread only) cancels the batch: the running lanes
-    stop after their current round (Lane.run), the waiting prompts never start."""
-    free: queue.SimpleQueue = queue.SimpleQueue()
-    for lane in group.lanes:
-        free.put(lane)
+    """Every sequence on the group's lanes, on its loop (a slot that frees takes the next prompt); results are
+    reported here as they finish. An exception here (an interrupt: signals reach this thread only) cancels the
+    batch: the running lanes stop after their current round (Lane.run), the waiting prompts never start."""
+    free = list(group.lanes)  # touched on the loop's thread only
 
     def task(i: int) -> None:
         if group.cancelled.is_set():
             return
-        lane = free.get()
+        lane = free.pop()
         try:
             one(lane, i)
         finally:
-            free.put(lane)
+            free.append(lane)
 
-    pool = ThreadPoolExecutor(len(group.lanes), thread_name_prefix="multispec-batch")
-    futures = {pool.submit(task, i): i for i in range(count)}
+    futures = {group.submit(task, i): i for i in range(count)}
     try:
         for future in as_completed(futures):
+            future.result()  # one() keeps its errors: only a bug of the loop's own surfaces here
             done(futures[future])
     except BaseException:
         group.cancelled.set()
         raise
     finally:
-        pool.shutdown(wait=True, cancel_futures=True)
+        wait(futures)
+        group.close()
 
 
 def _empty(seed: int) -> GenerationResult:

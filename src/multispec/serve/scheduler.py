@@ -1,17 +1,18 @@
 """The scheduler: the one owner of generation state in the server.
 
-Admitted requests wait in a bounded queue for one of `max_concurrent` worker threads. There is one Decoder per
-worker, built at start-up, and a worker takes a free Decoder for a whole generation. Two kinds:
+Admitted requests wait in a bounded queue for one of `max_concurrent` workers. There is one Decoder per worker,
+built at start-up, and a worker takes a free Decoder for a whole generation. Two kinds:
 - continuous batching (`max_batch` > 1, the fast backend): the Decoders are the lanes of one BatchGroup
-  (decoding/batch.py), one slot each of shared batched caches; the generations in flight run their forwards
-  together as one batched forward per model, a request joins the batch at its first forward and leaves it (freeing
-  its slot) when it ends — finished, stopped, cancelled or timed out. max_concurrent = max_batch.
+  (decoding/batch.py), one slot each of shared batched caches, and the workers are generations on the group's one
+  loop (no thread per request); the generations in flight run their forwards together as one batched forward per
+  model, a request joins the batch at its first forward and leaves it (freeing its slot) when it ends — finished,
+  stopped, cancelled or timed out. max_concurrent = max_batch.
 - one sequence per forward (`max_batch` 1): Decoders from `Decoder.spawn` (trained models read once and shared),
   each owning its caches; the generations interleave round by round (torch releases the GIL inside its ops).
 Memory is bounded by max_concurrent caches of at most max_model_len tokens (serve/memory.py). Beyond
 max_concurrent + max_queue requests, `submit` raises QueueFull (HTTP 429).
 
-Events flow from a generation thread to its request handler through an asyncio queue:
+Events flow from a generation to its request handler through an asyncio queue:
 ("text", text.StreamChunk) as text is committed (the delta, the tokens it covers and their logprobs), then exactly
 one of ("done", GenerationResult), ("cancelled", None), ("error", exception). Cancelling a run (client gone,
 timeout) sets its event; the stream callback then raises Cancelled inside the generation thread at the next
@@ -103,7 +104,7 @@ class Scheduler:
         self.running = 0
         self.cancelled = 0  # runs that ended by cancellation (client gone or timeout)
         self._lock = threading.Lock()
-        self._pool = ThreadPoolExecutor(max_concurrent, thread_name_prefix="multispec-gen")
+        self._pool = ThreadPoolExecutor(max_concurrent, thread_name_prefix="multispec-gen")  # one sequence each
 
     def submit(self, job: Job) -> Run:
         """Admit a job (call on the event loop) or raise QueueFull."""
@@ -112,7 +113,10 @@ class Scheduler:
                 raise QueueFull()
             self.waiting += 1
         run = Run(loop=asyncio.get_running_loop())
-        self._pool.submit(self._work, job, run)
+        if self.group is not None:
+            self.group.submit(self._work, job, run)
+        else:
+            self._pool.submit(self._work, job, run)
         return run
 
     def _work(self, job: Job, run: Run) -> None:
@@ -152,3 +156,5 @@ class Scheduler:
 
     def shutdown(self) -> None:
         self._pool.shutdown(wait=False, cancel_futures=True)
+        if self.group is not None:
+            self.group.close(wait=False)  # the loop ends once its runs do (each as its request ends)
