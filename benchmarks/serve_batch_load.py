@@ -1,7 +1,7 @@
 """Continuous batching under load: `multispec serve --max-batch 32` against `--max-batch 1`, same requests, one run.
 
 Per setting, one server subprocess (pycode-v1, fast backend, one torch thread, the default method): C streaming
-clients x R requests each, greedy, max_tokens M (HumanEval prompts, cycled). Records total tokens/s, time to first
+clients x R requests each, greedy, max_tokens M (distinct HumanEval prompts: none repeats by default). Records total tokens/s, time to first
 token and inter-token latency p50/p99, the server's RSS, and checks every response's token ids against the offline
 library result for its prompt. Then, on the batched server only, a cancellation phase: `slots` long streams start,
 8 are abandoned mid-run, and 8 new requests must be admitted at once (their queue time, from /metrics, and time to
@@ -124,7 +124,7 @@ async def load(args, server: Server, prompts, offline) -> dict:
         async def client(i: int) -> list:
             out = []
             for j in range(args.requests_per_client):
-                k = (i + j * 8) % len(prompts)
+                k = (i + j * args.clients) % len(prompts)  # distinct while prompts >= clients x requests
                 rec = await stream_one(http, server.url, prompts[k], args.max_tokens)
                 rec["prompt"] = k
                 out.append(rec)
@@ -170,7 +170,9 @@ def main() -> None:
     add_pycode_args(ap)
     ap.add_argument("--clients", type=int, default=32)
     ap.add_argument("--requests-per-client", type=int, default=4)
-    ap.add_argument("--prompts", type=int, default=32)
+    ap.add_argument("--prompts", type=int, default=128, help="HumanEval prompts; client i's request j takes prompt "
+                    "i + j x clients (cycled): no prompt repeats while prompts >= clients x requests, so suffix "
+                    "caching of earlier answers flatters neither setting")
     ap.add_argument("--max-tokens", type=int, default=64)
     ap.add_argument("--batches", default="32,1")
     ap.add_argument("--cancel", action=argparse.BooleanOptionalAction, default=True)
