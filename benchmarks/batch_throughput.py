@@ -7,6 +7,8 @@ the tokens produced), fp32 CPU. multispec runs on its fast backend; a batch size
 (continuous batching: a slot takes the next prompt when its sequence ends; transformers runs chunks of B prompts).
 
     PYTHONPATH=src python benchmarks/batch_throughput.py --out benchmarks/results/batch/throughput
+    PYTHONPATH=src python benchmarks/batch_throughput.py --target SmolLM2-135M-Instruct.Q4_1.gguf --prompts 8 \
+        --batch-sizes 1,4,8 --out benchmarks/results/batch/throughput_smollm2   # a model of its own, no draft
 """
 from __future__ import annotations
 
@@ -31,6 +33,8 @@ def main() -> None:
     ap.add_argument("--batch-sizes", default="1,4,16,32")
     ap.add_argument("--threads", default="1,2")
     ap.add_argument("--temperatures", default="0,1")
+    ap.add_argument("--target", help="another target (a GGUF file or a folder), alone: auto plans lookup and suffix "
+                    "drafts (a feature head drafts one sequence at a time); default: the pycode-v1 pair")
     ap.add_argument("--out", required=True, help="path without extension: writes .json and .md")
     args = ap.parse_args()
     import multispec.decoding.batch, multispec.drafting.auto, multispec.drafting.costs  # noqa: F401,E401 - all code read now
@@ -41,7 +45,14 @@ def main() -> None:
     from multispec.decoding.batch_offline import generate_batch
     from multispec.decoding.decoder import Decoder
 
-    pair = load_pycode(args)
+    if args.target:
+        import multispec
+
+        torch.set_num_threads(1)
+        pair = multispec.load_pair(target=args.target, dtype="float32", device="cpu")
+    else:
+        pair = load_pycode(args)
+    model = Path(args.target).name if args.target else "pycode-v1"
     per = -(-args.prompts // 6) + 1 if args.dataset == "spec-bench" else args.prompts
     prompts = [p.text for p in load_prompts(args.dataset, data_dir=args.data_dir, limit=per,
                                             offset=args.offset)]
@@ -84,14 +95,14 @@ def main() -> None:
                 tokens = hf_generate_batched(pair, prompt_ids, b, args.max_new_tokens, temperature, 0)
                 record(threads, temperature, "hf generate", b, tokens, time.perf_counter() - t0)
     torch.set_num_threads(1)
-    record_json = {"meta": environment(pair, sys.argv), "prompts": len(prompts), "data": args.label,
+    record_json = {"meta": environment(pair, sys.argv), "model": model, "prompts": len(prompts), "data": args.label,
                    "max_new_tokens": args.max_new_tokens,
                    "rows": rows, "ratios": ratios(rows, sizes)}
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
     out.with_suffix(".json").write_text(json.dumps(record_json, indent=1))
-    out.with_suffix(".md").write_text(table(rows, sizes, len(prompts), args.max_new_tokens, args.label))
-    print(table(rows, sizes, len(prompts), args.max_new_tokens, args.label))
+    out.with_suffix(".md").write_text(table(rows, sizes, len(prompts), args.max_new_tokens, args.label, model))
+    print(table(rows, sizes, len(prompts), args.max_new_tokens, args.label, model))
 
 
 def _rate(rows, threads, temperature, system, b):
@@ -112,8 +123,8 @@ def ratios(rows, sizes) -> list[dict]:
     return out
 
 
-def table(rows, sizes, n_prompts, max_new, label="humaneval from 0") -> str:
-    lines = [f"Total tokens/s, pycode-v1, {n_prompts} prompts of {label}, {max_new} new tokens, fp32 CPU (one run). "
+def table(rows, sizes, n_prompts, max_new, label="humaneval from 0", model="pycode-v1") -> str:
+    lines = [f"Total tokens/s, {model}, {n_prompts} prompts of {label}, {max_new} new tokens, fp32 CPU (one run). "
              "auto / x: the batched auto's ratio to x at the same batch size.", "",
              "| threads | T | batch | ar | auto | hf generate | auto loop (b=1) | auto / loop | auto / hf | auto / ar |",
              "|---|---|---|---|---|---|---|---|---|---|"]

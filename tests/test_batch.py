@@ -95,6 +95,43 @@ def test_batched_forward_equals_each_sequences_own_forward(arch):
                                atol=1e-5, rtol=1e-5)
 
 
+@pytest.mark.parametrize("arch", ["llama", "gemma3"])
+def test_one_and_many_token_steps_attend_in_their_own_groups(arch):
+    """One forward of one-token steps and longer ones (a chain, a tree with its mask) on slots far apart: the
+    longer steps attend over a copy of their own slots' rows, the one-token steps over the caches' views, and every
+    output equals its sequence's own FastBackend; in a second forward, slots side by side (no copy)."""
+    model = build(arch)
+    net = FastNet.of(model)
+    cache = SlotCache(net, 8, 96)
+    g = torch.Generator().manual_seed(4)
+    slots = [0, 3, 5, 7]
+    alone = {s: FastBackend(model, max_len=96) for s in slots}
+    for s, n in zip(slots, (9, 14, 6, 11)):
+        p = torch.randint(0, net.vocab_size, (n,), generator=g)
+        run_batch(cache, [Step(s, p, torch.arange(n))])
+        alone[s].forward(p, torch.arange(n), causal_mask(0, n))
+    for shapes in ({0: 1, 3: 4, 5: 1, 7: "tree"}, {0: 3, 3: 1, 5: 2, 7: 1}):
+        steps, refs = [], []
+        for s, kind in shapes.items():
+            a = cache.lens[s]
+            n = 3 if kind == "tree" else kind
+            t = torch.randint(0, net.vocab_size, (n,), generator=g)
+            if kind == "tree":  # a root and two children
+                pos, mask = torch.tensor([a, a + 1, a + 1]), torch.ones(3, a + 3, dtype=torch.bool)
+                mask[0, a + 1:] = mask[1, a + 2] = mask[2, a + 1] = False
+            else:
+                pos, mask = torch.arange(a, a + n), None
+            steps.append(Step(s, t, pos, mask))
+            refs.append(alone[s].forward(t, pos, causal_mask(a, n) if mask is None else mask))
+        for o, ref in zip(run_batch(cache, steps), refs):
+            torch.testing.assert_close(o.logits, ref.logits, atol=1e-5, rtol=1e-5)
+        for s, kind in shapes.items():  # keep every row (a tree: the root and its first child)
+            a = cache.lens[s] - (3 if kind == "tree" else kind)
+            kept = torch.arange(a + 2) if kind == "tree" else torch.arange(cache.lens[s])
+            cache.keep(s, kept)
+            alone[s].keep(kept)
+
+
 def _sliding_rounds(arch: str, broken: bool = False) -> SlotCache:
     """Two slots through 40 rounds each (a 3-node tree, a keep of one branch, now and then a 3-token chain) on a
     cache whose sliding layers hold window + 12 rows, every output against each sequence's own FastBackend."""

@@ -167,10 +167,15 @@ def run_batch(cache: SlotCache, steps: list[Step]) -> list[ForwardOut]:
 
 
 class _AttentionPlan:
-    """Which queries attend where, built once per batched forward and used by every layer."""
+    """Which queries attend where, built once per batched forward and used by every layer.
+
+    Steps of up to PAD_LIMIT tokens attend padded, in two groups: the one-token steps, and the longer ones (drafts
+    and trees). Padding every row to the longest step would make one speculating sequence pay its query count for
+    the whole batch: at batch 32 with a 400-row context, one 16-token step made the attention of all 32 cost 2.9x.
+    A longer step (a prefill) attends alone."""
 
     def __init__(self, cache: SlotCache, steps: list[Step], ns: list[int], starts: list[int], positions):
-        net, dev = cache.net, cache.net.device
+        net = cache.net
         self.cache, self.net = cache, net
         offsets = [0]
         for n in ns:
@@ -180,69 +185,21 @@ class _AttentionPlan:
         self.alone = [(steps[j], offsets[j], ns[j], starts[j]) for j in range(len(steps)) if ns[j] > PAD_LIMIT]
         self.alone_masks = [net.masks(s.mask, positions[o:o + n], cache.pos[s.slot, :a + n], a, n)
                             for s, o, n, a in self.alone]
-        self.padded = None
-        if small:
-            lo, hi = min(steps[j].slot for j in small), max(steps[j].slot for j in small) + 1
-            nmax = max(ns[j] for j in small)
-            width = max(starts[j] + ns[j] for j in small)
-            # allowed[r, m, t]: query m of slot lo + r may read row t. A chain reads every row before it; a tree
-            # brings its own mask. Padding queries read row 0 only (their outputs are dropped).
-            qrow = torch.arange(nmax, device=dev)
-            start_of = torch.zeros(hi - lo, dtype=torch.long, device=dev)
-            n_of = torch.zeros(hi - lo, dtype=torch.long, device=dev)
-            index, tokens_at = [], []
-            for j in small:
-                r = steps[j].slot - lo
-                start_of[r], n_of[r] = starts[j], ns[j]
-                index.append(torch.arange(r * nmax, r * nmax + ns[j], device=dev))
-                tokens_at.append(torch.arange(offsets[j], offsets[j + 1], device=dev))
-            limit = start_of[:, None] + qrow[None, :] + 1  # [R, nmax]: a chain's rows end after the query itself
-            allowed = torch.arange(width, device=dev)[None, None, :] < limit[:, :, None]  # [R, nmax, width]
-            for j in small:
-                if steps[j].mask is not None:
-                    r, n, a = steps[j].slot - lo, ns[j], starts[j]
-                    allowed[r, :n, :a + n] = steps[j].mask.to(dev)
-                    allowed[r, :n, a + n:] = False
-            live = qrow[None, :] < n_of[:, None]  # [R, nmax]
-            qpos = torch.zeros(hi - lo, nmax, dtype=torch.long, device=dev)
-            index = torch.cat(index)
-            tokens_at = torch.cat(tokens_at)
-            qpos.view(-1)[index] = positions[tokens_at]
-            masks = []
-            kpos = cache.pos[lo:hi, :width]
-            slide_width = max(starts[j] + ns[j] - cache.base[steps[j].slot] for j in small)
-            for kind in net.layout.distinct_types:
-                m, w = allowed, net.layout.windows.get(kind)
-                if kind == "sliding_attention":
-                    m = m & (qpos[:, :, None] - kpos[:, None, :] < w)
-                    if any(cache.sliding):
-                        m = _from_base(m, cache.base[lo:hi], slide_width)
-                elif kind == "chunked_attention":
-                    m = m & (qpos[:, :, None] // w == kpos[:, None, :] // w)
-                m = m | (~live)[:, :, None] & (torch.arange(m.shape[2], device=dev) == 0)
-                masks.append(m[:, None])  # [R, 1, nmax, width] (a sized sliding layer's: slide_width)
-            in_order = len(small) == len(steps) and bool((tokens_at == torch.arange(self.total, device=dev)).all())
-            self.padded = (lo, hi, nmax, (width, slide_width), index, None if in_order else tokens_at, masks)
+        groups = [[j for j in small if ns[j] == 1], [j for j in small if ns[j] > 1]]
+        self.groups = [_Padded(cache, [steps[j] for j in g], [ns[j] for j in g], [starts[j] for j in g],
+                               [offsets[j] for j in g], positions) for g in groups if g]
+        if len(self.groups) == 1 and len(small) == len(steps):
+            self.groups[0].whole(self.total)
 
     def attend(self, layer: int, q: torch.Tensor, scale) -> torch.Tensor:
         """q: [Hq, N, D] -> attention output [N, Hq * D]."""
         net, cache = self.net, self.cache
         hq, _, d = q.shape
+        if len(self.groups) == 1 and self.groups[0].tokens_at is None:  # one group, every token in order
+            return self.groups[0].attend(layer, q, scale)
         out = q.new_empty(self.total, hq * d)
-        if self.padded is not None:
-            lo, hi, nmax, widths, index, tokens_at, masks = self.padded
-            width = widths[cache.sliding[layer]]
-            qt = q.transpose(0, 1)  # [N, Hq, D]
-            qp = q.new_zeros((hi - lo) * nmax, hq, d)
-            qp[index] = qt if tokens_at is None else qt[tokens_at]
-            qp = qp.view(hi - lo, nmax, hq, d).transpose(1, 2)  # [R, Hq, nmax, D]
-            keys, values = cache.k[layer][lo:hi, :, :width], cache.v[layer][lo:hi, :, :width]  # views, no copy
-            o = net.attend(qp, keys, values, masks[net.mask_index[layer]], scale)  # [R, Hq, nmax, D]
-            o = o.transpose(1, 2).reshape((hi - lo) * nmax, hq * d)[index]
-            if tokens_at is None:
-                out = o
-            else:
-                out[tokens_at] = o
+        for g in self.groups:
+            out[g.tokens_at] = g.attend(layer, q, scale)
         for (s, off, n, a), masks in zip(self.alone, self.alone_masks):
             b = cache.base[s.slot] if cache.sliding[layer] else 0  # a sized sliding layer holds rows [b, a + n)
             keys, values = cache.k[layer][s.slot, :, :a + n - b], cache.v[layer][s.slot, :, :a + n - b]
@@ -250,6 +207,87 @@ class _AttentionPlan:
             o = net.attend(q[:, off:off + n], keys, values, mask if mask is None else mask[..., b:], scale)
             out[off:off + n] = o.transpose(0, 1).reshape(n, hq * d)
         return out
+
+
+class _Padded:
+    """Steps attending together as [R, Hq, nmax, D] queries over R slots' rows: the slots lo..hi-1 (the caches'
+    views, no copy) when the steps fill at least half of that range, else the steps' own slots (a copy of their
+    rows, cheaper than padding queries for every slot in between)."""
+
+    def __init__(self, cache: SlotCache, steps: list[Step], ns: list[int], starts: list[int], offsets: list[int],
+                 positions):
+        net, dev = cache.net, cache.net.device
+        self.cache, self.net = cache, net
+        slots = [s.slot for s in steps]
+        lo, hi = min(slots), max(slots) + 1
+        if hi - lo <= 2 * len(slots):
+            self.rows_of, self.select = list(range(lo, hi)), (lo, hi)
+        else:
+            self.rows_of, self.select = sorted(slots), torch.tensor(sorted(slots), device=dev)
+        row = {slot: r for r, slot in enumerate(self.rows_of)}
+        nr, nmax = len(self.rows_of), max(ns)
+        self.nmax = nmax
+        width = max(a + n for a, n in zip(starts, ns))
+        # allowed[r, m, t]: query m of row r's slot may read row t. A chain reads every row before it; a tree
+        # brings its own mask. Padding queries read row 0 only (their outputs are dropped).
+        qrow = torch.arange(nmax, device=dev)
+        start_of = torch.zeros(nr, dtype=torch.long, device=dev)
+        n_of = torch.zeros(nr, dtype=torch.long, device=dev)
+        index, tokens_at = [], []
+        for st, n, a, off in zip(steps, ns, starts, offsets):
+            r = row[st.slot]
+            start_of[r], n_of[r] = a, n
+            index.append(torch.arange(r * nmax, r * nmax + n, device=dev))
+            tokens_at.append(torch.arange(off, off + n, device=dev))
+        limit = start_of[:, None] + qrow[None, :] + 1  # [R, nmax]: a chain's rows end after the query itself
+        allowed = torch.arange(width, device=dev)[None, None, :] < limit[:, :, None]  # [R, nmax, width]
+        for st, n, a in zip(steps, ns, starts):
+            if st.mask is not None:
+                r = row[st.slot]
+                allowed[r, :n, :a + n] = st.mask.to(dev)
+                allowed[r, :n, a + n:] = False
+        live = qrow[None, :] < n_of[:, None]  # [R, nmax]
+        qpos = torch.zeros(nr, nmax, dtype=torch.long, device=dev)
+        self.index, self.tokens_at = torch.cat(index), torch.cat(tokens_at)
+        qpos.view(-1)[self.index] = positions[self.tokens_at]
+        kpos = self._rows(cache.pos)[:, :width]
+        slide_width = max(a + n - cache.base[st.slot] for st, n, a in zip(steps, ns, starts))
+        self.widths = (width, slide_width)
+        self.masks = []
+        for kind in net.layout.distinct_types:
+            m, w = allowed, net.layout.windows.get(kind)
+            if kind == "sliding_attention":
+                m = m & (qpos[:, :, None] - kpos[:, None, :] < w)
+                if any(cache.sliding):
+                    m = _from_base(m, [cache.base[slot] for slot in self.rows_of], slide_width)
+            elif kind == "chunked_attention":
+                m = m & (qpos[:, :, None] // w == kpos[:, None, :] // w)
+            m = m | (~live)[:, :, None] & (torch.arange(m.shape[2], device=dev) == 0)
+            self.masks.append(m[:, None])  # [R, 1, nmax, width] (a sized sliding layer's: slide_width)
+
+    def whole(self, total: int) -> None:
+        """These steps are every token of the forward: when in order, attend writes the output as it is."""
+        if bool((self.tokens_at == torch.arange(total, device=self.tokens_at.device)).all()):
+            self.tokens_at = None
+
+    def _rows(self, t: torch.Tensor) -> torch.Tensor:
+        """t's entries for this group's rows (dim 0: slots): a view of lo..hi-1, or a copy of the steps' slots."""
+        return t[self.select[0]:self.select[1]] if isinstance(self.select, tuple) else t.index_select(0, self.select)
+
+    def attend(self, layer: int, q: torch.Tensor, scale) -> torch.Tensor:
+        """q: [Hq, N, D] (every token of the forward) -> this group's tokens' outputs [n, Hq * D], in order."""
+        net, cache, nmax = self.net, self.cache, self.nmax
+        hq, _, d = q.shape
+        nr = len(self.rows_of)
+        width = self.widths[cache.sliding[layer]]
+        qt = q.transpose(0, 1)  # [N, Hq, D]
+        qp = q.new_zeros(nr * nmax, hq, d)
+        qp[self.index] = qt if self.tokens_at is None else qt[self.tokens_at]
+        qp = qp.view(nr, nmax, hq, d).transpose(1, 2)  # [R, Hq, nmax, D]
+        keys = self._rows(cache.k[layer][:, :, :width])
+        values = self._rows(cache.v[layer][:, :, :width])
+        o = net.attend(qp, keys, values, self.masks[net.mask_index[layer]], scale)  # [R, Hq, nmax, D]
+        return o.transpose(1, 2).reshape(nr * nmax, hq * d)[self.index]
 
 
 def _from_base(m: torch.Tensor, bases: list[int], width: int) -> torch.Tensor:
