@@ -137,6 +137,31 @@ def test_auto_does_not_probe_a_draft_through_a_long_catch_up(monkeypatch):
     assert kinds(256).count("draft") >= 1
 
 
+def test_auto_in_a_batch_does_not_draft_through_a_long_catch_up(monkeypatch):
+    """In a batch every sequence waits on a draft forward: a sequence whose draft has a long catch-up pending (a
+    long prompt it never drafted over) takes plain steps, though the catch-up spread over rounds would look cheap;
+    with little pending it drafts. Without the limit (the broken variant) it drafts through the catch-up."""
+    from types import SimpleNamespace
+
+    from multispec.drafting.auto import policy as auto_policy
+    from multispec.drafting.batch_costs import BATCH_SIZES, BatchCosts
+
+    table = BatchCosts({"target": [[0.02 + 0.0005 * b * n for n in BUCKETS] for b in BATCH_SIZES],
+                        "draft": [[0.0005 + 0.0001 * b * n for n in BUCKETS] for b in BATCH_SIZES]})
+
+    def first_plan(pending: int) -> str:
+        policy = _policy(_costs(0.010, 0.001, 0.001), accept=0.8)
+        policy.memory = False
+        policy.join_batch(SimpleNamespace(live=8, last={}), table, False)
+        policy.prepare(None, object(), 16)
+        policy.has_draft = True
+        return policy.plan_round([1, 2, 3], pending).proposer
+
+    assert first_plan(1) == "draft" and first_plan(256) == "none"
+    monkeypatch.setattr(auto_policy, "PROBE_CATCH_UP", 1e9)
+    assert first_plan(256) == "draft"
+
+
 @pytest.mark.parametrize("method,options", [("auto", {}), ("lookup", {}), ("lookup", {"k": 2, "ngram": 1}),
                                             ("sd", {"k": 6, "confidence": 0.4}), ("sd", {"k": 6, "entropy": 0.3}),
                                             ("dynamic", {"width": 2, "depth": 4, "confidence": 0.3})])

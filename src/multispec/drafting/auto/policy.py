@@ -29,7 +29,8 @@ QUIET_MAX = 8  # alone: at most this many plain steps in a row without weighing 
 # A probe of a draft plan runs only while the draft's catch-up (the tokens it has not seen: the deferred prompt and
 # every plain step since it last ran) costs at most this many plain target steps. Measured (Gemma 3 drafted by
 # SmolLM2, T = 1, a long Spec-Bench prompt): a probe whose first forward fed the deferred draft prefill took 4.6 s
-# for 2 tokens, ~45 plain steps' worth. A plan chosen on its merits still may (the catch-up spread over rounds).
+# for 2 tokens, ~45 plain steps' worth. Alone, a plan chosen on its merits still may (the catch-up spread over
+# rounds); in a batch, where every sequence waits on that forward, no draft plan may.
 PROBE_CATCH_UP = 4
 
 
@@ -141,7 +142,8 @@ class AutoPolicy(DraftPolicyBase):
             self.current = planner.ar(costs)
             return self.current
         ar = planner.ar(costs)
-        candidates = [p for p in (planner.draft(costs, pending) if self.has_draft else None,
+        draft_ok = self.has_draft and (not batched or self._short_catch_up(pending))  # a batch waits on it
+        candidates = [p for p in (planner.draft(costs, pending) if draft_ok else None,
                                   planner.lookup(costs, history) if "lookup" in self.proposers else None,
                                   self._suffix_plan(history, ar)) if p is not None]
         score = self._scorer(batched)
@@ -212,10 +214,13 @@ class AutoPolicy(DraftPolicyBase):
 
     def _cheap_probe(self, plan: RoundPlan) -> bool:
         """Whether probing `plan` costs at most a few plain steps: not a draft plan with a long catch-up."""
-        if plan.proposer != self.draft_proposer:
-            return True
+        return plan.proposer != self.draft_proposer or self._short_catch_up(self.planner.pending)
+
+    def _short_catch_up(self, pending: int) -> bool:
+        """Whether the draft's forward over `pending` tokens costs at most PROBE_CATCH_UP plain steps (this
+        sequence's share of one, in a batch, where every sequence waits on that forward)."""
         c = self._costs()
-        return c.d(self.planner.pending) - c.d(1) <= PROBE_CATCH_UP * c.t(1)
+        return c.d(pending) - c.d(1) <= PROBE_CATCH_UP * c.t(1)
 
     # ------------------------------------------------------------------ chains stopped token by token
     def start_round(self) -> None:
