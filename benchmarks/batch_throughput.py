@@ -33,6 +33,8 @@ def main() -> None:
     ap.add_argument("--batch-sizes", default="1,4,16,32")
     ap.add_argument("--threads", default="1,2")
     ap.add_argument("--temperatures", default="0,1")
+    ap.add_argument("--no-hf", dest="hf", action="store_false", help="skip transformers' batched generate (slow on "
+                    "long prompts); its columns show -")
     ap.add_argument("--target", help="another target (a GGUF file or a folder), alone: auto plans lookup and suffix "
                     "drafts (a feature head drafts one sequence at a time); default: the pycode-v1 pair")
     ap.add_argument("--out", required=True, help="path without extension: writes .json and .md")
@@ -91,9 +93,10 @@ def main() -> None:
                     out = generate_batch(decoder, prompts, batch_size=b, max_new_tokens=args.max_new_tokens,
                                          temperature=temperature, seed=0)
                     record(threads, temperature, m, b, sum(len(r.token_ids) for r in out), time.perf_counter() - t0)
-                t0 = time.perf_counter()
-                tokens = hf_generate_batched(pair, prompt_ids, b, args.max_new_tokens, temperature, 0)
-                record(threads, temperature, "hf generate", b, tokens, time.perf_counter() - t0)
+                if args.hf:
+                    t0 = time.perf_counter()
+                    tokens = hf_generate_batched(pair, prompt_ids, b, args.max_new_tokens, temperature, 0)
+                    record(threads, temperature, "hf generate", b, tokens, time.perf_counter() - t0)
     torch.set_num_threads(1)
     record_json = {"meta": environment(pair, sys.argv), "model": model, "prompts": len(prompts), "data": args.label,
                    "max_new_tokens": args.max_new_tokens,
@@ -106,8 +109,12 @@ def main() -> None:
 
 
 def _rate(rows, threads, temperature, system, b):
-    return next(r["tokens_per_s"] for r in rows if (r["threads"], r["temperature"], r["system"], r["batch_size"])
-                == (threads, temperature, system, b))
+    return next((r["tokens_per_s"] for r in rows if (r["threads"], r["temperature"], r["system"], r["batch_size"])
+                 == (threads, temperature, system, b)), None)
+
+
+def _f(x, fmt: str) -> str:
+    return "–" if x is None else format(x, fmt)
 
 
 def ratios(rows, sizes) -> list[dict]:
@@ -118,7 +125,8 @@ def ratios(rows, sizes) -> list[dict]:
             auto = _rate(rows, threads, temperature, "auto", b)
             out.append({"threads": threads, "temperature": temperature, "batch_size": b,
                         "auto_vs_batch1_loop": auto / loop,
-                        "auto_vs_hf_generate": auto / _rate(rows, threads, temperature, "hf generate", b),
+                        "auto_vs_hf_generate": auto / hf if (hf := _rate(rows, threads, temperature, "hf generate", b))
+                        else None,
                         "auto_vs_batched_ar": auto / _rate(rows, threads, temperature, "ar", b)})
     return out
 
@@ -131,8 +139,8 @@ def table(rows, sizes, n_prompts, max_new, label="humaneval from 0", model="pyco
     for r in ratios(rows, sizes):
         th, t, b = r["threads"], r["temperature"], r["batch_size"]
         lines.append(f"| {th} | {t:g} | {b} | {_rate(rows, th, t, 'ar', b):.1f} | {_rate(rows, th, t, 'auto', b):.1f} "
-                     f"| {_rate(rows, th, t, 'hf generate', b):.1f} | {_rate(rows, th, t, 'auto loop', 1):.1f} | "
-                     f"{r['auto_vs_batch1_loop']:.2f}x | {r['auto_vs_hf_generate']:.2f}x | "
+                     f"| {_f(_rate(rows, th, t, 'hf generate', b), '.1f')} | {_rate(rows, th, t, 'auto loop', 1):.1f} | "
+                     f"{r['auto_vs_batch1_loop']:.2f}x | {_f(r['auto_vs_hf_generate'], '.2f')}{'x' if r['auto_vs_hf_generate'] else ''} | "
                      f"{r['auto_vs_batched_ar']:.2f}x |")
     return "\n".join(lines) + "\n"
 
