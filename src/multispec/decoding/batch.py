@@ -8,8 +8,8 @@ Each lane is a Decoder (same pair, method and trained models, its own draft poli
 every sequence goes through the ordinary generation loop (decoding/engine.py) with its own generator, policy,
 verifier calls and accepted path, as a greenlet in the loop's one thread, and the loop runs their forward calls as
 one batched forward per model. A sequence joins the batch when its run starts and leaves when it ends, so a server
-admits and frees sequences between rounds (continuous batching). The output of a sequence does not depend on the others in the
-batch: same law at T > 0, same tokens greedy up to near-ties of the batched arithmetic.
+admits and frees sequences between rounds (continuous batching). The output of a sequence does not depend on the
+others in the batch: same law at T > 0, same tokens greedy up to near-ties of the batched arithmetic.
 
 `auto` in a lane plans with the batch's costs: a forward of B sequences × n tokens each costs C(B, n)
 (drafting/costs.py, measured once per machine). A plan of n target tokens is charged its share of the one-token

@@ -15,7 +15,7 @@ max_concurrent + max_queue requests, `submit` raises QueueFull (HTTP 429).
 Events flow from a generation to its request handler through an asyncio queue:
 ("text", text.StreamChunk) as text is committed (the delta, the tokens it covers and their logprobs), then exactly
 one of ("done", GenerationResult), ("cancelled", None), ("error", exception). Cancelling a run (client gone,
-timeout) sets its event; the stream callback then raises Cancelled inside the generation thread at the next
+timeout) sets its event; the stream callback then raises Cancelled inside the generation at the next
 committed text, which unwinds `generate` and frees its caches.
 """
 from __future__ import annotations
