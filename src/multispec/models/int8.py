@@ -117,7 +117,8 @@ def float_bias(module: torch.nn.Module) -> torch.Tensor | None:
 def _has_vnni() -> bool:
     """Whether this CPU sums int8 products in int32 in one instruction (AVX512-VNNI or AVX-VNNI; Linux flags)."""
     try:
-        flags = open("/proc/cpuinfo").read()
+        with open("/proc/cpuinfo") as f:
+            flags = f.read()
     except OSError:
         return False
     return any(f in flags for f in ("avx512_vnni", "avx_vnni", "amx_int8"))
