@@ -430,6 +430,35 @@ def test_the_batch_loop_runs_every_generation_on_one_thread_a_slot_at_a_time():
         lane.run([1, 2, 3], GREEDY, 4, 0)
 
 
+def test_a_failure_of_the_batch_loop_itself_fails_every_request_and_hangs_none(monkeypatch):
+    """If the loop itself fails (a bug: here its batch step raises), every submitted request — running, waiting on a
+    forward, or not started — gets the error instead of waiting forever, and later submissions are refused."""
+    from multispec.models.batched import StepBatcher
+
+    target, draft = tiny_pair(vocab=16, seed=3, noise=0.3)
+    decoder = Decoder(_pair(target, draft), "sd", "fast", k=3)
+    group = BatchGroup(decoder, 4, 64)
+    free = list(group.lanes)
+
+    def one(i):
+        lane = free.pop()
+        try:
+            return lane.run([1, 2, 3 + i], GREEDY, 12, 0)[0]
+        finally:
+            free.append(lane)
+
+    def broken(self):
+        raise RuntimeError("a bug in the loop")
+
+    monkeypatch.setattr(StepBatcher, "_run_ready", broken)
+    futures = [group.submit(one, i) for i in range(7)]
+    done, pending = concurrent.futures.wait(futures, timeout=60)
+    assert not pending
+    assert all("a bug in the loop" in str(f.exception()) for f in futures)
+    with pytest.raises(RuntimeError, match="loop failed"):
+        group.submit(one, 0)
+
+
 def test_bench_batch_size_measures_every_method_and_transformers_batched_generate(pair, tmp_path, capsys):
     import json
 

@@ -22,6 +22,7 @@ batched unchanged.
 from __future__ import annotations
 
 import functools
+import logging
 import queue
 import threading
 from collections import Counter, deque
@@ -359,6 +360,8 @@ class StepBatcher:
         self._tasks = 0  # started and not ended
         self._live = 0
         self._closing = False
+        self._broken: BaseException | None = None  # the loop's own failure (a bug): every request got it
+        self._future_of: dict = {}  # started greenlet -> its Future, until it ends
         self._hub = None  # the loop's own greenlet
         self._thread: threading.Thread | None = None
         self._start_lock = threading.Lock()
@@ -383,6 +386,8 @@ class StepBatcher:
         """Run fn(*args) on the loop (starting its thread the first time); its Future gets the result or error."""
         future: Future = Future()
         with self._start_lock:
+            if self._broken is not None:
+                raise RuntimeError(f"this batch's loop failed: {self._broken!r}")
             if self._closing:
                 raise RuntimeError("this batch's loop is closed")
             if self._thread is None:
@@ -423,14 +428,16 @@ class StepBatcher:
                     fn, args, future = self._waiting.popleft()
                     if future.set_running_or_notify_cancel():
                         self._tasks += 1
-                        self._runnable.append(greenlet.greenlet(functools.partial(self._task, fn, args, future)))
+                        g = greenlet.greenlet(functools.partial(self._task, fn, args, future))
+                        self._future_of[g] = future
+                        self._runnable.append(g)
                 if self._runnable:
                     self._runnable.popleft().switch()  # back here at its next forward call or its end
                 elif self._pending:
                     self._run_ready()
         except BaseException as e:  # noqa: BLE001 - a bug here must fail every request, not hang them
+            logging.getLogger("multispec").exception("the batch loop failed; every request in it gets the error")
             self._fail_all(e)
-            raise
 
     def _take_inbox(self, block: bool) -> bool:
         """Move submitted tasks to the waiting line (blocking for the first when idle); False once closed and idle."""
@@ -459,6 +466,7 @@ class StepBatcher:
             future.set_result(result)
         finally:
             self._tasks -= 1
+            self._future_of.pop(greenlet.getcurrent(), None)
 
     def _run_ready(self) -> None:
         """Every live sequence waits on a forward: run one model's calls (the lowest Role first) as one batch."""
@@ -479,11 +487,25 @@ class StepBatcher:
             self._runnable.append(c.caller)
 
     def _fail_all(self, error: BaseException) -> None:
-        for _, _, future in self._waiting:
+        """The loop itself failed: every request gets the error (none hangs), and later submissions are refused."""
+        with self._start_lock:
+            self._broken = error
+        waiting = list(self._waiting)
+        while True:
+            try:
+                item = self._inbox.get_nowait()
+            except queue.Empty:
+                break
+            if item is not None:
+                waiting.append(item)
+        for _, _, future in waiting:
             if future.set_running_or_notify_cancel():
                 future.set_exception(error)
         for g in [*self._runnable, *(c.caller for c in self._pending)]:
-            g.throw(error)
+            if g:  # started: unwinds through _task, which hands the error to its future
+                g.throw(error)
+            elif (future := self._future_of.pop(g, None)) is not None:
+                future.set_exception(error)
 
 
 class SlotBackend(VocabSubset):
