@@ -102,7 +102,7 @@ def _gumbel_row(seed: int, position: int, vocab: int, slot: int) -> torch.Tensor
         if row is not None:
             _MEMO.move_to_end(key)
             return row
-    row = keyed_uniform(seed, [position], vocab, slot)[0].log_().neg_().log_().neg_()  # -log(-log U)
+    row = _gumbel(keyed_uniform(seed, [position], vocab, slot)[0])
     with _MEMO_LOCK:
         _MEMO[key] = row
         if len(_MEMO) > _MEMO_SIZE:
@@ -141,9 +141,13 @@ def keyed_max(p: torch.Tensor, seed: int, position: int, slot: int = 0) -> int:
 
 
 def _scores(p: torch.Tensor, u: torch.Tensor, ids: torch.Tensor) -> torch.Tensor:
-    """float64 log p + G of tokens `ids`, computed as gumbel_max computes them."""
-    p64 = p[ids].double()
-    return torch.where(p64 > 0, torch.log(p64), -torch.inf) + -torch.log(-torch.log(u[ids]))
+    """float64 log p + G of tokens `ids`: the noise of _gumbel_row, the scores of gumbel_max (the same ops)."""
+    return _log_scores(p[ids], _gumbel(u[ids]))  # u[ids]: a copy, transformed in place
+
+
+def _gumbel(u: torch.Tensor) -> torch.Tensor:
+    """-log(-log U), in place on u (float64)."""
+    return u.log_().neg_().log_().neg_()
 
 
 _LOCAL = threading.local()
@@ -197,8 +201,12 @@ def node_keys(tree, seed: int, root_position: int) -> PositionKeys:
 def gumbel_max(p: torch.Tensor, gumbel: torch.Tensor) -> torch.Tensor:
     """argmax(log p + G), a draw from p when G is standard Gumbel. p: float [B, V] (target or draft, processed);
     gumbel: float64 [B, V]. Tokens with p = 0 are never chosen. Returns long [B]."""
-    scores = torch.where(p > 0, torch.log(p.double()), -torch.inf) + gumbel.to(p.device)
-    return scores.argmax(-1)
+    return _log_scores(p, gumbel).argmax(-1)
+
+
+def _log_scores(p: torch.Tensor, gumbel: torch.Tensor) -> torch.Tensor:
+    """float64 log p + G (-inf where p = 0)."""
+    return torch.where(p > 0, torch.log(p.double()), -torch.inf) + gumbel.to(p.device)
 
 
 def gumbel_top(q: torch.Tensor, n: int, gumbel: torch.Tensor) -> torch.Tensor:
