@@ -246,7 +246,9 @@ class QuantLinear(torch.nn.Module):
         return self.packed.dequantized()[self.start:self.stop]
 
     def extra_repr(self) -> str:
-        return f"in_features={self.in_features}, out_features={self.out_features}, int8 weights, row-exact int8 rows"
+        kind = (f"int4 weights in groups of {INT4_GROUP}, bfloat16 rows" if isinstance(self.packed, PackedInt4)
+                else "int8 weights, row-exact int8 rows")
+        return f"in_features={self.in_features}, out_features={self.out_features}, {kind}"
 
 
 def fused(*layers: torch.nn.Module) -> SharedProduct | None:
@@ -271,8 +273,8 @@ def quantize_target(model: torch.nn.Module, dtype: str = "int8") -> torch.nn.Mod
     check(dtype in QUANT_DTYPES, f"quantized dtype must be one of {', '.join(QUANT_DTYPES)}, got {dtype!r}")
     weight = model.get_input_embeddings().weight
     check(weight.device.type == "cpu",
-          f"int8 models run on CPU only (torch's int8 kernels); this one is on {weight.device}; use --device cpu")
-    check(weight.dtype == torch.float32, f"int8 weights are made from a float32 model, not {weight.dtype}")
+          f"{dtype} models run on CPU only (torch's {dtype} kernels); this one is on {weight.device}; use --device cpu")
+    check(weight.dtype == torch.float32, f"{dtype} weights are made from a float32 model, not {weight.dtype}")
     engines = torch.backends.quantized.supported_engines
     check(any(e in engines for e in ("x86", "fbgemm", "onednn")),
           f"this torch build has no int8 CPU kernels (quantized engines: {engines})")
@@ -322,8 +324,9 @@ def _attend_in_float64(model: torch.nn.Module) -> None:
         model.set_attn_implementation(ATTENTION_64)
     except (ValueError, AttributeError, NotImplementedError, TypeError) as e:
         first = (str(e).splitlines() or [""])[0][:160]
-        raise MultispecError(f"int8 needs the model's attention routed through float64, which {type(model).__name__} "
-                             f"does not allow ({first}); use another dtype") from None
+        raise MultispecError(f"{model.__dict__.get(QUANTIZED_KEY)} needs the model's attention routed through "
+                             f"float64, which {type(model).__name__} does not allow ({first}); use another dtype") \
+            from None
 
 
 def _attention_64(module, query, key, value, attention_mask, **kwargs):
