@@ -119,6 +119,57 @@ def test_calibration_is_cached(tmp_path):
     assert second.target.seconds == first.target.seconds
 
 
+def test_a_few_timed_forwards_move_the_cached_costs_little(monkeypatch):
+    """After a generation, cached costs move towards what was timed in proportion to how many forwards were
+    timed: one draft forward 3x its prediction (a catch-up on a machine busy for that moment) counts as a drift of
+    7 %, under the 10 % that updates the cache; 8 as 3 ** 0.5 and 16 as 3 (then moved by the blend: its root).
+    The broken variant (every drift in full) moves them 73 % on one."""
+    import multispec.drafting.costs as costs_mod
+
+    stored = {}
+    monkeypatch.setattr(costs_mod, "_store", lambda key, entry, memory=True: stored.update({key: entry}))
+
+    def moved_after(forwards: int) -> float:
+        model = CostModel(CostCurve([0.01] * len(BUCKETS)), CostCurve([0.002] * len(BUCKETS)), key="k",
+                          overhead={"round_s": 1e-4, "level_s": 1e-4})
+        for _ in range(forwards):
+            model.observe("draft", 0.002, 0.006)
+            model.observe("target", 0.01, 0.01)
+        stored.clear()
+        costs_mod.update_after_generation(model, dict(model.overhead))
+        return stored["k"]["draft"][0] / 0.002 if stored else 1.0
+
+    assert moved_after(1) == 1.0
+    assert moved_after(8) == pytest.approx(3 ** 0.25)
+    assert moved_after(16) == pytest.approx(3 ** 0.5)
+    monkeypatch.setattr(costs_mod, "DRIFT_FULL_AT", 1)  # the broken variant
+    assert moved_after(1) == pytest.approx(3 ** 0.5)
+
+
+def test_a_catch_up_round_does_not_correct_the_draft_cost(monkeypatch):
+    """A draft round timed at 3x its prediction corrects the draft's cost when it fed a few pending tokens, not when
+    its first forward caught up on a whole prompt (a size the curve extrapolates); the broken variant (no limit)
+    corrects it there too."""
+    import multispec.drafting.auto.costs as auto_costs
+    from multispec.drafting.protocol import RoundOutcome, RoundTimes
+
+    model = _costs(0.010, 0.001, 0.002)
+
+    def scale_after(pending: int) -> float:
+        costs = auto_costs.AloneCosts(model, 8)
+        tree = Tree.chain(2)
+        predicted = costs.draft_time(tree, pending)
+        times = RoundTimes(round_s=0.05, draft_s=3 * predicted, target_fwd_s=costs.t(3), pending=pending)
+        costs.observe(RoundOutcome(RoundPlan(tree, "draft"), tree, (0, 1), [1, 2], accepted=1, depth=2, drafted=2,
+                                   draft_calls=2, times=times))
+        return costs.scale["d"]
+
+    assert scale_after(2) == pytest.approx(1.4)  # (1 - 0.2) + 0.2 * 3
+    assert scale_after(300) == 1.0
+    monkeypatch.setattr(auto_costs, "LEARN_PENDING", 10**9)  # the broken variant
+    assert scale_after(300) == pytest.approx(1.4)
+
+
 def test_auto_does_not_probe_a_draft_through_a_long_catch_up(monkeypatch):
     """While backed off, auto probes the draft (test above), but not when the probe's first forward would feed a
     long catch-up (here 256 pending tokens: ~12 plain steps of draft prefill); without the limit (the broken

@@ -26,6 +26,11 @@ BUCKETS = (1, 2, 4, 8, 16, 32, 64)
 CALIBRATION_BUDGET_S = 2.0
 DRIFT = 0.1  # relative error of the predictions over one generation that triggers an update of the cache
 BLEND = 0.5  # how far an update moves the cached costs towards the measured ones
+# A model's drift counts in proportion to the forwards it was measured over, in full from this many: a generation
+# of one round timed one draft forward (its catch-up over a whole prompt, on a machine busy for that moment), and
+# its drift of 3 moved the cached draft costs up 70 %, so the next generation (pycode-v1, T = 1) took plain steps
+# where draft chains paid 1.2x.
+DRIFT_FULL_AT = 16
 _MEMORY: dict[str, dict] = {}
 
 
@@ -65,13 +70,14 @@ class CostModel:
         self.observed[which].append((predicted, seconds))
 
     def drift(self) -> dict:
-        """Median ratio measured / predicted per model over the observed forwards (1.0 = on target)."""
+        """Median ratio measured / predicted per model over the observed forwards (1.0 = on target), shrunk
+        geometrically towards 1.0 when fewer than DRIFT_FULL_AT forwards were observed (a few timings are noise)."""
         out = {}
         for which in ("target", "draft"):
             obs = self.observed[which]
             if obs:
                 ratios = sorted(s / max(p, 1e-9) for p, s in obs)
-                out[which] = ratios[len(ratios) // 2]
+                out[which] = ratios[len(ratios) // 2] ** min(1.0, len(obs) / DRIFT_FULL_AT)
         return out
 
     def summary(self) -> dict:

@@ -14,6 +14,11 @@ from multispec.tree import Tree
 SCALE_RATE = 0.2  # how fast measured forward times correct the calibrated costs within a generation
 SCALE_STEP = 0.05  # a cost correction that moved this much (relative) remakes the cached plans
 DEFAULT_OVERHEAD = {"round_s": 4e-4, "level_s": 3e-4}
+# A draft round whose first forward caught up on more than this many tokens (the deferred prompt, a streak of plain
+# steps) corrects no draft cost: one scale serves every size, and such a forward, timed against a curve extrapolated
+# far past its buckets, ran 3x its prediction (pycode-v1), which made every later draft plan look 40 % dearer, so
+# auto stopped drafting and never timed the draft again.
+LEARN_PENDING = 16
 
 
 class AloneCosts:
@@ -67,7 +72,7 @@ class AloneCosts:
         self.model.observe("target", self.model.target(n), times.target_fwd_s)
         self._learn("t1" if n == 1 else "tn", self.t(n), times.target_fwd_s)
         drafted = outcome.draft_calls > 0  # the draft model ran this round
-        if drafted:
+        if drafted and times.pending <= LEARN_PENDING:
             raw = self.draft_time(tree, times.pending)
             self.model.observe("draft", raw, times.draft_s)
             self._learn("d", raw * self.scale["d"], times.draft_s)
