@@ -282,12 +282,42 @@ def test_an_int8_layers_subset_rows_are_packed_and_extend_carries_them(monkeypat
     full = model.lm_head(hidden)
     got = head.compact(hidden)
     assert head.packed is not None and torch.allclose(got, full[:, [3, 7, 9, 100]], atol=0.05 * float(full.abs().max()))
-    grown = head.extend(torch.tensor([7, 200]))
-    assert grown.packed is head.packed and grown.ids.tolist() == [3, 7, 9, 100, 200]
+    grown = head.extend(torch.tensor([7, 200, 5]))
+    assert grown.packed is head.packed and grown.ids.tolist() == [3, 7, 9, 100, 5, 200]  # S's order, then the new
     assert torch.equal(grown.compact(hidden)[:, :4], got)
-    assert torch.allclose(grown.compact(hidden)[:, 4], hidden @ grown.weight[4], atol=1e-4)
+    rows = model.lm_head.float_weight()
+    assert torch.allclose(grown.compact(hidden)[:, 4:], hidden @ rows[[5, 200]].T, atol=1e-4)
+    # every column is its own token's logit once widened (the columns followed sorted ids, not the order they
+    # were added in, before: an added id below S's largest got another token's logit)
+    wide = grown.widen(grown.compact(hidden))
+    assert torch.allclose(wide[:, [3, 7, 9, 100, 5, 200]], full[:, [3, 7, 9, 100, 5, 200]],
+                          atol=0.05 * float(full.abs().max()))
     monkeypatch.setattr(RestrictedHead, "REPACK", 1)
     assert head.extend(torch.tensor([10, 11])).packed is not head.packed  # more than REPACK new rows: packed again
+
+
+def test_a_float_layers_subset_rows_in_float16_and_extend_gathers_only_new_rows(monkeypatch):
+    """half: a float layer's subset rows in float16 (close to the float32 logits); extend gathers the added rows
+    alone (the base carries over) and keeps S's order, so every widened column is its own token's logit."""
+    from multispec.models.reduced_vocab import HeadRows, RestrictedHead
+
+    torch.manual_seed(0)
+    layer = torch.nn.Linear(64, 300, bias=False)
+    hidden = torch.randn(3, 64)
+    full = layer(hidden).detach()
+    for half in (False, True):
+        head = RestrictedHead(layer, torch.tensor([10, 40, 250]), 300, half=half)
+        assert head.base.dtype == (torch.float16 if half else torch.float32)
+        gathered = []
+        real = HeadRows.gather
+        monkeypatch.setattr(HeadRows, "gather", lambda self, ids: gathered.append(ids.tolist()) or real(self, ids))
+        grown = head.extend([40, 7, 260])
+        monkeypatch.setattr(HeadRows, "gather", real)
+        assert gathered == [[7, 260]] and grown.base is head.base and grown.ids.tolist() == [10, 40, 250, 7, 260]
+        wide = grown.widen(grown.compact(hidden))
+        ids = [10, 40, 250, 7, 260]
+        assert torch.allclose(wide[:, ids], full[:, ids], atol=1e-2 if half else 1e-5)
+        assert torch.isinf(wide[:, 0]).all()
 
 
 @pytest.mark.parametrize("method", ["ar", "sd", "suffix"])

@@ -29,7 +29,7 @@ from multispec.errors import MultispecError, check
 from multispec.models.base import ForwardOut, causal_mask
 from multispec.models.hf_compat import cache_argument
 from multispec.models import rows
-from multispec.models.reduced_vocab import VocabSubset
+from multispec.models.reduced_vocab import VocabSubset, half_rows_pay
 from multispec.tree import additive_mask
 
 SCALED_LOGITS = ("final_logit_softcapping", "logits_scaling", "logit_scale", "output_multiplier_scale")
@@ -164,11 +164,14 @@ class HeadBackend(VocabSubset):
     """The head as a draft backend (models/base.py's protocol), reading the target's features from `tap`. Its KV
     cache is a transformers DynamicCache whose rows `keep` gathers; it records each row's position and the head's
     output feature (for the children of drafted nodes). token_ids: the head's reduced vocabulary (its output layer
-    on those rows only, q renormalised over them: models/reduced_vocab.py), or None for the full one."""
+    on those rows only, q renormalised over them: models/reduced_vocab.py), or None for the full one. half_rows:
+    that layer's rows in float16 (None: where a one-row product measures faster so, reduced_vocab.half_rows_pay;
+    float32 rows only). q is whatever the head computes, so this moves acceptance, never the output law."""
 
     name = "eagle"
 
-    def __init__(self, head: EagleHead, parts: TargetParts, tap: FeatureTap, token_ids=None):
+    def __init__(self, head: EagleHead, parts: TargetParts, tap: FeatureTap, token_ids=None,
+                 half_rows: bool | None = None):
         self.head, self.parts, self.tap = head.eval(), parts, tap
         rows.install(head)  # float32 on the CPU: the few-row product where it measures faster
         self.vocab_size, self.hidden_size = tap.vocab_size, head.config.hidden_size
@@ -176,6 +179,10 @@ class HeadBackend(VocabSubset):
         self.dtype = next(head.parameters()).dtype
         self.reset()
         if token_ids is not None:
+            if half_rows is None:
+                half_rows = self.dtype == torch.float32 and half_rows_pay(len(token_ids), self.hidden_size,
+                                                                          self.device)
+            self.half_rows = half_rows
             self.set_vocab_subset(token_ids)
 
     def _full_head(self) -> nn.Module:

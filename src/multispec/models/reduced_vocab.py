@@ -58,50 +58,74 @@ class HeadRows:
 
 
 class RestrictedHead:
-    """The output layer on the rows S of the vocabulary. ids: long [K] sorted; the layer's rows for them are
-    gathered once, so the logits on S are the full layer's (an int8 layer's within its activation rounding: the
-    subset multiplies its int8-valued rows in float32).
+    """The output layer on the rows S of the vocabulary. ids: long [K], the first set's ids sorted, then the ids
+    each `extend` added, in that order (the logits' columns follow it); the layer's rows for them are gathered once,
+    so the logits on S are the full layer's (an int8 layer's within its activation rounding: the subset multiplies
+    its int8-valued rows in float32).
 
-    The rows of an int8 target's layer (models/int8.py quantize_target: an EAGLE head drafting for it) are packed
-    in int8 again (a quarter of the bytes to read per drafted token: SmolLM2's 8,192-row head layer 2.6 -> ~0.4 ms);
-    rows added by `extend` are multiplied in float32 beside them until there are REPACK of them."""
+    The rows are held in two parts: the first n (the base) and the rows added by `extend` since (the tail, gathered
+    alone, multiplied beside the base), until REPACK of them are added and the base is gathered again. So growing S
+    by a few tokens between rounds gathers those rows, not all K (SmolLM2's 8,192-row head layer: a full gather is
+    19 MB). An int8 target's layer (models/int8.py quantize_target: an EAGLE head drafting for it) keeps its base
+    packed in int8 (a quarter of the bytes to read per drafted token: 2.6 -> ~0.4 ms); `half` keeps a float layer's
+    rows in float16 (half_rows_pay). The tail multiplies in float32."""
 
     REPACK = 1024
 
-    def __init__(self, head: torch.nn.Module | HeadRows, ids, vocab_size: int, packed: tuple | None = None):
+    def __init__(self, head: torch.nn.Module | HeadRows, ids, vocab_size: int, half: bool = False,
+                 _grown: tuple | None = None):
         self.source = head if isinstance(head, HeadRows) else HeadRows.of(head)
         self.vocab_size = vocab_size
-        self.ids = subset_ids(ids, vocab_size).to(self.source.weight.device)
-        self.size = int(self.ids.numel())
-        self.weight, self.bias = self.source.gather(self.ids)  # [K, H], [K] or None
+        self.half = half and self.source.weight.dtype == torch.float32 and not self.source.int8  # half_rows_pay
         self._members: set[int] | None = None  # S as a Python set, made on the first extend
-        self.packed = None  # (PackedInt8 of the first n rows, n): an int8 source only
+        if _grown is not None:  # (ids in order, the base of the subset it grew from) from `extend`
+            self.ids, (self.base, self.n, self.bias) = _grown
+        else:
+            self.ids = subset_ids(ids, vocab_size).to(self.source.weight.device)
+            self.base, self.n, self.bias = self._gather_base(self.ids)
+        self.size = int(self.ids.numel())
+        self.tail = self.source.gather(self.ids[self.n:])[0] if self.n < self.size else None  # float32 [K - n, H]
+        self.packed = self.base if isinstance(self.base, PackedInt8) else None  # an int8 source's packed base
+
+    def _gather_base(self, ids: torch.Tensor) -> tuple:
+        """(the rows of ids as the base: PackedInt8 for an int8 source, float16 for `half`, else float32 [n, H];
+        n; the bias of every row of ids, [n] or None)."""
+        weight, bias = self.source.gather(ids)
         if self.source.int8:
-            fresh = packed is None or self.size - packed[1] > self.REPACK
-            self.packed = (PackedInt8([self.weight], [self.bias]), self.size) if fresh else packed
+            return PackedInt8([weight], [None]), len(ids), bias  # (the bias is added to every column in compact)
+        return (weight.half() if self.half else weight), len(ids), bias
 
     def extend(self, ids) -> "RestrictedHead":
-        """This subset plus `ids` (a gather of the rows of S ∪ ids), or self when they are all in S already (a set
-        lookup: the engine calls this every round with the committed tokens)."""
+        """This subset plus `ids` (their rows gathered into the tail; past REPACK added rows, the base again), or
+        self when they are all in S already (a set lookup: the engine calls this every round with the committed
+        tokens)."""
         if self._members is None:
             self._members = set(self.ids.tolist())
         values = ids.flatten().tolist() if isinstance(ids, torch.Tensor) else list(ids)
         new = [i for i in map(int, values) if i not in self._members]
         if not new:
             return self
-        return RestrictedHead(self.source, torch.cat([self.ids, subset_ids(new, self.vocab_size).to(self.ids.device)]),
-                              self.vocab_size, self.packed)  # S's ids first: their packed rows carry over
+        grown = torch.cat([self.ids, subset_ids(new, self.vocab_size).to(self.ids.device)])  # S's order kept
+        if len(grown) - self.n > self.REPACK:
+            return RestrictedHead(self.source, None, self.vocab_size, self.half, (grown, self._gather_base(grown)))
+        bias = None if self.source.bias is None else self.source.bias.index_select(0, grown)
+        return RestrictedHead(self.source, None, self.vocab_size, self.half, (grown, (self.base, self.n, bias)))
 
     def compact(self, hidden: torch.Tensor) -> torch.Tensor:
-        """hidden: [N, H] (the output layer's input) -> logits [N, K] in the layer's dtype, before the model's own
-        final transforms."""
-        if self.packed is None:
-            return F.linear(hidden, self.weight, self.bias)
-        packed, n = self.packed
-        flat = hidden.reshape(-1, hidden.shape[-1]).float()
-        out = packed.apply(flat)
-        if n < self.size:
-            out = torch.cat([out, F.linear(flat, self.weight[n:], None if self.bias is None else self.bias[n:])], -1)
+        """hidden: [N, H] (the output layer's input) -> logits [N, K] (columns in the order of ids) in the layer's
+        dtype (float32 for an int8 layer or float16 rows), before the model's own final transforms."""
+        flat = hidden.reshape(-1, hidden.shape[-1])
+        if isinstance(self.base, PackedInt8):
+            flat = flat.float()
+            out = self.base.apply(flat)
+        elif self.half:
+            out = F.linear(flat.half(), self.base).to(flat.dtype)
+        else:
+            out = F.linear(flat, self.base)
+        if self.tail is not None:
+            out = torch.cat([out, F.linear(flat, self.tail)], -1)
+        if self.bias is not None:
+            out = out + self.bias
         return out.reshape(*hidden.shape[:-1], self.size)
 
     def widen(self, compact: torch.Tensor) -> torch.Tensor:
@@ -115,12 +139,38 @@ class RestrictedHead:
         return self.widen(logits.index_select(1, self.ids))
 
 
+_HALF_PAYS: dict[tuple, bool] = {}
+
+
+def half_rows_pay(rows: int, width: int, device) -> bool:
+    """Whether a one-row product with float16 rows [rows, width] takes at most 0.7 of the float32 one here: the
+    product reads every row for one drafted token, so it is bound by the bytes read (SmolLM2's 8,192-row head layer:
+    2.0 ms in float32, 0.6 ms in float16 on this CPU). Timed once per shape, device and thread count (~20 ms)."""
+    import time
+
+    key = (rows, width, str(device), torch.get_num_threads())
+    if key not in _HALF_PAYS:
+        w = torch.randn(rows, width, device=device)
+        x = torch.randn(1, width, device=device)
+        forms = ((w, x), (w.half(), x.half()))
+        best = [float("inf")] * 2
+        with torch.inference_mode():
+            for _ in range(8):
+                for i, (wi, xi) in enumerate(forms):
+                    t0 = time.perf_counter()
+                    F.linear(xi, wi)
+                    best[i] = min(best[i], time.perf_counter() - t0)
+        _HALF_PAYS[key] = best[1] <= 0.7 * best[0]
+    return _HALF_PAYS[key]
+
+
 class VocabSubset:
     """A backend's reduced output layer (mixin): `vocab_subset`, a RestrictedHead or None (the full layer), set with
     `set_vocab_subset` and grown with `extend_vocab_subset`. A backend gives `_full_head()` (its output layer) and
     may refuse in `_check_vocab_subset()`."""
 
     vocab_subset = None
+    half_rows = False  # the subset's rows in float16 (a head's proposal layer where that pays: half_rows_pay)
 
     @property
     def cost_key(self) -> str:
@@ -142,7 +192,7 @@ class VocabSubset:
             return
         self._check_vocab_subset()
         rows = self._full_head() if self.vocab_subset is None else self.vocab_subset.source  # read out once
-        self.vocab_subset = RestrictedHead(rows, ids, self.vocab_size)
+        self.vocab_subset = RestrictedHead(rows, ids, self.vocab_size, half=self.half_rows)
 
     def extend_vocab_subset(self, ids) -> None:
         """Add token ids `ids` (long [K]) to the subset (a gather of its rows, ~0.3 ms for 1k rows; none when
