@@ -139,6 +139,26 @@ def test_tiny_run_writes_outputs_and_lossless_methods_match_ar(tmp_path):
     assert "| sd:k=3 |" in (out / "results.md").read_text()
 
 
+def test_the_warm_up_leaves_nothing_in_a_suffix_store(tmp_path, monkeypatch):
+    """The untimed warm-up runs the first prompt; its output must not sit in the suffix store that the timed run of
+    that same prompt reads (greedy, it copied it whole). The timed first prompt makes the same calls with a warm-up
+    as without one; the broken variant (no clearing) copies, in fewer calls."""
+    from multispec.drafting.suffix import SuffixStore
+
+    data = tmp_path / "prompts.jsonl"
+    data.write_text(json.dumps({"id": "p0", "prompt": "def f(x):\n"}) + "\n")
+
+    def calls(warmup: int) -> int:
+        res = run_bench(pair=tiny_pair(), datasets=str(data), methods="suffix", temperatures=(0,),
+                        max_new_tokens=24, warmup=warmup, progress=False, command=["test"])
+        return res["records"][0]["target_calls"]
+
+    cold = calls(0)
+    assert calls(1) == cold
+    monkeypatch.setattr(SuffixStore, "clear", lambda self: None)  # the broken variant
+    assert calls(1) < cold
+
+
 def test_write_outputs_reusable_without_models(tmp_path):
     """Another script (a threshold sweep) writes records in the same schema and reuses the writers."""
     records = []

@@ -92,6 +92,13 @@ class SuffixStore:
             if key in self._seqs:
                 self._seqs.move_to_end(key)
 
+    def clear(self) -> None:
+        """Forget every stored sequence (bench: what its untimed warm-up generated)."""
+        with self._lock:
+            for key in list(self._seqs):
+                self._trie.remove(self._seqs.pop(key))
+            self._tokens = 0
+
     def remove(self, key: Hashable) -> None:
         with self._lock:
             old = self._seqs.pop(key, None)
