@@ -15,14 +15,34 @@ from pathlib import Path
 GOAL_BEST, GOAL_AR = 0.97, 1.00
 
 
-def cells(path: Path) -> list[dict]:
+def _without_first(records: list[dict]) -> list[dict]:
+    """Pooled rows per (dataset, temperature, method) from the records, leaving out each data set's first prompt
+    (for runs made before bench dropped its warm-up's outputs from the suffix stores: the timed run of that prompt
+    copied the warm-up's)."""
+    first: dict[str, int] = {}
+    for rec in records:
+        first[rec["dataset"]] = min(first.get(rec["dataset"], rec["prompt_index"]), rec["prompt_index"])
+    pooled: dict[tuple, list] = {}
+    for rec in records:
+        if rec["prompt_index"] != first[rec["dataset"]]:
+            row = pooled.setdefault((rec["dataset"], rec["temperature"], rec["method"]), [0, 0.0, 0, set()])
+            row[0] += rec["new_tokens"]
+            row[1] += rec["seconds"]
+            row[2] += rec["target_calls"]
+            row[3].add(rec["prompt_index"])
+    return [{"dataset": d, "temperature": t, "method": m, "category": None, "tokens_per_s": n / sec,
+             "prompts": len(ids), "accepted_per_call": n / calls - 1 if calls else None}
+            for (d, t, m), (n, sec, calls, ids) in pooled.items()]
+
+
+def cells(path: Path, skip_first: bool = False) -> list[dict]:
     r = json.loads(path.read_text())
     s = r["settings"]
     target = Path(s["target"])
     name = target.parent.name if target.name == "target" else target.name.split(".")[0]
     label = f"{name}, {s['max_new_tokens']} tok" + (" (stopped part-way)" if r.get("partial") else "")
     by_cell: dict[tuple, dict[str, dict]] = {}
-    for row in r["summary"]:
+    for row in (_without_first(r["records"]) if skip_first else r["summary"]):
         if row.get("category") is not None:
             continue
         by_cell.setdefault((row["dataset"], row["temperature"]), {})[row["method"]] = row
@@ -61,12 +81,15 @@ def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("results", nargs="+")
     ap.add_argument("--out", required=True, help="path without extension: writes .json and .md")
+    ap.add_argument("--skip-first", action="store_true", help="leave each data set's first prompt out (runs made "
+                    "before bench dropped its warm-up's outputs from the suffix stores)")
     args = ap.parse_args()
-    rows = [c for p in args.results for c in cells(Path(p))]
+    rows = [c for p in args.results for c in cells(Path(p), args.skip_first)]
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
     out.with_suffix(".json").write_text(json.dumps({"goals": {"auto_vs_best": GOAL_BEST, "auto_vs_ar": GOAL_AR},
-                                                    "sources": args.results, "cells": rows}, indent=1))
+                                                    "sources": args.results, "skip_first": args.skip_first,
+                                                    "cells": rows}, indent=1))
     out.with_suffix(".md").write_text(markdown(rows))
     print(markdown(rows))
 
