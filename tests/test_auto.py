@@ -119,6 +119,33 @@ def test_calibration_is_cached(tmp_path):
     assert second.target.seconds == first.target.seconds
 
 
+@pytest.mark.parametrize("broken", [False, True])
+def test_suffix_calibration_is_learned_per_matched_length(monkeypatch, broken):
+    """Failed proposals after short matches lower the calibration of short matches only: a proposal that follows
+    a long match (a past request repeated) is still valued at the prior. The broken variant (one calibration for
+    every match length) values it as low as the failures, below a plain step."""
+    import multispec.drafting.auto.plans as plans_mod
+    from multispec.drafting.protocol import RoundOutcome
+    from multispec.drafting.suffix import SuffixStore
+
+    if broken:
+        monkeypatch.setattr(plans_mod, "SUFFIX_MATCH_EDGES", ())
+    store = SuffixStore()
+    past = list(range(100, 140))
+    store.add(None, past)
+    policy = AutoPolicy(proposers=("suffix",), cost_model=_costs(0.010, 0.0005, 0.001), suffix_store=store)
+    planner, costs = policy.planner, policy._costs()
+    short = [7, 8, 9, 7, 5, 6, 7, 8]  # "7 8" matched earlier: a 2-token match
+    for _ in range(30):  # 30 chosen short-match proposals, none accepted
+        plan = planner.suffix_tree(costs, short)
+        assert plan is not None and planner.suffix.propose(short, 32).match_len < 3
+        planner.learn(RoundOutcome(plan, plan.tree, (0,), [1], accepted=0, depth=1))
+    long_plan = planner.suffix_tree(costs, [1, 2] + past[:20])  # the past request's first 20 tokens: a long match
+    ar = planner.ar(costs)
+    assert long_plan is not None
+    assert (long_plan.predicted_tps < ar.predicted_tps) == broken
+
+
 def test_a_few_timed_forwards_move_the_cached_costs_little(monkeypatch):
     """After a generation, cached costs move towards what was timed in proportion to how many forwards were
     timed: one draft forward 3x its prediction (a catch-up on a machine busy for that moment) counts as a drift of
