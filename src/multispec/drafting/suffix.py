@@ -95,9 +95,8 @@ class SuffixStore:
     def clear(self) -> None:
         """Forget every stored sequence (bench: what its untimed warm-up generated)."""
         with self._lock:
-            for key in list(self._seqs):
-                self._trie.remove(self._seqs.pop(key))
-            self._tokens = 0
+            self._trie, self._tokens = Trie(self.depth), 0
+            self._seqs.clear()
 
     def remove(self, key: Hashable) -> None:
         with self._lock:

@@ -85,7 +85,11 @@ class RestrictedHead:
             self.base, self.n, self.bias = self._gather_base(self.ids)
         self.size = int(self.ids.numel())
         self.tail = self.source.gather(self.ids[self.n:])[0] if self.n < self.size else None  # float32 [K - n, H]
-        self.packed = self.base if isinstance(self.base, PackedInt8) else None  # an int8 source's packed base
+
+    @property
+    def packed(self) -> PackedInt8 | None:
+        """An int8 source's packed base (None for a float one)."""
+        return self.base if isinstance(self.base, PackedInt8) else None
 
     def _gather_base(self, ids: torch.Tensor) -> tuple:
         """(the rows of ids as the base: PackedInt8 for an int8 source, float16 for `half`, else float32 [n, H];
@@ -115,9 +119,9 @@ class RestrictedHead:
         """hidden: [N, H] (the output layer's input) -> logits [N, K] (columns in the order of ids) in the layer's
         dtype (float32 for an int8 layer or float16 rows), before the model's own final transforms."""
         flat = hidden.reshape(-1, hidden.shape[-1])
-        if isinstance(self.base, PackedInt8):
+        if self.packed is not None:
             flat = flat.float()
-            out = self.base.apply(flat)
+            out = self.packed.apply(flat)
         elif self.half:
             out = F.linear(flat.half(), self.base).to(flat.dtype)
         else:
