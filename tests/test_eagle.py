@@ -17,6 +17,7 @@ from multispec.decoding.engine import generate_ids
 from multispec.decoding.methods import build_method, get_method
 from multispec.errors import MultispecError
 from multispec.models import make_backend
+from multispec.models.base import forward_chain
 from multispec.models.eagle import FeatureTap, HeadBackend, TargetParts, new_head
 from multispec.models.eagle_io import load_head, save_head
 from multispec.sampling import SamplingConfig
@@ -70,6 +71,29 @@ def test_greedy_on_the_fast_backend(tiny):
     target, head_dir = tiny
     ids, _, _ = _decode(target, head_dir, [1, 2, 3], GREEDY, 20, backend="fast", tree=(2, 2, 1))
     assert ids == greedy_reference(target, [1, 2, 3], 20)
+
+
+@pytest.mark.parametrize("broken", [False, True])
+def test_the_tap_keeps_every_prefill_feature_with_the_last_logits_only(tiny, broken, monkeypatch):
+    """A prefill through the tap (last_only) computes the output layer on its last row only, and keeps every row's
+    feature: the target's own hidden states. Broken variant: a backend that drops every_hidden (features of the
+    last row only) is caught."""
+    target, _ = tiny
+    inner = make_backend(target, "fast")
+    if broken:
+        run = inner.net.run
+        monkeypatch.setattr(inner.net, "run", lambda *a, **k: run(*a[:12]))  # every_hidden dropped
+    tap, ids = FeatureTap(inner), [1, 2, 3, 4, 5, 6, 7]
+    out = forward_chain(tap, torch.tensor(ids), last_only=True)
+    with torch.no_grad():
+        ref = target(input_ids=torch.tensor([ids]))
+        features = target.model(input_ids=torch.tensor([ids])).last_hidden_state[0]  # after the final norm
+    assert out.logits.shape == (1, 16)
+    torch.testing.assert_close(out.logits, ref.logits[0, -1:], atol=1e-4, rtol=1e-4)
+    if broken:
+        assert tap.hidden.shape[0] != len(ids)
+        return
+    torch.testing.assert_close(tap.hidden, features, atol=1e-4, rtol=1e-4)
 
 
 def _reference_features(target, head, ids: list[int]) -> torch.Tensor:

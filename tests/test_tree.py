@@ -156,3 +156,47 @@ def test_tree_is_frozen():
     tree = Tree.from_shape((2,))
     with pytest.raises(Exception):
         tree.parents = (-1,)
+
+
+
+@pytest.mark.parametrize("broken", [False, True])
+def test_a_long_catch_up_is_fed_alone_and_drafts_the_same(broken, monkeypatch):
+    """A draft that has not read many committed tokens (a deferred prefill) reads them as a chain of their own whose
+    output layer runs on its last row only; the drafted tree, its laws and the draft's cache are what one forward
+    over the catch-up and the tree gives. The broken variant (the catch-up dropped instead of fed) is caught."""
+    from helpers import tiny_llama
+    import multispec.drafting.grow as grow
+    from multispec.models.fast import FastBackend
+    from multispec.sampling import SamplingConfig
+
+    model = tiny_llama(vocab=32, seed=4, scale=3.0)
+    pending = torch.randint(0, 32, (40,), generator=torch.Generator().manual_seed(0)).tolist()
+    drafts, logit_rows, cache = {}, {}, {}
+    for split in (0, 10**6):  # 0: every catch-up fed alone; 10**6: never (one first forward)
+        monkeypatch.setattr(grow, "CATCH_UP_ALONE", split)
+        if broken and split == 0:
+            monkeypatch.setattr(grow, "forward_chain", lambda *a, **k: None)
+        backend, seen = FastBackend(model, max_len=96), []
+        forward = backend.forward
+
+        def counting(tokens, positions, mask, want_hidden=False, last_only=False, _f=forward, _s=seen):
+            out = _f(tokens, positions, mask, want_hidden, last_only=last_only)
+            _s.append(out.logits.shape[0])
+            return out
+        monkeypatch.setattr(backend, "forward", counting)
+        drafts[split] = grow.grow_tree(backend, pending, Tree.from_shape((2, 1)), [], 0,
+                                       SamplingConfig(temperature=1.0), _multinomial, torch.Generator().manual_seed(1))
+        logit_rows[split], cache[split] = seen, backend.cache_len
+    assert logit_rows[10**6] == [len(pending), 2]  # one first forward: a law for every caught-up row
+    if broken:  # the draft never read the catch-up: its root's law differs
+        assert not torch.allclose(drafts[0].q[:1], drafts[10**6].q[:1], atol=1e-3)
+        return
+    assert logit_rows[0] == [1, 1, 2]  # the catch-up's last row only, then the root, then its children
+    assert cache[0] == cache[10**6]
+    assert torch.equal(drafts[0].tokens, drafts[10**6].tokens)
+    torch.testing.assert_close(drafts[0].q, drafts[10**6].q, rtol=1e-4, atol=1e-6)
+    assert drafts[0].draft_calls == drafts[10**6].draft_calls + 1
+
+
+def _multinomial(q: torch.Tensor, n: int, generator: torch.Generator) -> torch.Tensor:
+    return torch.multinomial(q, n, replacement=False, generator=generator)

@@ -14,7 +14,7 @@ from typing import Callable, Protocol
 import torch
 
 from multispec.drafting.coupled import coupled_draw
-from multispec.models.base import Backend
+from multispec.models.base import Backend, forward_chain, takes_last_only
 from multispec.sampling import SamplingConfig, adjust_logits, process_logits
 from multispec.tree import Tree
 from multispec.verify.keyed import PositionKeys
@@ -37,6 +37,11 @@ class StopPolicy(Protocol):
         needs_hidden or want_hidden); parent_q: float [n, V] their distributions;
         new_tokens: long [m] the newest level's tokens."""
         ...
+
+
+CATCH_UP_ALONE = 16  # more pending tokens than this are fed as a chain of their own first (last_only), so that the
+# draft's output layer runs on the round's rows, not on every caught-up one (a deferred prefill of a 400-token chat
+# prompt through the SmolLM2 head's output layer and widening: ~130 ms)
 
 
 @dataclass
@@ -78,7 +83,7 @@ def grow_tree(
     history(rows, tokens, logits) -> sampling.History: the processors' history of those max_tree nodes (penalties,
     min_tokens: each node's own path; engine._draft_history), or None when the sampling reads none.
     """
-    n_nodes = len(max_tree)
+    n_nodes, (pending, alone) = len(max_tree), _catch_up(draft, pending)
     tokens = torch.zeros(n_nodes, dtype=torch.long)
     tokens[0] = pending[-1]
     n_known = max_tree.level_end(known_depth)
@@ -91,7 +96,7 @@ def grow_tree(
         policy.start_round()
     want = want_hidden or (policy is not None and policy.needs_hidden)
     out = _first_forward(draft, pending, max_tree, tokens[:n_known], base, root_index, want)
-    m, calls = len(pending) - 1, 1  # m: pending tokens before the root
+    m, calls = len(pending) - 1, 1 + alone  # m: pending tokens before the root
     rows = range(known_depth and max_tree.level(known_depth).start, n_known)  # nodes whose children come next
     logits, hidden = out.logits[m:][rows.start:], (out.hidden[m:][rows.start:] if want else None)
     depth, fed = known_depth, n_known
@@ -114,6 +119,15 @@ def grow_tree(
     tree = max_tree.truncate(depth) if depth < max_tree.max_depth else max_tree
     return Draft(tree=tree, tokens=tokens[:len(tree)], q=q[:len(tree)], fed=fed, root_index=root_index,
                  draft_calls=calls)
+
+
+def _catch_up(draft: Backend, pending: list[int]) -> tuple[list[int], bool]:
+    """Feed a long catch-up (a deferred prefill: more than CATCH_UP_ALONE pending tokens) as a chain of its own,
+    whose rows' laws are not needed. Returns (what is left pending: the root, or all of it; whether it ran)."""
+    if len(pending) <= CATCH_UP_ALONE or not takes_last_only(draft):
+        return pending, False
+    forward_chain(draft, torch.tensor(pending[:-1], dtype=torch.long), last_only=True)
+    return pending[-1:], True
 
 
 def _draw_children(max_tree: Tree, rows: range, q: torch.Tensor, tokens: torch.Tensor, draw: DrawFn,

@@ -19,6 +19,7 @@ q, never the output law: a wrong feature lowers acceptance, it cannot bias the t
 from __future__ import annotations
 
 import copy
+import inspect
 from dataclasses import dataclass
 
 import torch
@@ -118,8 +119,9 @@ def new_head(target: nn.Module) -> EagleHead:
 class FeatureTap:
     """A target backend that also keeps the hidden state (the feature) of every cache row, gathered by `keep` like
     the cache itself: between rounds its rows are the committed positions 0..cache_len-1, and `features` reads
-    them. Every forward asks the inner backend for hidden states of all rows (a prefill computes every row's
-    logits then; the caller still reads only what it asked for)."""
+    them. Every forward asks the inner backend for hidden states of all rows; a prefill (last_only) asks for the
+    last row's logits only where the backend can give every row's hidden state with them (FastBackend's
+    every_hidden; elsewhere it computes every row's logits, and the caller still reads only what it asked for)."""
 
     def __init__(self, inner):
         self.inner = inner
@@ -145,7 +147,9 @@ class FeatureTap:
 
     def forward(self, tokens: torch.Tensor, positions: torch.Tensor, mask: torch.Tensor | None = None,
                 want_hidden: bool = False, last_only: bool = False) -> ForwardOut:
-        out = self.inner.forward(tokens, positions, mask, want_hidden=True)
+        every = last_only and "every_hidden" in inspect.signature(self.inner.forward).parameters
+        out = self.inner.forward(tokens, positions, mask, want_hidden=True,  # a prefill: the output layer on its
+                                 **({"last_only": True, "every_hidden": True} if every else {}))  # last row only
         if out.hidden is None:
             raise MultispecError(f"the {self.name} backend returned no hidden states, which a feature head needs")
         self.hidden = torch.cat([self.hidden, out.hidden.float().cpu()])

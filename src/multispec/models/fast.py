@@ -216,7 +216,8 @@ class FastNet:
 
     def run(self, tokens: torch.Tensor, positions: torch.Tensor, rows: torch.Tensor, masks: tuple,
             k_cache: list, v_cache: list, total: int | None = None, want_hidden: bool = False,
-            last_only: bool = False, head=None, firsts: tuple | None = None, blocks: tuple | None = None):
+            last_only: bool = False, head=None, firsts: tuple | None = None, blocks: tuple | None = None,
+            every_hidden: bool = False):
         """Write the keys/values of `tokens` (long [N], at `positions`) into cache rows `rows` (long [N]) and return
         (float32 logits [N, V], hidden [N, H] or None). k_cache, v_cache: per layer [H_kv, S, D] (new_cache).
         Attention reads cache rows [0, total); total=None reads
@@ -224,7 +225,8 @@ class FastNet:
         the last row only (a prefill). head: the output layer to use instead of the model's (a
         reduced_vocab.RestrictedHead's `compact`: logits [N, K] for a vocabulary subset). firsts: per distinct layer
         type, the first cache row attended (the masks start there too; default 0). blocks: attention by blocks of
-        queries (FastBackend.query_blocks), each over the rows it can see, or None (all queries at once)."""
+        queries (FastBackend.query_blocks), each over the rows it can see, or None (all queries at once).
+        every_hidden: with last_only, hidden of every row all the same (a feature head's tap)."""
         n = tokens.shape[0]
         total = masks[0].shape[-1] if total is None else total
         ropes = self.ropes(positions)
@@ -248,8 +250,8 @@ class FastNet:
                                            masks[t][:, a:b, lows[t] - first:end - first], attn.scaling)
                                for a, b, lows, end in blocks], dim=1)  # [Hq, N, D]
             x = self.finish_layer(layer, x, o.transpose(0, 1).reshape(n, self.n_heads * self.head_dim))
-        hidden = self.norm(x[-1:] if last_only else x)
-        return self.logits(hidden, head), (hidden.float() if want_hidden else None)
+        hidden = self.norm(x[-1:] if last_only and not every_hidden else x)
+        return self.logits(hidden[-1:] if last_only else hidden, head), (hidden.float() if want_hidden else None)
 
     def embed_input(self, tokens: torch.Tensor) -> torch.Tensor:
         """The residual stream [N, H] of token ids [N]."""
@@ -374,10 +376,10 @@ class FastBackend(VocabSubset):
 
     @torch.inference_mode()
     def forward(self, tokens: torch.Tensor, positions: torch.Tensor, mask: torch.Tensor | None = None,
-                want_hidden: bool = False, last_only: bool = False) -> ForwardOut:
+                want_hidden: bool = False, last_only: bool = False, every_hidden: bool = False) -> ForwardOut:
         """tokens, positions: long [N]; mask: bool [N, cache_len + N], or None for a plain causal chain after all
         cached rows. Returns float32 logits [N, V] (the model's own final transforms applied); last_only: the last
-        row's only ([1, V]; hidden [1, H])."""
+        row's only ([1, V]; hidden [1, H], or [N, H] with every_hidden: a feature head's tap reads every row's)."""
         n, start = tokens.shape[0], self._len
         total = start + n
         if total > self.max_len:
@@ -399,7 +401,7 @@ class FastBackend(VocabSubset):
         if self.compiled is not None and self.compiled.takes(n):
             logits, hidden = self.compiled(self, tokens, positions, mask, start, want_hidden)
             if last_only:
-                logits, hidden = logits[-1:], (None if hidden is None else hidden[-1:])
+                logits, hidden = logits[-1:], (None if hidden is None or every_hidden else hidden[-1:])
             if self.vocab_subset is not None:
                 logits = self.vocab_subset.mask(logits)
         else:
@@ -409,7 +411,7 @@ class FastBackend(VocabSubset):
             subset = self.vocab_subset
             logits, hidden = self.net.run(tokens, positions, rows, masks, self.k_cache, self.v_cache, total,
                                           want_hidden, last_only, None if subset is None else subset.compact,
-                                          firsts, self.query_blocks(host, mask, start))
+                                          firsts, self.query_blocks(host, mask, start), every_hidden)
             if subset is not None:
                 logits = subset.widen(logits)
         self._len = total
