@@ -14,7 +14,7 @@ from memo_backend import MemoBackend
 from multispec.drafting.auto import Acceptance, AutoPolicy, greedy_tree, to_tree
 from multispec.drafting.costs import BUCKETS, CostCurve, CostModel, calibrate, get_cost_model
 from multispec.drafting.lookup import NgramIndex, lookup_with_n
-from multispec.drafting.protocol import RoundPlan
+from multispec.drafting.protocol import RoundOutcome, RoundPlan
 from multispec.decoding.engine import generate_ids
 from multispec.decoding.methods import build_method
 from multispec.models import make_backend
@@ -238,6 +238,63 @@ def test_auto_in_a_batch_does_not_draft_through_a_long_catch_up(monkeypatch):
     assert first_plan(1) == "draft" and first_plan(256) == "none"
     monkeypatch.setattr(auto_policy, "PROBE_CATCH_UP", 1e9)
     assert first_plan(256) == "draft"
+
+
+def test_a_batch_learns_its_forward_costs_from_its_own_forwards():
+    """The batch's table is corrected by the loop's timed target forwards, each once whichever lane reports it:
+    a plain forward (one token per sequence) corrects "t1", a forward with drafted tokens what they add ("tn"); a
+    forward carrying a prefill chunk teaches nothing. A lane that drafted where extra tokens were priced cheap
+    stops once they prove dear (a long context); with learning off (the broken variant) it drafts on."""
+    from types import SimpleNamespace
+
+    from multispec.drafting.auto.costs import BatchShareCosts
+    from multispec.drafting.batch_costs import BATCH_SIZES, BatchCosts
+    from multispec.models.batched import Role
+
+    def table():
+        return BatchCosts({"target": [[0.02 + 0.0005 * b * n for n in BUCKETS] for b in BATCH_SIZES],
+                           "draft": [[0.0005 + 0.0001 * b * n for n in BUCKETS] for b in BATCH_SIZES]})
+
+    t = table()
+    plain, extra = t.forward("target", 8, 1), t.forward("target", 8, 2) - t.forward("target", 8, 1)
+    t.learn((1, 8, 8, 1, 2 * plain))
+    t.learn((1, 8, 8, 1, 2 * plain))  # the same forward, reported by another lane: learned once
+    assert t.scale["t1"] == pytest.approx(1.1) and t.scale["tn"] == 1.0 and t.version == 1
+    t.learn((2, 8, 16, 2, t.scale["t1"] * plain + 3 * extra))
+    assert t.scale["tn"] == pytest.approx(1.2)
+    before = dict(t.scale)
+    t.learn((3, 8, 8 + 255, 256, 100.0))  # a prefill chunk rides along
+    assert t.scale == before
+    assert t.target(8, 2) == pytest.approx(t.scale["t1"] * plain + t.scale["tn"] * extra)
+    t.learn((1, 4, 4, 1, 2 * t.forward("draft", 4, 1)), "draft")  # the draft's forwards: "d"
+    assert t.scale["d"] == pytest.approx(1.1) and t.scale["t1"] == before["t1"]
+
+    def plans(learn: bool) -> list[str]:
+        shared = table()
+        batcher = SimpleNamespace(live=8, last={}, timed={})
+        policy = _policy(_costs(0.010, 0.001, 0.001), accept=0.8)
+        policy.memory = False
+        policy.join_batch(batcher, shared, False)
+        policy.prepare(None, object(), 16)
+        policy.has_draft = True
+        assert isinstance(policy.costs, BatchShareCosts)
+        if not learn:
+            shared.learn = lambda timed: None
+        out = []
+        for r in range(60):
+            plan = policy.plan_round([1, 2, 3], 1)
+            out.append(plan.proposer)
+            tree = plan.tree
+            n = len(tree)
+            base = shared.forward("target", 8, 1)  # a long context: plain forwards as priced, drafted tokens 8x dearer
+            seconds = base + 8 * (shared.forward("target", 8, 1 + (n - 1) / 8) - base)
+            batcher.timed[Role.TARGET] = (r + 1, 8, 8 + n - 1, n, seconds)
+            policy.costs.observe(RoundOutcome(plan, tree, (0,), [1], accepted=0, depth=tree.max_depth))
+        return out
+
+    learned, fixed = plans(True), plans(False)
+    assert learned[0] == "draft" and learned[-10:].count("draft") == 0
+    assert fixed[-10:].count("draft") == 10
 
 
 @pytest.mark.parametrize("method,options", [("auto", {}), ("lookup", {}), ("lookup", {"k": 2, "ngram": 1}),

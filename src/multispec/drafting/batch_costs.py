@@ -13,6 +13,10 @@ from multispec.drafting.costs import BUCKETS, CostCurve, CostModel, _curve_ok, _
 BATCH_SIZES = (1, 2, 4, 8, 16, 32, 64)
 BATCH_TOKENS = (1, 2, 4, 8, 16)  # tokens per sequence measured; BUCKETS beyond are extrapolated
 BATCH_BUDGET_S = 4.0
+LEARN_RATE = 0.1  # how fast a batch's measured target forwards correct the table (drafting/auto/costs.SCALE_RATE: 0.2
+# for a sequence alone; a batch's forwards vary more with who is in it)
+LEARN_STEP = 0.05  # a correction that moved this much (relative) remakes the lanes' cached plans
+LEARN_LONGEST = 64  # a forward with a longer step (a prefill chunk) is not learned from
 
 
 @dataclass
@@ -24,6 +28,14 @@ class BatchCosts:
     key: str = ""
     source: str = "calibrated"
     _memo: dict = field(default_factory=dict, repr=False)  # every lane of a batch asks the same few questions
+    # corrections of the table by the batch's own forwards (learn): "t1" scales the target's forward of one token per
+    # sequence, "tn" what more tokens add to it, "d" the draft's forwards; shared by the batch's lanes; version:
+    # bumped when one moved by
+    # LEARN_STEP (the lanes' cached plans are remade)
+    scale: dict = field(default_factory=lambda: {"t1": 1.0, "tn": 1.0, "d": 1.0})
+    version: int = 0
+    _learned: dict = field(default_factory=dict, repr=False)  # model -> the forward learned from last
+    _seen: dict = field(default_factory=lambda: {"t1": 1.0, "tn": 1.0, "d": 1.0}, repr=False)
 
     def forward(self, model: str, sequences: int, n: float) -> float:
         """Predicted seconds of a batched forward of `sequences` × n tokens (linear in the batch size between
@@ -42,6 +54,40 @@ class BatchCosts:
                 lo, hi = CostCurve(rows[i - 1])(n), CostCurve(rows[i])(n)
                 return lo + (hi - lo) * (b - sizes[i - 1]) / (sizes[i] - sizes[i - 1])
         return CostCurve(rows[0])(n) * b
+
+    def target(self, sequences: int, n: float) -> float:
+        """forward("target", sequences, n) as corrected by `learn`."""
+        base = self.forward("target", sequences, 1)
+        return self.scale["t1"] * base + self.scale["tn"] * (self.forward("target", sequences, n) - base)
+
+    def learn(self, timed: tuple | None, model: str = "target") -> None:
+        """Correct the costs by one batched forward's own time (models/batched.StepBatcher.timed: its forwards so
+        far, sequences, tokens, longest step, seconds), once per forward whichever lane asks. A target forward of
+        one token per sequence corrects "t1", one with more tokens "tn" (its time past the corrected one-token
+        forward, against the table's); a draft forward corrects "d". The table is measured at a 128-row context
+        with every sequence drafting alike; long prompts, and a few sequences drafting many tokens in a padded
+        attention group, cost more (Spec-Bench prompts on pycode-v1 at batch 32: "t1" learned 2.6-4.5, "tn" 4-7).
+        A forward that carries a prefill chunk or a catch-up (a step longer than LEARN_LONGEST) teaches nothing."""
+        if timed is None or timed[0] == self._learned.get(model):
+            return
+        self._learned[model], (_, b, tokens, longest, seconds) = timed[0], timed
+        if longest > LEARN_LONGEST or b < 1 or model not in self.seconds:
+            return
+        base = self.forward(model, b, 1)
+        if model != "target":
+            key, predicted, measured = "d", self.scale["d"] * self.forward(model, b, tokens / b), seconds
+        elif tokens == b:
+            key, predicted, measured = "t1", self.scale["t1"] * base, seconds
+        else:
+            key, predicted = "tn", self.scale["tn"] * (self.forward(model, b, tokens / b) - base)
+            measured = seconds - self.scale["t1"] * base
+        if predicted <= 0 or measured <= 0:
+            return
+        ratio = min(3.0, max(1 / 3, measured / predicted))
+        self.scale[key] *= 1 + LEARN_RATE * (ratio - 1)
+        if abs(self.scale[key] / self._seen[key] - 1) > LEARN_STEP:
+            self._seen[key] = self.scale[key]
+            self.version += 1
 
     def cost_model(self) -> CostModel:
         """The batch-1 curves as a CostModel (what `auto` reports and falls back on)."""

@@ -25,6 +25,7 @@ import functools
 import logging
 import queue
 import threading
+import time
 from collections import Counter, deque
 from concurrent.futures import Future
 from dataclasses import dataclass
@@ -369,6 +370,8 @@ class StepBatcher:
         self.sequences: Counter = Counter()
         self.on_batch = None  # (role, sequences, tokens) after each batched forward: the server's metrics
         self.last: dict[Role, int] = {}  # role -> sequences in the latest batched forward of that model
+        self.timed: dict[Role, tuple] = {}  # role -> (its forwards so far, sequences, tokens, longest step, seconds)
+        # of the latest batched forward of that model: its own time, which `auto` in a batch learns costs from
 
     @property
     def live(self) -> int:
@@ -473,15 +476,19 @@ class StepBatcher:
         first = min(self._pending, key=lambda c: c.cache.role).cache
         calls = [c for c in self._pending if c.cache is first]
         self._pending = [c for c in self._pending if c.cache is not first]
+        t0 = time.perf_counter()
         try:
             outs, error = run_batch(first, [c.step for c in calls]), None
         except Exception as e:  # noqa: BLE001 - every waiting call gets the error
             outs, error = [None] * len(calls), e
+        seconds = time.perf_counter() - t0
         self.forwards[first.role] += 1
         self.last[first.role] = len(calls)
         self.sequences[first.role] += len(calls)
+        sizes = [c.step.tokens.shape[0] for c in calls]
+        self.timed[first.role] = (self.forwards[first.role], len(calls), sum(sizes), max(sizes), seconds)
         if self.on_batch is not None:
-            self.on_batch(first.role, len(calls), sum(c.step.tokens.shape[0] for c in calls))
+            self.on_batch(first.role, len(calls), sum(sizes))
         for c, out in zip(calls, outs):
             c.out, c.error = out, error
             self._runnable.append(c.caller)

@@ -108,11 +108,9 @@ class AloneCosts:
 class BatchShareCosts:
     """One sequence of a batch (decoding/batch.py): a plan of n target tokens is charged its share of the
     one-token-per-sequence forward, C(B, 1) / B, plus what its n - 1 more tokens add to it; a draft forward is
-    shared by as many sequences as drafted together last time. Nothing is learned: a batched forward's time
-    includes waiting for the others. sampling: the lane samples (T > 0)."""
-
-    version = 0
-    scale = {"t1": 1.0, "tn": 1.0, "d": 1.0}
+    shared by as many sequences as drafted together last time. The table is corrected by the batch's own forwards
+    (BatchCosts.learn: the loop times each batched forward; a lane's round time would include waiting for the
+    others, so it is not used). sampling: the lane samples (T > 0)."""
 
     def __init__(self, batcher, table: BatchCosts, model: CostModel, sampling: bool):
         self.batcher, self.table, self.model, self.sampling = batcher, table, model, sampling
@@ -122,16 +120,26 @@ class BatchShareCosts:
     def live(self) -> int:
         return max(1, self.batcher.live)
 
+    @property
+    def version(self) -> int:
+        return self.table.version
+
+    @property
+    def scale(self) -> dict:
+        return self.table.scale
+
     def t(self, n: int) -> float:
         b = self.live
-        base = self.table.forward("target", b, 1)
-        return base / b + (self.table.forward("target", b, 1 + (n - 1) / b) - base if n > 1 else 0.0)
+        base = self.table.target(b, 1)
+        return base / b + (self.table.target(b, 1 + (n - 1) / b) - base if n > 1 else 0.0)
 
     def d(self, n: int) -> float:
         if self.model.draft is None:
             return 0.0
         k = max(1, self.batcher.last.get(Role.DRAFT, 1))
-        return self.table.forward("draft", k, n) / k
+        return self.table.scale["d"] * self.table.forward("draft", k, n) / k
 
     def observe(self, outcome: RoundOutcome) -> None:
-        pass
+        self.table.learn(self.batcher.timed.get(Role.TARGET))
+        if outcome.draft_calls:
+            self.table.learn(self.batcher.timed.get(Role.DRAFT), "draft")
