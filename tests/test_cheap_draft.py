@@ -83,6 +83,22 @@ def test_subset_can_be_replaced_and_removed(kind):
     assert (forward_chain(backend, prompt).logits - want).abs().max() < TOL
 
 
+def test_a_growing_subset_keeps_its_cost_key_until_it_nears_the_next_power_of_two():
+    """auto's cost cache is keyed by a reduced layer's size, rounded to the nearest power of two: a subset of
+    exactly 16 rows that meets one more token keeps its calibration (rounding up, the broken variant, gave it a new
+    key and a calibration mid-run); near double the size it gets its own."""
+    from multispec.models.reduced_vocab import vocab_bucket
+
+    backend = make_backend(tiny_llama(vocab=V, seed=3), "fast")
+    backend.set_vocab_subset(torch.arange(16))
+    assert backend.cost_key == "vocab16"
+    backend.extend_vocab_subset([20])
+    assert backend.vocab_subset.size == 17 and backend.cost_key == "vocab16"
+    backend.extend_vocab_subset(list(range(21, 28)))
+    assert backend.vocab_subset.size == 24 and backend.cost_key == "vocab32"
+    assert [vocab_bucket(n) for n in (1, 3, 8192, 8193, 11585, 11586)] == [1, 4, 8192, 8192, 8192, 16384]
+
+
 def test_draft_vocab_is_top_n_plus_prompt():
     freq = TokenFrequencies("x", 8, (5, 0, 9, 9, 1, 0, 0, 2), "test")
     assert freq.top(3).tolist() == [2, 3, 0]  # ties: the smaller id first

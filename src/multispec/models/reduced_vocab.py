@@ -143,6 +143,12 @@ class RestrictedHead:
         return self.widen(logits.index_select(1, self.ids))
 
 
+def vocab_bucket(size: int) -> int:
+    """The power of two nearest to size >= 1 in log scale (8,192 ... 11,585 -> 8,192; 11,586 -> 16,384)."""
+    low = 1 << (size.bit_length() - 1)
+    return low if size * size < 2 * low * low else 2 * low
+
+
 _HALF_PAYS: dict[tuple, bool] = {}
 
 
@@ -179,8 +185,10 @@ class VocabSubset:
     @property
     def cost_key(self) -> str:
         """Part of auto's cost-cache key (drafting/costs.model_key): a reduced layer's steps cost less than the full
-        one's, so its size (to the next power of two) keeps their calibrations apart."""
-        return "" if self.vocab_subset is None else f"vocab{1 << (self.vocab_subset.size - 1).bit_length()}"
+        one's, so its size keeps their calibrations apart, rounded to the nearest power of two (in log scale). The
+        subset grows by the tokens a generation meets: rounding up instead gave a subset of exactly 8,192 (the
+        shipped SmolLM2 head's) a new key, and a 2 s calibration mid-run, at its first added token."""
+        return "" if self.vocab_subset is None else f"vocab{vocab_bucket(self.vocab_subset.size)}"
 
     def _full_head(self) -> torch.nn.Module:
         raise NotImplementedError
