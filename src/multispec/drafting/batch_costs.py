@@ -29,9 +29,8 @@ class BatchCosts:
     source: str = "calibrated"
     _memo: dict = field(default_factory=dict, repr=False)  # every lane of a batch asks the same few questions
     # corrections of the table by the batch's own forwards (learn): "t1" scales the target's forward of one token per
-    # sequence, "tn" what more tokens add to it, "d" the draft's forwards; shared by the batch's lanes; version:
-    # bumped when one moved by
-    # LEARN_STEP (the lanes' cached plans are remade)
+    # sequence, "tn" what more tokens add to it, "d" the draft's forwards; shared by the batch's lanes. version:
+    # bumped when one moved by LEARN_STEP (the lanes' cached plans are remade)
     scale: dict = field(default_factory=lambda: {"t1": 1.0, "tn": 1.0, "d": 1.0})
     version: int = 0
     _learned: dict = field(default_factory=dict, repr=False)  # model -> the forward learned from last
@@ -73,12 +72,12 @@ class BatchCosts:
         self._learned[model], (_, b, tokens, longest, seconds) = timed[0], timed
         if longest > LEARN_LONGEST or b < 1 or model not in self.seconds:
             return
-        base = self.forward(model, b, 1)
         if model != "target":
             key, predicted, measured = "d", self.scale["d"] * self.forward(model, b, tokens / b), seconds
         elif tokens == b:
-            key, predicted, measured = "t1", self.scale["t1"] * base, seconds
+            key, predicted, measured = "t1", self.scale["t1"] * self.forward(model, b, 1), seconds
         else:
+            base = self.forward(model, b, 1)
             key, predicted = "tn", self.scale["tn"] * (self.forward(model, b, tokens / b) - base)
             measured = seconds - self.scale["t1"] * base
         if predicted <= 0 or measured <= 0:

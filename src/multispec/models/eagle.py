@@ -128,6 +128,7 @@ class FeatureTap:
         self.name, self.vocab_size, self.hidden_size = inner.name, inner.vocab_size, inner.hidden_size
         self.device, self.max_positions = inner.device, inner.max_positions
         self.hidden = torch.zeros(0, inner.hidden_size)  # float32 [cache_len, H]
+        self._every = "every_hidden" in inspect.signature(inner.forward).parameters  # FastBackend's
 
     @property
     def cache_len(self) -> int:
@@ -147,7 +148,7 @@ class FeatureTap:
 
     def forward(self, tokens: torch.Tensor, positions: torch.Tensor, mask: torch.Tensor | None = None,
                 want_hidden: bool = False, last_only: bool = False) -> ForwardOut:
-        every = last_only and "every_hidden" in inspect.signature(self.inner.forward).parameters
+        every = last_only and self._every
         out = self.inner.forward(tokens, positions, mask, want_hidden=True,  # a prefill: the output layer on its
                                  **({"last_only": True, "every_hidden": True} if every else {}))  # last row only
         if out.hidden is None:
