@@ -230,7 +230,7 @@ def test_auto_in_a_batch_does_not_draft_through_a_long_catch_up(monkeypatch):
     def first_plan(pending: int) -> str:
         policy = _policy(_costs(0.010, 0.001, 0.001), accept=0.8)
         policy.memory = False
-        policy.join_batch(SimpleNamespace(live=8, last={}), table, False)
+        policy.join_batch(SimpleNamespace(live=8, timed={}), table, False)
         policy.prepare(None, object(), 16)
         policy.has_draft = True
         return policy.plan_round([1, 2, 3], pending).proposer
@@ -271,7 +271,7 @@ def test_a_batch_learns_its_forward_costs_from_its_own_forwards():
 
     def plans(learn: bool) -> list[str]:
         shared = table()
-        batcher = SimpleNamespace(live=8, last={}, timed={})
+        batcher = SimpleNamespace(live=8, timed={})
         policy = _policy(_costs(0.010, 0.001, 0.001), accept=0.8)
         policy.memory = False
         policy.join_batch(batcher, shared, False)

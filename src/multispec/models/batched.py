@@ -369,9 +369,9 @@ class StepBatcher:
         self.forwards: Counter = Counter()
         self.sequences: Counter = Counter()
         self.on_batch = None  # (role, sequences, tokens) after each batched forward: the server's metrics
-        self.last: dict[Role, int] = {}  # role -> sequences in the latest batched forward of that model
         self.timed: dict[Role, tuple] = {}  # role -> (its forwards so far, sequences, tokens, longest step, seconds)
-        # of the latest batched forward of that model: its own time, which `auto` in a batch learns costs from
+        # of the latest batched forward of that model: the sequences it shared, and its own time, which `auto` in a
+        # batch learns costs from
 
     @property
     def live(self) -> int:
@@ -483,7 +483,6 @@ class StepBatcher:
             outs, error = [None] * len(calls), e
         seconds = time.perf_counter() - t0
         self.forwards[first.role] += 1
-        self.last[first.role] = len(calls)
         self.sequences[first.role] += len(calls)
         sizes = [c.step.tokens.shape[0] for c in calls]
         self.timed[first.role] = (self.forwards[first.role], len(calls), sum(sizes), max(sizes), seconds)

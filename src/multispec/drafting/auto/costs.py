@@ -136,7 +136,8 @@ class BatchShareCosts:
     def d(self, n: int) -> float:
         if self.model.draft is None:
             return 0.0
-        k = max(1, self.batcher.last.get(Role.DRAFT, 1))
+        last = self.batcher.timed.get(Role.DRAFT)  # the latest draft forward: the sequences that shared it
+        k = max(1, last[1] if last else 1)
         return self.table.scale["d"] * self.table.forward("draft", k, n) / k
 
     def observe(self, outcome: RoundOutcome) -> None:
