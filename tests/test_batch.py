@@ -20,7 +20,7 @@ from multispec.decoding.decoder import Decoder
 from multispec.errors import MultispecError
 from multispec.loading import Pair
 from multispec.models.base import causal_mask
-from multispec.models.batched import PAD_LIMIT, Role, SlotCache, Step, run_batch
+from multispec.models.batched import PAD_LIMIT, Role, SlotCache, Step, _call_rows, run_batch, split_by_width
 from multispec.models.fast import FastBackend, FastNet
 from multispec.sampling import SamplingConfig
 
@@ -130,6 +130,74 @@ def test_one_and_many_token_steps_attend_in_their_own_groups(arch):
             kept = torch.arange(a + 2) if kind == "tree" else torch.arange(cache.lens[s])
             cache.keep(s, kept)
             alone[s].keep(kept)
+
+
+def _mixed_widths(arch: str, monkeypatch) -> list:
+    """Eight slots, one holding a prompt of 100 tokens among short ones (4-10), then one forward of a one-token step
+    on most slots, 2-token chains on two slots far apart and a 3-node tree: every output against each sequence's
+    own FastBackend. An attention call is made to cost what 4 rows do (a tiny model's rows cost almost nothing).
+    Returns the forward's attention parts (split_by_width's (steps, dense) for the one-token steps)."""
+    from multispec.models import batched
+
+    model = build(arch)
+    net = FastNet.of(model)
+    monkeypatch.setattr(batched, "CALL_BYTES", 4 * 2 * net.n_kv * net.head_dim * 4)  # 4 fp32 rows
+    cache = SlotCache(net, 8, 128)
+    alone = [FastBackend(model, max_len=128) for _ in range(8)]
+    g = torch.Generator().manual_seed(5)
+    lens = [6, 100, 4, 9, 10, 5, 7, 8]
+    for s, n in enumerate(lens):
+        p = torch.randint(0, net.vocab_size, (n,), generator=g)
+        run_batch(cache, [Step(s, p, torch.arange(n))])
+        alone[s].forward(p, torch.arange(n), causal_mask(0, n))
+    steps, refs = [], []
+    for s, a in enumerate(lens):
+        n = 2 if s in (0, 7) else 3 if s == 4 else 1
+        t = torch.randint(0, net.vocab_size, (n,), generator=g)
+        pos, mask = torch.arange(a, a + n), None
+        if s == 4:  # a root and two children
+            pos, mask = torch.tensor([a, a + 1, a + 1]), torch.ones(3, a + 3, dtype=torch.bool)
+            mask[0, a + 1:] = mask[1, a + 2] = mask[2, a + 1] = False
+        steps.append(Step(s, t, pos, mask))
+        refs.append(alone[s].forward(t, pos, causal_mask(a, n) if mask is None else mask))
+    for o, ref in zip(run_batch(cache, steps), refs):
+        torch.testing.assert_close(o.logits, ref.logits, atol=1e-5, rtol=1e-5)
+    ones = [j for j, st in enumerate(steps) if len(st.tokens) == 1]
+    return split_by_width(ones, [a + len(st.tokens) for a, st in zip(lens, steps)], list(range(8)),
+                          _call_rows(cache))
+
+
+@pytest.mark.parametrize("arch", ["llama", "gemma3"])
+def test_one_long_prompt_among_short_ones_attends_apart(arch, monkeypatch):
+    """The one-token steps are split by width: the long prompt's slot attends alone, the short ones padded to their
+    own width (not to 101 rows), and every output equals its sequence's own forward; the two 2-token chains, on
+    slots 0 and 7, attend each alone (a padded group would read the six slots between)."""
+    parts = _mixed_widths(arch, monkeypatch)
+    assert ([1], False) in parts or ([1], True) in parts
+    assert all(1 not in g or len(g) == 1 for g, _ in parts)
+
+
+def test_a_chain_attending_alone_without_its_causal_mask_is_caught(monkeypatch):
+    """The 2-token chains attend alone: built as a one-token step's mask is (none), each token would read the
+    other's row, and the outputs differ from their sequences' own forwards."""
+    real = FastNet.masks
+
+    def no_causal(self, mask, positions, keys, start, n, firsts=None):
+        if mask is None and n <= PAD_LIMIT:
+            return (None,) * len(self.layout.distinct_types)
+        return real(self, mask, positions, keys, start, n, firsts)
+
+    monkeypatch.setattr(FastNet, "masks", no_causal)
+    with pytest.raises(AssertionError):
+        _mixed_widths("llama", monkeypatch)
+
+
+def test_split_by_width_separates_outliers_and_keeps_alike_widths_together():
+    assert split_by_width(list(range(8)), [100, 110, 105, 98, 120, 101, 99, 103], list(range(8)), 60) \
+        == [(list(range(8)), True)]
+    parts = split_by_width(list(range(8)), [20, 1000, 25, 30, 22, 24, 26, 21], list(range(8)), 60)
+    assert ([1], True) in parts and sorted(j for g, _ in parts for j in g) == list(range(8))
+    assert split_by_width([0, 7], [40] * 7 + [41], list(range(8)), 10) == [([0, 7], False)]  # far apart: alone
 
 
 def _sliding_rounds(arch: str, broken: bool = False) -> SlotCache:

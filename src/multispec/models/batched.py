@@ -171,10 +171,12 @@ def run_batch(cache: SlotCache, steps: list[Step]) -> list[ForwardOut]:
 class _AttentionPlan:
     """Which queries attend where, built once per batched forward and used by every layer.
 
-    Steps of up to PAD_LIMIT tokens attend padded, in two groups: the one-token steps, and the longer ones (drafts
-    and trees). Padding every row to the longest step would make one speculating sequence pay its query count for
-    the whole batch: at batch 32 with a 400-row context, one 16-token step made the attention of all 32 cost 2.9x.
-    A longer step (a prefill) attends alone."""
+    Steps of up to PAD_LIMIT tokens attend padded, the one-token steps apart from the longer ones (drafts and trees):
+    padding every row to the longest step would make one speculating sequence pay its query count for the whole
+    batch (at batch 32 with a 400-row context, one 16-token step made the attention of all 32 cost 2.9x). Each of
+    the two is split by width (`split_by_width`): a padded group reads every member's keys up to its widest member's,
+    over the slots from its lowest to its highest. Members of a group whose slots lie far apart, and steps longer
+    than PAD_LIMIT (prefills), attend alone, each over its own slot's rows in place."""
 
     def __init__(self, cache: SlotCache, steps: list[Step], ns: list[int], starts: list[int], positions):
         net = cache.net
@@ -183,14 +185,18 @@ class _AttentionPlan:
         for n in ns:
             offsets.append(offsets[-1] + n)
         self.total = offsets[-1]
-        small = [j for j, n in enumerate(ns) if n <= PAD_LIMIT]
-        self.alone = [(steps[j], offsets[j], ns[j], starts[j]) for j in range(len(steps)) if ns[j] > PAD_LIMIT]
+        widths = [a + n for a, n in zip(starts, ns)]
+        slot_of = [s.slot for s in steps]
+        alone, padded = [j for j, n in enumerate(ns) if n > PAD_LIMIT], []
+        for kind in ([j for j, n in enumerate(ns) if n == 1], [j for j, n in enumerate(ns) if 1 < n <= PAD_LIMIT]):
+            for part, dense in split_by_width(kind, widths, slot_of, _call_rows(cache)) if kind else ():
+                (padded.append(part) if dense else alone.extend(part))
+        self.alone = [(steps[j], offsets[j], ns[j], starts[j]) for j in sorted(alone)]
         self.alone_masks = [net.masks(s.mask, positions[o:o + n], cache.pos[s.slot, :a + n], a, n)
                             for s, o, n, a in self.alone]
-        groups = [[j for j in small if ns[j] == 1], [j for j in small if ns[j] > 1]]
         self.groups = [_Padded(cache, [steps[j] for j in g], [ns[j] for j in g], [starts[j] for j in g],
-                               [offsets[j] for j in g], positions) for g in groups if g]
-        if len(self.groups) == 1 and len(small) == len(steps):
+                               [offsets[j] for j in g], positions) for g in padded]
+        if len(self.groups) == 1 and not self.alone:
             self.groups[0].whole(self.total)
 
     def attend(self, layer: int, q: torch.Tensor, scale) -> torch.Tensor:
@@ -211,21 +217,68 @@ class _AttentionPlan:
         return out
 
 
+CALL_BYTES = 250_000  # what one more attention call costs per layer (~20 us on this machine: the call, its query
+# and output copies), in bytes of keys and values read at ~11 GB/s (split_by_width)
+
+
+def _call_rows(cache: SlotCache) -> int:
+    """CALL_BYTES in cache rows of this model (keys and values of one row, every key/value head, one layer)."""
+    net = cache.net
+    row = 2 * net.n_kv * net.head_dim * torch.empty((), dtype=net.dtype).element_size()
+    return max(1, CALL_BYTES // row)
+
+
+def _group_cost(lo: int, hi: int, count: int, width: int, own: int, call_rows: int) -> tuple[int, bool]:
+    """(cost in cache rows read per layer, dense) of `count` steps on slots lo..hi whose widest step reads `width`
+    rows and whose own widths sum to `own`: padded over the slots lo..hi in place when they fill at least half of
+    that range (dense), else each step alone over its own rows (one call each)."""
+    span = hi - lo + 1
+    if span <= 2 * count:
+        return span * width + call_rows, True
+    return own + count * call_rows, False
+
+
+def split_by_width(members: list[int], widths: list[int], slots: list[int], call_rows: int,
+                   depth: int = 2) -> list[tuple[list[int], bool]]:
+    """Steps `members` (indices into widths/slots) as (group, dense) parts that read fewer cache rows: a padded group
+    reads, for every slot from its lowest to its highest, as many rows as its widest member (the attention of a
+    decode step is a read of keys and values), so one long prompt among short ones made each of them read its rows
+    (Spec-Bench on pycode-v1, batch 32, prompts of 12-1,023 tokens: attention took 67 ms of a 106 ms step, 26 ms
+    split). Sorted by width, a group is cut in two where that reads fewer rows, twice over at most (up to 4 parts);
+    a part that is not dense attends step by step (_group_cost)."""
+    order = sorted(members, key=lambda j: widths[j])
+    n = len(order)
+    s, w = [slots[j] for j in order], [widths[j] for j in order]
+    lo, hi, own = s[:], s[:], w[:]  # of order[:i + 1]: the lowest and highest slot, the widths' sum
+    for i in range(1, n):
+        lo[i], hi[i], own[i] = min(lo[i - 1], s[i]), max(hi[i - 1], s[i]), own[i - 1] + w[i]
+    whole = _group_cost(lo[-1], hi[-1], n, w[-1], own[-1], call_rows)
+    best, cut = whole[0], None
+    right_lo = right_hi = s[-1]
+    for i in range(n - 1, 0, -1):  # left: order[:i], right: order[i:]
+        right_lo, right_hi = min(right_lo, s[i]), max(right_hi, s[i])
+        cost = (_group_cost(lo[i - 1], hi[i - 1], i, w[i - 1], own[i - 1], call_rows)[0]
+                + _group_cost(right_lo, right_hi, n - i, w[-1], own[-1] - own[i - 1], call_rows)[0])
+        if cost < best:
+            best, cut = cost, i
+    if cut is None or depth == 0:
+        return [(members, whole[1])]
+    return [part for side in (order[:cut], order[cut:])
+            for part in split_by_width(side, widths, slots, call_rows, depth - 1)]
+
+
 class _Padded:
-    """Steps attending together as [R, Hq, nmax, D] queries over R slots' rows: the slots lo..hi-1 (the caches'
-    views, no copy) when the steps fill at least half of that range, else the steps' own slots (a copy of their
-    rows, cheaper than padding queries for every slot in between)."""
+    """Steps attending together as [R, Hq, nmax, D] queries over the R slots lo..hi-1 (the caches' views, no copy;
+    a slot in between with no step gets padding queries only). Only a dense group is padded (split_by_width): a copy
+    of scattered slots' rows cost more than it saved (cold keys: 2.2 ms a layer for 5 slots x 678 rows, pycode-v1)."""
 
     def __init__(self, cache: SlotCache, steps: list[Step], ns: list[int], starts: list[int], offsets: list[int],
                  positions):
         net, dev = cache.net, cache.net.device
         self.cache, self.net = cache, net
         slots = [s.slot for s in steps]
-        lo, hi = min(slots), max(slots) + 1
-        if hi - lo <= 2 * len(slots):
-            self.rows_of, self.select = list(range(lo, hi)), (lo, hi)
-        else:
-            self.rows_of, self.select = sorted(slots), torch.tensor(sorted(slots), device=dev)
+        self.lo, self.hi = min(slots), max(slots) + 1
+        self.rows_of = list(range(self.lo, self.hi))
         row = {slot: r for r, slot in enumerate(self.rows_of)}
         nr, nmax = len(self.rows_of), max(ns)
         self.nmax = nmax
@@ -273,8 +326,8 @@ class _Padded:
             self.tokens_at = None
 
     def _rows(self, t: torch.Tensor) -> torch.Tensor:
-        """t's entries for this group's rows (dim 0: slots): a view of lo..hi-1, or a copy of the steps' slots."""
-        return t[self.select[0]:self.select[1]] if isinstance(self.select, tuple) else t.index_select(0, self.select)
+        """t's entries for this group's slots lo..hi-1 (dim 0: slots), a view."""
+        return t[self.lo:self.hi]
 
     def attend(self, layer: int, q: torch.Tensor, scale) -> torch.Tensor:
         """q: [Hq, N, D] (every token of the forward) -> this group's tokens' outputs [n, Hq * D], in order."""
