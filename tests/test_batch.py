@@ -383,6 +383,26 @@ def test_generate_with_a_list_returns_one_result_per_prompt_in_order(pair):
     assert len(ids) == 2 and all(len(r.token_ids) <= 4 for r in ids)
 
 
+def test_batch_size_one_decodes_each_prompt_on_the_decoder_itself(pair, monkeypatch):
+    """batch_size=1 builds no BatchGroup (a lane only adds cost): each prompt decodes on the Decoder, the same
+    tokens as alone, batch stats of size 1 with no batched forwards."""
+    import multispec.decoding.batch_offline as offline
+
+    p, _ = pair
+
+    def no_group(*a, **k):
+        raise AssertionError("a BatchGroup was built for batch_size=1")
+
+    monkeypatch.setattr(offline, "BatchGroup", no_group)
+    prompts = ["def f(x):", "x = 1"]
+    out = generate(p, prompts, method="auto", max_new_tokens=8, temperature=0, seed=1, batch_size=1)
+    for prompt, r in zip(prompts, out):
+        assert r.token_ids == generate(p, prompt, method="auto", max_new_tokens=8, temperature=0).token_ids
+        assert r.stats["batch"]["size"] == 1 and "forwards" not in r.stats["batch"] and not r.stats["warnings"]
+    with pytest.raises(AssertionError):  # two at a time do batch
+        generate(p, prompts, method="ar", max_new_tokens=4, temperature=0, batch_size=2)
+
+
 def test_hf_backend_runs_a_batch_one_sequence_at_a_time_and_says_so(pair):
     p, _ = pair
     out = generate(p, ["def f(x):", "x = 1"], method="ar", max_new_tokens=5, temperature=0, backend="hf")
