@@ -62,8 +62,11 @@ def main() -> None:
     prompts = fits[:args.prompts]  # a prompt that leaves no room for the new tokens in the context is skipped
     args.label = f"{args.dataset} from {args.offset}"
     sizes = [int(b) for b in args.batch_sizes.split(",")]
-    for m in ("ar", "auto"):  # untimed warm-up: cost calibrations, first-call allocations
-        generate_batch(Decoder(pair, m, "fast"), prompts[:4], batch_size=max(sizes), max_new_tokens=8, temperature=0)
+    for m in ("ar", "auto"):  # untimed warm-up: cost calibrations, first-call allocations. As many prompts as the
+        # largest batch: auto's batched cost table is measured once per machine for up to the batch's slots (cached
+        # on disk); a warm-up of 4 prompts left it to the first timed run of each larger size (~4 s inside it)
+        generate_batch(Decoder(pair, m, "fast"), (prompts * max(sizes))[:max(sizes)], batch_size=max(sizes),
+                       max_new_tokens=8, temperature=0)
         Decoder(pair, m, "fast").generate(prompts[0], max_new_tokens=8, temperature=0, seed=0)
     prompt_ids = [pair.tokenizer(p)["input_ids"] for p in prompts]  # transformers' generate takes token ids
     hf_generate_batched(pair, prompt_ids[:2], 2, 4, 0.0, 0)
