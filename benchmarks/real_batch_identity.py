@@ -1,7 +1,8 @@
 """Batched = alone on the real models, greedy: SmolLM2-135M-Instruct and Gemma 3 270M (GGUF, fp32, CPU, one thread),
 `ar` and `auto`, 6 HumanEval prompts (from 150) and the 2 longest of Spec-Bench's questions 8 (chat prompts of
 700-800 tokens among code prompts of 70-290: the batched attention splits by width) in one batch of 8 x 32 new
-tokens, each output against the same prompt decoded alone, token for token.
+tokens, each output against the same prompt decoded alone and against transformers' greedy `generate` (the same
+input ids, raw text; real_greedy_identity.reference), token for token.
 
     python benchmarks/real_batch_identity.py --out benchmarks/results/batch/real_identity.json
 """
@@ -26,6 +27,7 @@ def main() -> None:
     ap.add_argument("--out", required=True)
     args = ap.parse_args()
     import real_models
+    from real_greedy_identity import encode, reference
 
     import multispec
     from multispec.bench.runner import environment
@@ -40,15 +42,19 @@ def main() -> None:
     for name, path in (("smollm2", real_models.find_smollm2()), ("gemma3", real_models.find_gemma())):
         pair = multispec.load_pair(target=str(path), dtype="float32", device="cpu")
         meta = meta or environment(pair, sys.argv)
-        lens = [len(pair.tokenizer(p)["input_ids"]) for p in prompts]
+        ids = [encode(pair, p, template=False) for p in prompts]
+        hf = [reference(pair, x, 32) for x in ids]
         for m in ("ar", "auto"):
-            alone = [Decoder(pair, m, "fast").generate(p, max_new_tokens=32, temperature=0, seed=0).token_ids
-                     for p in prompts]
-            batched = generate_batch(Decoder(pair, m, "fast"), prompts, batch_size=8, max_new_tokens=32,
-                                     temperature=0, seed=0)
-            same = sum(a == b.token_ids for a, b in zip(alone, batched))
-            out[f"{name} {m}"] = {"identical": same, "prompts": len(prompts), "prompt_tokens": lens}
-            print(f"{name} {m}: {same}/{len(prompts)} identical; prompt tokens {lens}", file=sys.stderr)
+            alone = [Decoder(pair, m, "fast").generate(x, max_new_tokens=32, temperature=0, seed=0).token_ids
+                     for x in ids]
+            batched = [r.token_ids for r in generate_batch(Decoder(pair, m, "fast"), ids, batch_size=8,
+                                                           max_new_tokens=32, temperature=0, seed=0)]
+            same = sum(a == b for a, b in zip(alone, batched))
+            as_hf = sum(a == b for a, b in zip(hf, batched))
+            out[f"{name} {m}"] = {"identical_to_alone": same, "identical_to_transformers": as_hf,
+                                  "prompts": len(prompts), "prompt_tokens": [len(x) for x in ids]}
+            print(f"{name} {m}: batched = alone {same}/{len(prompts)}, = transformers {as_hf}/{len(prompts)}; "
+                  f"prompt tokens {[len(x) for x in ids]}", file=sys.stderr)
     Path(args.out).write_text(json.dumps({"meta": meta, "max_new_tokens": 32, "batch_size": 8, "runs": out},
                                          indent=1))
 
