@@ -57,6 +57,21 @@ def run_batched(decoder: Decoder, prompts, slots: int, sampling, max_new, seeds,
 
 
 # ---------------------------------------------------------------------------------------------------- the forward
+def _prefill(cache: SlotCache, alone, lens: dict, g: torch.Generator) -> None:
+    """A random prompt of lens[slot] tokens into each slot of the batched cache and into that slot's own backend."""
+    for s, n in lens.items():
+        p = torch.randint(0, cache.net.vocab_size, (n,), generator=g)
+        run_batch(cache, [Step(s, p, torch.arange(n))])
+        alone[s].forward(p, torch.arange(n), causal_mask(0, n))
+
+
+def _tree(a: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Positions and mask of a 3-node tree after `a` cached rows: a root and two children."""
+    pos, mask = torch.tensor([a, a + 1, a + 1]), torch.ones(3, a + 3, dtype=torch.bool)
+    mask[0, a + 1:] = mask[1, a + 2] = mask[2, a + 1] = False
+    return pos, mask
+
+
 @pytest.mark.parametrize("arch", ["llama", "gemma2", "gemma3", "qwen3", "phi3", "mistral-window"])
 def test_batched_forward_equals_each_sequences_own_forward(arch):
     """Ragged steps in one forward — a prefill longer than PAD_LIMIT (attends alone), chains, a token tree with
@@ -106,19 +121,15 @@ def test_one_and_many_token_steps_attend_in_their_own_groups(arch):
     g = torch.Generator().manual_seed(4)
     slots = [0, 3, 5, 7]
     alone = {s: FastBackend(model, max_len=96) for s in slots}
-    for s, n in zip(slots, (9, 14, 6, 11)):
-        p = torch.randint(0, net.vocab_size, (n,), generator=g)
-        run_batch(cache, [Step(s, p, torch.arange(n))])
-        alone[s].forward(p, torch.arange(n), causal_mask(0, n))
+    _prefill(cache, alone, dict(zip(slots, (9, 14, 6, 11))), g)
     for shapes in ({0: 1, 3: 4, 5: 1, 7: "tree"}, {0: 3, 3: 1, 5: 2, 7: 1}):
         steps, refs = [], []
         for s, kind in shapes.items():
             a = cache.lens[s]
             n = 3 if kind == "tree" else kind
             t = torch.randint(0, net.vocab_size, (n,), generator=g)
-            if kind == "tree":  # a root and two children
-                pos, mask = torch.tensor([a, a + 1, a + 1]), torch.ones(3, a + 3, dtype=torch.bool)
-                mask[0, a + 1:] = mask[1, a + 2] = mask[2, a + 1] = False
+            if kind == "tree":
+                pos, mask = _tree(a)
             else:
                 pos, mask = torch.arange(a, a + n), None
             steps.append(Step(s, t, pos, mask))
@@ -146,25 +157,21 @@ def _mixed_widths(arch: str, monkeypatch) -> list:
     alone = [FastBackend(model, max_len=128) for _ in range(8)]
     g = torch.Generator().manual_seed(5)
     lens = [6, 100, 4, 9, 10, 5, 7, 8]
-    for s, n in enumerate(lens):
-        p = torch.randint(0, net.vocab_size, (n,), generator=g)
-        run_batch(cache, [Step(s, p, torch.arange(n))])
-        alone[s].forward(p, torch.arange(n), causal_mask(0, n))
+    _prefill(cache, alone, dict(enumerate(lens)), g)
     steps, refs = [], []
     for s, a in enumerate(lens):
         n = 2 if s in (0, 7) else 3 if s == 4 else 1
         t = torch.randint(0, net.vocab_size, (n,), generator=g)
         pos, mask = torch.arange(a, a + n), None
-        if s == 4:  # a root and two children
-            pos, mask = torch.tensor([a, a + 1, a + 1]), torch.ones(3, a + 3, dtype=torch.bool)
-            mask[0, a + 1:] = mask[1, a + 2] = mask[2, a + 1] = False
+        if s == 4:
+            pos, mask = _tree(a)
         steps.append(Step(s, t, pos, mask))
         refs.append(alone[s].forward(t, pos, causal_mask(a, n) if mask is None else mask))
     for o, ref in zip(run_batch(cache, steps), refs):
         torch.testing.assert_close(o.logits, ref.logits, atol=1e-5, rtol=1e-5)
     ones = [j for j, st in enumerate(steps) if len(st.tokens) == 1]
     return split_by_width(ones, [a + len(st.tokens) for a, st in zip(lens, steps)], list(range(8)),
-                          _call_rows(cache))
+                          _call_rows(net))
 
 
 @pytest.mark.parametrize("arch", ["llama", "gemma3"])
@@ -208,10 +215,7 @@ def _sliding_rounds(arch: str, broken: bool = False) -> SlotCache:
     cache = SlotCache(net, 2, 160, slack=12)
     alone = [FastBackend(model, max_len=160) for _ in range(2)]
     g = torch.Generator().manual_seed(2)
-    for s, n in enumerate((7, 16)):
-        p = torch.randint(0, net.vocab_size, (n,), generator=g)
-        run_batch(cache, [Step(s, p, torch.arange(n))])
-        alone[s].forward(p, torch.arange(n), causal_mask(0, n))
+    _prefill(cache, alone, {0: 7, 1: 16}, g)
     for r in range(40):
         steps, refs = [], []
         for s in range(2):
@@ -219,9 +223,8 @@ def _sliding_rounds(arch: str, broken: bool = False) -> SlotCache:
             t = torch.randint(0, net.vocab_size, (3,), generator=g)
             if r % 5 == 4:  # a chain
                 pos, mask = torch.arange(a, a + 3), None
-            else:  # a root and two children
-                pos, mask = torch.tensor([a, a + 1, a + 1]), torch.ones(3, a + 3, dtype=torch.bool)
-                mask[0, a + 1:] = mask[1, a + 2] = mask[2, a + 1] = False
+            else:
+                pos, mask = _tree(a)
             steps.append(Step(s, t, pos, mask))
             refs.append(alone[s].forward(t, pos, causal_mask(a, 3) if mask is None else mask))
         if broken and r == 30:  # slot 1's sliding rows read one row off

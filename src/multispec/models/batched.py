@@ -187,9 +187,9 @@ class _AttentionPlan:
         self.total = offsets[-1]
         widths = [a + n for a, n in zip(starts, ns)]
         slot_of = [s.slot for s in steps]
-        alone, padded = [j for j, n in enumerate(ns) if n > PAD_LIMIT], []
+        alone, padded, call_rows = [j for j, n in enumerate(ns) if n > PAD_LIMIT], [], _call_rows(net)
         for kind in ([j for j, n in enumerate(ns) if n == 1], [j for j, n in enumerate(ns) if 1 < n <= PAD_LIMIT]):
-            for part, dense in split_by_width(kind, widths, slot_of, _call_rows(cache)) if kind else ():
+            for part, dense in split_by_width(kind, widths, slot_of, call_rows) if kind else ():
                 if dense:
                     padded.append(part)
                 else:
@@ -224,11 +224,9 @@ CALL_BYTES = 250_000  # what one more attention call costs per layer (~20 us on 
 # and output copies), in bytes of keys and values read at ~11 GB/s (split_by_width)
 
 
-def _call_rows(cache: SlotCache) -> int:
+def _call_rows(net) -> int:
     """CALL_BYTES in cache rows of this model (keys and values of one row, every key/value head, one layer)."""
-    net = cache.net
-    row = 2 * net.n_kv * net.head_dim * torch.empty((), dtype=net.dtype).element_size()
-    return max(1, CALL_BYTES // row)
+    return max(1, CALL_BYTES // (2 * net.n_kv * net.head_dim * net.dtype.itemsize))
 
 
 def _group_cost(lo: int, hi: int, count: int, width: int, own: int, call_rows: int) -> tuple[int, bool]:
