@@ -1,11 +1,11 @@
 """Batched = alone, greedy: every sequence of a batch against its own batch-1 run, token for token.
 
-pycode-v1, HumanEval prompts 0..P-1, 128 new tokens, fp32, CPU, the fast backend. For each method, the batch-1
-outputs (`Decoder.run`, one prompt at a time) are the reference; then every batch size decodes all prompts
-(decoding/batch.py, continuous batching: a slot takes the next prompt when its sequence ends; a batch of one
-decodes on the Decoder itself, so its row has no mean batch) and each output is compared with its reference. A
-divergence is checked for a near-tie: the top-2 logit gap of the target (a full forward of prompt + the reference
-tokens before the divergence) below 1e-4. Writes JSON and a markdown table.
+pycode-v1 (--embedded: the package's own pair), HumanEval prompts 0..P-1, 128 new tokens, fp32, CPU (or --device
+cuda), the fast backend. For each method, the batch-1 outputs (`Decoder.run`, one prompt at a time) are the
+reference; then every batch size decodes all prompts (decoding/batch.py, continuous batching: a slot takes the next
+prompt when its sequence ends; a batch of one decodes on the Decoder itself, so its row has no mean batch) and each
+output is compared with its reference. A divergence is checked for a near-tie: the top-2 logit gap of the target (a
+full forward of prompt + the reference tokens before the divergence) below 1e-4. Writes JSON and a markdown table.
 
     PYTHONPATH=src python benchmarks/batch_identity.py --out benchmarks/results/batch/identity
 """
@@ -19,7 +19,7 @@ from pathlib import Path
 
 import torch
 
-from pycode_args import add_pycode_args, load_pycode
+from pycode_args import add_pycode_args, load_pycode, pair_name
 
 METHODS = [("ar", {}), ("sd", {"k": 4}), ("mcsd", {}), ("lookup", {}), ("suffix", {}), ("auto", {})]
 NEAR_TIE = 1e-4
@@ -27,14 +27,14 @@ NEAR_TIE = 1e-4
 
 def top2_gap(model, ids: list[int]) -> float:
     with torch.inference_mode():
-        logits = model(input_ids=torch.tensor([ids])).logits[0, -1].float()
+        logits = model(input_ids=torch.tensor([ids], device=model.device)).logits[0, -1].float()
     top = logits.topk(2).values
     return float(top[0] - top[1])
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    add_pycode_args(ap)
+    add_pycode_args(ap, placement=True)
     ap.add_argument("--prompts", type=int, default=32)
     ap.add_argument("--max-new-tokens", type=int, default=128)
     ap.add_argument("--batch-sizes", default="1,4,16,32")
@@ -87,7 +87,8 @@ def main() -> None:
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
     out.with_suffix(".json").write_text(json.dumps(record, indent=1))
-    lines = [f"Greedy, pycode-v1, HumanEval 0-{args.prompts - 1} x {args.max_new_tokens} tokens, fp32 CPU, fast "
+    where = "CUDA" if pair.device.type == "cuda" else "CPU"
+    lines = [f"Greedy, {pair_name(args)}, HumanEval 0-{args.prompts - 1} x {args.max_new_tokens} tokens, fp32 {where}, fast "
              "backend: each sequence of a batch against its batch-1 run.", "",
              "| method | batch | identical | near-tie divergences | other divergences |", "|---|---|---|---|---|"]
     for r in rows:

@@ -3,7 +3,7 @@ sizes, against transformers' own batched `generate` (left-padded, same prompts, 
 batch-1 `auto`, in one run per thread count and temperature.
 
 pycode-v1, HumanEval prompts 0..P-1, 128 new tokens (each sequence stops at EOS in every system; tokens/s counts
-the tokens produced), fp32 CPU. multispec runs on its fast backend; a batch size B decodes the P prompts B at a time
+the tokens produced), fp32 CPU (--embedded --device cuda: the embedded pair on a GPU). multispec runs on its fast backend; a batch size B decodes the P prompts B at a time
 (continuous batching: a slot takes the next prompt when its sequence ends; transformers runs chunks of B prompts).
 
     PYTHONPATH=src python benchmarks/batch_throughput.py --out benchmarks/results/batch/throughput
@@ -20,12 +20,12 @@ from pathlib import Path
 
 import torch
 
-from pycode_args import add_pycode_args, load_pycode
+from pycode_args import add_pycode_args, load_pycode, pair_name
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    add_pycode_args(ap)
+    add_pycode_args(ap, placement=True)
     ap.add_argument("--prompts", type=int, default=32)
     ap.add_argument("--dataset", default="humaneval", help="humaneval, or spec-bench (prompts spread over its categories)")
     ap.add_argument("--offset", type=int, default=0, help="first prompt (spec-bench: within each category)")
@@ -54,7 +54,7 @@ def main() -> None:
         pair = multispec.load_pair(target=args.target, dtype="float32", device="cpu")
     else:
         pair = load_pycode(args)
-    model = Path(args.target).name if args.target else "pycode-v1"
+    model = Path(args.target).name if args.target else pair_name(args)
     per = -(-args.prompts // 6) + 1 if args.dataset == "spec-bench" else args.prompts
     prompts = [p.text for p in load_prompts(args.dataset, data_dir=args.data_dir, limit=per,
                                             offset=args.offset)]
@@ -107,8 +107,10 @@ def main() -> None:
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
     out.with_suffix(".json").write_text(json.dumps(record_json, indent=1))
-    out.with_suffix(".md").write_text(table(rows, sizes, len(prompts), args.max_new_tokens, args.label, model))
-    print(table(rows, sizes, len(prompts), args.max_new_tokens, args.label, model))
+    where = "CUDA" if pair.device.type == "cuda" else "CPU"
+    text = table(rows, sizes, len(prompts), args.max_new_tokens, args.label, model, where)
+    out.with_suffix(".md").write_text(text)
+    print(text)
 
 
 def _rate(rows, threads, temperature, system, b):
@@ -134,8 +136,8 @@ def ratios(rows, sizes) -> list[dict]:
     return out
 
 
-def table(rows, sizes, n_prompts, max_new, label="humaneval from 0", model="pycode-v1") -> str:
-    lines = [f"Total tokens/s, {model}, {n_prompts} prompts of {label}, {max_new} new tokens, fp32 CPU (one run). "
+def table(rows, sizes, n_prompts, max_new, label="humaneval from 0", model="pycode-v1", where="CPU") -> str:
+    lines = [f"Total tokens/s, {model}, {n_prompts} prompts of {label}, {max_new} new tokens, fp32 {where} (one run). "
              "auto / x: the batched auto's ratio to x at the same batch size.", "",
              "| threads | T | batch | ar | auto | hf generate | auto loop (b=1) | auto / loop | auto / hf | auto / ar |",
              "|---|---|---|---|---|---|---|---|---|---|"]

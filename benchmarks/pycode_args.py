@@ -1,5 +1,6 @@
 """What the pycode-v1 benchmark scripts share: where the trained family and the data are (--models, --data-dir:
-$MULTISPEC_MODELS / $MULTISPEC_DATA, else ../shared beside the checkout) and loading the pair (fp32, CPU, one thread).
+$MULTISPEC_MODELS / $MULTISPEC_DATA, else ../shared beside the checkout) and loading the pair (fp32, CPU, one thread;
+--embedded and --device cuda for a GPU machine).
 Scripts run as `python benchmarks/NAME.py`, so this module is importable beside them."""
 from __future__ import annotations
 
@@ -10,18 +11,32 @@ from pathlib import Path
 SHARED = Path(__file__).resolve().parents[2] / "shared"
 
 
-def add_pycode_args(ap: argparse.ArgumentParser) -> None:
+def add_pycode_args(ap: argparse.ArgumentParser, placement: bool = False) -> None:
+    """--models and --data-dir; with `placement`, also --embedded and --device (for scripts that load with
+    load_pycode and label their results with pair_name)."""
     ap.add_argument("--models", default=os.environ.get("MULTISPEC_MODELS", str(SHARED / "models")),
                     help="the folder holding pycode-v1/")
     ap.add_argument("--data-dir", default=os.environ.get("MULTISPEC_DATA", str(SHARED / "data")))
+    if not placement:
+        return
+    ap.add_argument("--embedded", action="store_true", help="the pair embedded in the package (default_pair/) "
+                    "instead of pycode-v1: it travels with the code, so a lent GPU machine can run it")
+    ap.add_argument("--device", default="cpu", help="cpu, or cuda (fp32 either way)")
+
+
+def pair_name(args) -> str:
+    return "the embedded pair" if getattr(args, "embedded", False) else "pycode-v1"
 
 
 def load_pycode(args):
-    """The pycode-v1 pair, fp32 on the CPU, with torch on one thread (the benchmarks' setting)."""
+    """The pycode-v1 pair (or with --embedded the package's own), fp32 on --device (default the CPU), with torch on
+    one thread (the benchmarks' setting)."""
     import torch
 
     import multispec
+    from multispec.loading import DEFAULT_PAIR_DIR
 
     torch.set_num_threads(1)
-    return multispec.load_pair(target=f"{args.models}/pycode-v1/target", draft=f"{args.models}/pycode-v1/draft",
-                               dtype="float32", device="cpu")
+    root = DEFAULT_PAIR_DIR if getattr(args, "embedded", False) else Path(args.models) / "pycode-v1"
+    return multispec.load_pair(target=str(root / "target"), draft=str(root / "draft"), dtype="float32",
+                               device=getattr(args, "device", "cpu"))

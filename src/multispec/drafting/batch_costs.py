@@ -132,8 +132,10 @@ def _calibrate_batched(cache, sizes: list[int], budget_s: float) -> list[list[fl
         for s in range(b):
             cache.reset(s)
             cache.lens[s] = ctx
+        costs.sync(cache.net.device)
         t0 = time.perf_counter()
         run_batch(cache, steps)
+        costs.sync(cache.net.device)
         return time.perf_counter() - t0
 
     timed(1, 1)  # warm-up

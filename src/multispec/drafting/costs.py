@@ -103,6 +103,12 @@ def model_key(backend, role_model) -> str:
                                       torch.get_num_threads(), platform.processor() or platform.machine()))
 
 
+def sync(device) -> None:
+    """Wait for a GPU's queued work, so that a timer read after a forward counts the forward, not its launch."""
+    if torch.device(device).type == "cuda":
+        torch.cuda.synchronize(device)
+
+
 def calibrate(backends: list, budget_s: float, reps: int = 3) -> list[list[float]]:
     """Time forwards of BUCKETS tokens appended after each backend's cached rows (dropped again with keep).
     Sizes and models are interleaved, rep by rep, so that a change in machine load hits all of them alike; each
@@ -116,8 +122,10 @@ def calibrate(backends: list, budget_s: float, reps: int = 3) -> list[list[float
         draftable = getattr(b, "draftable", None)  # a draft of another vocabulary: tokens it drafts, one row each
         if draftable is not None:
             tokens = draftable[tokens % len(draftable)]
+        sync(getattr(b, "device", "cpu"))
         t0 = time.perf_counter()
         b.forward(tokens, torch.arange(ctx, ctx + n), causal_mask(ctx, n))
+        sync(getattr(b, "device", "cpu"))
         dt = time.perf_counter() - t0
         b.keep(torch.arange(ctx))
         return dt
