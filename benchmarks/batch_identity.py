@@ -60,7 +60,9 @@ def main() -> None:
         decoder = Decoder(pair, name, "fast", **options)
         sampling = decoder.check_request(SamplingParams(temperature=0.0))
         ids = [encode_prompt(pair.tokenizer, decoder.vocab_size, p) for p in prompts]
-        alone = [decoder.run(x, sampling, args.max_new_tokens, 0)[0] for x in ids]
+        # capped as generate caps it (the prompt and the new tokens within the model's positions; the embedded pair
+        # has 256), so that the reference stops where a batch's sequence stops
+        alone = [decoder.run(x, sampling, decoder.fit_context(len(x), args.max_new_tokens, []), 0)[0] for x in ids]
         print(f"{name}: batch-1 reference done ({time.time() - started:.0f} s)", file=sys.stderr)
         for b in sizes:
             decoder = Decoder(pair, name, "fast", **options)  # fresh: auto's suffix store holds no earlier run

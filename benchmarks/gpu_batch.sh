@@ -2,7 +2,7 @@
 # The batch loop on a lent GPU, the embedded pair (it travels with the code) in fp32 on CUDA, one call:
 # batched = alone greedy (benchmarks/batch_identity.py) and offline throughput (benchmarks/batch_throughput.py).
 # On the device machine, from the repo root, with transformers' wheel in .whl/ and HumanEval in .gpu/data/:
-#   bash benchmarks/gpu_batch.sh OUT_DIR COMMIT
+#   bash benchmarks/gpu_batch.sh OUT_DIR COMMIT      (PARTS=identity or PARTS=throughput: one of the two)
 set -u
 out=${1:?output folder}
 commit=${2:-unknown}
@@ -12,7 +12,8 @@ export PYTHONPATH=/tmp/site:src PYTHONUNBUFFERED=1 MULTISPEC_CACHE_DIR=/tmp/mult
   python3 -c 'import torch, transformers; print("torch", torch.__version__, "transformers", transformers.__version__)'
 } | tee "$out/device.txt"
 common=(--embedded --device cuda --data-dir .gpu/data)
-timeout "${IDENTITY_S:-200}" python3 benchmarks/batch_identity.py "${common[@]}" --methods ar,sd,mcsd,suffix,auto \
+parts=${PARTS:-identity throughput}
+[[ $parts == *identity* ]] && timeout "${IDENTITY_S:-200}" python3 benchmarks/batch_identity.py "${common[@]}" --methods ar,sd,mcsd,suffix,auto \
     --batch-sizes 4,16,32 --out "$out/identity" 2>&1 | tee "$out/identity.log"
-timeout "${THROUGHPUT_S:-240}" python3 benchmarks/batch_throughput.py "${common[@]}" --threads 1 \
+[[ $parts == *throughput* ]] && timeout "${THROUGHPUT_S:-240}" python3 benchmarks/batch_throughput.py "${common[@]}" --threads 1 \
     --out "$out/throughput" 2>&1 | tee "$out/throughput.log"
