@@ -13,7 +13,7 @@ export PYTHONPATH=/tmp/site:src PYTHONUNBUFFERED=1 MULTISPEC_CACHE_DIR=/tmp/mult
 } | tee "$out/device.txt"
 common=(--embedded --device cuda --data-dir .gpu/data)
 parts=${PARTS:-identity throughput}
-[[ $parts == *identity* ]] && timeout "${IDENTITY_S:-200}" python3 benchmarks/batch_identity.py "${common[@]}" --methods ar,sd,mcsd,suffix,auto \
+[[ $parts == *identity* ]] && timeout "${IDENTITY_S:-200}" python3 benchmarks/batch_identity.py "${common[@]}" --methods ar,sd,mcsd,lookup,suffix,auto \
     --batch-sizes 4,16,32 --out "$out/identity" 2>&1 | tee "$out/identity.log"
 [[ $parts == *throughput* ]] && timeout "${THROUGHPUT_S:-240}" python3 benchmarks/batch_throughput.py "${common[@]}" --threads 1 \
     --out "$out/throughput" 2>&1 | tee "$out/throughput.log"
