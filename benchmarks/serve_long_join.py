@@ -37,7 +37,7 @@ async def stream(http, body) -> tuple[float, list[float]]:
     return (arrivals[0] - t0 if arrivals else float("nan")), arrivals
 
 
-async def run(args, url: str, prompts: list[str], long_prompt: str) -> dict:
+async def run(args, url: str, prompts: list[str], long_prompt: str, lengths: list[int]) -> dict:
     import httpx
 
     async with httpx.AsyncClient(base_url=url, timeout=600) as http:
@@ -61,7 +61,7 @@ async def run(args, url: str, prompts: list[str], long_prompt: str) -> dict:
                 t = time.perf_counter()
                 ttft, arrivals = await stream(http, {"prompt": prompts[k % len(prompts)], "max_tokens": 32,
                                                      "temperature": 0})
-                records.append((t, ttft, arrivals))
+                records.append((t, ttft, arrivals, k % len(prompts)))
                 k += args.clients
 
         async def joiner() -> None:
@@ -74,8 +74,9 @@ async def run(args, url: str, prompts: list[str], long_prompt: str) -> dict:
         await asyncio.gather(joiner(), *(client(i) for i in range(args.clients)))
     after = [r for r in records if r[0] >= join_at - 1.0]
     ttfts = np.array([r[1] for r in after])
+    slowest = sorted(after, key=lambda r: -r[1])[:3]  # when they started (against the join) and their prompt
     gaps = []
-    for _, _, arrivals in records:  # chunk gaps that overlap the long prompt's time before its first token
+    for _, _, arrivals, _ in records:  # chunk gaps that overlap the long prompt's time before its first token
         for a, b in zip(arrivals, arrivals[1:]):
             if b >= window["start"] and a <= window["start"] + window["ttft"]:
                 gaps.append(b - a)
@@ -84,7 +85,9 @@ async def run(args, url: str, prompts: list[str], long_prompt: str) -> dict:
             "ttft_p99_s": float(np.percentile(ttfts, 99)),
             "ttft_p99_over_p50": float(np.percentile(ttfts, 99) / np.percentile(ttfts, 50)),
             "max_stream_gap_during_join_s": max(gaps) if gaps else None,
-            "long_prompt_tokens": args.long_tokens, "long_ttft_s": window["ttft"]}
+            "long_prompt_tokens": args.long_tokens, "long_ttft_s": window["ttft"],
+            "slowest": [{"ttft_s": r[1], "started_after_join_s": r[0] - window["start"], "prompt": r[3],
+                         "prompt_tokens": lengths[r[3]]} for r in slowest]}
 
 
 def main() -> None:
@@ -117,7 +120,8 @@ def main() -> None:
     proc = subprocess.Popen(cmd, env={**os.environ, "PYTHONPATH": args.src}, stdout=subprocess.DEVNULL,
                             stderr=subprocess.DEVNULL)
     try:
-        report = asyncio.run(run(args, f"http://127.0.0.1:{port}", prompts, long_prompt))
+        report = asyncio.run(run(args, f"http://127.0.0.1:{port}", prompts, long_prompt,
+                                 [len(tok(p)["input_ids"]) for p in prompts]))
     finally:
         proc.terminate()
         proc.wait(30)
