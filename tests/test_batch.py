@@ -386,6 +386,20 @@ def test_generate_with_a_list_returns_one_result_per_prompt_in_order(pair):
     assert len(ids) == 2 and all(len(r.token_ids) <= 4 for r in ids)
 
 
+def test_a_batch_takes_the_reproducible_mode_from_the_seed_it_was_given(pair):
+    """auto verifies with keyed noise when the caller seeds it, in a batch as alone: an unseeded batch draws a seed
+    per prompt but stays in the ordinary mode (it paid the keyed noise before), a seeded one takes the mode, and
+    reproducible= still decides outright."""
+    p, _ = pair
+    prompts = ["def f(x):", "x = 1", "for n in range(2):", "import os"]
+    kw = dict(method="auto", max_new_tokens=6, temperature=1.0, batch_size=4)
+    assert not generate(p, prompts[0], method="auto", max_new_tokens=6, temperature=1.0).stats["reproducible"]
+    assert [r.stats["reproducible"] for r in generate(p, prompts, **kw)] == [False] * 4
+    assert [r.stats["reproducible"] for r in generate(p, prompts, seed=3, **kw)] == [True] * 4
+    assert [r.stats["reproducible"] for r in generate(p, prompts, seed=3, reproducible=False, **kw)] == [False] * 4
+    assert [r.stats["reproducible"] for r in generate(p, prompts, reproducible=True, **kw)] == [True] * 4
+
+
 def test_batch_size_one_decodes_each_prompt_on_the_decoder_itself(pair, monkeypatch):
     """batch_size=1 builds no BatchGroup (a lane only adds cost): each prompt decodes on the Decoder, the same
     tokens as alone, batch stats of size 1 with no batched forwards."""

@@ -49,8 +49,11 @@ def generate_batch(decoder: Decoder, prompts, params: SamplingParams | None = No
     size = integer(batch_size, "batch_size")
     check(size is None or 1 <= size <= MAX_BATCH, f"batch_size must be an integer in [1, {MAX_BATCH}], got {size!r}")
     size = min(size or len(prompts), len(prompts), MAX_BATCH)
-    seeds = seeds_for(seed if seed is not None else params.seed, len(prompts))
-    decoder.check_request(params)  # the model's checks too, before any work
+    given = seed if seed is not None else params.seed
+    seeds = seeds_for(given, len(prompts))
+    sampling = decoder.check_request(params)  # the model's checks too, before any work
+    # the mode follows the seed the caller gave, as for one prompt (a drawn seed does not turn it on)
+    params = params.replace(reproducible=decoder.reproducible_mode(params.reproducible, given, sampling))
     max_new_tokens = params.max_new_tokens
     group, notes = _batch_group(decoder, encoded, size, max_new_tokens)
     results: list = [None] * len(prompts)
