@@ -90,8 +90,8 @@ def main() -> None:
     out.parent.mkdir(parents=True, exist_ok=True)
     out.with_suffix(".json").write_text(json.dumps(record, indent=1))
     where = "CUDA" if pair.device.type == "cuda" else "CPU"
-    lines = [f"Greedy, {pair_name(args)}, HumanEval 0-{args.prompts - 1} x {args.max_new_tokens} tokens, fp32 {where}, fast "
-             "backend: each sequence of a batch against its batch-1 run.", "",
+    lines = [f"Greedy, {pair_name(args)}, HumanEval 0-{args.prompts - 1} x {args.max_new_tokens} tokens, fp32 "
+             f"{where}, fast backend: each sequence of a batch against its batch-1 run.", "",
              "| method | batch | identical | near-tie divergences | other divergences |", "|---|---|---|---|---|"]
     for r in rows:
         lines.append(f"| {r['method']} | {r['batch_size']} | {r['identical']}/{r['prompts']} | "

@@ -3,8 +3,9 @@ sizes, against transformers' own batched `generate` (left-padded, same prompts, 
 batch-1 `auto`, in one run per thread count and temperature.
 
 pycode-v1, HumanEval prompts 0..P-1, 128 new tokens (each sequence stops at EOS in every system; tokens/s counts
-the tokens produced), fp32 CPU (--embedded --device cuda: the embedded pair on a GPU). multispec runs on its fast backend; a batch size B decodes the P prompts B at a time
-(continuous batching: a slot takes the next prompt when its sequence ends; transformers runs chunks of B prompts).
+the tokens produced), fp32 CPU (--embedded --device cuda: the embedded pair on a GPU). multispec runs on its fast
+backend; a batch size B decodes the P prompts B at a time (continuous batching: a slot takes the next prompt when
+its sequence ends; transformers runs chunks of B prompts).
 
     PYTHONPATH=src python benchmarks/batch_throughput.py --out benchmarks/results/batch/throughput
     PYTHONPATH=src python benchmarks/batch_throughput.py --target SmolLM2-135M-Instruct.Q4_1.gguf --prompts 8 \
