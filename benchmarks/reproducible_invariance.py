@@ -33,16 +33,29 @@ def main() -> None:
     from multispec.data import load_prompts
     from multispec.decoding.batch_offline import generate_batch
     from multispec.decoding.decoder import Decoder
-    from multispec.drafting.auto import AutoPolicy
-    from multispec.drafting.protocol import RoundPlan
+    from multispec.drafting.protocol import DraftPolicyBase, RoundPlan
     from multispec.tree import Tree
+
+    class ForcedPlans(DraftPolicyBase):
+        """auto's plans forced to change from round to round and with the output: none, a draft chain of 3, a
+        (2, 2, 1) draft tree. Defers the draft's prefill as auto does."""
+
+        defers_draft_prefill = True
+        rounds = 0
+        plans = [RoundPlan(Tree.chain(0), "none"), RoundPlan(Tree.chain(3), "draft"),
+                 RoundPlan(Tree.from_shape((2, 2, 1)), "draft")]
+
+        def reset(self) -> None:
+            self.rounds = 0
+
+        def plan_round(self, history, pending):
+            self.rounds += 1
+            return self.plans[(self.rounds + len(history)) % 3]
 
     pair = load_pycode(args)
     prompts = load_prompts("humaneval", data_dir=args.data_dir, limit=args.prompts)
     forced = Decoder(pair, "auto")
-    plans = [RoundPlan(Tree.chain(0), "none"), RoundPlan(Tree.chain(3), "draft"),
-             RoundPlan(Tree.from_shape((2, 2, 1)), "draft")]
-    forced.policy = AutoPolicy(forced_plans=lambda history, i: plans[(i + len(history)) % 3])
+    forced.policy = ForcedPlans()
     decoders = {"ar": Decoder(pair, "ar"), "sd": Decoder(pair, "sd", k=4), "mcsd": Decoder(pair, "mcsd"),
                 "auto": Decoder(pair, "auto"), "auto-forced-plans": forced}
     rows, started = [], time.time()
