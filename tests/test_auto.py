@@ -119,6 +119,29 @@ def test_calibration_is_cached(tmp_path):
     assert second.target.seconds == first.target.seconds
 
 
+def test_calibration_on_a_gpu_times_the_forward_not_its_launch(monkeypatch):
+    """On CUDA a forward returns once its kernels are queued: calibrate waits for the device before it starts and
+    before it reads the timer, around every timed forward (a backend on the CPU waits for nothing)."""
+    events = []
+    monkeypatch.setattr(torch.cuda, "synchronize", lambda device=None: events.append("sync"))
+
+    class Queued:  # a backend on a GPU, as calibrate sees one
+        device, vocab_size, cache_len, max_positions = torch.device("cuda"), V, 0, 64
+
+        def forward(self, tokens, positions, mask):
+            events.append("forward")
+
+        def keep(self, indices):
+            pass
+
+    calibrate([Queued()], budget_s=0.01, reps=1)
+    forwards = [i for i, e in enumerate(events) if e == "forward"]
+    assert forwards and all(events[i - 1] == "sync" and events[i + 1] == "sync" for i in forwards)
+    events.clear()
+    calibrate([make_backend(tiny_pair(vocab=V, seed=1)[0])], budget_s=0.01, reps=1)
+    assert events == []
+
+
 @pytest.mark.parametrize("broken", [False, True])
 def test_suffix_calibration_is_learned_per_matched_length(monkeypatch, broken):
     """Failed proposals after short matches lower the calibration of short matches only: a proposal that follows
