@@ -19,7 +19,7 @@ from pathlib import Path
 
 import torch
 
-from pycode_args import add_pycode_args, load_pycode, pair_name
+from pycode_args import add_pycode_args, device_name, load_pycode, pair_name
 
 METHODS = [("ar", {}), ("sd", {"k": 4}), ("mcsd", {}), ("lookup", {}), ("suffix", {}), ("auto", {})]
 NEAR_TIE = 1e-4
@@ -89,9 +89,8 @@ def main() -> None:
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
     out.with_suffix(".json").write_text(json.dumps(record, indent=1))
-    where = "CUDA" if pair.device.type == "cuda" else "CPU"
     lines = [f"Greedy, {pair_name(args)}, HumanEval 0-{args.prompts - 1} x {args.max_new_tokens} tokens, fp32 "
-             f"{where}, fast backend: each sequence of a batch against its batch-1 run.", "",
+             f"{device_name(pair)}, fast backend: each sequence of a batch against its batch-1 run.", "",
              "| method | batch | identical | near-tie divergences | other divergences |", "|---|---|---|---|---|"]
     for r in rows:
         lines.append(f"| {r['method']} | {r['batch_size']} | {r['identical']}/{r['prompts']} | "

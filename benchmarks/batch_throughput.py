@@ -21,7 +21,7 @@ from pathlib import Path
 
 import torch
 
-from pycode_args import add_pycode_args, load_pycode, pair_name
+from pycode_args import add_pycode_args, device_name, load_pycode, pair_name
 
 
 def main() -> None:
@@ -108,8 +108,7 @@ def main() -> None:
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
     out.with_suffix(".json").write_text(json.dumps(record_json, indent=1))
-    where = "CUDA" if pair.device.type == "cuda" else "CPU"
-    text = table(rows, sizes, len(prompts), args.max_new_tokens, args.label, model, where)
+    text = table(rows, sizes, len(prompts), args.max_new_tokens, args.label, model, device_name(pair))
     out.with_suffix(".md").write_text(text)
     print(text)
 

@@ -28,6 +28,11 @@ def pair_name(args) -> str:
     return "the embedded pair" if getattr(args, "embedded", False) else "pycode-v1"
 
 
+def device_name(pair) -> str:
+    """CUDA or CPU, for a table's title."""
+    return "CUDA" if pair.device.type == "cuda" else "CPU"
+
+
 def load_pycode(args):
     """The pycode-v1 pair (or with --embedded the package's own), fp32 on --device (default the CPU), with torch on
     one thread (the benchmarks' setting)."""

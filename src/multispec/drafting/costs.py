@@ -122,10 +122,11 @@ def calibrate(backends: list, budget_s: float, reps: int = 3) -> list[list[float
         draftable = getattr(b, "draftable", None)  # a draft of another vocabulary: tokens it drafts, one row each
         if draftable is not None:
             tokens = draftable[tokens % len(draftable)]
-        sync(getattr(b, "device", "cpu"))
+        device = getattr(b, "device", "cpu")
+        sync(device)
         t0 = time.perf_counter()
         b.forward(tokens, torch.arange(ctx, ctx + n), causal_mask(ctx, n))
-        sync(getattr(b, "device", "cpu"))
+        sync(device)
         dt = time.perf_counter() - t0
         b.keep(torch.arange(ctx))
         return dt

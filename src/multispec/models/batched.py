@@ -245,8 +245,8 @@ def split_by_width(members: list[int], widths: list[int], slots: list[int], call
     reads, for every slot from its lowest to its highest, as many rows as its widest member (the attention of a
     decode step is a read of keys and values), so one long prompt among short ones made each of them read its rows
     (Spec-Bench on pycode-v1, batch 32, prompts of 12-1,023 tokens: the forward took 106 ms, 56 ms split, its
-    attention 67 ms before). Sorted by width, a group is cut in two where that reads fewer rows, twice over at most (up to 4 parts);
-    a part that is not dense attends step by step (_group_cost)."""
+    attention 67 ms before). Sorted by width, a group is cut in two where that reads fewer rows, twice over at most
+    (up to 4 parts); a part that is not dense attends step by step (_group_cost)."""
     order = sorted(members, key=lambda j: widths[j])
     n = len(order)
     s, w = [slots[j] for j in order], [widths[j] for j in order]

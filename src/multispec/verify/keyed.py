@@ -70,11 +70,14 @@ def keyed_uniform(seed: int | Sequence[int], positions: Sequence[int], vocab: in
     return out if device is None else out.to(device)
 
 
-def _fill_uniform(out: torch.Tensor, gen: torch.Generator, seed: int, position: int, slot: int) -> None:
-    """out: float64 [V], filled with the uniforms of key (seed, position, slot)."""
+def _fill_uniform(out: torch.Tensor, gen: torch.Generator, seed: int, position: int, slot: int,
+                  clamp: bool = True) -> None:
+    """out: float64 [V], filled with the uniforms of key (seed, position, slot). clamp=False leaves U = 0 as drawn,
+    for a caller that clamps only the values it reads."""
     gen.manual_seed(position_key(seed, position, slot))
     torch.rand(out.shape[0], generator=gen, dtype=torch.float64, out=out)
-    out.clamp_(min=_U_MIN)  # U = 0 has probability 2^-53: map it into (0, 1) so G stays finite
+    if clamp:
+        out.clamp_(min=_U_MIN)  # U = 0 has probability 2^-53: map it into (0, 1) so G stays finite
 
 
 def keyed_gumbel(seed: int | Sequence[int], positions: Sequence[int], vocab: int, slot: int = 0,
@@ -132,8 +135,7 @@ def keyed_max(p: torch.Tensor, seed: int, position: int, slot: int = 0) -> int:
         return int(gumbel_max(p[None], row[None]))
     p = p.detach().cpu()
     gen, u, bound = _scratch(vocab)  # this thread's: no 2 MB allocations (page faults) per call at V = 262k
-    gen.manual_seed(position_key(seed, position, slot))
-    torch.rand(vocab, generator=gen, dtype=torch.float64, out=u)  # _fill_uniform's draw; its clamp only where read
+    _fill_uniform(u, gen, seed, position, slot, clamp=False)  # clamped only where read (ref, _scores)
     torch.div(p, torch.sub(1.0, u, out=bound), out=bound)  # float64 p / (1 - U): [V] (U = 0 or 2^-60: the same)
     top = bound.topk(min(2, vocab))  # the largest bound and the runner-up in one pass
     best = int(top.indices[0])  # p > 0 there (a law has mass), so its score is finite
@@ -142,13 +144,12 @@ def keyed_max(p: torch.Tensor, seed: int, position: int, slot: int = 0) -> int:
     if vocab == 1 or float(top.values[1]) < limit:
         return best  # the usual case: no other token comes near
     candidates = (bound >= limit).nonzero()[:, 0]  # increasing ids; every maximum
-    u[candidates] = u[candidates].clamp_(min=_U_MIN)
     return int(candidates[int(_scores(p, u, candidates).argmax())])  # the first of the largest, in token order
 
 
 def _scores(p: torch.Tensor, u: torch.Tensor, ids: torch.Tensor) -> torch.Tensor:
     """float64 log p + G of tokens `ids`: the noise of _gumbel_row, the scores of gumbel_max (the same ops)."""
-    return _log_scores(p[ids], _gumbel(u[ids]))  # u[ids]: a copy, transformed in place
+    return _log_scores(p[ids], _gumbel(u[ids].clamp_(min=_U_MIN)))  # u[ids]: a copy, transformed in place
 
 
 def _gumbel(u: torch.Tensor) -> torch.Tensor:
