@@ -104,6 +104,20 @@ def test_auto_probes_while_backed_off():
     assert kinds.count("draft") >= 1 and kinds.count("none") >= 15
 
 
+def test_a_lookup_plan_chosen_on_its_merits_does_not_restart_the_drafts_probes():
+    """The probes keep the draft's estimates current: a draft plan chosen on its merits restarts their back-off (8,
+    16, 32 ... rounds), a lookup or suffix plan says nothing of the draft and does not. Restarting on any plan (the
+    old rule, the broken variant) probed the draft every 8 rounds after each lookup match (T = 1: a loss)."""
+    policy = _policy(_costs(0.010, 0.010, 0.009), accept=0.3)
+    policy.probe_level, policy.ar_streak = 3, 20
+    lookup = RoundPlan(Tree.chain(2), "lookup", (5, 6), label="lookup 2", predicted_tps=900.0)
+    draft = RoundPlan(Tree.chain(2), "draft", label="draft chain", predicted_tps=900.0)
+    assert policy._probe_or(lookup, [lookup]) is lookup
+    assert (policy.probe_level, policy.ar_streak) == (3, 20)
+    assert policy._probe_or(draft, [draft, lookup]) is draft
+    assert (policy.probe_level, policy.ar_streak) == (0, 0)
+
+
 def test_calibration_is_cached(tmp_path):
     target, draft = tiny_pair(vocab=V, seed=1)
     t, d = make_backend(target), make_backend(draft)

@@ -182,3 +182,11 @@ def _best_draft_size(costs, nodes, reach, pending: int, max_nodes: int, max_dept
         if expected / t > best_tps:
             best_n, best_tps = n, expected / t
     return best_n, best_tps
+
+
+def predicted_tps(plan: RoundPlan) -> float:
+    """The predicted tokens/s of a plan the Planner made (it sets it on every plan)."""
+    tps = plan.predicted_tps
+    if tps is None:
+        raise RuntimeError(f"auto: plan {plan.label!r} has no predicted tokens/s")
+    return tps

@@ -1,9 +1,10 @@
 """`AutoPolicy`: every round, the candidate plan (drafting/auto/plans.py) with the most expected committed tokens
 per second over this sequence's cost view (drafting/auto/costs.py), with back-offs and probes.
 
-When no speculation wins, cheap probes (the best speculative plan, every 8, 16, 32, 64 rounds) keep the estimates
-alive so that auto can switch back. After a generation alone, the learned overheads and cost corrections are
-stored for the next one (`finish`); `report` only reads.
+When no speculation wins, cheap probes (the best speculative plan, after 8, 16, 32 ... 256 plain rounds, a
+schedule carried from request to request) keep the estimates alive so that auto can switch back. After a
+generation alone, the learned overheads and cost corrections are stored for the next one (`finish`); `report`
+only reads.
 """
 from __future__ import annotations
 
@@ -11,14 +12,15 @@ from collections import Counter, defaultdict
 from typing import Any
 
 import multispec.drafting.auto.memory as acceptance_memory
-from multispec.drafting.auto.acceptance import ConfidenceRates, RealisedRates
+from multispec.drafting.auto.acceptance import ConfidenceRates, Promises, RealisedRates
 from multispec.drafting.auto.costs import AloneCosts, BatchShareCosts
 from multispec.drafting.auto.plans import Planner
+from multispec.drafting.auto.plans import predicted_tps as _tps
 from multispec.drafting.batch_costs import BatchCosts
 from multispec.drafting.costs import CostModel, get_cost_model, update_after_generation
 from multispec.drafting.protocol import DraftPolicyBase, RoundOutcome, RoundPlan
 
-PROBE_PERIODS = (8, 16, 32, 64)
+PROBE_PERIODS = (8, 16, 32, 64, 128, 256)
 MARGIN = 0.03  # speculate only when predicted to beat a plain step by this much
 BATCH_PLAIN_FROM = 4  # sampling (T > 0) in a batch of at least this many sequences: plain steps only
 BATCH_SKIP_BELOW = 0.8  # in a batch: plans predicted below this fraction of a plain step's rate start a back-off
@@ -26,11 +28,10 @@ BATCH_SKIP_BELOW = 0.8  # in a batch: plans predicted below this fraction of a p
 # the batch ends with its slowest sequence), which the share model does not see: speculate only for a clear gain.
 BATCH_MARGIN = 0.25
 QUIET_MAX = 8  # alone: at most this many plain steps in a row without weighing the plans
-# A probe of a draft plan runs only while the draft's catch-up (the tokens it has not seen: the deferred prompt and
-# every plain step since it last ran) costs at most this many plain target steps. Measured (Gemma 3 drafted by
-# SmolLM2, T = 1, a long Spec-Bench prompt): a probe whose first forward fed the deferred draft prefill took 4.6 s
-# for 2 tokens, ~45 plain steps' worth. Alone, a plan chosen on its merits still may (the catch-up spread over
-# rounds); in a batch, where every sequence waits on that forward, no draft plan may.
+# A probe of a draft plan runs only while the draft's catch-up (the deferred prompt and every plain step since it
+# last ran) costs at most this many plain target steps. Measured (Gemma 3 drafted by SmolLM2, T = 1, a long
+# Spec-Bench prompt): a probe whose forward fed the deferred draft prefill took 4.6 s for 2 tokens, ~45 plain steps.
+# Alone, a plan chosen on its merits still may; in a batch, where every sequence waits on that forward, none may.
 PROBE_CATCH_UP = 4
 
 
@@ -38,14 +39,6 @@ def family(plan: RoundPlan) -> str:
     """A plan's family for RealisedRates: "ar", "draft chain", "draft tree", "head chain", "lookup", "suffix"."""
     words = plan.label.removesuffix(" (probe)").split(" ")
     return " ".join(words[:2]) if plan.proposer not in ("lookup", "suffix", "none") else words[0]
-
-
-def _tps(plan: RoundPlan) -> float:
-    """The predicted tokens/s of a plan the Planner made (it sets it on every plan)."""
-    tps = plan.predicted_tps
-    if tps is None:
-        raise RuntimeError(f"auto: plan {plan.label!r} has no predicted tokens/s")
-    return tps
 
 
 class AutoPolicy(DraftPolicyBase):
@@ -77,6 +70,7 @@ class AutoPolicy(DraftPolicyBase):
             AloneCosts(self.fixed_costs, self.shape["max_nodes"]) if self.fixed_costs is not None else None)
         self.confidence = ConfidenceRates()
         self.realised_rates = RealisedRates()
+        self.promises = Promises()
         self.round_conf: list[float] = []
         self.has_draft = False
         self.current: RoundPlan | None = None
@@ -114,13 +108,15 @@ class AutoPolicy(DraftPolicyBase):
         stored = acceptance_memory.load(self.memory_key)
         if stored is not None:
             self.planner.restore(stored)
-            if isinstance(stored.get("confidence"), list):
-                self.confidence.restore(stored["confidence"])
-            if isinstance(stored.get("realised"), dict):
-                self.realised_rates.restore(stored["realised"])
+            for name, part, kind in (("confidence", self.confidence, list), ("realised", self.realised_rates, dict),
+                                     ("promises", self.promises, dict)):
+                if isinstance(stored.get(name), kind):
+                    part.restore(stored[name])
+            probe = stored.get("probe")  # the probes' back-off and progress carry from request to request
+            if isinstance(probe, list) and len(probe) == 2 and 0 <= probe[0] < len(PROBE_PERIODS) and probe[1] >= 0:
+                self.probe_level, self.ar_streak = int(probe[0]), int(probe[1])
 
-    def _costs(self) -> AloneCosts | BatchShareCosts:
-        """The cost view (set by reset with fixed costs, else by prepare, which the engine calls first)."""
+    def _costs(self) -> AloneCosts | BatchShareCosts:  # set by reset with fixed costs, else by prepare
         if self.costs is None:
             raise RuntimeError("auto: no costs yet (prepare() runs before the first round)")
         return self.costs
@@ -186,19 +182,24 @@ class AutoPolicy(DraftPolicyBase):
         return plan
 
     def _scorer(self, batched: bool):
-        """A plan's predicted tokens/s times its family's predicted / realised seconds: alone and with measured
-        costs (in a batch a round's seconds include waiting for the others; fixed costs are not this machine's)."""
+        """A plan's predicted tokens/s times its family's predicted / realised seconds and its gain (Promises):
+        alone and with measured costs (in a batch a round's seconds include waiting for the others; fixed costs are
+        not this machine's)."""
         if batched or self.fixed_costs is not None:
             return _tps
-        return lambda plan: _tps(plan) * self.realised_rates.factor(family(plan))
+        return lambda plan: self._promise(plan) * self.promises.gain(family(plan))
+
+    def _promise(self, plan: RoundPlan) -> float:  # what the plan's score says before its gain
+        return _tps(plan) * self.realised_rates.factor(family(plan))
 
     def _probe_or(self, best: RoundPlan, speculative: list[RoundPlan], score=_tps) -> RoundPlan:
         """`best`, or, after a streak of plain steps as long as the probe period, the best speculative plan, to
         keep its estimates current (in a batch a probe's forwards hold up every sequence: B times rarer)."""
-        if best.tree.max_depth > 0 or not speculative:
-            self.ar_streak = 0
-            if best.tree.max_depth > 0:
-                self.probe_level = 0
+        if best.tree.max_depth > 0 or not speculative:  # a lookup or suffix plan says nothing of the draft's
+            if not speculative or best.proposer == self.draft_proposer or not self.has_draft:
+                self.ar_streak = 0
+                if best.tree.max_depth > 0:
+                    self.probe_level = 0
             return best
         self.ar_streak += 1
         period = PROBE_PERIODS[min(self.probe_level, len(PROBE_PERIODS) - 1)] * self._costs().live
@@ -260,6 +261,7 @@ class AutoPolicy(DraftPolicyBase):
         costs = self._costs()
         if isinstance(costs, AloneCosts):  # predicted before this round corrects the costs
             predicted = costs.round_time(tree, outcome.times.pending, outcome.draft_calls > 0)
+            self.promises.add(family(plan), len(path), self._promise(plan) * outcome.times.round_s)
             self.realised_rates.add(family(plan), predicted, outcome.times.round_s)
         costs.observe(outcome)
         if len(tree) == 1:
@@ -275,7 +277,10 @@ class AutoPolicy(DraftPolicyBase):
             self.suffix_store.add(None, list(history))
         if self.memory_key is not None:
             acceptance_memory.save(self.memory_key, {**self.planner.state(), "confidence": self.confidence.state(),
-                                                     "realised": self.realised_rates.state()})
+                                                     "realised": self.realised_rates.state(),
+                                                     "promises": self.promises.state(),
+                                                     "probe": [min(self.probe_level, len(PROBE_PERIODS) - 1),
+                                                               self.ar_streak]})
         if isinstance(self.costs, AloneCosts):
             self.stored_overhead = self.costs.fitted_overhead()
             update_after_generation(self.costs.model, self.stored_overhead)
@@ -290,4 +295,5 @@ class AutoPolicy(DraftPolicyBase):
         return {"plans": plans, "costs": None if costs is None else costs.model.summary(),
                 "overhead": dict(self.stored_overhead or (costs.overhead if costs is not None else {})),
                 "cost_correction": dict(costs.scale) if costs is not None else {},
-                "realised_factor": {f: self.realised_rates.factor(f) for f in self.realised_rates.rows}}
+                "realised_factor": {f: self.realised_rates.factor(f) for f in self.realised_rates.rows},
+                "gain": {f: self.promises.gain(f) for f in self.promises.rows}}
