@@ -63,7 +63,7 @@ def test_a_second_process_plans_its_first_round_from_what_the_first_learned(tmp_
     stored = json.loads((cache / memory.FILE).read_text())
     (entry,) = stored.values()
     assert entry["draft"]["1,1"][0] > 0.9 * entry["draft"]["1,1"][1]  # depth 1, rank 1: (nearly) always accepted
-    assert set(entry) == {"draft", "lookup", "suffix", "confidence", "realised", "promises", "probe"}
+    assert set(entry) == {"draft", "lookup", "suffix", "confidence", "realised", "probe"}
     second, _ = _run(cache, 1)
     assert second["first"] != fresh["first"], (second, fresh)
     learned = second["plans"][second["first"]]["predicted_tokens_per_s"]
@@ -129,57 +129,6 @@ def test_realised_rates_correct_a_family_towards_what_its_rounds_did():
     assert {k: family(p) for k, p in plans.items()} == {k: k for k in plans}
 
 
-
-
-def test_promises_hold_back_a_family_whose_rounds_ran_slower_than_its_scores_said():
-    """Promises: a family that committed half the tokens its scores promised for the time its rounds took is
-    scaled by ~(kept / ar's kept), never below GAIN_FLOOR, never above 1; plain steps (ar) are the reference."""
-    from multispec.drafting.auto.acceptance import DECAY, GAIN_FLOOR, PROMISE_PRIOR, Promises
-
-    promises = Promises()
-    assert promises.gain("lookup") == 1.0  # no evidence
-    for _ in range(60):
-        promises.add("ar", 1, 1.0)  # plain steps kept their promise
-        promises.add("lookup", 1, 2.0)  # half of it
-        promises.add("suffix", 3, 1.0)  # three times it: not raised above 1
-        promises.add("draft chain", 0, 1.0)  # nothing: held at the floor
-    n = (1 - DECAY ** 60) / (1 - DECAY)
-    assert promises.gain("lookup") == pytest.approx((n + PROMISE_PRIOR) / (2 * n + PROMISE_PRIOR))
-    assert 0.55 < promises.gain("lookup") < 0.65
-    assert promises.gain("suffix") == 1.0 and promises.gain("draft chain") == GAIN_FLOOR
-    assert promises.gain("ar") == 1.0
-    restored = Promises()
-    restored.restore({**promises.state(), "bad": [-1.0, 2.0], "worse": "x"})
-    assert restored.rows == promises.rows
-
-
-def test_a_family_that_broke_its_promises_loses_the_round_it_would_have_won(monkeypatch):
-    """Alone with measured costs, a draft plan predicted to beat plain steps by ~1.4x is taken; after rounds in
-    which draft chains committed half what their scores promised (and plain steps what theirs did), the same
-    estimates give a plain step. Without the gain (the broken variant) the draft plan is still taken."""
-    from multispec.drafting.auto import AutoPolicy
-    from multispec.drafting.auto.acceptance import Promises
-    from multispec.drafting.auto.costs import AloneCosts
-    from multispec.drafting.costs import BUCKETS, CostCurve, CostModel
-
-    def first_plan() -> str:
-        model = CostModel(CostCurve([0.010 + 0.001 * (b - 1) for b in BUCKETS]),
-                          CostCurve([0.004 * (1 + 0.1 * (b - 1)) for b in BUCKETS]))
-        policy = AutoPolicy(proposers=("draft",), memory=False)
-        policy.costs, policy.has_draft = AloneCosts(model, 32), True
-        for _ in range(50):
-            for d in range(1, 6):
-                policy.planner.draft_acc.add(d, 1, d <= 2)
-        before = policy.plan_round([1, 2, 3], 1)
-        for _ in range(40):
-            policy.promises.add("draft chain", 1, 2.0)
-            policy.promises.add("ar", 1, 1.0)
-        policy._skip = 0
-        return before.proposer, policy.plan_round([1, 2, 3], 1).proposer
-
-    assert first_plan() == ("draft", "none")
-    monkeypatch.setattr(Promises, "gain", lambda self, family: 1.0)
-    assert first_plan() == ("draft", "draft")
 
 
 def test_the_probes_back_off_carries_to_the_next_request(tmp_path, monkeypatch):

@@ -6,7 +6,6 @@
 - `ConfidenceRates`: a chain's next token accepted, by the draft's own probability of it (a training-free
   predictor like transformers' confidence threshold, calibrated online).
 - `RealisedRates`: per plan family, how fast its rounds ran against the seconds predicted for them.
-- `Promises`: per plan family, the tokens its rounds committed against the tokens its scores promised for that time.
 - `greedy_tree` / `to_tree`: the best draft tree of every size for the estimated rates (OPT-Tree's construction).
 """
 from __future__ import annotations
@@ -22,8 +21,6 @@ PRIOR_WEIGHT = 2.0
 SHRINK = 3.0  # pseudo-observations pulling a depth's estimate towards the pooled one for its rank
 REALISED_PRIOR = 4.0  # rounds of evidence that the cost model is right (factor 1)
 REALISED_CLAMP = (0.5, 1.5)
-PROMISE_PRIOR = 8.0  # tokens of evidence that a family's scores are kept (ratio 1)
-GAIN_FLOOR = 0.5
 CONF_EDGES = (0.05, 0.1, 0.2, 0.3, 0.5, 0.7, 0.9, 0.97)  # buckets of the draft's probability of its own token
 
 
@@ -141,40 +138,6 @@ class RealisedRates:
     def restore(self, rows: dict) -> None:
         for k, v in rows.items():
             if isinstance(v, list) and len(v) == 2 and all(isinstance(x, (int, float)) for x in v) and v[1] >= 0:
-                self.rows[k] = [float(v[0]), float(v[1])]
-
-
-class Promises:
-    """Per plan family: the tokens its rounds committed against the tokens its scores promised for the seconds they
-    took (score × seconds), decayed per round. A family chosen because its score was the highest is chosen when its
-    estimates were high, so its scores are biased upwards (the winner's curse), and acceptance and cost both err:
-    `gain(family)` = kept(family) / kept("ar"), at most 1, scales a speculative family's score, so that a family
-    whose rounds ran slower than plain steps, what its scores said notwithstanding, is chosen only for a margin that
-    covers it (measured on the embedded pair at T = 1: lookup scored 540 tokens/s and ran 420 against plain steps'
-    540). It never raises a score: a family that keeps its promises plans as before."""
-
-    def __init__(self) -> None:
-        self.rows: dict[str, list[float]] = {}  # family -> [tokens committed, tokens promised], decayed
-
-    def add(self, family: str, tokens: int, promised: float) -> None:
-        if promised > 0 and math.isfinite(promised):
-            row = self.rows.setdefault(family, [0.0, 0.0])
-            row[0] = DECAY * row[0] + tokens
-            row[1] = DECAY * row[1] + promised
-
-    def kept(self, family: str) -> float:
-        tokens, promised = self.rows.get(family, (0.0, 0.0))
-        return (tokens + PROMISE_PRIOR) / (promised + PROMISE_PRIOR)
-
-    def gain(self, family: str) -> float:
-        return 1.0 if family == "ar" else max(GAIN_FLOOR, min(1.0, self.kept(family) / self.kept("ar")))
-
-    def state(self) -> dict[str, list[float]]:
-        return {k: [v[0], v[1]] for k, v in self.rows.items()}
-
-    def restore(self, rows: dict) -> None:
-        for k, v in rows.items():
-            if isinstance(v, list) and len(v) == 2 and all(isinstance(x, (int, float)) and x >= 0 for x in v):
                 self.rows[k] = [float(v[0]), float(v[1])]
 
 

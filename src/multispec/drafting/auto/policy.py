@@ -12,7 +12,7 @@ from collections import Counter, defaultdict
 from typing import Any
 
 import multispec.drafting.auto.memory as acceptance_memory
-from multispec.drafting.auto.acceptance import ConfidenceRates, Promises, RealisedRates
+from multispec.drafting.auto.acceptance import ConfidenceRates, RealisedRates
 from multispec.drafting.auto.costs import AloneCosts, BatchShareCosts
 from multispec.drafting.auto.plans import Planner
 from multispec.drafting.auto.plans import predicted_tps as _tps
@@ -70,7 +70,6 @@ class AutoPolicy(DraftPolicyBase):
             AloneCosts(self.fixed_costs, self.shape["max_nodes"]) if self.fixed_costs is not None else None)
         self.confidence = ConfidenceRates()
         self.realised_rates = RealisedRates()
-        self.promises = Promises()
         self.round_conf: list[float] = []
         self.has_draft = False
         self.current: RoundPlan | None = None
@@ -108,8 +107,7 @@ class AutoPolicy(DraftPolicyBase):
         stored = acceptance_memory.load(self.memory_key)
         if stored is not None:
             self.planner.restore(stored)
-            for name, part, kind in (("confidence", self.confidence, list), ("realised", self.realised_rates, dict),
-                                     ("promises", self.promises, dict)):
+            for name, part, kind in (("confidence", self.confidence, list), ("realised", self.realised_rates, dict)):
                 if isinstance(stored.get(name), kind):
                     part.restore(stored[name])
             probe = stored.get("probe")  # the probes' back-off and progress carry from request to request
@@ -182,15 +180,11 @@ class AutoPolicy(DraftPolicyBase):
         return plan
 
     def _scorer(self, batched: bool):
-        """A plan's predicted tokens/s times its family's predicted / realised seconds and its gain (Promises):
-        alone and with measured costs (in a batch a round's seconds include waiting for the others; fixed costs are
-        not this machine's)."""
+        """A plan's predicted tokens/s times its family's predicted / realised seconds: alone and with measured
+        costs (in a batch a round's seconds include waiting for the others; fixed costs are not this machine's)."""
         if batched or self.fixed_costs is not None:
             return _tps
-        return lambda plan: self._promise(plan) * self.promises.gain(family(plan))
-
-    def _promise(self, plan: RoundPlan) -> float:  # what the plan's score says before its gain
-        return _tps(plan) * self.realised_rates.factor(family(plan))
+        return lambda plan: _tps(plan) * self.realised_rates.factor(family(plan))
 
     def _probe_or(self, best: RoundPlan, speculative: list[RoundPlan], score=_tps) -> RoundPlan:
         """`best`, or, after a streak of plain steps as long as the probe period, the best speculative plan, to
@@ -261,7 +255,6 @@ class AutoPolicy(DraftPolicyBase):
         costs = self._costs()
         if isinstance(costs, AloneCosts):  # predicted before this round corrects the costs
             predicted = costs.round_time(tree, outcome.times.pending, outcome.draft_calls > 0)
-            self.promises.add(family(plan), len(path), self._promise(plan) * outcome.times.round_s)
             self.realised_rates.add(family(plan), predicted, outcome.times.round_s)
         costs.observe(outcome)
         if len(tree) == 1:
@@ -278,7 +271,6 @@ class AutoPolicy(DraftPolicyBase):
         if self.memory_key is not None:
             acceptance_memory.save(self.memory_key, {**self.planner.state(), "confidence": self.confidence.state(),
                                                      "realised": self.realised_rates.state(),
-                                                     "promises": self.promises.state(),
                                                      "probe": [min(self.probe_level, len(PROBE_PERIODS) - 1),
                                                                self.ar_streak]})
         if isinstance(self.costs, AloneCosts):
@@ -295,5 +287,4 @@ class AutoPolicy(DraftPolicyBase):
         return {"plans": plans, "costs": None if costs is None else costs.model.summary(),
                 "overhead": dict(self.stored_overhead or (costs.overhead if costs is not None else {})),
                 "cost_correction": dict(costs.scale) if costs is not None else {},
-                "realised_factor": {f: self.realised_rates.factor(f) for f in self.realised_rates.rows},
-                "gain": {f: self.promises.gain(f) for f in self.promises.rows}}
+                "realised_factor": {f: self.realised_rates.factor(f) for f in self.realised_rates.rows}}
