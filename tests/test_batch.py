@@ -273,6 +273,44 @@ def test_batched_greedy_equals_batch_one(method, options):
     assert stats["mean_batch"] > 1.5, stats  # the sequences really shared forwards
 
 
+@pytest.mark.parametrize("method,options", [("ar", {}), ("sd", {"k": 3})])
+def test_batched_greedy_verification_reads_the_batchs_argmax(monkeypatch, method, options):
+    """A greedy lane's verification reads each row's argmax from the batched forward (one argmax and one copy to
+    the CPU for the batch) instead of taking its own: with the engine's own greedy_argmax made unusable, a batch
+    still decodes every prompt's batch-1 tokens. Argmaxes deliberately wrong (the broken variant) are caught."""
+    from multispec.decoding import engine
+    from multispec.models import batched
+
+    target, draft = tiny_pair(vocab=16, seed=3, noise=0.3)
+    decoder = Decoder(_pair(target, draft), method, "fast", **options)
+    g = torch.Generator().manual_seed(1)
+    prompts = [torch.randint(0, 16, (n,), generator=g).tolist() for n in (3, 9, 1, 14, 6)]
+    alone = [decoder.run(p, GREEDY, 12, 0)[0] for p in prompts]
+
+    def unusable(logits):
+        raise AssertionError("a batched greedy lane took its own argmax")
+
+    monkeypatch.setattr(engine, "greedy_argmax", unusable)
+    assert run_batched(decoder, prompts, 3, GREEDY, 12, [0] * len(prompts))[0] == alone
+    real = batched._argmax_rows
+
+    def argmin(steps, logits):
+        return [None if b is None else logits[j].argmin(-1).cpu() for j, b in enumerate(real(steps, logits))]
+
+    monkeypatch.setattr(batched, "_argmax_rows", argmin)
+    assert run_batched(decoder, prompts, 3, GREEDY, 12, [0] * len(prompts))[0] != alone
+
+
+def test_a_nan_row_leaves_its_step_to_refuse_it_and_the_others_their_argmax():
+    from multispec.models.batched import _argmax_rows
+
+    logits = [torch.tensor([[0.0, 2.0, 1.0], [3.0, 0.0, 0.0]]), torch.tensor([[0.0, float("nan"), 1.0]]),
+              torch.tensor([[5.0, 0.0, 9.0]])]
+    steps = [SimpleNamespace(argmax=True), SimpleNamespace(argmax=True), SimpleNamespace(argmax=False)]
+    best = _argmax_rows(steps, logits)
+    assert best[0].tolist() == [1, 0] and best[1] is None and best[2] is None
+
+
 # ---------------------------------------------------------------------------------------------------- the law
 def context_pair(seed: int = 5, vocab: int = 4):
     """A target whose next-token law moves with every visible row (uniform attention over strong value vectors,

@@ -103,8 +103,8 @@ class Lane(Decoder):
     def __init__(self, decoder: Decoder, group: BatchGroup, slot: int):  # noqa: D107 - the parts are resolved
         self._start(decoder.parts, warm_up=False)  # the decoder's shared parts; its own policy
         self.group, self.slot = group, slot
-        self.target = SlotBackend(group.batcher, group.target_cache, slot, decoder.pair.target)
-        self.target = decoder.wrap_target(self.target) if decoder.wrap_target is not None else self.target
+        self.slot_target = SlotBackend(group.batcher, group.target_cache, slot, decoder.pair.target)
+        self.target = decoder.wrap_target(self.slot_target) if decoder.wrap_target is not None else self.slot_target
         self.draft = SlotBackend(group.batcher, group.draft_cache, slot, decoder.draft_model) \
             if group.draft_cache is not None else None
 
@@ -115,6 +115,7 @@ class Lane(Decoder):
                                        f"batch has {self.group.rows} per sequence")
         if self.draft is not None and self.cheap.vocab is not None:
             self.draft.set_vocab_subset(self.cheap.subset(self.token_freq, prompt_ids))
+        self.slot_target.argmax = sampling.greedy and not sampling.adjusts  # the batch takes the greedy argmaxes
         if self.group.batch_costs is not None:
             self.policy.join_batch(self.group.batcher, self.group.batch_costs, not sampling.greedy)
         self.group.batcher.join()

@@ -184,7 +184,8 @@ def _verify_forward(target: Backend, proposal: Proposal, lt: int, ahead: list[in
     chain[:, lt - k:lt] = torch.ones(k, k, dtype=torch.bool).tril()
     out = target.forward(torch.cat([torch.tensor(ahead, dtype=torch.long), tokens.to(torch.long)]),
                          torch.cat([torch.arange(lt - k, lt), positions]), torch.cat([chain, mask]))
-    return ForwardOut(logits=out.logits[k:], hidden=None if out.hidden is None else out.hidden[k:])
+    return ForwardOut(logits=out.logits[k:], hidden=None if out.hidden is None else out.hidden[k:],
+                      argmax=None if out.argmax is None else out.argmax[k:])
 
 
 def _grow_draft_vocab(run: Run, state: State, new: list[int]) -> None:
@@ -227,8 +228,9 @@ def _verify(run: Run, state: State, proposal: Proposal, out, lt: int) -> tuple[l
         else None
     p = None
     if sampling.greedy:  # each row's argmax is all the greedy walk needs: no p, no q
-        ranked = adjusted if adjusted is not None else out.logits
-        path, nxt = walk_tree_greedy(tree, tokens.tolist(), greedy_argmax(ranked).tolist())
+        best = out.argmax if adjusted is None and out.argmax is not None else \
+            greedy_argmax(adjusted if adjusted is not None else out.logits)  # (taken by the batch, else here)
+        path, nxt = walk_tree_greedy(tree, tokens.tolist(), best.tolist())
     else:
         p = process_logits(out.logits, sampling, rows_history)
         rng = node_keys(tree, run.key, lt) if run.key is not None else run.gen_verify

@@ -25,10 +25,13 @@ import torch
 
 @dataclass
 class ForwardOut:
-    """logits: float32 [N, V]. hidden: float32 [N, H] last hidden state (after the final norm), or None."""
+    """logits: float32 [N, V]. hidden: float32 [N, H] last hidden state (after the final norm), or None. argmax:
+    long [N] on the CPU, each row's argmax, where the backend took it for a whole batch at once (models/batched.py;
+    a greedy verifier reads it instead of taking its own), else None."""
 
     logits: torch.Tensor
     hidden: torch.Tensor | None
+    argmax: torch.Tensor | None = None
 
 
 class Backend(Protocol):

@@ -121,7 +121,8 @@ class SlotCache:
 @dataclass
 class Step:
     """One sequence's part of a batched forward. tokens, positions: long [n]; mask: bool [n, start + n] or None (a
-    plain chain after every cached row); head: the slot's reduced output layer (RestrictedHead) or None."""
+    plain chain after every cached row); head: the slot's reduced output layer (RestrictedHead) or None; argmax:
+    also each row's argmax (ForwardOut.argmax; a greedy sequence's verification reads it)."""
 
     slot: int
     tokens: torch.Tensor
@@ -130,6 +131,7 @@ class Step:
     want_hidden: bool = False
     last_only: bool = False
     head: object = None
+    argmax: bool = False
 
 
 @torch.inference_mode()
@@ -374,8 +376,26 @@ def _outputs(net, x: torch.Tensor, steps: list[Step], ns: list[int]) -> list[For
     for j, s in enumerate(steps):
         if s.head is not None:
             logits[j] = s.head.widen(net.logits(parts[j], s.head.compact))
-    return [ForwardOut(logits=lg, hidden=parts[j].float() if s.want_hidden else None)
+    best = _argmax_rows(steps, logits)
+    return [ForwardOut(logits=lg, hidden=parts[j].float() if s.want_hidden else None, argmax=best[j])
             for j, (s, lg) in enumerate(zip(steps, logits))]
+
+
+def _argmax_rows(steps: list[Step], logits: list) -> list:
+    """Each step's row argmaxes (long [n], CPU) where it asked for them, else None: one argmax and one copy to the
+    CPU for every asking step together (a GPU then waits once per forward, not once per greedy sequence). A step
+    with a NaN row gets None: its own greedy_argmax then refuses it in one line."""
+    asking = [j for j, s in enumerate(steps) if s.argmax]
+    best: list = [None] * len(steps)
+    if not asking:
+        return best
+    rows = torch.cat([logits[j] for j in asking]) if len(asking) > 1 else logits[asking[0]]
+    top = rows.argmax(-1)
+    ok = ~rows.gather(-1, top[:, None]).squeeze(-1).isnan()
+    sizes = [logits[j].shape[0] for j in asking]
+    for j, t, o in zip(asking, top.cpu().split(sizes), ok.cpu().split(sizes)):
+        best[j] = t if bool(o.all()) else None
+    return best
 
 
 class _Call:
@@ -584,6 +604,7 @@ class SlotBackend(VocabSubset):
         limit = net.layout.max_positions
         self.max_len = cache.rows
         self.max_positions = min(cache.rows, limit) if limit else cache.rows
+        self.argmax = False  # set by a greedy sequence's lane: its forwards also return each row's argmax
 
     @property
     def cache_len(self) -> int:
@@ -606,7 +627,8 @@ class SlotBackend(VocabSubset):
                                  "(max_position_embeddings)")
         if n > PREFILL_CHUNK:
             return self._chunked(tokens, positions, mask, want_hidden, last_only)
-        step = Step(self.slot, tokens, positions, mask, want_hidden, last_only and n > 1, self.vocab_subset)
+        step = Step(self.slot, tokens, positions, mask, want_hidden, last_only and n > 1, self.vocab_subset,
+                    self.argmax)
         return self.batcher.submit(self.cache, step)
 
     def _chunked(self, tokens, positions, mask, want_hidden: bool, last_only: bool) -> ForwardOut:
