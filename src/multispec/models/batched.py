@@ -391,10 +391,9 @@ def _argmax_rows(steps: list[Step], logits: list) -> list:
         return best
     rows = torch.cat([logits[j] for j in asking]) if len(asking) > 1 else logits[asking[0]]
     top = rows.argmax(-1)
-    ok = ~rows.gather(-1, top[:, None]).squeeze(-1).isnan()
-    sizes = [logits[j].shape[0] for j in asking]
-    for j, t, o in zip(asking, top.cpu().split(sizes), ok.cpu().split(sizes)):
-        best[j] = t if bool(o.all()) else None
+    top = torch.where(rows.gather(-1, top[:, None]).squeeze(-1).isnan(), -1, top).cpu()  # -1: a NaN row
+    for j, t in zip(asking, top.split([logits[j].shape[0] for j in asking])):
+        best[j] = t if bool((t >= 0).all()) else None
     return best
 
 

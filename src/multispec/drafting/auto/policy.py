@@ -189,7 +189,7 @@ class AutoPolicy(DraftPolicyBase):
     def _probe_or(self, best: RoundPlan, speculative: list[RoundPlan], score=_tps) -> RoundPlan:
         """`best`, or, after a streak of plain steps as long as the probe period, the best speculative plan, to
         keep its estimates current (in a batch a probe's forwards hold up every sequence: B times rarer)."""
-        if best.tree.max_depth > 0 or not speculative:  # a lookup or suffix plan says nothing of the draft's
+        if best.tree.max_depth > 0 or not speculative:  # (a lookup or suffix plan tells nothing of the draft)
             if not speculative or best.proposer == self.draft_proposer or not self.has_draft:
                 self.ar_streak = 0
                 if best.tree.max_depth > 0:
