@@ -17,6 +17,8 @@ from pathlib import Path
 
 from pycode_args import add_pycode_args, load_pycode
 
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))  # engine_utils.ScriptedPolicy
+
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
@@ -33,29 +35,18 @@ def main() -> None:
     from multispec.data import load_prompts
     from multispec.decoding.batch_offline import generate_batch
     from multispec.decoding.decoder import Decoder
-    from multispec.drafting.protocol import DraftPolicyBase, RoundPlan
+    from engine_utils import ScriptedPolicy
+    from multispec.drafting.protocol import RoundPlan
     from multispec.tree import Tree
-
-    class ForcedPlans(DraftPolicyBase):
-        """auto's plans forced to change from round to round and with the output: none, a draft chain of 3, a
-        (2, 2, 1) draft tree. Defers the draft's prefill as auto does."""
-
-        defers_draft_prefill = True
-        rounds = 0
-        plans = [RoundPlan(Tree.chain(0), "none"), RoundPlan(Tree.chain(3), "draft"),
-                 RoundPlan(Tree.from_shape((2, 2, 1)), "draft")]
-
-        def reset(self) -> None:
-            self.rounds = 0
-
-        def plan_round(self, history, pending):
-            self.rounds += 1
-            return self.plans[(self.rounds + len(history)) % 3]
 
     pair = load_pycode(args)
     prompts = load_prompts("humaneval", data_dir=args.data_dir, limit=args.prompts)
     forced = Decoder(pair, "auto")
-    forced.policy = ForcedPlans()
+    # auto's plans forced to change from round to round and with the output: none, a draft chain of 3, a (2, 2, 1)
+    # draft tree (ScriptedPolicy defers the draft's prefill as auto does)
+    plans = [RoundPlan(Tree.chain(0), "none"), RoundPlan(Tree.chain(3), "draft"),
+             RoundPlan(Tree.from_shape((2, 2, 1)), "draft")]
+    forced.policy = ScriptedPolicy(lambda history, i: plans[(i + 1 + len(history)) % 3])
     decoders = {"ar": Decoder(pair, "ar"), "sd": Decoder(pair, "sd", k=4), "mcsd": Decoder(pair, "mcsd"),
                 "auto": Decoder(pair, "auto"), "auto-forced-plans": forced}
     rows, started = [], time.time()
