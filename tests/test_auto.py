@@ -191,7 +191,7 @@ def test_a_few_timed_forwards_move_the_cached_costs_little(monkeypatch):
     import multispec.drafting.costs as costs_mod
 
     stored = {}
-    monkeypatch.setattr(costs_mod, "_store", lambda key, entry, memory=True: stored.update({key: entry}))
+    monkeypatch.setattr(costs_mod, "_store", lambda key, entry, **_: stored.update({key: entry}))
 
     def moved_after(forwards: int) -> float:
         model = CostModel(CostCurve([0.01] * len(BUCKETS)), CostCurve([0.002] * len(BUCKETS)), key="k",

@@ -148,6 +148,11 @@ def test_the_probes_back_off_carries_to_the_next_request(tmp_path, monkeypatch):
     second = AutoPolicy(proposers=("draft",))
     second._recall(target, draft, 1.0)
     assert (second.probe_level, second.ar_streak) == (4, 37)
+    second.probe_level, second.ar_streak = 5, 3  # a schedule, not a statistic: the latest wins (no blend)
+    second.finish([1, 2, 3])
+    third = AutoPolicy(proposers=("draft",))
+    third._recall(target, draft, 1.0)
+    assert (third.probe_level, third.ar_streak) == (5, 3)
     other = AutoPolicy(proposers=("draft",))
     other._recall(target, draft, 0.0)  # another temperature range: its own schedule
     assert (other.probe_level, other.ar_streak) == (0, 0)

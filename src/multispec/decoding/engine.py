@@ -41,7 +41,7 @@ from multispec.drafting.proposers import Proposal, RoundInputs, get_proposer
 from multispec.drafting.protocol import DraftPolicy, RoundOutcome, RoundTimes
 from multispec.errors import check
 from multispec.models.base import Backend, ForwardOut, forward_chain, has_vocab_subset
-from multispec.sampling import SamplingConfig, greedy_argmax, process_logits
+from multispec.sampling import SamplingConfig, greedy_argmax, process_logits, sample
 from multispec.verify.keyed import node_keys
 from multispec.verify.tree_walk import walk_tree_greedy
 
@@ -236,9 +236,12 @@ def _verify(run: Run, state: State, proposal: Proposal, out, lt: int) -> tuple[l
         rng = node_keys(tree, run.key, lt) if run.key is not None else run.gen_verify
         verifier = run.verifier if run.key is not None or proposal.verifier is None else \
             choose_verifier(run.method, sampling, False, proposal.verifier)
-        q = torch.zeros_like(p) if proposal.q is None else proposal.q
-        # verify/ runs on the CPU with its CPU generators (a no-op there; on a GPU one copy of the tree's rows)
-        path, nxt = verifier.verify(tree, tokens.cpu(), p.cpu(), q.cpu(), rng)
+        if len(tree) == 1 and run.key is None and verifier.lossless:  # a plain step: every lossless verifier
+            path, nxt = (0,), int(sample(p[0], run.gen_verify))  # draws the next token from p (as walk_tree does at a leaf)
+        else:
+            q = torch.zeros_like(p) if proposal.q is None else proposal.q
+            # verify/ runs on the CPU with its CPU generators (a no-op there; on a GPU one copy of the tree's rows)
+            path, nxt = verifier.verify(tree, tokens.cpu(), p.cpu(), q.cpu(), rng)
     if state.logprobs is not None:  # committed token i is scored by the row of path[i], the node above it
         rows = list(path)
         lp = state.logprobs.rows(sampling, out.logits[rows], None if adjusted is None else adjusted[rows],

@@ -92,13 +92,15 @@ def _root_only(inputs: RoundInputs, max_tree: Tree) -> Proposal:
 
 
 def point_mass_chain(inputs: RoundInputs, chain: list[int]) -> Proposal:
-    """A chain of deterministic tokens after the root; q: a point mass on each node's child."""
+    """A chain of deterministic tokens after the root; q: a point mass on each node's child. Verified by
+    `sd-chain`, in one pass: on point masses it has the law of every optimal chain verifier (block, traversal;
+    tests/test_verifiers_sequence.py), at a fraction of their cost."""
     if not chain:
         return _root_only(inputs, Tree.chain(0))
     tree = Tree.chain(len(chain))
     tokens = torch.tensor(inputs.pending[-1:] + list(chain), dtype=torch.long)  # [N]
     q = None if inputs.sampling.greedy else one_hot_law(tokens, inputs.vocab, len(tokens))
-    return Proposal(tree, tree, tokens, q)
+    return Proposal(tree, tree, tokens, q, verifier="sd-chain")
 
 
 class NoProposer:

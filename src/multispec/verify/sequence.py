@@ -6,6 +6,7 @@ accepted path (node indices from the root 0) and the token that ends the round. 
 (`law`) for enumeration tests. Three kinds are registered:
 
 - the node walk (`tree_walk`) of any node verifier, under that verifier's name (sd, rrs-wor, kseq, ...);
+- `sd-chain`: the `sd` walk of a chain in tensor operations (what prompt lookup's point-mass chains use);
 - `block`: block verification of a chain (Sun et al., ICLR 2025), drafts one per level from q;
 - `traversal`: traversal verification of a tree (Weng et al., NeurIPS 2025), siblings drafted without
   replacement;
@@ -32,6 +33,7 @@ from multispec.verify.block import block_law, verify_block
 from multispec.verify.gumbel import gumbel_chain_law, verify_gumbel
 from multispec.verify.keyed import PositionKeys
 from multispec.verify.rrs_wor import law_wor
+from multispec.verify.sd_chain import sd_chain_law, verify_sd_chain
 from multispec.verify.traversal import traversal_law, verify_traversal
 from multispec.verify.univer import ot_plan, univer_law, verify_univer
 from multispec.verify.tree_walk import walk_tree, walk_tree_law
@@ -146,6 +148,12 @@ SEQUENCE_REGISTRY: dict[str, SequenceVerifierSpec] = {
                     "expected accepted length among chain verifiers",
         lossless=True, shapes="chain", draft=REGISTRY["sd"], verify_fn=verify_block, law_fn=block_law,
         source="Sun et al., ICLR 2025, arXiv 2403.10444, Algorithm 2"),
+    "sd-chain": SequenceVerifierSpec(
+        name="sd-chain",
+        description="token-level speculative sampling of a chain in one pass (the sd walk's law); on a point-mass "
+                    "chain (prompt lookup) as good as block",
+        lossless=True, shapes="chain", draft=REGISTRY["sd"], verify_fn=verify_sd_chain, law_fn=sd_chain_law,
+        source="Leviathan et al. / Chen et al. 2023, in tensor operations (verify/sd_chain.py)"),
     "traversal": SequenceVerifierSpec(
         name="traversal",
         description="traversal verification: leaf to root in post-order with sequence-level acceptance; "

@@ -29,9 +29,13 @@ BLEND = 0.5  # a generation moves the stored statistics this far towards what it
 TEMPERATURE_EDGES = (0.0, 0.5, 0.9)  # ranges: T = 0, (0, 0.5], (0.5, 0.9], > 0.9
 MAX_ENTRIES = 256  # pairs x proposers x temperature ranges kept on disk
 WRITE_EVERY_S = 5.0
+# Sections that are a state, not statistics: the latest generation's wins. The probes' back-off level and streak
+# were blended like counts, so levels 3 and 4 stored 3.5, read back as 3, and the streak settled near its mean: the
+# embedded pair at T = 1 probed the draft in the first round of nearly every request, through the whole prompt.
+REPLACED = ("probe",)
 _MEMORY: dict[str, dict] = {}
 _DIRTY: set[str] = set()
-_LAST_WRITE = [float("-inf")]
+_LAST_WRITE = [time.monotonic()]  # the first save of a process waits too: a one-shot run writes at exit
 _LOCK = threading.Lock()
 
 
@@ -85,7 +89,7 @@ def save(key: str, seen: dict) -> dict:
     takes less than that) and when the process exits."""
     with _LOCK:
         old = _MEMORY.get(key)
-        entry = seen if old is None else _blend(old, seen)
+        entry = seen if old is None else {**_blend(old, seen), **{k: seen[k] for k in REPLACED if k in seen}}
         _MEMORY[key] = entry
         _DIRTY.add(key)
         if time.monotonic() - _LAST_WRITE[0] >= WRITE_EVERY_S:
