@@ -117,15 +117,15 @@ def test_cli_version_and_verifiers():
     r = _cli("verifiers", "--json")
     rows = json.loads(r.stdout)
     assert [row["name"] for row in rows] == ["greedy", "sd", "mcns", "rrs", "rrs-wor", "kseq", "spechub", "greedy-md",
-                                             "ot", "block", "traversal", "univer", "univer-ot", "gumbel", "gls"]
+                                             "ot", "block", "naive", "traversal", "univer", "univer-ot", "gumbel", "gls"]
     assert {row["name"] for row in rows if not row["lossless"]} == {"mcns"}
     assert all(set(row) == {"name", "kind", "lossless", "drafts", "shapes", "draft_law", "description", "source"}
                for row in rows)
     by_name = {row["name"]: row for row in rows}
     assert by_name["block"]["shapes"] == "chain" and by_name["traversal"]["shapes"] == "tree"
     assert by_name["traversal"]["draft_law"] == by_name["rrs-wor"]["draft_law"]
-    assert {row["name"] for row in rows if row["kind"] == "sequence"} == {"block", "traversal", "univer", "univer-ot",
-                                                                          "gumbel", "gls"}
+    assert {row["name"] for row in rows if row["kind"] == "sequence"} == {"block", "naive", "traversal", "univer",
+                                                                          "univer-ot", "gumbel", "gls"}
     assert by_name["univer"]["draft_law"] == by_name["greedy-md"]["draft_law"]
 
 

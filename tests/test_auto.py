@@ -410,12 +410,11 @@ def test_lookup_keeps_the_target_law():
 
 
 def test_lookup_with_a_broken_verifier_fails_the_same_test(monkeypatch):
-    """Broken variant: verify lookup tokens against a uniform draft law instead of the point mass they were
-    drawn from (a wrong q in the acceptance ratio and residual). The same chi-square test must catch it."""
-    import multispec.drafting.proposers as proposers
+    """Broken variant: lookup's chains (verified by naive sampling) take each node's token from the draft's point
+    mass where the node has a child, i.e. accept every copied token. The same chi-square test must catch it."""
+    from multispec.verify import naive
 
-    real = proposers.one_hot_law
-    monkeypatch.setattr(proposers, "one_hot_law", lambda tokens, vocab, n: real(tokens, vocab, n) * 0 + 1.0 / vocab)
+    monkeypatch.setattr(naive, "_law", lambda p, q, node: q[node] if float(q[node].sum()) > 0 else p[node])
     assert _pvalue(_counts("lookup", 3_000, forced=False)) < 1e-3
 
 

@@ -83,7 +83,7 @@ def test_suffix_options_are_checked():
 @pytest.mark.slow
 def test_auto_with_suffix_trees_keeps_the_target_law_and_uses_them():
     """auto with the suffix proposer (cheap target steps: speculation predicted to pay) and a store shared across
-    generations: its suffix rounds are verified by the rrs-wor walk; the law stays the target's."""
+    generations: its suffix rounds are verified by naive sampling; the law stays the target's."""
     from multispec.drafting.auto import AutoPolicy
     from test_auto import _costs
 

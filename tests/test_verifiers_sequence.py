@@ -124,7 +124,7 @@ def _vocab(shape):
     return 5 if all(w == 1 for w in shape) and len(shape) <= 3 else (4 if shape in [(1, 1, 1, 1), (2, 2)] else 3)
 
 
-@pytest.mark.parametrize("name", ["block", "traversal", "sd-chain"])
+@pytest.mark.parametrize("name", ["block", "traversal", "naive"])
 @pytest.mark.parametrize("regime", REGIMES)
 def test_chains_are_lossless(name, regime):
     spec = SEQUENCE_REGISTRY[name]
@@ -150,28 +150,37 @@ def test_traversal_equals_block_on_chains():
         assert max(abs(a.get(k, 0.0) - b.get(k, 0.0)) for k in {*a, *b}) < 1e-12
 
 
-def test_sd_chain_has_the_sd_walks_law_and_on_point_masses_the_block_law():
-    """sd-chain is the sd node walk in one pass: the same exact law on every drafted chain. On a point-mass chain
-    (lookup's one-hot q) no lossless verifier accepts more, and block and traversal give that same law."""
-    from multispec.verify.sd_chain import sd_chain_law
-    from multispec.verify.tree_walk import walk_tree_law
+@pytest.mark.parametrize("regime", REGIMES)
+def test_naive_trees_are_lossless(regime):
+    spec = SEQUENCE_REGISTRY["naive"]
+    for i, shape in enumerate(TREES):
+        law, want = committed_law(Toy(_vocab(shape), regime, seed=41 + i), spec, shape)
+        assert np.abs(law - want).max() < 1e-9, f"naive {regime} {shape}: {np.abs(law - want).max()}"
+
+
+def _gap(a: dict, b: dict) -> float:
+    return max(abs(a.get(k, 0.0) - b.get(k, 0.0)) for k in {*a, *b})
+
+
+def test_naive_has_the_optimal_law_on_point_masses():
+    """On deterministic drafts no lossless verifier reaches child x with more than p(x), and naive has the exact
+    law of block and traversal on point-mass chains (lookup) and of the rrs-wor walk with first-child point masses
+    on trees of distinct siblings (suffix)."""
+    from multispec.drafting.lookup import one_hot_law
+    from multispec.drafting.suffix import first_child_law
     from multispec.verify import REGISTRY
+    from multispec.verify.naive import naive_law
+    from multispec.verify.tree_walk import walk_tree_law
 
-    def gap(a, b):
-        return max(abs(a.get(k, 0.0) - b.get(k, 0.0)) for k in {*a, *b})
-
-    for regime in ("random", "holes"):
-        toy = Toy(4, regime, seed=9)
-        for _, tree, tokens, p, q in drafted_trees(toy, (1, 1, 1), SEQUENCE_REGISTRY["sd-chain"].draft.law_fn):
-            assert gap(sd_chain_law(tree, tokens, p, q), walk_tree_law(tree, tokens, p, q, REGISTRY["sd"])) < 1e-12
     toy = Toy(4, "random", seed=13)
-    for _, tree, tokens, p, q in itertools.islice(drafted_trees(toy, (1, 1, 1), REGISTRY["sd"].law_fn),
-                                                  20):
-        onehot = torch.zeros_like(q)
-        onehot[torch.arange(3), tokens[1:]] = 1.0  # the drafts as point masses (lookup)
-        law = sd_chain_law(tree, tokens, p, onehot)
-        assert gap(law, block.block_law(tree, tokens, p, onehot)) < 1e-12
-        assert gap(law, traversal.traversal_law(tree, tokens, p, onehot)) < 1e-12
+    for _, tree, tokens, p, _ in itertools.islice(drafted_trees(toy, (1, 1, 1), REGISTRY["sd"].law_fn), 20):
+        q = one_hot_law(tokens, 4, len(tree)).double()
+        law = naive_law(tree, tokens, p, q)
+        assert _gap(law, block.block_law(tree, tokens, p, q)) < 1e-12
+        assert _gap(law, traversal.traversal_law(tree, tokens, p, q)) < 1e-12
+    for _, tree, tokens, p, _ in itertools.islice(drafted_trees(toy, (3, 2), REGISTRY["rrs-wor"].law_fn), 20):
+        q = first_child_law(tree, tokens, 4).double()
+        assert _gap(naive_law(tree, tokens, p, q), walk_tree_law(tree, tokens, p, q, REGISTRY["rrs-wor"])) < 1e-12
 
 
 def test_block_accepts_more_than_token_level_on_average():
@@ -212,22 +221,13 @@ def test_block_that_stops_at_the_first_failure_is_caught(monkeypatch):
     assert _max_error(SEQUENCE_REGISTRY["block"], CHAINS[1:3]) > 1e-3
 
 
-def test_sd_chain_with_a_residual_from_p_is_caught(monkeypatch):
-    """The broken variant draws a rejected draft's replacement from p instead of norm((p - q)_+)."""
-    from multispec.verify import sd_chain
+def test_naive_that_draws_from_q_where_there_are_children_is_caught(monkeypatch):
+    """The broken variant draws a node's token from the draft's q where the node has children (the law the drafts
+    came from, not the target's)."""
+    from multispec.verify import naive
 
-    monkeypatch.setattr(sd_chain, "_residual", lambda p_row, q_row: p_row)
-    assert _max_error(SEQUENCE_REGISTRY["sd-chain"], CHAINS[:2]) > 1e-3
-
-
-def test_sd_chain_that_accepts_on_p_alone_is_caught(monkeypatch):
-    """The broken variant accepts with probability p(x) (a point mass's rule) whatever q."""
-    from multispec.verify import sd_chain
-
-    real = sd_chain._drafts
-    monkeypatch.setattr(sd_chain, "_drafts", lambda tree, tokens, p, q: (*real(tree, tokens, p, q)[:2],
-                                                                        torch.ones(len(tree) - 1, dtype=p.dtype)))
-    assert _max_error(SEQUENCE_REGISTRY["sd-chain"], CHAINS[:2]) > 1e-3
+    monkeypatch.setattr(naive, "_law", lambda p, q, node: q[node] if float(q[node].sum()) > 0 else p[node])
+    assert _max_error(SEQUENCE_REGISTRY["naive"], [(2, 1), (1, 1)]) > 1e-3
 
 
 def test_traversal_that_does_not_renormalise_q_is_caught(monkeypatch):
@@ -243,7 +243,7 @@ def test_traversal_with_token_level_child_weights_is_caught(monkeypatch):
 
 
 # ----------------------------------------------------------------------------- sampling = exact law
-@pytest.mark.parametrize("name,shape", [("block", (1, 1, 1)), ("sd-chain", (1, 1, 1)), ("traversal", (2, 2, 1)), ("univer", (2, 2, 1)),
+@pytest.mark.parametrize("name,shape", [("block", (1, 1, 1)), ("naive", (2, 2, 1)), ("traversal", (2, 2, 1)), ("univer", (2, 2, 1)),
                                         ("univer-ot", (2, 1))])
 def test_sampling_matches_the_exact_law(name, shape):
     spec = SEQUENCE_REGISTRY[name]

@@ -26,7 +26,7 @@ def _build_ar(o: dict) -> MethodConfig:
 
 def _build_lookup(o: dict) -> MethodConfig:
     k = integer(o.get("k", 10), "k", 1)
-    return MethodConfig(name="lookup", tree=(1,) * k, verifier="block", ngram=integer(o.get("ngram", 3), "ngram", 1),
+    return MethodConfig(name="lookup", tree=(1,) * k, verifier="naive", ngram=integer(o.get("ngram", 3), "ngram", 1),
                         options=o)
 
 
@@ -165,9 +165,9 @@ def _build_suffix(o: dict) -> MethodConfig:
         check(isinstance(store, SuffixStore), f"suffix: store must be a SuffixStore, got {type(store).__name__}")
     else:
         integer(o.get("store_tokens", SUFFIX_STORE_TOKENS), "store_tokens", 0)
-    # the node walk with rrs-wor and first-child point masses: lossless, and each sibling is reached with
-    # probability p(token), the most any lossless verifier gives a deterministic tree (traversal reaches fewer)
-    return MethodConfig(name="suffix", verifier="rrs-wor", max_nodes=max_nodes, options=o)
+    # naive sampling: each sibling is reached with probability p(token), the most any lossless verifier gives a
+    # deterministic tree (as the rrs-wor walk with first-child point masses; traversal reaches fewer)
+    return MethodConfig(name="suffix", verifier="naive", max_nodes=max_nodes, options=o)
 
 
 def _suffix_policy(config: MethodConfig, pair, loaded: dict):

@@ -92,15 +92,15 @@ def _root_only(inputs: RoundInputs, max_tree: Tree) -> Proposal:
 
 
 def point_mass_chain(inputs: RoundInputs, chain: list[int]) -> Proposal:
-    """A chain of deterministic tokens after the root; q: a point mass on each node's child. Verified by
-    `sd-chain`, in one pass: on point masses it has the law of every optimal chain verifier (block, traversal;
-    tests/test_verifiers_sequence.py), at a fraction of their cost."""
+    """A chain of deterministic tokens after the root; q: a point mass on each node's child. Verified by `naive`
+    (one draw from p per visited node): on point masses it has the law of every optimal verifier (block,
+    traversal, rrs-wor; tests/test_verifiers_sequence.py), at a fraction of their cost."""
     if not chain:
         return _root_only(inputs, Tree.chain(0))
     tree = Tree.chain(len(chain))
     tokens = torch.tensor(inputs.pending[-1:] + list(chain), dtype=torch.long)  # [N]
     q = None if inputs.sampling.greedy else one_hot_law(tokens, inputs.vocab, len(tokens))
-    return Proposal(tree, tree, tokens, q, verifier="sd-chain")
+    return Proposal(tree, tree, tokens, q, verifier="naive")
 
 
 class NoProposer:
@@ -124,8 +124,8 @@ class LookupProposer:
 
 class SuffixTreeProposer:
     """A tree from suffix tries (drafting/suffix.py): the plan's tokens in node order, root excluded. Deterministic
-    distinct siblings with first-child point masses, verified by the rrs-wor node walk, which reaches sibling i
-    with probability p(token i), the most any lossless verifier gives such a tree."""
+    distinct siblings (q: first-child point masses, the rrs-wor walk's law), verified by `naive`, which reaches
+    sibling i with probability p(token i), the most any lossless verifier gives such a tree (as rrs-wor does)."""
 
     name = "suffix"
 
@@ -133,7 +133,7 @@ class SuffixTreeProposer:
         # the round's cut keeps whole levels of the BFS tree: a prefix of the plan's nodes, tokens still aligned
         tokens = torch.tensor(inputs.pending[-1:] + list(plan.tokens[:len(max_tree) - 1]), dtype=torch.long)
         q = None if inputs.sampling.greedy else first_child_law(max_tree, tokens, inputs.vocab)
-        return Proposal(max_tree, max_tree, tokens, q, verifier="rrs-wor")
+        return Proposal(max_tree, max_tree, tokens, q, verifier="naive")
 
 
 class DraftModelProposer:

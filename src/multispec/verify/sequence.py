@@ -6,7 +6,8 @@ accepted path (node indices from the root 0) and the token that ends the round. 
 (`law`) for enumeration tests. Three kinds are registered:
 
 - the node walk (`tree_walk`) of any node verifier, under that verifier's name (sd, rrs-wor, kseq, ...);
-- `sd-chain`: the `sd` walk of a chain in tensor operations (what prompt lookup's point-mass chains use);
+- `naive`: SpecInfer's naive sampling, one draw from p per visited node (what deterministic drafts use: prompt
+  lookup's chains, suffix trees);
 - `block`: block verification of a chain (Sun et al., ICLR 2025), drafts one per level from q;
 - `traversal`: traversal verification of a tree (Weng et al., NeurIPS 2025), siblings drafted without
   replacement;
@@ -33,7 +34,7 @@ from multispec.verify.block import block_law, verify_block
 from multispec.verify.gumbel import gumbel_chain_law, verify_gumbel
 from multispec.verify.keyed import PositionKeys
 from multispec.verify.rrs_wor import law_wor
-from multispec.verify.sd_chain import sd_chain_law, verify_sd_chain
+from multispec.verify.naive import naive_law, verify_naive
 from multispec.verify.traversal import traversal_law, verify_traversal
 from multispec.verify.univer import ot_plan, univer_law, verify_univer
 from multispec.verify.tree_walk import walk_tree, walk_tree_law
@@ -148,12 +149,12 @@ SEQUENCE_REGISTRY: dict[str, SequenceVerifierSpec] = {
                     "expected accepted length among chain verifiers",
         lossless=True, shapes="chain", draft=REGISTRY["sd"], verify_fn=verify_block, law_fn=block_law,
         source="Sun et al., ICLR 2025, arXiv 2403.10444, Algorithm 2"),
-    "sd-chain": SequenceVerifierSpec(
-        name="sd-chain",
-        description="token-level speculative sampling of a chain in one pass (the sd walk's law); on a point-mass "
-                    "chain (prompt lookup) as good as block",
-        lossless=True, shapes="chain", draft=REGISTRY["sd"], verify_fn=verify_sd_chain, law_fn=sd_chain_law,
-        source="Leviathan et al. / Chen et al. 2023, in tensor operations (verify/sd_chain.py)"),
+    "naive": SequenceVerifierSpec(
+        name="naive",
+        description="naive sampling: each visited node's token drawn from p, descending while it is a child's; "
+                    "lossless for any drafts, optimal for point masses (lookup chains, suffix trees)",
+        lossless=True, shapes="tree", draft=REGISTRY["rrs-wor"], verify_fn=verify_naive, law_fn=naive_law,
+        source="SpecInfer (Miao et al., ASPLOS 2024) §4.2"),
     "traversal": SequenceVerifierSpec(
         name="traversal",
         description="traversal verification: leaf to root in post-order with sequence-level acceptance; "
