@@ -134,12 +134,13 @@ def test_chains_are_lossless(name, regime):
         assert np.abs(law - want).max() < 1e-9, f"{name} {regime} {shape}: {np.abs(law - want).max()}"
 
 
+@pytest.mark.parametrize("name", ["traversal", "naive"])
 @pytest.mark.parametrize("regime", REGIMES)
-def test_traversal_trees_are_lossless(regime):
-    spec = SEQUENCE_REGISTRY["traversal"]
+def test_trees_are_lossless(name, regime):
+    spec = SEQUENCE_REGISTRY[name]
     for i, shape in enumerate(TREES):
         law, want = committed_law(Toy(_vocab(shape), regime, seed=23 + i), spec, shape)
-        assert np.abs(law - want).max() < 1e-9, f"traversal {regime} {shape}: {np.abs(law - want).max()}"
+        assert np.abs(law - want).max() < 1e-9, f"{name} {regime} {shape}: {np.abs(law - want).max()}"
 
 
 def test_traversal_equals_block_on_chains():
@@ -148,14 +149,6 @@ def test_traversal_equals_block_on_chains():
         a = block.block_law(tree, tokens, p, q)
         b = traversal.traversal_law(tree, tokens, p, q)
         assert max(abs(a.get(k, 0.0) - b.get(k, 0.0)) for k in {*a, *b}) < 1e-12
-
-
-@pytest.mark.parametrize("regime", REGIMES)
-def test_naive_trees_are_lossless(regime):
-    spec = SEQUENCE_REGISTRY["naive"]
-    for i, shape in enumerate(TREES):
-        law, want = committed_law(Toy(_vocab(shape), regime, seed=41 + i), spec, shape)
-        assert np.abs(law - want).max() < 1e-9, f"naive {regime} {shape}: {np.abs(law - want).max()}"
 
 
 def _gap(a: dict, b: dict) -> float:
