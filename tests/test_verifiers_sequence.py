@@ -1,4 +1,4 @@
-"""Sequence verifiers (block, traversal, univer) are lossless: exact enumeration of the committed-token law.
+"""Sequence verifiers (block, traversal, univer, naive) are lossless: exact enumeration of the committed-token law.
 
 A toy model with arbitrary context dependence: p(.|prefix) and q(.|prefix) are drawn per prefix from a seeded
 generator (V <= 5), in five regimes: random with zeros, disjoint supports, p = q, one-hot q, and q that misses
@@ -236,8 +236,8 @@ def test_traversal_with_token_level_child_weights_is_caught(monkeypatch):
 
 
 # ----------------------------------------------------------------------------- sampling = exact law
-@pytest.mark.parametrize("name,shape", [("block", (1, 1, 1)), ("naive", (2, 2, 1)), ("traversal", (2, 2, 1)), ("univer", (2, 2, 1)),
-                                        ("univer-ot", (2, 1))])
+@pytest.mark.parametrize("name,shape", [("block", (1, 1, 1)), ("naive", (2, 2, 1)), ("traversal", (2, 2, 1)),
+                                        ("univer", (2, 2, 1)), ("univer-ot", (2, 1))])
 def test_sampling_matches_the_exact_law(name, shape):
     spec = SEQUENCE_REGISTRY[name]
     toy = Toy(4, "random", seed=3)
