@@ -92,7 +92,7 @@ def test_malformed_statistics_are_ignored_with_one_warning_and_rebuilt(tmp_path,
 def test_the_blend_moves_halfway_and_keys_separate_pairs_and_temperatures(tmp_path, monkeypatch):
     monkeypatch.setenv("MULTISPEC_CACHE_DIR", str(tmp_path))
     monkeypatch.setattr(memory, "_MEMORY", {})
-    monkeypatch.setattr(memory, "_DIRTY", set())
+    monkeypatch.setattr(memory._WRITES, "dirty", set())
     k0 = memory.key("t|1", "d|1", "draft", 0.0)
     assert memory.save(k0, {"draft": {"1,1": [4.0, 8.0]}, "suffix": [1.0, 2.0]}) == {
         "draft": {"1,1": [4.0, 8.0]}, "suffix": [1.0, 2.0]}
@@ -138,7 +138,7 @@ def test_the_probes_back_off_carries_to_the_next_request(tmp_path, monkeypatch):
 
     monkeypatch.setenv("MULTISPEC_CACHE_DIR", str(tmp_path))
     monkeypatch.setattr(memory, "_MEMORY", {})
-    monkeypatch.setattr(memory, "_DIRTY", set())
+    monkeypatch.setattr(memory._WRITES, "dirty", set())
     monkeypatch.setattr(memory, "model_identity", lambda model: f"id-{id(model)}")
     target, draft = object(), object()
     first = AutoPolicy(proposers=("draft",))

@@ -86,3 +86,39 @@ def save_cache_json(path: Path, data) -> None:
         tmp.replace(path)
     except OSError:
         pass
+
+
+class DeferredWrites:
+    """A cache file whose entries live in a module's dict (read there by every user of the process at once) and
+    reach the disk at most every `every_s` seconds and at exit, not inside a request: re-reading and re-writing a
+    cache file costs milliseconds (~8 ms for the cost cache, 3 % of a 128-token request on the embedded pair).
+    merge(keys) writes the entries of those keys into the file; it runs with `lock` held, as `changed` must."""
+
+    def __init__(self, merge, every_s: float = 5.0):
+        import atexit
+        import threading
+        import time
+
+        self._merge, self.every_s, self._clock = merge, every_s, time.monotonic
+        self.lock = threading.Lock()
+        self.dirty: set[str] = set()
+        self.last = self._clock()  # the first change of a process waits too: a one-shot run writes at exit
+        atexit.register(self.flush)
+
+    def changed(self, key: str, now: bool = False) -> None:
+        """key's entry changed (called with `lock` held): written now, or when every_s has passed since the last
+        write, else at the next write or at exit."""
+        self.dirty.add(key)
+        if now or self._clock() - self.last >= self.every_s:
+            self._write()
+
+    def _write(self) -> None:
+        if self.dirty:
+            self._merge(set(self.dirty))
+            self.dirty.clear()
+            self.last = self._clock()
+
+    def flush(self) -> None:
+        """Write what has not been written yet (at exit; tests call it to read the file)."""
+        with self.lock:
+            self._write()

@@ -9,22 +9,19 @@ The result is cached per (backend, model, device, dtype, threads, CPU) in this p
 `auto` corrects it online from the forwards it times (drafting/auto.py); after each generation the forwards
 actually timed are compared with the calibrated predictions, and when they drift by more than DRIFT the cached
 costs (in memory and on disk) move part of the way towards what was measured. Those updates reach the disk at most
-every WRITE_EVERY_S seconds and at exit, not inside a request (a write read and rewrote the whole file: ~8 ms, 3 %
-of a 128-token request on the embedded pair).
+every 5 s and at exit, not inside a request (paths.DeferredWrites).
 """
 from __future__ import annotations
 
-import atexit
 import math
 import platform
-import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
 
-from multispec.paths import load_cache_json, warn_once
+from multispec.paths import DeferredWrites, load_cache_json, warn_once
 
 BUCKETS = (1, 2, 4, 8, 16, 32, 64)
 CALIBRATION_BUDGET_S = 2.0
@@ -36,10 +33,6 @@ BLEND = 0.5  # how far an update moves the cached costs towards the measured one
 # where draft chains paid 1.2x.
 DRIFT_FULL_AT = 16
 _MEMORY: dict[str, dict] = {}
-WRITE_EVERY_S = 5.0
-_DIRTY: set[str] = set()
-_LAST_WRITE = [time.monotonic()]  # the first update of a process waits too: a one-shot run writes at exit
-_LOCK = threading.Lock()
 
 
 @dataclass
@@ -249,32 +242,22 @@ def _disk() -> dict:
     return load_cache_json(_cache_file(), "the cost cache", "recalibrating")
 
 
-def _store(key: str, entry: dict, memory: bool = True, defer: bool = False) -> None:
-    """Keep `entry` for key in this process (memory) and write it to disk: now, or with defer at most every
-    WRITE_EVERY_S seconds (the updates after each generation) and at exit."""
-    with _LOCK:
-        if memory:
-            _MEMORY[key] = entry
-            _DIRTY.add(key)
-        if not defer or time.monotonic() - _LAST_WRITE[0] >= WRITE_EVERY_S:
-            _write({key: entry} if not memory else {})
+def _store(key: str, entry: dict, defer: bool = False) -> None:
+    """Keep `entry` for key in this process and write it to disk: now (a calibration), or with defer at most every
+    5 s and at exit (the updates after each generation)."""
+    with _WRITES.lock:
+        _MEMORY[key] = entry
+        _WRITES.changed(key, now=not defer)
 
 
-def _write(extra: dict) -> None:
-    """Merge the entries changed since the last write (and extra) into the disk cache. Called with _LOCK held."""
+def _merge(keys: set[str]) -> None:
+    """Merge these keys' entries into the disk cache."""
     from multispec.paths import save_cache_json
 
     data = _disk()
-    data.update({k: _MEMORY[k] for k in _DIRTY if k in _MEMORY})
-    data.update(extra)
+    data.update({k: _MEMORY[k] for k in keys if k in _MEMORY})
     save_cache_json(_cache_file(), data)  # it only saves a calibration on the next run
-    _DIRTY.clear()
-    _LAST_WRITE[0] = time.monotonic()
 
 
-@atexit.register
-def flush() -> None:
-    """Write the cost updates not written yet (at exit; tests call it to read the file)."""
-    with _LOCK:
-        if _DIRTY:
-            _write({})
+_WRITES = DeferredWrites(_merge)
+flush = _WRITES.flush  # write the updates not written yet (at exit; tests call it to read the file)

@@ -17,16 +17,12 @@ import torch
 
 from multispec.sampling import sample
 from multispec.tree import Tree
+from multispec.verify.tree_walk import child_with_token
 
 
 def _law(p: torch.Tensor, q: torch.Tensor, node: int) -> torch.Tensor:
     """The law node's token is drawn from: the target's, p[node] (float [V], any positive scale)."""
     return p[node]
-
-
-def _child(tree: Tree, tokens: list[int], node: int, y: int) -> int | None:
-    """The first child of node whose token is y, else None."""
-    return next((kid for kid in tree.children[node] if tokens[kid] == y), None)
 
 
 def verify_naive(tree: Tree, tokens: torch.Tensor, p: torch.Tensor, q: torch.Tensor,
@@ -36,7 +32,7 @@ def verify_naive(tree: Tree, tokens: torch.Tensor, p: torch.Tensor, q: torch.Ten
     toks, node, path = tokens.tolist(), 0, [0]
     while True:
         y = int(sample(_law(p, q, node), generator))
-        child = _child(tree, toks, node, y)
+        child = child_with_token(tree, toks, node, y)
         if child is None:
             return tuple(path), y
         path.append(child)
@@ -53,7 +49,7 @@ def naive_law(tree: Tree, tokens: torch.Tensor, p: torch.Tensor,
         row = _law(p, q, node).double()
         for y, py in enumerate((row / row.sum()).tolist()):  # (sample draws from any positive scale)
             if reach * py > 0:
-                child = _child(tree, toks, node, y)
+                child = child_with_token(tree, toks, node, y)
                 if child is None:
                     law[(path, y)] += reach * py
                 else:

@@ -54,6 +54,11 @@ def walk_tree(tree: Tree, tokens: torch.Tensor, p: torch.Tensor, q: torch.Tensor
         node = child
 
 
+def child_with_token(tree: Tree, tokens: list[int], node: int, token: int) -> int | None:
+    """The first child of node (in drafting order) whose token is `token`, else None. tokens: plain ints."""
+    return next((kid for kid in tree.children[node] if tokens[kid] == token), None)
+
+
 def walk_tree_greedy(tree: Tree, tokens: list[int], best: list[int]) -> tuple[tuple[int, ...], int]:
     """`walk_tree` with the greedy verifier, on plain ints (the per-round hot path at temperature 0).
 
@@ -64,7 +69,7 @@ def walk_tree_greedy(tree: Tree, tokens: list[int], best: list[int]) -> tuple[tu
     node, path = 0, [0]
     while True:
         want = best[node]
-        child = next((kid for kid in tree.children[node] if tokens[kid] == want), None)
+        child = child_with_token(tree, tokens, node, want)
         if child is None:
             return tuple(path), want
         path.append(child)

@@ -14,29 +14,22 @@ never exactness. A file or entry that is not what `save` writes is ignored with 
 """
 from __future__ import annotations
 
-import atexit
 import math
-import threading
-import time
 from pathlib import Path
 
 import torch
 
-from multispec.paths import cache_root, load_cache_json, save_cache_json, warn_once
+from multispec.paths import DeferredWrites, cache_root, load_cache_json, save_cache_json, warn_once
 
 FILE = "acceptance-v1.json"
 BLEND = 0.5  # a generation moves the stored statistics this far towards what it saw
 TEMPERATURE_EDGES = (0.0, 0.5, 0.9)  # ranges: T = 0, (0, 0.5], (0.5, 0.9], > 0.9
 MAX_ENTRIES = 256  # pairs x proposers x temperature ranges kept on disk
-WRITE_EVERY_S = 5.0
 # Sections that are a state, not statistics: the latest generation's wins. The probes' back-off level and streak
 # were blended like counts, so levels 3 and 4 stored 3.5, read back as 3, and the streak settled near its mean: the
 # embedded pair at T = 1 probed the draft in the first round of nearly every request, through the whole prompt.
 REPLACED = ("probe",)
 _MEMORY: dict[str, dict] = {}
-_DIRTY: set[str] = set()
-_LAST_WRITE = [time.monotonic()]  # the first save of a process waits too: a one-shot run writes at exit
-_LOCK = threading.Lock()
 
 
 def temperature_range(t: float) -> str:
@@ -70,7 +63,7 @@ def key(target_identity: str, draft_identity: str, draft_proposer: str, temperat
 def load(key: str) -> dict | None:
     """The stored statistics for key (sections as AutoPolicy.finish saves them: Planner.state's, "confidence",
     "realised"), or None."""
-    with _LOCK:
+    with _WRITES.lock:
         if key in _MEMORY:
             return _MEMORY[key]
         entry = _disk().get(key)
@@ -85,37 +78,27 @@ def load(key: str) -> dict | None:
 
 def save(key: str, seen: dict) -> dict:
     """Move the stored statistics for key halfway towards `seen` (same layout) and return them. Every Decoder of
-    the process reads them at once; the file is written at most every WRITE_EVERY_S seconds (a 64-token request
-    takes less than that) and when the process exits."""
-    with _LOCK:
+    the process reads them at once; the file is written at most every 5 s (a 64-token request takes less than
+    that) and when the process exits (paths.DeferredWrites)."""
+    with _WRITES.lock:
         old = _MEMORY.get(key)
         entry = seen if old is None else {**_blend(old, seen), **{k: seen[k] for k in REPLACED if k in seen}}
         _MEMORY[key] = entry
-        _DIRTY.add(key)
-        if time.monotonic() - _LAST_WRITE[0] >= WRITE_EVERY_S:
-            _write()
+        _WRITES.changed(key)
         return entry
 
 
-def _write() -> None:
-    """Merge the entries changed since the last write into the file (the most recent last: past MAX_ENTRIES the
-    longest unused go). Called with _LOCK held."""
-    if not _DIRTY:
-        return
+def _merge(keys: set[str]) -> None:
+    """Merge these keys' entries into the file (the most recent last: past MAX_ENTRIES the longest unused go)."""
     data = _disk()
-    for key in [k for k in _DIRTY if k in _MEMORY]:
+    for key in [k for k in keys if k in _MEMORY]:
         data.pop(key, None)
         data[key] = _MEMORY[key]
     save_cache_json(_file(), dict(list(data.items())[-MAX_ENTRIES:]))
-    _DIRTY.clear()
-    _LAST_WRITE[0] = time.monotonic()
 
 
-@atexit.register
-def flush() -> None:
-    """Write what has not been written yet (at exit; tests call it to read the file)."""
-    with _LOCK:
-        _write()
+_WRITES = DeferredWrites(_merge)
+flush = _WRITES.flush  # write what has not been written yet (at exit; tests call it to read the file)
 
 
 def _blend(old, new):
