@@ -273,6 +273,31 @@ def test_batched_greedy_equals_batch_one(method, options):
     assert stats["mean_batch"] > 1.5, stats  # the sequences really shared forwards
 
 
+def test_a_batch_reuses_the_last_batchs_buffers_and_keeps_every_output():
+    """An ended batch hands its cache buffers to the next batch over the model that fits in them (views of them):
+    no allocation, and the rows the new batch has not written (filled with large garbage here) change no output.
+    A batch that needs more rows gets new buffers."""
+    target, draft = tiny_pair(vocab=16, seed=3, noise=0.3)
+    decoder = Decoder(_pair(target, draft), "sd", "fast", k=3)
+    g = torch.Generator().manual_seed(1)
+    prompts = [torch.randint(0, 16, (n,), generator=g).tolist() for n in (5, 2, 12, 8, 3)]
+    _, first = run_batched(decoder, prompts[:2], 4, GREEDY, 10, [0, 0])
+    buffers, draft_buffers = first.target_cache._buffers, first.draft_cache._buffers
+    first.release()
+    for bufs in (*buffers, *draft_buffers):
+        for b in bufs:
+            b.copy_(torch.randn(b.shape, generator=g) * 100)
+    alone = [decoder.run(p, GREEDY, 14, 0)[0] for p in prompts]
+    together, second = run_batched(decoder, prompts, 3, GREEDY, 14, [0] * len(prompts), rows=80)
+    assert together == alone
+    assert second.target_cache.k[0].data_ptr() == buffers[0][0].data_ptr()
+    assert second.target_cache.k[0].shape[0] == 3 and second.target_cache.k[0].shape[2] == 80
+    second.release()
+    third = BatchGroup(decoder, 3, 200)  # more rows than the spare holds: new buffers
+    assert third.target_cache.k[0].data_ptr() != buffers[0][0].data_ptr()
+    third.close()
+
+
 @pytest.mark.parametrize("method,options", [("ar", {}), ("sd", {"k": 3})])
 def test_batched_greedy_verification_reads_the_batchs_argmax(monkeypatch, method, options):
     """A greedy lane's verification reads each row's argmax from the batched forward (one argmax and one copy to

@@ -90,6 +90,12 @@ class BatchGroup:
         """Stop the loop once its running calls end (those not started are cancelled); wait: for that."""
         self.batcher.close(wait)
 
+    def release(self) -> None:
+        """After close(): the caches' buffers go to the next group over these models and shapes (SlotCache.release)."""
+        for cache in (self.target_cache, self.draft_cache):
+            if cache is not None:
+                cache.release()
+
     def stats(self) -> dict:
         """Batched forwards so far and the mean sequences per forward, per model."""
         b = self.batcher

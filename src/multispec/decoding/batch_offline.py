@@ -159,6 +159,7 @@ def _decode_in_lanes(group: BatchGroup, count: int, one, done) -> None:
     finally:
         wait(futures)
         group.close()
+        group.release()  # its loop has ended
 
 
 def _empty(seed: int) -> GenerationResult:

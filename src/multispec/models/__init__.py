@@ -33,7 +33,11 @@ def tree_refusal(model: torch.nn.Module) -> str | None:
     method before generation starts. Only chain methods (ar, sd) run on such a model."""
     from multispec.models.layout import attention_layout
 
-    return attention_layout(model.config).tree_refusal
+    cached = model.__dict__.get("_multispec_tree_refusal")  # ~4 ms of config reads, asked by every auto lane
+    if cached is None or cached[0] is not model.config:
+        cached = (model.config, attention_layout(model.config).tree_refusal)
+        model.__dict__["_multispec_tree_refusal"] = cached
+    return cached[1]
 
 
 __all__ = ["Backend", "ForwardOut", "causal_mask", "forward_chain", "make_backend", "tree_refusal", "BACKENDS"]
