@@ -38,6 +38,9 @@ def main() -> None:
                     "long prompts); its columns show -")
     ap.add_argument("--target", help="another target (a GGUF file or a folder), alone: auto plans lookup and suffix "
                     "drafts (a feature head drafts one sequence at a time); default: the pycode-v1 pair")
+    ap.add_argument("--reproducible", action="store_true", help="auto in the reproducible mode a seed turns on "
+                    "(position-keyed noise, ~80 us a token at V = 8k); default: as an unseeded request runs, with the "
+                    "same seeds as ar, so that plain steps draw ar's tokens")
     ap.add_argument("--out", required=True, help="path without extension: writes .json and .md")
     args = ap.parse_args()
     import multispec.decoding.batch, multispec.drafting.auto, multispec.drafting.costs  # noqa: F401,E401 - all code read now
@@ -86,8 +89,8 @@ def main() -> None:
         for temperature in [float(t) for t in args.temperatures.split(",")]:
             loop = fresh["auto"]()
             t0 = time.perf_counter()
-            tokens = sum(len(loop.generate(p, max_new_tokens=args.max_new_tokens,
-                                                       temperature=temperature, seed=i).token_ids)
+            tokens = sum(len(loop.generate(p, max_new_tokens=args.max_new_tokens, temperature=temperature,
+                                           seed=i, reproducible=args.reproducible).token_ids)
                          for i, p in enumerate(prompts))
             record(threads, temperature, "auto loop", 1, tokens, time.perf_counter() - t0)
             for b in sizes:
@@ -95,7 +98,8 @@ def main() -> None:
                     decoder = fresh[m]()
                     t0 = time.perf_counter()
                     out = generate_batch(decoder, prompts, batch_size=b, max_new_tokens=args.max_new_tokens,
-                                         temperature=temperature, seed=0)
+                                         temperature=temperature, seed=0,
+                                         reproducible=args.reproducible if m == "auto" else None)
                     record(threads, temperature, m, b, sum(len(r.token_ids) for r in out), time.perf_counter() - t0)
                 if args.hf:
                     t0 = time.perf_counter()
@@ -103,6 +107,7 @@ def main() -> None:
                     record(threads, temperature, "hf generate", b, tokens, time.perf_counter() - t0)
     torch.set_num_threads(1)
     record_json = {"meta": environment(pair, sys.argv), "model": model, "prompts": len(prompts), "data": args.label,
+                   "auto_reproducible": args.reproducible,
                    "max_new_tokens": args.max_new_tokens,
                    "rows": rows, "ratios": ratios(rows, sizes)}
     out = Path(args.out)
