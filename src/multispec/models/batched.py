@@ -94,7 +94,7 @@ class SlotCache:
         Allocating them cost every batch page faults over all of them: 0.4-1.8 s for 16 slots of 2,000 rows on
         pycode-v1 (0.9 GB), 2-10 % of a batch of Spec-Bench prompts.
         Rows a slot has not written since hold an earlier sequence's keys and values, as a slot does after its
-        sequence ends within a batch: no query attends to them (each reads only its slot's rows below its length)."""
+        sequence ends within a batch: every query masks them out (it attends to its own slot's rows below its length)."""
         if self.k:
             self.net.__dict__[SPARE] = self._buffers
         self.k, self.v, self._buffers, self.lens = [], [], [], [0] * self.slots
