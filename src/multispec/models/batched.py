@@ -56,7 +56,8 @@ SLIDE_SLACK = 3 * PREFILL_CHUNK  # rows a sliding-window layer holds past its wi
 
 
 def _fits(buffers: list[list[torch.Tensor]], shapes: list[tuple], net) -> bool:
-    """Whether spare key buffers (per layer [slots, H_kv, rows, D]) hold `shapes` (their views are used)."""
+    """Whether spare buffers [keys, values] (each per layer [slots, H_kv, rows, D], values shaped as keys) hold
+    `shapes`: as many layers, the same heads, head size, dtype and device, at least as many slots and rows."""
     return len(buffers[0]) == len(shapes) and all(
         b.dtype == net.dtype and b.device == net.device and b.shape[1::2] == torch.Size(shape[1::2])
         and b.shape[0] >= shape[0] and b.shape[2] >= shape[2] for b, shape in zip(buffers[0], shapes))
