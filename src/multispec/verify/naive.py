@@ -32,7 +32,7 @@ def verify_naive(tree: Tree, tokens: torch.Tensor, p: torch.Tensor, q: torch.Ten
     toks, node, path = tokens.tolist(), 0, [0]
     while True:
         y = int(sample(_law(p, q, node), generator))
-        child = child_with_token(tree, toks, node, y)
+        child = child_with_token(tree.children[node], toks, y)
         if child is None:
             return tuple(path), y
         path.append(child)
@@ -49,7 +49,7 @@ def naive_law(tree: Tree, tokens: torch.Tensor, p: torch.Tensor,
         row = _law(p, q, node).double()
         for y, py in enumerate((row / row.sum()).tolist()):  # (sample draws from any positive scale)
             if reach * py > 0:
-                child = child_with_token(tree, toks, node, y)
+                child = child_with_token(tree.children[node], toks, y)
                 if child is None:
                     law[(path, y)] += reach * py
                 else:

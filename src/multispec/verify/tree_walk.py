@@ -22,12 +22,7 @@ from multispec.verify.base import VerifierSpec
 
 def _child_for(kids: tuple[int, ...], tokens: torch.Tensor, accepted: int, token: int) -> int | None:
     """The child to descend into: the accepted one, else the first child whose token is `token`, else None."""
-    if accepted >= 0:
-        return kids[accepted]
-    for kid in kids:
-        if int(tokens[kid]) == token:
-            return kid
-    return None
+    return kids[accepted] if accepted >= 0 else child_with_token(kids, tokens, token)
 
 
 def walk_tree(tree: Tree, tokens: torch.Tensor, p: torch.Tensor, q: torch.Tensor, spec: VerifierSpec,
@@ -54,9 +49,10 @@ def walk_tree(tree: Tree, tokens: torch.Tensor, p: torch.Tensor, q: torch.Tensor
         node = child
 
 
-def child_with_token(tree: Tree, tokens: list[int], node: int, token: int) -> int | None:
-    """The first child of node (in drafting order) whose token is `token`, else None. tokens: plain ints."""
-    return next((kid for kid in tree.children[node] if tokens[kid] == token), None)
+def child_with_token(kids: tuple[int, ...], tokens, token: int) -> int | None:
+    """The first of kids (a node's children, in drafting order) whose token is `token`, else None. tokens: the
+    tree's node tokens, plain ints or a long tensor."""
+    return next((kid for kid in kids if int(tokens[kid]) == token), None)
 
 
 def walk_tree_greedy(tree: Tree, tokens: list[int], best: list[int]) -> tuple[tuple[int, ...], int]:
@@ -69,7 +65,7 @@ def walk_tree_greedy(tree: Tree, tokens: list[int], best: list[int]) -> tuple[tu
     node, path = 0, [0]
     while True:
         want = best[node]
-        child = child_with_token(tree, tokens, node, want)
+        child = child_with_token(tree.children[node], tokens, want)
         if child is None:
             return tuple(path), want
         path.append(child)
