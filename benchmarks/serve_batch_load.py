@@ -15,9 +15,11 @@ import argparse
 import asyncio
 import json
 import os
+import shutil
 import socket
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 from pathlib import Path
@@ -34,7 +36,7 @@ PYTHON = sys.executable
 class Server:
     """`multispec serve` in a subprocess on a free loopback port, its RSS sampled every 0.2 s."""
 
-    def __init__(self, args, max_batch: int):
+    def __init__(self, args, max_batch: int, cache_dir: Path):
         sock = socket.socket()
         sock.bind(("127.0.0.1", 0))
         self.port = sock.getsockname()[1]
@@ -45,7 +47,7 @@ class Server:
                     "--backend", "fast", "--threads", "1", "--port", str(self.port), "--max-batch", str(max_batch),
                     "--max-concurrent", "1", "--max-queue", str(args.clients * args.requests_per_client),
                     "--log-level", "warning"]
-        env = {**os.environ, "PYTHONPATH": str(ROOT / "src")}
+        env = {**os.environ, "PYTHONPATH": str(ROOT / "src"), "MULTISPEC_CACHE_DIR": str(cache_dir)}
         self.proc = subprocess.Popen(self.cmd, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
         self.rss_peak_mb = 0.0
         self._stderr: list[str] = []
@@ -165,6 +167,27 @@ async def cancel_phase(args, server, prompts, http) -> dict:
             "new_requests_ttft_s": percentiles(ttft), "new_requests_completed": sum(bool(r["ids"]) for r in fresh)}
 
 
+def cache_snapshot(dest: Path) -> Path:
+    """A copy of multispec's cache folder as this process leaves it (the offline reference runs' cost calibration
+    and auto's acceptance statistics, written out now rather than at exit), so that every server setting starts
+    from the same saved state: each server writes back what it learns, and auto's plans in a batch follow the
+    statistics it starts from (docs/batching.md). Folders (compiled code, GGUF conversions) are linked, not copied."""
+    from multispec.drafting import costs
+    from multispec.drafting.auto import memory
+    from multispec.paths import cache_root
+
+    costs.flush()
+    memory.flush()
+    dest.mkdir(parents=True)
+    root = cache_root()
+    for entry in root.iterdir() if root.is_dir() else ():
+        if entry.is_dir():
+            (dest / entry.name).symlink_to(entry.resolve(), target_is_directory=True)
+        else:
+            shutil.copy2(entry, dest / entry.name)
+    return dest
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     add_pycode_args(ap)
@@ -193,8 +216,9 @@ def main() -> None:
     decoder = Decoder(pair, "auto", "fast")  # the server's default method, on its backend
     offline = [decoder.generate(p, max_new_tokens=args.max_tokens, temperature=0).token_ids for p in prompts]
     report = {"settings": vars(args), "environment": environment(pair, [PYTHON, *sys.argv]), "runs": {}}
+    scratch = Path(tempfile.mkdtemp(prefix="serve_batch_load_"))
     for b in [int(x) for x in args.batches.split(",")]:
-        server = Server(args, b)
+        server = Server(args, b, cache_snapshot(scratch / f"cache_{b}"))
         try:
             run = asyncio.run(load(args, server, prompts, offline))
         finally:
@@ -204,6 +228,7 @@ def main() -> None:
         print(f"--max-batch {b}: {run['tokens_per_s']:.1f} tok/s, {run['equal_to_offline']}/{run['requests']} equal "
               f"to offline, TTFT p50 {run['ttft_s'].get('p50', 0):.2f}s p99 {run['ttft_s'].get('p99', 0):.2f}s",
               file=sys.stderr)
+    shutil.rmtree(scratch, ignore_errors=True)
     runs = report["runs"]
     if "max_batch_1" in runs and len(runs) > 1:
         top = max(runs, key=lambda k: int(k.rsplit("_", 1)[1]))

@@ -17,6 +17,8 @@ LEARN_RATE = 0.1  # how fast a batch's measured target forwards correct the tabl
 # for a sequence alone; a batch's forwards vary more with who is in it)
 LEARN_STEP = 0.05  # a correction that moved this much (relative) remakes the lanes' cached plans
 LEARN_LONGEST = 64  # a forward with a longer step (a prefill chunk) is not learned from
+TN_DECAY = 0.95  # "tn" is a ratio of decayed sums over the forwards with drafted tokens: about the last 20 carry it
+TN_PRIOR = 0.5  # and of a prior, added to both sums: this fraction of the table's one-token forward (ratio 1)
 
 
 @dataclass
@@ -35,6 +37,7 @@ class BatchCosts:
     version: int = 0
     _learned: dict = field(default_factory=dict, repr=False)  # model -> the forward learned from last
     _seen: dict = field(default_factory=lambda: {"t1": 1.0, "tn": 1.0, "d": 1.0}, repr=False)
+    _tn: list = field(default_factory=list, repr=False)  # "tn"'s decayed sums [measured, predicted] (seconds)
 
     def forward(self, model: str, sequences: int, n: float) -> float:
         """Predicted seconds of a batched forward of `sequences` × n tokens (linear in the batch size between
@@ -65,27 +68,43 @@ class BatchCosts:
         one token per sequence corrects "t1", one with more tokens "tn" (its time past the corrected one-token
         forward, against the table's); a draft forward corrects "d". The table is measured at a 128-row context
         with every sequence drafting alike; long prompts, and a few sequences drafting many tokens in a padded
-        attention group, cost more (Spec-Bench prompts on pycode-v1 at batch 32: "t1" learned 2.6-4.5, "tn" 4-7).
+        attention group, cost more (Spec-Bench prompts on pycode-v1 at batch 32: "t1" learned 2.6-4.5).
         A forward that carries a prefill chunk or a catch-up (a step longer than LEARN_LONGEST) teaches nothing."""
         if timed is None or timed[0] == self._learned.get(model):
             return
         self._learned[model], (_, b, tokens, longest, seconds) = timed[0], timed
         if longest > LEARN_LONGEST or b < 1 or model not in self.seconds:
             return
-        if model != "target":
-            key, predicted, measured = "d", self.scale["d"] * self.forward(model, b, tokens / b), seconds
-        elif tokens == b:
-            key, predicted, measured = "t1", self.scale["t1"] * self.forward(model, b, 1), seconds
-        else:
-            base = self.forward(model, b, 1)
-            key, predicted = "tn", self.scale["tn"] * (self.forward(model, b, tokens / b) - base)
-            measured = seconds - self.scale["t1"] * base
-        if predicted <= 0 or measured <= 0:
+        if model == "target" and tokens > b:
+            self._learn_tn(b, tokens, seconds)
             return
-        ratio = min(3.0, max(1 / 3, measured / predicted))
-        self.scale[key] *= 1 + LEARN_RATE * (ratio - 1)
-        if abs(self.scale[key] / self._seen[key] - 1) > LEARN_STEP:
-            self._seen[key] = self.scale[key]
+        key = "d" if model != "target" else "t1"
+        predicted = self.scale[key] * self.forward(model, b, tokens / b)
+        if predicted <= 0 or seconds <= 0:
+            return
+        ratio = min(3.0, max(1 / 3, seconds / predicted))
+        self._set(key, self.scale[key] * (1 + LEARN_RATE * (ratio - 1)))
+
+    def _learn_tn(self, b: int, tokens: int, seconds: float) -> None:
+        """"tn" from a forward with drafted tokens: what they added (its time past the corrected one-token forward)
+        over what the table says they add, as a ratio of decayed sums. What they add is small beside the forward
+        (one lookup token at batch 32: ~1 % of it) and the one-token forward's time moves by more, so a single
+        forward's ratio is mostly noise and often negative: averaging ratios, clamped and with the negative ones
+        skipped, learned "tn" 4-6 where the sums said 0.4-0.8 (pycode-v1, HumanEval at batch 32), and the batch
+        stopped speculating."""
+        base = self.forward("target", b, 1)
+        predicted, measured = self.forward("target", b, tokens / b) - base, seconds - self.scale["t1"] * base
+        if predicted <= 0:
+            return
+        num, den = self._tn or [0.0, 0.0]
+        self._tn = [TN_DECAY * num + measured, TN_DECAY * den + predicted]
+        prior = TN_PRIOR * base  # a few drafted tokens per forward (~1 ms each) outweigh it only after many forwards
+        self._set("tn", min(3.0, max(1 / 3, (self._tn[0] + prior) / (self._tn[1] + prior))))
+
+    def _set(self, key: str, value: float) -> None:
+        self.scale[key] = value
+        if abs(value / self._seen[key] - 1) > LEARN_STEP:
+            self._seen[key] = value
             self.version += 1
 
     def cost_model(self) -> CostModel:

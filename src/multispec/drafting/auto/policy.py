@@ -131,8 +131,7 @@ class AutoPolicy(DraftPolicyBase):
             return self.current
         if self._skip > 0:  # see below: a plain step without weighing the others
             self._skip -= 1
-            if not batched:
-                self.ar_streak += 1  # towards the next probe, as an evaluated plain step
+            self.ar_streak += 1  # towards the next probe, as an evaluated plain step
             self.current = planner.ar(costs)
             return self.current
         ar = planner.ar(costs)
@@ -188,7 +187,9 @@ class AutoPolicy(DraftPolicyBase):
 
     def _probe_or(self, best: RoundPlan, speculative: list[RoundPlan], score=_tps) -> RoundPlan:
         """`best`, or, after a streak of plain steps as long as the probe period, the best speculative plan, to
-        keep its estimates current (in a batch a probe's forwards hold up every sequence: B times rarer)."""
+        keep its estimates current. In a batch a draft probe's forwards hold up every sequence, so draft plans are
+        probed B times more rarely; a lookup or suffix probe only adds its tokens to the batched forward, so it
+        keeps the period alone (from the priors, a batch otherwise never tried them and never learned them)."""
         if best.tree.max_depth > 0 or not speculative:  # (a lookup or suffix plan tells nothing of the draft)
             if not speculative or best.proposer == self.draft_proposer or not self.has_draft:
                 self.ar_streak = 0
@@ -196,16 +197,20 @@ class AutoPolicy(DraftPolicyBase):
                     self.probe_level = 0
             return best
         self.ar_streak += 1
-        period = PROBE_PERIODS[min(self.probe_level, len(PROBE_PERIODS) - 1)] * self._costs().live
-        if self.ar_streak < period:
-            return best
+        due = [p for p in speculative if self.ar_streak >= self._probe_period(p) and self._cheap_probe(p)]
+        if not due:
+            return best  # (the streak goes on: a lookup or suffix probe as soon as one is proposed)
+        spec = max(due, key=score)
         self.ar_streak = 0
         self.probe_level += 1
-        spec = max((p for p in speculative if self._cheap_probe(p)), key=score, default=None)
-        if spec is None:
-            return best
         return RoundPlan(spec.tree, spec.proposer, spec.tokens, spec.label + " (probe)", spec.predicted_tps,
                          spec.ngram)
+
+    def _probe_period(self, plan: RoundPlan) -> int:
+        """Plain rounds in a row before `plan` is probed: the period of this level, B times that for a draft plan
+        in a batch of B."""
+        period = PROBE_PERIODS[min(self.probe_level, len(PROBE_PERIODS) - 1)]
+        return period * self._costs().live if plan.proposer == self.draft_proposer else period
 
     def _cheap_probe(self, plan: RoundPlan) -> bool:
         """Whether probing `plan` costs at most a few plain steps: not a draft plan with a long catch-up."""
