@@ -1,5 +1,6 @@
 """Test session settings. Two xdist workers share two cores, so each uses one torch thread: oversubscribed
 threads make the many tiny tensor ops of these tests several times slower."""
+import os
 import sys
 from pathlib import Path
 
@@ -11,16 +12,28 @@ torch.set_num_threads(1)
 
 
 @pytest.fixture(autouse=True, scope="session")
-def _own_acceptance_statistics(tmp_path_factory):
-    """auto's acceptance statistics (drafting/auto/memory.py) kept in this session's folder, so that no test plans
-    from what an earlier test session stored in the user's cache (the cost cache and compiled code stay shared)."""
+def _own_cache_folder(tmp_path_factory):
+    """multispec's cache folder for this session ($MULTISPEC_CACHE_DIR, also for the CLI and server subprocesses):
+    no test plans from the cost calibrations or acceptance statistics an earlier session stored, and none writes
+    into the user's (a session's temporary models left hundreds of entries there). The user's compiled code, GGUF
+    conversions and real models are linked in: rebuilding them would take minutes."""
+    from multispec.drafting import costs
     from multispec.drafting.auto import memory
+    from multispec.paths import cache_root
 
-    path = tmp_path_factory.mktemp("acceptance") / memory.FILE
-    real = memory._file
-    memory._file = lambda: path
+    user, mine = cache_root(), tmp_path_factory.mktemp("multispec_cache")
+    for name in ("inductor", "gguf", "real_models", "file_hashes"):
+        if (user / name).is_dir():
+            (mine / name).symlink_to(user / name, target_is_directory=True)
+    before = os.environ.get("MULTISPEC_CACHE_DIR")
+    os.environ["MULTISPEC_CACHE_DIR"] = str(mine)
     yield
-    memory._file = real
+    costs.flush()  # what is still to be written goes to this session's folder, not at exit to the user's
+    memory.flush()
+    if before is None:
+        os.environ.pop("MULTISPEC_CACHE_DIR", None)
+    else:
+        os.environ["MULTISPEC_CACHE_DIR"] = before
 
 
 @pytest.fixture(autouse=True)
