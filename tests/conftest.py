@@ -17,9 +17,7 @@ def _own_cache_folder(tmp_path_factory):
     no test plans from the cost calibrations or acceptance statistics an earlier session stored, and none writes
     into the user's (a session's temporary models left hundreds of entries there). The user's compiled code, GGUF
     conversions and real models are linked in: rebuilding them would take minutes."""
-    from multispec.drafting import costs
-    from multispec.drafting.auto import memory
-    from multispec.paths import cache_root
+    from multispec.paths import cache_root, flush_cache_writes
 
     user, mine = cache_root(), tmp_path_factory.mktemp("multispec_cache")
     for name in ("inductor", "gguf", "real_models", "file_hashes"):
@@ -28,8 +26,7 @@ def _own_cache_folder(tmp_path_factory):
     before = os.environ.get("MULTISPEC_CACHE_DIR")
     os.environ["MULTISPEC_CACHE_DIR"] = str(mine)
     yield
-    costs.flush()  # what is still to be written goes to this session's folder, not at exit to the user's
-    memory.flush()
+    flush_cache_writes()  # what is still to be written goes to this session's folder, not at exit to the user's
     if before is None:
         os.environ.pop("MULTISPEC_CACHE_DIR", None)
     else:

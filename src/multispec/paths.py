@@ -104,6 +104,7 @@ class DeferredWrites:
         self.dirty: set[str] = set()
         self.last = self._clock()  # the first change of a process waits too: a one-shot run writes at exit
         atexit.register(self.flush)
+        _DEFERRED.append(self)
 
     def changed(self, key: str, now: bool = False) -> None:
         """key's entry changed (called with `lock` held): written now, or when every_s has passed since the last
@@ -122,3 +123,13 @@ class DeferredWrites:
         """Write what has not been written yet (at exit; tests call it to read the file)."""
         with self.lock:
             self._write()
+
+
+_DEFERRED: list[DeferredWrites] = []  # every DeferredWrites of the process
+
+
+def flush_cache_writes() -> None:
+    """Write every cache file's pending entries now (the cost calibrations, auto's acceptance statistics): before
+    the cache folder changes or is copied for another process."""
+    for writes in _DEFERRED:
+        writes.flush()

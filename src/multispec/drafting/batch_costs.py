@@ -37,7 +37,7 @@ class BatchCosts:
     version: int = 0
     _learned: dict = field(default_factory=dict, repr=False)  # model -> the forward learned from last
     _seen: dict = field(default_factory=lambda: {"t1": 1.0, "tn": 1.0, "d": 1.0}, repr=False)
-    _tn: list = field(default_factory=list, repr=False)  # "tn"'s decayed sums [measured, predicted] (seconds)
+    _tn: list = field(default_factory=lambda: [0.0, 0.0], repr=False)  # "tn"'s decayed sums [measured, predicted]
 
     def forward(self, model: str, sequences: int, n: float) -> float:
         """Predicted seconds of a batched forward of `sequences` × n tokens (linear in the batch size between
@@ -96,8 +96,7 @@ class BatchCosts:
         predicted, measured = self.forward("target", b, tokens / b) - base, seconds - self.scale["t1"] * base
         if predicted <= 0:
             return
-        num, den = self._tn or [0.0, 0.0]
-        self._tn = [TN_DECAY * num + measured, TN_DECAY * den + predicted]
+        self._tn = [TN_DECAY * self._tn[0] + measured, TN_DECAY * self._tn[1] + predicted]
         prior = TN_PRIOR * base  # a few drafted tokens per forward (~1 ms each) outweigh it only after many forwards
         self._set("tn", min(3.0, max(1 / 3, (self._tn[0] + prior) / (self._tn[1] + prior))))
 
