@@ -172,9 +172,8 @@ def cache_snapshot(dest: Path) -> Path:
     and auto's acceptance statistics, written out now rather than at exit), so that every server setting starts
     from the same saved state: each server writes back what it learns, and auto's plans in a batch follow the
     statistics it starts from (docs/batching.md). Folders (compiled code, GGUF conversions) are linked, not copied."""
-    from multispec.paths import cache_root, flush_cache_writes
+    from multispec.paths import cache_root
 
-    flush_cache_writes()
     dest.mkdir(parents=True)
     root = cache_root()
     for entry in root.iterdir() if root.is_dir() else ():

@@ -8,6 +8,11 @@ config, its trained models (read from disk once), its draft policy, the backends
 
 A Decoder owns its caches, so it runs one generation at a time; `spawn()` gives another that shares its read-only
 `parts` (the server keeps one per worker). `generate`, `bench` and `serve` all decode through this class.
+
+What it knows of the machine is a value, the machine profile (multispec/profile.py): given (`profile=`: a
+MachineProfile or a file) or the cache folder's default, completed when the Decoder is built (what it lacks is
+measured then, never inside a generation) and held as `decoder.profile`. Runs report what they observed into
+`decoder.observations`; `updated_profile()` folds them into a new profile, which only an explicit `save` keeps.
 """
 from __future__ import annotations
 
@@ -28,6 +33,7 @@ from multispec.loading import Pair, eos_ids, max_positions, vocab_rows
 from multispec.models.base import Backend
 from multispec.models.int8 import weights_dtype
 from multispec.params import ParamError, SamplingParams
+from multispec.profile import MachineProfile
 from multispec.sampling import SamplingConfig
 from multispec.decoding.grammar import grammar_stats, request_grammar
 from multispec.text import StopStrings, Streamer, encode_prompt
@@ -42,7 +48,8 @@ class Decoder:
     N most frequent tokens plus the prompt's (grown with every committed token); draft_dtype="int8": int8 draft
     weights (CPU). Both only make the draft cheaper: the output law is the target's either way (models/cheap.py).
     `auto`, given neither, uses the form of the draft whose step is fastest here (draft_dtype="float32": the draft
-    as loaded)."""
+    as loaded). profile: the machine profile (a MachineProfile, a file path, or None: the cache folder's default,
+    to which a first run on a machine adds what it measured)."""
 
     # set from the DecoderParts by _start (the rest of the parts too: config, entry, pair, backend, ...)
     eos_ids: set
@@ -51,8 +58,14 @@ class Decoder:
 
     def __init__(self, pair: Pair, method: str | MethodConfig = "auto", backend: str | None = None, *,
                  wrap_target: Callable | None = None, loaded: dict | None = None, draft_vocab: int | None = None,
-                 draft_dtype: str | None = None, **method_options):
+                 draft_dtype: str | None = None, profile: MachineProfile | str | None = None, **method_options):
+        from multispec.profile import resolve
+
         check(isinstance(pair, Pair), f"pair must be a multispec Pair from load_pair(), got {type(pair).__name__}")
+        self.profile, self._default_profile = resolve(profile)  # checked before any model work
+        from multispec.decoding.profiles import Observations
+
+        self.observations = Observations()  # what this decoder's runs observed (updated_profile)
         if isinstance(method, MethodConfig):
             check(not method_options, "give method options to build_method, not beside a built MethodConfig")
             self.config = method
@@ -71,7 +84,8 @@ class Decoder:
                 and pair.cross_vocab is None:  # auto: the fastest form of the draft on this machine (models/cheap)
             from multispec.models.cheap import choose_cheap_draft
 
-            self.cheap = choose_cheap_draft(drafting, pair.tokenizer, self.backend)
+            self.cheap, measured = choose_cheap_draft(drafting, pair.tokenizer, self.backend, self.profile)
+            self._measured("cheap_draft", measured)
         check(not self.cheap.active or self.uses_draft, f"draft_vocab / draft_dtype make the draft model cheaper, and "
                                                         f"method {self.config.name!r} does not draft with one here")
         check(self.cheap.vocab is None or pair.cross_vocab is None,
@@ -92,6 +106,12 @@ class Decoder:
             uses_draft=self.uses_draft, cheap=self.cheap, draft_model=self.draft_model, token_freq=self.token_freq,
             loaded=self.loaded, eos_ids=eos_ids(pair), vocab_size=vocab_rows(pair.target),
             context=min(limits) if limits else None))  # context: the model's positions (None: the configs say none)
+        if getattr(self.policy, "fixed_costs", False) is None:  # auto: its view of the profile, measured now
+            from multispec.decoding.profiles import auto_view
+
+            self.auto_view, measured = auto_view(self, self.profile)
+            self._measured("costs", measured)
+            self.policy.use_profile(self.auto_view)
         if self.uses_draft and pair.cross_vocab == "uag":
             refuse_where_retokenizing(self.config, self.entry, self.policy)
 
@@ -103,6 +123,9 @@ class Decoder:
         for f in fields(parts):
             setattr(self, f.name, getattr(parts, f.name))
         self.policy = parts.entry.make_policy(parts.config, parts.pair, parts.loaded)  # its own adaptive state
+        view = getattr(self, "auto_view", None)  # a spawned twin or a batch lane: the profile view it shares
+        if view is not None:
+            self.policy.use_profile(view)
         self._target: Backend | None = None
         self._draft: Backend | None = None
         self._rows = 0  # static-cache rows of the current fast/compiled backends
@@ -119,10 +142,31 @@ class Decoder:
 
     def spawn(self) -> "Decoder":
         """Another Decoder of the same pair, method and backend, sharing what this one read or built once (its
-        `parts`: the trained models, the cheap draft's copy and token frequencies), with its own policy and caches."""
+        `parts`: the trained models, the cheap draft's copy and token frequencies; its profile and auto's view of
+        it, and its record of observations), with its own policy and caches."""
         twin = Decoder.__new__(Decoder)  # nothing to resolve again: the parts are done
+        # one record of observations for the family (a server saves it once, whichever worker ran what)
+        twin.profile, twin._default_profile, twin.observations = self.profile, self._default_profile, self.observations
+        if hasattr(self, "auto_view"):
+            twin.auto_view = self.auto_view
         twin._start(self.parts)
         return twin
+
+    # ------------------------------------------------------------------ the machine profile
+    def _measured(self, section: str, entries: dict) -> None:
+        """Entries measured because the profile lacked them: part of this decoder's profile from now on, and added
+        to the default file when the profile is the default (a first run on a machine measures once)."""
+        if entries:
+            self.profile = self.profile.with_entries(section, entries, source="measured")
+            if self._default_profile:
+                from multispec.profile import add_to_default
+
+                add_to_default(section, entries)
+
+    def updated_profile(self) -> MachineProfile:
+        """This decoder's profile with what its runs observed folded in (acceptance, cost drift, overheads): a new
+        value; save it (`.save(path)`) to plan the next process's runs from it."""
+        return self.observations.profile(self.profile)
 
     # ------------------------------------------------------------------ token ids
     def fit_context(self, prompt_len: int, max_new_tokens: int, warnings: list[str]) -> int:
@@ -153,9 +197,16 @@ class Decoder:
         target, draft = self._backends(len(prompt_ids) + max_new_tokens)
         if draft is not None and self.cheap.vocab is not None:  # this prompt's draft vocabulary
             draft.set_vocab_subset(self.cheap.subset(self.token_freq, prompt_ids))
-        return generate_ids(target, draft, prompt_ids, self.config, sampling, max_new_tokens, seed,
-                            self.eos_ids if eos_ids is None else eos_ids, stop, on_tokens, self.policy, reproducible,
-                            logprobs)
+        try:
+            return generate_ids(target, draft, prompt_ids, self.config, sampling, max_new_tokens, seed,
+                                self.eos_ids if eos_ids is None else eos_ids, stop, on_tokens, self.policy,
+                                reproducible, logprobs)
+        finally:
+            self._observed()
+
+    def _observed(self) -> None:
+        """Keep what the policy observed in the run that just ended (for updated_profile)."""
+        self.observations.add(self.policy.observation(), self.profile)
 
     def cache_rows(self, tokens: int) -> int:
         """Static-cache rows a run of `tokens` (prompt + new tokens) needs: those, the round's root, and one more
@@ -292,6 +343,7 @@ class Decoder:
             "target_dtype": weights_dtype(self.pair.target), "draft_vocab": self.cheap.vocab,
             "draft_dtype": self.cheap.dtype,
             "cross_vocab": self.pair.cross_vocab if self.uses_draft else None,
+            "profile": self.profile.digest,
             **metrics.stats(),
         }
         extra = self.policy.report()

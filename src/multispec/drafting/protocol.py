@@ -113,6 +113,10 @@ class DraftPolicy(Protocol):
 
     def finish(self, history: list[int]) -> None: ...
 
+    def observation(self) -> dict | None:
+        """What the last generation observed for a new machine profile (decoding/profiles.updated), or None."""
+        ...
+
     def report(self) -> dict | None: ...
 
 
@@ -125,6 +129,9 @@ class DraftPolicyBase:
     defers_draft_prefill = False
 
     needs_hidden = False
+
+    def observation(self) -> dict | None:
+        return None
 
     def reset(self) -> None:
         pass
