@@ -258,21 +258,21 @@ def test_the_probes_back_off_carries_to_the_next_request_through_the_profile():
         return p
 
     first = policy(MachineProfile())
-    first._recall(None, None, 1.0)
+    first.memory_key = memory.recall(first, first.view, 1.0, 6)
     first.probe_level, first.ar_streak = 4, 37
     first.finish([1, 2, 3])
     profile = updated(MachineProfile(), [first.observation()])
     second = policy(profile)
-    second._recall(None, None, 1.0)
+    second.memory_key = memory.recall(second, second.view, 1.0, 6)
     assert (second.probe_level, second.ar_streak) == (4, 37)
     second.probe_level, second.ar_streak = 5, 3  # a schedule, not a statistic: the latest wins (no blend)
     second.finish([1, 2, 3])
     profile = updated(profile, [second.observation()])
     third = policy(profile)
-    third._recall(None, None, 1.0)
+    third.memory_key = memory.recall(third, third.view, 1.0, 6)
     assert (third.probe_level, third.ar_streak) == (5, 3)
     other = policy(profile)
-    other._recall(None, None, 0.0)  # another temperature range: its own schedule
+    other.memory_key = memory.recall(other, other.view, 0.0, 6)  # another temperature range: its own schedule
     assert (other.probe_level, other.ar_streak) == (0, 0)
 
 

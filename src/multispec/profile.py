@@ -47,7 +47,7 @@ class MachineProfile:
     def __post_init__(self) -> None:
         clean = {}
         for name in SECTIONS:
-            entries = self.sections.get(name) or {}
+            entries = self.sections.get(name, {})
             check(isinstance(entries, Mapping), f"profile section {name!r} must be an object of entries")
             clean[name] = {str(k): copy.deepcopy(v) for k, v in entries.items()}
         unknown = set(self.sections) - set(SECTIONS)

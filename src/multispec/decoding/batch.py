@@ -107,10 +107,7 @@ class Lane(Decoder):
     """One slot of a BatchGroup, as a Decoder (see the module docstring). Built by BatchGroup only."""
 
     def __init__(self, decoder: Decoder, group: BatchGroup, slot: int):  # noqa: D107 - the parts are resolved
-        # the decoder's profile and auto's view of it; what the lane's runs observe goes to the decoder's record
-        self.profile, self._default_profile, self.observations = decoder.profile, False, decoder.observations
-        if hasattr(decoder, "auto_view"):
-            self.auto_view = decoder.auto_view
+        self.machine = decoder.machine  # the decoder's profile, auto's view of it, its record of observations
         self._start(decoder.parts, warm_up=False)  # the decoder's shared parts; its own policy
         self.group, self.slot = group, slot
         self.slot_target = SlotBackend(group.batcher, group.target_cache, slot, decoder.pair.target)
@@ -135,7 +132,7 @@ class Lane(Decoder):
                                 self.policy, reproducible, logprobs)
         finally:
             self.group.batcher.leave()
-            self._observed()
+            self.observations.add(self.policy.observation(), self.profile)
 
     def _checked(self, on_tokens):
         """on_tokens, then Cancelled once the group is cancelled: a lane stops between rounds, with its tokens so
@@ -156,7 +153,7 @@ def _batch_costs(group: BatchGroup):
 
     d = group.decoder
     table, measured = get_batch_costs(group.target_cache, d.pair.target, group.draft_cache, d.draft_model, d.profile)
-    d._measured("batch_costs", measured)  # before any lane starts: the lanes' stats name the profile with it
+    d.machine.measured("batch_costs", measured)  # before any lane starts: the lanes' stats name the profile with it
     return table
 
 

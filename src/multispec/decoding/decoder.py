@@ -8,11 +8,8 @@ config, its trained models (read from disk once), its draft policy, the backends
 
 A Decoder owns its caches, so it runs one generation at a time; `spawn()` gives another that shares its read-only
 `parts` (the server keeps one per worker). `generate`, `bench` and `serve` all decode through this class.
-
-What it knows of the machine is a value, the machine profile (multispec/profile.py): given (`profile=`: a
-MachineProfile or a file) or the cache folder's default, completed when the Decoder is built (what it lacks is
-measured then, never inside a generation) and held as `decoder.profile`. Runs report what they observed into
-`decoder.observations`; `updated_profile()` folds them into a new profile, which only an explicit `save` keeps.
+What it knows of the machine is a value (`profile=`, multispec/profile.py), completed when it is built, never
+inside a generation; runs report observations, and only an explicit save of `updated_profile()` keeps them.
 """
 from __future__ import annotations
 
@@ -59,13 +56,10 @@ class Decoder:
     def __init__(self, pair: Pair, method: str | MethodConfig = "auto", backend: str | None = None, *,
                  wrap_target: Callable | None = None, loaded: dict | None = None, draft_vocab: int | None = None,
                  draft_dtype: str | None = None, profile: MachineProfile | str | None = None, **method_options):
-        from multispec.profile import resolve
+        from multispec.decoding.profiles import MachineState
 
         check(isinstance(pair, Pair), f"pair must be a multispec Pair from load_pair(), got {type(pair).__name__}")
-        self.profile, self._default_profile = resolve(profile)  # checked before any model work
-        from multispec.decoding.profiles import Observations
-
-        self.observations = Observations()  # what this decoder's runs observed (updated_profile)
+        self.machine = MachineState(profile)  # the profile, checked before any model work
         if isinstance(method, MethodConfig):
             check(not method_options, "give method options to build_method, not beside a built MethodConfig")
             self.config = method
@@ -85,7 +79,7 @@ class Decoder:
             from multispec.models.cheap import choose_cheap_draft
 
             self.cheap, measured = choose_cheap_draft(drafting, pair.tokenizer, self.backend, self.profile)
-            self._measured("cheap_draft", measured)
+            self.machine.measured("cheap_draft", measured)
         check(not self.cheap.active or self.uses_draft, f"draft_vocab / draft_dtype make the draft model cheaper, and "
                                                         f"method {self.config.name!r} does not draft with one here")
         check(self.cheap.vocab is None or pair.cross_vocab is None,
@@ -106,12 +100,7 @@ class Decoder:
             uses_draft=self.uses_draft, cheap=self.cheap, draft_model=self.draft_model, token_freq=self.token_freq,
             loaded=self.loaded, eos_ids=eos_ids(pair), vocab_size=vocab_rows(pair.target),
             context=min(limits) if limits else None))  # context: the model's positions (None: the configs say none)
-        if getattr(self.policy, "fixed_costs", False) is None:  # auto: its view of the profile, measured now
-            from multispec.decoding.profiles import auto_view
-
-            self.auto_view, measured = auto_view(self, self.profile)
-            self._measured("costs", measured)
-            self.policy.use_profile(self.auto_view)
+        self.machine.attach(self)  # auto: its view of the profile (what it lacks measured now)
         if self.uses_draft and pair.cross_vocab == "uag":
             refuse_where_retokenizing(self.config, self.entry, self.policy)
 
@@ -123,9 +112,8 @@ class Decoder:
         for f in fields(parts):
             setattr(self, f.name, getattr(parts, f.name))
         self.policy = parts.entry.make_policy(parts.config, parts.pair, parts.loaded)  # its own adaptive state
-        view = getattr(self, "auto_view", None)  # a spawned twin or a batch lane: the profile view it shares
-        if view is not None:
-            self.policy.use_profile(view)
+        if self.machine.auto_view is not None:  # a spawned twin or a batch lane: the view it shares
+            self.policy.use_profile(self.machine.auto_view)
         self._target: Backend | None = None
         self._draft: Backend | None = None
         self._rows = 0  # static-cache rows of the current fast/compiled backends
@@ -142,30 +130,25 @@ class Decoder:
 
     def spawn(self) -> "Decoder":
         """Another Decoder of the same pair, method and backend, sharing what this one read or built once (its
-        `parts`: the trained models, the cheap draft's copy and token frequencies; its profile and auto's view of
-        it, and its record of observations), with its own policy and caches."""
+        `parts`: the trained models, the cheap draft's copy and token frequencies; its machine profile and record
+        of observations), with its own policy and caches."""
         twin = Decoder.__new__(Decoder)  # nothing to resolve again: the parts are done
-        # one record of observations for the family (a server saves it once, whichever worker ran what)
-        twin.profile, twin._default_profile, twin.observations = self.profile, self._default_profile, self.observations
-        if hasattr(self, "auto_view"):
-            twin.auto_view = self.auto_view
+        twin.machine = self.machine  # one profile and record for the family (a server saves it once)
         twin._start(self.parts)
         return twin
 
     # ------------------------------------------------------------------ the machine profile
-    def _measured(self, section: str, entries: dict) -> None:
-        """Entries measured because the profile lacked them: part of this decoder's profile from now on, and added
-        to the default file when the profile is the default (a first run on a machine measures once)."""
-        if entries:
-            self.profile = self.profile.with_entries(section, entries, source="measured")
-            if self._default_profile:
-                from multispec.profile import add_to_default
+    @property
+    def profile(self) -> MachineProfile:
+        return self.machine.profile
 
-                add_to_default(section, entries)
+    @property
+    def observations(self):
+        return self.machine.observations
 
     def updated_profile(self) -> MachineProfile:
-        """This decoder's profile with what its runs observed folded in (acceptance, cost drift, overheads): a new
-        value; save it (`.save(path)`) to plan the next process's runs from it."""
+        """The profile with what this decoder family's runs observed folded in (acceptance, cost drift, overheads):
+        a new value; `.save(path)` it to plan later processes' runs from it."""
         return self.observations.profile(self.profile)
 
     # ------------------------------------------------------------------ token ids
@@ -202,11 +185,7 @@ class Decoder:
                                 self.eos_ids if eos_ids is None else eos_ids, stop, on_tokens, self.policy,
                                 reproducible, logprobs)
         finally:
-            self._observed()
-
-    def _observed(self) -> None:
-        """Keep what the policy observed in the run that just ended (for updated_profile)."""
-        self.observations.add(self.policy.observation(), self.profile)
+            self.observations.add(self.policy.observation(), self.profile)
 
     def cache_rows(self, tokens: int) -> int:
         """Static-cache rows a run of `tokens` (prompt + new tokens) needs: those, the round's root, and one more

@@ -10,24 +10,20 @@ profile and reports what it observed, and nothing is written behind the caller's
 from __future__ import annotations
 
 import threading
-from typing import TYPE_CHECKING
 
 import torch
 
 from multispec.drafting.auto import memory
 from multispec.drafting.auto.policy import AutoView
-from multispec.drafting.costs import cost_entry_key, cost_model_from, measure_costs, updated_entry, _valid_entry
+from multispec.drafting.costs import cost_entry_key, cost_model_from, measure_costs, updated_entry, valid_entry
 from multispec.models.base import forward_chain
 from multispec.profile import MachineProfile
-
-if TYPE_CHECKING:
-    from multispec.decoding.decoder import Decoder
 
 CALIBRATION_CONTEXT = 32  # tokens of context before the costs are timed (a short prompt's)
 
 
-def auto_view(decoder: Decoder, profile: MachineProfile) -> tuple[AutoView, dict]:
-    """The view of `profile` auto plans from on this decoder's backends: its cost model (measured now when the
+def auto_view(decoder, profile: MachineProfile) -> tuple[AutoView, dict]:
+    """decoder: the Decoder being built (its policy, backends and cache sizes). The view of `profile` auto plans from on this decoder's backends: its cost model (measured now when the
     profile has none for these models, backends, threads and CPU) and acceptance priors. Returns the view and the
     new "costs" entries ({} when nothing was measured)."""
     target, draft = decoder._backends(decoder.cache_rows(CALIBRATION_CONTEXT + 64))
@@ -64,7 +60,7 @@ def updated(profile: MachineProfile, observations: list[dict]) -> MachineProfile
             acceptance[key] = memory.blended(acceptance.get(key), seen)
         for key, seen in (obs.get("costs") or {}).items():
             entry = costs.get(key)
-            if entry is not None and _valid_entry(entry, entry.get("draft") is not None):
+            if entry is not None and valid_entry(entry, entry.get("draft") is not None):
                 costs[key] = updated_entry(entry, seen.get("drift") or {}, seen.get("overhead"))
     return profile.with_entries("acceptance", acceptance).with_entries("costs", costs)
 
@@ -74,7 +70,9 @@ class Observations:
     decoder (a server's) folds its older half into a profile once `keep` are held, so the record stays small."""
 
     def __init__(self, keep: int = 256):
-        self.keep, self.records, self._folded = keep, [], None
+        self.keep = keep
+        self.records: list[dict] = []
+        self._folded: MachineProfile | None = None
         self._lock = threading.Lock()  # a server's lanes report from its loop thread; a save reads from another
 
     def add(self, observation: dict | None, base: MachineProfile) -> None:
@@ -94,3 +92,35 @@ class Observations:
         """`base` with every observation folded in."""
         with self._lock:
             return updated(self._folded or base, list(self.records))
+
+
+class MachineState:
+    """A Decoder family's machine profile (shared by the decoders it spawns and its batch lanes): the profile it
+    plans from (what it lacked measured at construction), auto's view of it, and what its runs observed."""
+
+    def __init__(self, profile: MachineProfile | str | None):
+        from multispec.profile import resolve
+
+        self.profile, self.is_default = resolve(profile)
+        self.observations = Observations()
+        self.auto_view: AutoView | None = None
+
+    def measured(self, section: str, entries: dict) -> None:
+        """Entries measured because the profile lacked them: part of the profile from now on, and added to the
+        default file when the profile is the default (a first run on a machine measures once)."""
+        if entries:
+            self.profile = self.profile.with_entries(section, entries, source="measured")
+            if self.is_default:
+                from multispec.profile import add_to_default
+
+                add_to_default(section, entries)
+
+    def attach(self, decoder) -> None:
+        """Give the decoder's policy its view of the profile: auto (a policy without fixed costs) gets one, built
+        and measured the first time."""
+        if getattr(decoder.policy, "fixed_costs", False) is not None:
+            return
+        if self.auto_view is None:
+            self.auto_view, measured = auto_view(decoder, self.profile)
+            self.measured("costs", measured)
+        decoder.policy.use_profile(self.auto_view)

@@ -181,7 +181,7 @@ def cost_model_from(profile, key: str, with_draft: bool) -> CostModel | None:
     entry = profile.get("costs", key)
     if entry is None:
         return None
-    if not _valid_entry(entry, with_draft):
+    if not valid_entry(entry, with_draft):
         warn_once(f"ignoring the costs entry for this model in the machine profile ({profile.source}): it is not "
                   "a valid calibration (wrong shape or implausible numbers); measuring again")
         return None
@@ -223,7 +223,7 @@ def _curve_ok(x) -> bool:
                     for s in x))
 
 
-def _valid_entry(entry, with_draft: bool) -> bool:
+def valid_entry(entry, with_draft: bool) -> bool:
     """Whether a cached entry can be used: a dict with a valid target curve, a valid draft curve when there is a
     draft (None or absent otherwise), and an optional overhead dict of finite non-negative numbers."""
     if not isinstance(entry, dict) or not _curve_ok(entry.get("target")):

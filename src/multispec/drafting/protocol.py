@@ -117,6 +117,10 @@ class DraftPolicy(Protocol):
         """What the last generation observed for a new machine profile (decoding/profiles.updated), or None."""
         ...
 
+    def use_profile(self, view) -> None:
+        """Plan from this view of the machine profile (auto's AutoView; the Decoder builds it once)."""
+        ...
+
     def report(self) -> dict | None: ...
 
 
@@ -132,6 +136,9 @@ class DraftPolicyBase:
 
     def observation(self) -> dict | None:
         return None
+
+    def use_profile(self, view) -> None:
+        pass
 
     def reset(self) -> None:
         pass

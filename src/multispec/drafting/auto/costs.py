@@ -5,6 +5,9 @@ which one it has.
 """
 from __future__ import annotations
 
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+
 from multispec.drafting.batch_costs import BatchCosts
 from multispec.models.batched import Role
 from multispec.drafting.costs import CostModel
@@ -17,6 +20,17 @@ DEFAULT_OVERHEAD = {"round_s": 4e-4, "level_s": 3e-4}
 # extrapolated far past its buckets, ran 3x its prediction (pycode-v1), which made every later draft plan look 40 %
 # dearer, so auto stopped drafting and never timed the draft again.
 LEARN_PENDING = 16
+
+
+@dataclass(frozen=True)
+class AutoView:
+    """What auto reads of the machine profile (built by the Decoder): the pair's cost model on these backends
+    (None: none measured), the profile's acceptance section, and the identities of the target and the drafter
+    (drafting/auto/memory.model_identity) that key it."""
+
+    costs: CostModel | None
+    acceptance: Mapping[str, dict] = field(default_factory=dict)
+    identities: tuple[str, str] = ("-", "-")
 
 
 class AloneCosts:

@@ -18,6 +18,8 @@ import math
 
 import torch
 
+from multispec.paths import warn_once
+
 BLEND = 0.5  # a generation moves the stored statistics this far towards what it saw
 TEMPERATURE_EDGES = (0.0, 0.5, 0.9)  # ranges: T = 0, (0, 0.5], (0.5, 0.9], > 0.9
 # Sections that are a state, not statistics: the latest generation's wins. The probes' back-off level and streak
@@ -52,6 +54,40 @@ def model_identity(model) -> str:
 def key(target_identity: str, draft_identity: str, draft_proposer: str, temperature: float) -> str:
     """One entry: the pair (model_identity of each; "-" without a draft), who drafts, the temperature range."""
     return "||".join((target_identity, f"{draft_proposer}:{draft_identity}", temperature_range(temperature)))
+
+
+def recall(policy, view, temperature: float, levels: int) -> str:
+    """Start an AutoPolicy from the acceptance its profile view (AutoView) holds for this pair at this temperature
+    range, if any; returns the entry's key (for the observation the generation ends with)."""
+    target_id, draft_id = view.identities if policy.has_draft else (view.identities[0], "-")
+    entry = key(target_id, draft_id, policy.draft_proposer, temperature)
+    stored = view.acceptance.get(entry)
+    if stored is not None and not valid_entry(stored):
+        warn_once("ignoring auto's acceptance priors for this pair in the machine profile: not what multispec "
+                  "writes; starting from the defaults")
+    elif stored is not None:
+        restore(policy, stored, levels)
+    return entry
+
+
+def restore(policy, stored: dict, levels: int) -> None:
+    """Start an AutoPolicy from a stored entry: the planner's acceptance, the confidence rates, the realised
+    factors (also its frozen scoring prior) and the probes' schedule (levels: how many probe periods there are)."""
+    policy.planner.restore(stored)
+    for name, part, kind in (("confidence", policy.confidence, list), ("realised", policy.realised_rates, dict),
+                             ("realised", policy.realised_prior, dict)):
+        if isinstance(stored.get(name), kind):
+            part.restore(stored[name])
+    probe = stored.get("probe")  # the probes' back-off and progress carry from request to request
+    if isinstance(probe, list) and len(probe) == 2 and 0 <= probe[0] < levels and probe[1] >= 0:
+        policy.probe_level, policy.ar_streak = int(probe[0]), int(probe[1])
+
+
+def seen(policy, levels: int) -> dict:
+    """The statistics an AutoPolicy's generation ends with, in `restore`'s layout."""
+    return {**policy.planner.state(), "confidence": policy.confidence.state(),
+            "realised": policy.realised_rates.state(), "probe": [min(policy.probe_level, levels - 1),
+                                                                 policy.ar_streak]}
 
 
 def blended(old: dict | None, seen: dict) -> dict:

@@ -4,23 +4,18 @@ per second over this sequence's cost view (drafting/auto/costs.py), with back-of
 When no speculation wins, cheap probes (the best speculative plan, after 8, 16, 32 ... 256 plain rounds, a
 schedule carried in the profile) keep the estimates alive so that auto can switch back.
 
-What auto knows of this machine and pair comes in as a value (`use_profile`: the machine profile's costs and
-acceptance priors, multispec/profile.py); a generation alone plans from it and from what its own rounds accepted,
-never from its timings, so two identical seeded generations plan alike. What it observed (timed forwards, fitted
-overheads, acceptance) is handed back by `observation()` after `finish`; only an explicit save folds it into a
-new profile (decoding/profiles.py). `report` only reads.
+auto plans from a view of the machine profile (`use_profile`, multispec/profile.py) and its own rounds' acceptance,
+never from its timings: identical seeded generations plan alike. What it observed comes back from `observation()`
+for a new profile (decoding/profiles.py). `report` only reads.
 """
 from __future__ import annotations
 
 from collections import Counter, defaultdict
 from typing import Any
 
-from dataclasses import dataclass, field
-from collections.abc import Mapping
-
 import multispec.drafting.auto.memory as acceptance_memory
 from multispec.drafting.auto.acceptance import ConfidenceRates, RealisedRates
-from multispec.drafting.auto.costs import AloneCosts, BatchShareCosts
+from multispec.drafting.auto.costs import AloneCosts, AutoView, BatchShareCosts
 from multispec.drafting.auto.plans import Planner
 from multispec.drafting.auto.plans import predicted_tps as _tps
 from multispec.drafting.batch_costs import BatchCosts
@@ -40,17 +35,6 @@ QUIET_MAX = 8  # alone: at most this many plain steps in a row without weighing 
 # Spec-Bench prompt): a probe whose forward fed the deferred draft prefill took 4.6 s for 2 tokens, ~45 plain steps.
 # Alone, a plan chosen on its merits still may; in a batch, where every sequence waits on that forward, none may.
 PROBE_CATCH_UP = 4
-
-
-@dataclass(frozen=True)
-class AutoView:
-    """What auto reads of the machine profile (built by the Decoder): the pair's cost model on these backends
-    (None: none measured), the profile's acceptance section, and the identities of the target and the drafter
-    (drafting/auto/memory.model_identity) that key it."""
-
-    costs: CostModel | None
-    acceptance: Mapping[str, dict] = field(default_factory=dict)
-    identities: tuple[str, str] = ("-", "-")
 
 
 def family(plan: RoundPlan) -> str:
@@ -111,46 +95,16 @@ class AutoPolicy(DraftPolicyBase):
 
     def prepare(self, target, draft, context_len: int, temperature: float = 0.0) -> None:
         self.has_draft = draft is not None and "draft" in self.proposers
-        if self.memory:
-            self._recall(target, draft, temperature)
+        if self.memory and self.view is not None:  # the profile's acceptance for this pair and temperature
+            self.memory_key = acceptance_memory.recall(self, self.view, temperature, len(PROBE_PERIODS))
         if self._batch is not None:
             batcher, table, sampling = self._batch
             self.costs = BatchShareCosts(batcher, table, self.fixed_costs or table.cost_model(), sampling)
         elif self.fixed_costs is None:
-            self.costs = AloneCosts(self._cost_model(target, draft), self.shape["max_nodes"])
-
-    def _cost_model(self, target, draft) -> CostModel:
-        """The profile's costs (a fresh record of observations each generation); without a profile (the engine
-        called directly), measured now."""
-        if self.view is not None and self.view.costs is not None:
-            return self.view.costs.fresh()
-        model, _ = measure_costs(target, getattr(target, "model", target), draft if self.has_draft else None,
-                                 getattr(draft, "model", draft) if self.has_draft else None)
-        return model
-
-    def _recall(self, target, draft, temperature: float) -> None:
-        """Start from the acceptance the profile holds for this pair at this temperature range."""
-        if self.view is None:
-            return
-        target_id, draft_id = self.view.identities if self.has_draft else (self.view.identities[0], "-")
-        self.memory_key = acceptance_memory.key(target_id, draft_id, self.draft_proposer, temperature)
-        stored = self.view.acceptance.get(self.memory_key)
-        if stored is not None and not acceptance_memory.valid_entry(stored):
-            from multispec.paths import warn_once
-
-            warn_once("ignoring auto's acceptance priors for this pair in the machine profile: not what multispec "
-                      "writes; starting from the defaults")
-            stored = None
-        if stored is not None:
-            self.planner.restore(stored)
-            for name, part, kind in (("confidence", self.confidence, list), ("realised", self.realised_rates, dict)):
-                if isinstance(stored.get(name), kind):
-                    part.restore(stored[name])
-            if isinstance(stored.get("realised"), dict):
-                self.realised_prior.restore(stored["realised"])
-            probe = stored.get("probe")  # the probes' back-off and progress carry from request to request
-            if isinstance(probe, list) and len(probe) == 2 and 0 <= probe[0] < len(PROBE_PERIODS) and probe[1] >= 0:
-                self.probe_level, self.ar_streak = int(probe[0]), int(probe[1])
+            model = self.view.costs.fresh() if self.view is not None and self.view.costs is not None else \
+                measure_costs(target, getattr(target, "model", target), draft if self.has_draft else None,
+                              getattr(draft, "model", draft) if self.has_draft else None)[0]  # (no Decoder)
+            self.costs = AloneCosts(model, self.shape["max_nodes"])
 
     def _costs(self) -> AloneCosts | BatchShareCosts:  # set by reset with fixed costs, else by prepare
         if self.costs is None:
@@ -312,9 +266,7 @@ class AutoPolicy(DraftPolicyBase):
             self.suffix_store.add(None, list(history))
         obs: dict = {}
         if self.memory_key is not None:
-            obs["acceptance"] = {self.memory_key: {
-                **self.planner.state(), "confidence": self.confidence.state(), "realised": self.realised_rates.state(),
-                "probe": [min(self.probe_level, len(PROBE_PERIODS) - 1), self.ar_streak]}}
+            obs["acceptance"] = {self.memory_key: acceptance_memory.seen(self, len(PROBE_PERIODS))}
         if isinstance(self.costs, AloneCosts):
             self.stored_overhead = self.costs.fitted_overhead()
             model = self.costs.model
@@ -323,8 +275,8 @@ class AutoPolicy(DraftPolicyBase):
         self._observation = obs or None
 
     def observation(self) -> dict | None:
-        """What the last generation observed, for a new profile (decoding/profiles.py): {"acceptance": {key:
-        statistics}, "costs": {key: {"drift", "overhead"}}}; None before one finished. Taken once."""
+        """The last generation's {"acceptance": {key: statistics}, "costs": {key: {"drift", "overhead"}}}, taken
+        once (decoding/profiles.updated)."""
         obs, self._observation = self._observation, None
         return obs
 
