@@ -318,7 +318,7 @@ def test_the_profile_cli_measures_shows_and_resets(capsys, tmp_path, monkeypatch
     assert code == 2 and "none.json" in err
     (tmp_path / "notdir").write_text("x")
     code, _, err = run_cli(capsys, "profile", "measure", "--out", str(tmp_path / "notdir" / "p.json"))
-    assert_one_line_error(code, err, "cannot write")
+    assert_one_line_error(code, err, "is not a folder")
     code, stdout, _ = run_cli(capsys, "profile", "reset", "--profile", str(out))
     assert code == 0 and not out.exists()
 

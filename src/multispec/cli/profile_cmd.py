@@ -8,6 +8,7 @@
 from __future__ import annotations
 
 import json
+import sys
 
 import click
 
@@ -79,7 +80,7 @@ def measure_command(target, draft, cross_vocab, method, device, dtype, backend, 
     pair = load_pair(target=target, draft=draft, device=device, dtype=dtype, cross_vocab=cross_vocab)
     decoder = Decoder(pair, method, backend, profile=start)
     runs = [(p, t) for p in SAMPLE_PROMPTS for t in (0.0, 1.0)]
-    with click.progressbar(runs, label="learning acceptance", file=click.get_text_stream("stderr")) as bar:
+    with click.progressbar(runs, label="learning acceptance", file=sys.stderr) as bar:
         for i, (prompt, temperature) in enumerate(bar):
             decoder.generate(prompt, max_new_tokens=max_new_tokens, temperature=temperature, seed=i)
     new = decoder.updated_profile()
