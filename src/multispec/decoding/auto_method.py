@@ -5,8 +5,8 @@ suffix trees share with method suffix (`load_suffix_store`). Its own module, as 
 from __future__ import annotations
 
 from multispec.decoding.method_checks import max_nodes as max_nodes_option
-from multispec.decoding.registry import (AUTO_PROPOSERS, DEFAULT_AUTO_PROPOSERS, MAX_NODES_HELP, MAX_TREE_NODES,
-                                         MethodConfig, MethodEntry, Option, register)
+from multispec.decoding.method_entry import (AUTO_PROPOSERS, DEFAULT_AUTO_PROPOSERS, MAX_NODES_HELP, MAX_TREE_NODES,
+                                             MethodConfig, MethodEntry, Option)
 from multispec.errors import check, parse_bool
 
 SUFFIX_STORE_TOKENS = 200_000  # the shared store's default cap (tokens); about 0.4 KB each (drafting/suffix.py)
@@ -65,21 +65,20 @@ def load_suffix_store(config: MethodConfig, pair) -> dict:
 
 
 def _eagle():
-    from multispec.decoding import eagle_method  # (imported when used: auto registers before eagle)
+    from multispec.decoding import eagle_method  # (imported when used: the registry lists auto before eagle)
 
     return eagle_method
 
 
-register(
-    MethodEntry("auto", (Option("proposers", "str", "any of draft,lookup,suffix (also draft+lookup); draft alone "
-                                                    "needs a draft model", "all three"),
-                         Option("max_nodes", "int", MAX_NODES_HELP, 32, (1, MAX_TREE_NODES)),
-                         Option("head", "path", "a feature head (or 'shipped') drafts auto's draft plans"),
-                         Option("fresh_start", "flag", "start from the priors, not from (nor storing) the acceptance "
-                                "earlier generations of this pair learned")),
-                _build_auto, _auto_policy, needs_draft=False,
-                uses_draft=lambda c: "draft" in c.proposers and c.head is None, tree_nodes=lambda c: c.max_nodes,
-                load=_load_auto, draft_backend=lambda *args: _eagle().eagle_backends(*args),
-                reproducible_when_seeded=True, chooses_cheap_draft=True,
-                summary="per round: no speculation, a lookup chain or a draft tree, from measured acceptance and "
-                        "costs"))
+AUTO = MethodEntry("auto", (Option("proposers", "str", "any of draft,lookup,suffix (also draft+lookup); draft alone "
+                                                       "needs a draft model", "all three"),
+                            Option("max_nodes", "int", MAX_NODES_HELP, 32, (1, MAX_TREE_NODES)),
+                            Option("head", "path", "a feature head (or 'shipped') drafts auto's draft plans"),
+                            Option("fresh_start", "flag", "start from the priors, not from (nor storing) the acceptance "
+                                   "earlier generations of this pair learned")),
+                   _build_auto, _auto_policy, needs_draft=False,
+                   uses_draft=lambda c: "draft" in c.proposers and c.head is None, tree_nodes=lambda c: c.max_nodes,
+                   load=_load_auto, draft_backend=lambda *args: _eagle().eagle_backends(*args),
+                   reproducible_when_seeded=True, chooses_cheap_draft=True,
+                   summary="per round: no speculation, a lookup chain or a draft tree, from measured acceptance and "
+                           "costs")
