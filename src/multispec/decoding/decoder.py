@@ -76,8 +76,7 @@ class Decoder:
         check(self.cheap.vocab is None or pair.cross_vocab is None,
               "draft_vocab restricts a draft that shares the target's vocabulary; a draft with another tokenizer "
               "already drafts from the tokens the two vocabularies share")
-        self.draft_model = self.cheap.draft_model(drafting, pair.sidecar(drafting)) if drafting is not None \
-            else None  # int8: a copy, once per draft (its sidecar keeps it)
+        self.draft_model = self.cheap.draft_model(drafting, pair.sidecar(drafting)) if drafting is not None else None
         self.token_freq = self.cheap.frequencies(pair.tokenizer, vocab_rows(drafting)) \
             if drafting is not None else None
         refuse_trees_where_inexact(pair, self.config, self.uses_draft)

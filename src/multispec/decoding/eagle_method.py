@@ -51,10 +51,10 @@ def load_eagle(config: MethodConfig, pair) -> dict:
     check(pair is not None, "eagle reads its head for a loaded pair's target")
     from multispec.models.eagle_io import load_head
 
-    from multispec.models.int8 import QUANT_DTYPES, quantize_linears
+    from multispec.models.int8 import QUANT_DTYPES, quantize_linears, weights_dtype
 
     head, token_ids = load_head(str(config.head), pair.target)
-    if pair.sidecar(pair.target).weights_dtype in QUANT_DTYPES:  # a quantized target's head: its decoder layer in int8 (not the
+    if weights_dtype(pair.target) in QUANT_DTYPES:  # a quantized target's head: its decoder layer in int8 (not the
         quantize_linears(head.transformer)  # fusion layer: its input joins an embedding and a feature of other scales)
     return {"eagle_head": head, "eagle_token_ids": token_ids}
 
@@ -80,9 +80,9 @@ def eagle_backends(config: MethodConfig, loaded: dict, target, pair) -> tuple:
     from multispec.models.eagle import FeatureTap, HeadBackend, TargetParts
 
     tap = FeatureTap(target)
-    head = loaded["eagle_head"]
+    head, sidecar = loaded["eagle_head"], getattr(pair, "sidecar", None)  # (a stand-in pair has none: fresh ones)
     return tap, HeadBackend(head, TargetParts.of(pair.target), tap, loaded["eagle_token_ids"],
-                            sidecar=pair.sidecar(head), target_sidecar=pair.sidecar(pair.target))
+                            sidecar=sidecar and sidecar(head), target_sidecar=sidecar and sidecar(pair.target))
 
 
 register(MethodEntry(
