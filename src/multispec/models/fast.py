@@ -31,7 +31,7 @@ from multispec.models.fast_families import FAMILIES
 from multispec.models.int8 import QUANT_DTYPES, fused, linear_shape, weights_dtype as read_dtype
 from multispec.models.layout import attention_layout
 from multispec.models.reduced_vocab import VocabSubset
-from multispec.models.rows import linear
+from multispec.models.rows import linear, signature, table as rows_table
 
 SUPPORTED = tuple(FAMILIES)
 DEFAULT_ROWS = 4096
@@ -321,13 +321,14 @@ class FastBackend(VocabSubset):
         """max_len: cache rows; size it to prompt + max_new_tokens + one round's tree. Default: the model's position
         limit (at most 4096) plus TREE_SLACK rows. max_positions: the most positions a chain can reach here, the
         smaller of the config's limit and the cache rows. compile: run steps of up to 64 tokens compiled.
-        sidecar: the model's models/sidecar.ModelSidecar (its FastNet and few-row table; default a fresh one)."""
-        from multispec.models.sidecar import ModelSidecar
-
-        self.sidecar = sidecar = sidecar if sidecar is not None else ModelSidecar(model)
+        sidecar: the model's models/sidecar.ModelSidecar (its FastNet and few-row table, made once; default: made
+        here for this backend alone)."""
+        self.sidecar = sidecar  # also keeps the output layer's rows for a reduced vocabulary
         self.model = model  # auto's cost cache is keyed by the model (drafting/costs.model_key)
-        self.net = net = sidecar.fast_net()
-        self.rows_signature, self.weights_dtype = sidecar.rows_signature, sidecar.weights_dtype  # cost keys
+        self.weights_dtype = sidecar.weights_dtype if sidecar is not None else read_dtype(model)
+        self.net = net = sidecar.fast_net() if sidecar is not None else \
+            FastNet(model, rows_table=rows_table(model), weights_dtype=self.weights_dtype)
+        self.rows_signature = signature(net.rows_table)  # part of auto's cost key (drafting/costs.model_key)
         check(not (compile and net.attend_64), "the compiled backend does not run int8 or int4 models; use the fast "
                                                "or hf backend")
         self.layout, self.vocab_size, self.hidden_size = net.layout, net.vocab_size, net.hidden_size

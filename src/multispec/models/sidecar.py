@@ -36,17 +36,17 @@ class ModelSidecar:
     def rows_table(self) -> list[bool] | None:
         """Where the model's float32 CPU Linear layers take the few-row product (models/rows.py), or None."""
         if self._rows_table is _UNSET:
-            from multispec.models import rows
+            from multispec.models.rows import table
 
-            self._rows_table = rows.table(self.model)
+            self._rows_table = table(self.model)
         return self._rows_table
 
     @property
     def rows_signature(self) -> str:
         """The few-row table as part of a cost key ("" when there is none)."""
-        from multispec.models import rows
+        from multispec.models.rows import signature
 
-        return rows.signature(self.rows_table)
+        return signature(self.rows_table)
 
     def fast_net(self):
         """The model's FastNet (models/fast.py), made on first use and again after model.to(...)."""
