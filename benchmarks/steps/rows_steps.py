@@ -1,15 +1,15 @@
 """Forward cost by row count with the stock linear layers and with the few-row product (models/rows.py).
 
 For each model: a 300-token context, then forwards of n = 1 ... 8 new rows (a decode step, a chain verification),
-stock layers (rows.plain) and few-row layers interleaved rep by rep, the median of the reps kept; both on the fast
-and the hf backend. The argmax of every row is compared between the two (the sums run in another order).
+the fast backend given no table (F.linear throughout) and given the measured one, interleaved rep by rep, the
+median of the reps kept (the hf backend always runs the stock layers). The argmax of every row is compared between
+the two (the sums run in another order).
 
     python benchmarks/steps/rows_steps.py --out benchmarks/results/rows/steps.json
 """
 from __future__ import annotations
 
 import argparse
-import contextlib
 import json
 import platform
 import statistics
@@ -21,7 +21,7 @@ from pathlib import Path
 import torch
 
 import multispec
-from multispec.models import make_backend, rows
+from multispec.models import ModelSidecar, make_backend, rows
 from multispec.models.base import causal_mask
 
 CTX, SIZES, REPS = 300, (1, 2, 3, 4, 5, 6, 8), 7
@@ -43,10 +43,12 @@ def models(shared: Path) -> dict:
 
 def time_model(path: str, kind: str) -> dict:
     model = multispec.load_pair(target=path).target
-    table = rows.install(model)
-    b = make_backend(model, kind)
-    b.forward(torch.randint(0, 1000, (CTX,), generator=torch.Generator().manual_seed(0)), torch.arange(CTX),
-              causal_mask(0, CTX))
+    table = rows.table(model)
+    backends = {form: make_backend(model, kind, sidecar=ModelSidecar(model, rows_table=t))
+                for form, t in (("stock", None), ("few_rows", table))}
+    for b in backends.values():
+        b.forward(torch.randint(0, 1000, (CTX,), generator=torch.Generator().manual_seed(0)), torch.arange(CTX),
+                  causal_mask(0, CTX))
     out = {"few_rows_table": table, "sizes": {}}
     for n in SIZES:
         toks = torch.randint(0, 1000, (n,), generator=torch.Generator().manual_seed(n))
@@ -54,10 +56,10 @@ def time_model(path: str, kind: str) -> dict:
         logits = {}
         for rep in range(REPS + 1):
             for form in ("stock", "few_rows"):
-                with rows.plain(model) if form == "stock" else contextlib.nullcontext():
-                    t0 = time.perf_counter()
-                    o = b.forward(toks, torch.arange(CTX, CTX + n), causal_mask(CTX, n))
-                    dt = time.perf_counter() - t0
+                b = backends[form]
+                t0 = time.perf_counter()
+                o = b.forward(toks, torch.arange(CTX, CTX + n), causal_mask(CTX, n))
+                dt = time.perf_counter() - t0
                 b.keep(torch.arange(CTX))
                 if rep:
                     times[form].append(dt)
@@ -87,7 +89,7 @@ def main() -> None:
         if args.only and args.only not in name:
             continue
         print(name, file=sys.stderr, flush=True)
-        result["models"][name] = {kind: time_model(path, kind) for kind in ("fast", "hf")}
+        result["models"][name] = {kind: time_model(path, kind) for kind in ("fast",)}
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
     Path(args.out).write_text(json.dumps(result, indent=1))
     print(f"wrote {args.out}", file=sys.stderr)

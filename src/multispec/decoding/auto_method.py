@@ -40,7 +40,9 @@ def _auto_policy(config: MethodConfig, pair, loaded: dict):
     proposers = tuple(p for p in config.proposers if p != "draft" or pair.draft is not None)
     check(bool(proposers), "auto: proposers=draft needs a draft model; load the pair with a draft, or let auto use "
                      "lookup (proposers=draft,lookup)")
-    chains_only = any(m is not None and hasattr(m, "config") and tree_refusal(m) for m in (pair.target, pair.draft))
+    sidecar = getattr(pair, "sidecar", None)  # the pair's keeps each answer (a stand-in pair may have none)
+    chains_only = any(m is not None and hasattr(m, "config") and tree_refusal(m, sidecar(m) if sidecar else None)
+                      for m in (pair.target, pair.draft))
     if chains_only:  # suffix trees are trees
         proposers = tuple(p for p in proposers if p != "suffix")
     one_chain = chains_only or getattr(pair, "cross_vocab", None) == "uag"  # a re-tokenized draft: one chain

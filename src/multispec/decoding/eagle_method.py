@@ -80,7 +80,9 @@ def eagle_backends(config: MethodConfig, loaded: dict, target, pair) -> tuple:
     from multispec.models.eagle import FeatureTap, HeadBackend, TargetParts
 
     tap = FeatureTap(target)
-    return tap, HeadBackend(loaded["eagle_head"], TargetParts.of(pair.target), tap, loaded["eagle_token_ids"])
+    head, sidecar = loaded["eagle_head"], getattr(pair, "sidecar", None)  # (a stand-in pair has none: fresh ones)
+    return tap, HeadBackend(head, TargetParts.of(pair.target), tap, loaded["eagle_token_ids"],
+                            sidecar=sidecar and sidecar(head), target_sidecar=sidecar and sidecar(pair.target))
 
 
 EAGLE = MethodEntry(

@@ -10,6 +10,8 @@ import torch
 
 import multispec.drafting.costs as costs  # its _MEMORY is read through the module (tests replace it)
 from multispec.drafting.costs import BUCKETS, CostCurve, CostModel, _curve_ok, _disk, _store, model_key
+from multispec.models.rows import signature
+
 BATCH_SIZES = (1, 2, 4, 8, 16, 32, 64)
 BATCH_TOKENS = (1, 2, 4, 8, 16)  # tokens per sequence measured; BUCKETS beyond are extrapolated
 BATCH_BUDGET_S = 4.0
@@ -121,8 +123,13 @@ def get_batch_costs(target_cache, target_model, draft_cache=None, draft_model=No
     sizes = [b for b in BATCH_SIZES if b <= slots] or [1]
     if len(sizes) < len(BATCH_SIZES) and sizes[-1] < slots:
         sizes.append(BATCH_SIZES[len(sizes)])  # the next size up is extrapolated, so `slots` is covered
-    probe = type("probe", (), {"name": "batched", "device": target_cache.net.device, "dtype": target_cache.net.dtype})
-    key = "batch|" + model_key(probe, target_model) + "||" + (model_key(probe, draft_model) if draft_cache else "-")
+    def probe(cache):  # what model_key reads of a backend, for run_batch over this cache's net
+        net = cache.net
+        return type("probe", (), {"name": "batched", "device": net.device, "dtype": net.dtype,
+                                  "rows_signature": signature(net.rows_table)})
+
+    key = "batch|" + model_key(probe(target_cache), target_model) + "||" + (
+        model_key(probe(draft_cache), draft_model) if draft_cache else "-")
     cached = costs._MEMORY.get(key) or _disk().get(key)
     if isinstance(cached, dict) and _batch_entry_ok(cached, draft_cache is not None, len(sizes)):
         costs._MEMORY[key] = cached
