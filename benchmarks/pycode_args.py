@@ -1,7 +1,7 @@
 """What the pycode-v1 benchmark scripts share: where the trained family and the data are (--models, --data-dir:
 $MULTISPEC_MODELS / $MULTISPEC_DATA, else ../shared beside the checkout) and loading the pair (fp32, CPU, one thread;
 --embedded and --device cuda for a GPU machine).
-Scripts run as `python benchmarks/NAME.py`, so this module is importable beside them."""
+Scripts run as `python benchmarks/STUDY/NAME.py` add benchmarks/ to sys.path to import it."""
 from __future__ import annotations
 
 import argparse

@@ -1,4 +1,4 @@
-"""Issue 41's fresh hostile sweep (benchmarks/hostile_sweep.py, round 5): what it found in the server and the CLI
+"""Issue 41's fresh hostile sweep (benchmarks/hostile/hostile_sweep.py, round 5): what it found in the server and the CLI
 modules, each pinned here. Server errors are OpenAI error objects naming the field the client sent."""
 import pytest
 from fastapi.testclient import TestClient

@@ -22,6 +22,7 @@ from multispec.loading import Pair
 from multispec.models.base import causal_mask
 from multispec.models.batched import PAD_LIMIT, Role, SlotCache, Step, _call_rows, run_batch, split_by_width
 from multispec.models.fast import FastBackend, FastNet
+from multispec.models.sidecar import ModelSidecar
 from multispec.sampling import SamplingConfig
 
 GREEDY = SamplingConfig(temperature=0.0)
@@ -78,12 +79,13 @@ def test_batched_forward_equals_each_sequences_own_forward(arch):
     its own mask, slots left empty between members — give each sequence the logits and hidden states of its own
     FastBackend, then again after a keep that drops a branch (sliding windows, soft-caps, per-type RoPE included)."""
     model = build(arch)
-    net = FastNet.of(model)
+    sidecar = ModelSidecar(model)
+    net = sidecar.fast_net()
     vocab = net.vocab_size
     g = torch.Generator().manual_seed(1)
     lens = [PAD_LIMIT + 9, 5, 12]
     slots = [0, 2, 3]
-    cache = SlotCache(net, 4, 128)
+    cache = SlotCache(sidecar, 4, 128)
     alone = [FastBackend(model, max_len=128) for _ in lens]
     prompts = [torch.randint(0, vocab, (n,), generator=g) for n in lens]
     outs = run_batch(cache, [Step(s, p, torch.arange(len(p)), last_only=True) for s, p in zip(slots, prompts)])
@@ -116,8 +118,9 @@ def test_one_and_many_token_steps_attend_in_their_own_groups(arch):
     longer steps attend over a copy of their own slots' rows, the one-token steps over the caches' views, and every
     output equals its sequence's own FastBackend; in a second forward, slots side by side (no copy)."""
     model = build(arch)
-    net = FastNet.of(model)
-    cache = SlotCache(net, 8, 96)
+    sidecar = ModelSidecar(model)
+    net = sidecar.fast_net()
+    cache = SlotCache(sidecar, 8, 96)
     g = torch.Generator().manual_seed(4)
     slots = [0, 3, 5, 7]
     alone = {s: FastBackend(model, max_len=96) for s in slots}
@@ -151,9 +154,10 @@ def _mixed_widths(arch: str, monkeypatch) -> list:
     from multispec.models import batched
 
     model = build(arch)
-    net = FastNet.of(model)
+    sidecar = ModelSidecar(model)
+    net = sidecar.fast_net()
     monkeypatch.setattr(batched, "CALL_BYTES", 4 * 2 * net.n_kv * net.head_dim * 4)  # 4 fp32 rows
-    cache = SlotCache(net, 8, 128)
+    cache = SlotCache(sidecar, 8, 128)
     alone = [FastBackend(model, max_len=128) for _ in range(8)]
     g = torch.Generator().manual_seed(5)
     lens = [6, 100, 4, 9, 10, 5, 7, 8]
@@ -211,8 +215,9 @@ def _sliding_rounds(arch: str, broken: bool = False) -> SlotCache:
     """Two slots through 40 rounds each (a 3-node tree, a keep of one branch, now and then a 3-token chain) on a
     cache whose sliding layers hold window + 12 rows, every output against each sequence's own FastBackend."""
     model = build(arch)
-    net = FastNet.of(model)
-    cache = SlotCache(net, 2, 160, slack=12)
+    sidecar = ModelSidecar(model)
+    net = sidecar.fast_net()
+    cache = SlotCache(sidecar, 2, 160, slack=12)
     alone = [FastBackend(model, max_len=160) for _ in range(2)]
     g = torch.Generator().manual_seed(2)
     _prefill(cache, alone, {0: 7, 1: 16}, g)

@@ -199,15 +199,15 @@ def test_the_law_at_t1_with_a_reduced_vocabulary(tmp_path, options, half, monkey
 def test_a_dynamic_tree_verified_with_a_law_it_was_not_drawn_from_is_caught(head6, monkeypatch):
     """The dynamic tree's tokens are the head's top ones, not draws: verified as if they were drawn from a law
     (here uniform over the vocabulary) instead of as point masses, the output's law is not the target's."""
-    from multispec.drafting import dynamic_tree
+    from multispec.drafting import proposers
 
-    propose = dynamic_tree.DynamicHeadProposer.propose
+    propose = proposers.DynamicHeadProposer.propose
 
     def broken(self, inputs, plan, max_tree):
         p = propose(self, inputs, plan, max_tree)
         return p if p.q is None else replace(p, q=(p.q.sum(1, keepdim=True) > 0).float().expand_as(p.q) / p.q.shape[1])
 
-    monkeypatch.setattr(dynamic_tree.DynamicHeadProposer, "propose", broken)
+    monkeypatch.setattr(proposers.DynamicHeadProposer, "propose", broken)
     assert _chi_square(head6, {"nodes": 4, "depth": 2, "width": 2}, n=800) < 1e-3
 
 

@@ -17,7 +17,7 @@ from pathlib import Path
 import torch
 
 ROOT = Path(__file__).resolve().parents[2]
-sys.path.insert(0, str(ROOT / "benchmarks"))
+sys.path.insert(0, str(ROOT / "benchmarks" / "pretrained"))  # real_greedy_identity.py
 sys.path.insert(0, str(ROOT / "tests"))
 from real_greedy_identity import encode, reference, tie_check  # noqa: E402
 

@@ -3,7 +3,7 @@ backends cannot decode exactly (one line each, before any generation)."""
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -14,6 +14,7 @@ from multispec.paths import cache_root
 
 if TYPE_CHECKING:
     from multispec.gguf_files import GgufSource
+    from multispec.models.sidecar import ModelSidecar
     from multispec.models.vocab_bridge import VocabBridge
 
 DEFAULT_PAIR_DIR = Path(__file__).parent / "default_pair"
@@ -29,7 +30,10 @@ CROSS_VOCAB_MODES = {"tli": "token-level intersection (the draft proposes the to
 class Pair:
     """A target model, an optional draft model, and the target's tokenizer (the text's tokens: the output is always
     the target's). A draft with another tokenizer drafts through `cross_vocab` ("tli" or "uag", None when the
-    vocabularies agree), with `bridge` mapping the two vocabularies and `draft_tokenizer` its own."""
+    vocabularies agree), with `bridge` mapping the two vocabularies and `draft_tokenizer` its own.
+
+    What the library prepares for a model (its fast backend's step, few-row table, int8 copy, ...: a
+    models/sidecar.ModelSidecar) is held here, one per model (`sidecar`), never on the model."""
 
     target: torch.nn.Module
     draft: torch.nn.Module | None
@@ -40,6 +44,18 @@ class Pair:
     cross_vocab: str | None = None
     draft_tokenizer: object = None
     bridge: VocabBridge | None = None  # set when cross_vocab
+    sidecars: dict = field(default_factory=dict, repr=False, compare=False)  # id(model) -> its ModelSidecar
+
+    def sidecar(self, model: torch.nn.Module, weights_dtype: str | None = None) -> ModelSidecar:
+        """The sidecar of `model` (the target, the draft, the draft's int8 copy, a feature head: any model this
+        pair decodes with), made on first use. weights_dtype: what the pair made its weights ("int8" / "int4"),
+        recorded when the sidecar is made."""
+        entry = self.sidecars.get(id(model))
+        if entry is None or entry.model is not model:  # (the sidecar holds its model, so an id is never reused)
+            from multispec.models.sidecar import ModelSidecar
+
+            entry = self.sidecars[id(model)] = ModelSidecar(model, weights_dtype=weights_dtype)
+        return entry
 
     @property
     def device(self) -> torch.device:
@@ -133,17 +149,20 @@ def load_pair(target: str | os.PathLike | torch.nn.Module | None = None,
                                      f"draft has no tokenizer {d_src.tokenizer_hint}")
             cross_vocab = cross_vocab or "tli"
             bridge = _bridge(tokenizer, d_tok, tv, dv, cross_vocab)
+    pair = Pair(target=t_model, draft=d_model, tokenizer=tokenizer, target_path=t_src.label,
+                draft_path=None if d_src is None else d_src.label, compile=compile,
+                cross_vocab=cross_vocab if bridge is not None else None, draft_tokenizer=d_tok, bridge=bridge)
+    models = [m for m in (t_model, d_model) if m is not None]
+    for m in models:
+        pair.sidecar(m, weights_dtype=quant)  # a quantized pair: its dtype recorded beside the model, not on it
     if compile:
         from multispec.models import make_backend
 
-        models = [m for m in (t_model, d_model) if m is not None]
         for m in models:
-            make_backend(m, "fast", max_len=1)  # refuses, in one line, a model the fast backend cannot run
-        for m in models:
-            make_backend(m, "compiled", max_len=128).warm_up()  # every step size now, not mid-generation
-    return Pair(target=t_model, draft=d_model, tokenizer=tokenizer, target_path=t_src.label,
-                draft_path=None if d_src is None else d_src.label, compile=compile,
-                cross_vocab=cross_vocab if bridge is not None else None, draft_tokenizer=d_tok, bridge=bridge)
+            make_backend(m, "fast", max_len=1, sidecar=pair.sidecar(m))  # refuses, in one line, what it cannot run
+        for m in models:  # every step size now, not mid-generation
+            make_backend(m, "compiled", max_len=128, sidecar=pair.sidecar(m)).warm_up()
+    return pair
 
 
 def _quantized(model: torch.nn.Module, label: str, dtype: str, copy: bool) -> torch.nn.Module:
@@ -152,10 +171,10 @@ def _quantized(model: torch.nn.Module, label: str, dtype: str, copy: bool) -> to
     holds is copied first."""
     import copy as copy_module
 
-    from multispec.models.int8 import quantize_target, without_fast_net
+    from multispec.models.int8 import quantize_target
     from multispec.models.probe import probe_model
 
-    model = quantize_target(copy_module.deepcopy(without_fast_net(model)) if copy else model, dtype)
+    model = quantize_target(copy_module.deepcopy(model) if copy else model, dtype)
     probe_model(model, f"{label} ({dtype})")
     return model
 

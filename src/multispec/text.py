@@ -2,6 +2,8 @@
 `multispec.generate` and `multispec serve` both use these, so a stop string behaves the same everywhere."""
 from __future__ import annotations
 
+import bisect
+import math
 import numbers
 from dataclasses import dataclass
 from typing import Callable
@@ -72,18 +74,47 @@ def encode_chat(tokenizer, vocab_size: int, messages, chat_template: str | None 
     return ids
 
 
+def _decodes_locally(tokenizer) -> bool:
+    """Whether a text decoded piece by piece (TokenEnds) can be the whole's decoding: not where the tokenizer cleans
+    up spaces before punctuation (WordPiece's clean_up_tokenization_spaces; transformers ignores it for BPE)."""
+    if not getattr(tokenizer, "clean_up_tokenization_spaces", False):
+        return True
+    probe = "a . b , c 's"
+    try:
+        return tokenizer.decode(tokenizer.encode(probe, add_special_tokens=False), skip_special_tokens=True) == probe
+    except Exception:  # noqa: BLE001 - a tokenizer that cannot say: decode the whole text, as before
+        return False
+
+
 class StopStrings:
     """The one stop-string matcher. `cut_ids(new)`: the engine's test after each round (the shortest prefix of the
     new ids whose text contains a stop string, or None). `final(new)`: the text cut before the first stop string and
     the ids wholly before it. `held(text)`: how much of a streamed tail to hold back because it could still grow
     into a stop string. after_tokens (min_tokens): a stop string counts only where it ends past the text of the
-    first after_tokens new tokens (vLLM checks none before min_tokens tokens)."""
+    first after_tokens new tokens (vLLM checks none before min_tokens tokens).
+
+    The text of a growing output is detokenized incrementally (`detok`, shared with the Streamer), and each new
+    token's text is searched with the last longest-stop - 1 characters before it, so a round's text work follows
+    its new tokens, not the output so far. A tokenizer whose decoding is not local (one that cleans up spaces
+    across tokens) and stop strings holding U+FFFD take the whole text every time, as before."""
 
     def __init__(self, tokenizer, stops: list[str], after_tokens: int = 0):
         self.tok, self.stops, self.after = tokenizer, list(stops), after_tokens
+        self.longest = max(map(len, self.stops), default=0)
+        self.detok = TokenEnds(self.decode)
+        # "\ufffd" in a stop could match a half-decoded character, which a later token replaces
+        self._whole = not _decodes_locally(tokenizer) or any("\ufffd" in s for s in self.stops)
+        self._steps = 0  # tokens of detok scanned for stop strings
+        self._floor: int | None = None  # floor(new) once len(new) >= after
+        self._searched = 0  # no stop string ends past the floor within this much text (committed, so it stays)
+        self._hit: tuple[int, int] | None = None  # (fewest tokens whose text holds a stop, where the first starts)
 
     def __bool__(self) -> bool:
         return bool(self.stops)
+
+    @property
+    def incremental(self) -> bool:
+        return not self._whole and self.detok.local
 
     def decode(self, ids: list[int]) -> str:
         return self.tok.decode(ids, skip_special_tokens=True)
@@ -99,7 +130,51 @@ class StopStrings:
             return None
         return len(self.decode(new[:self.after])) if self.after else 0
 
+    def follow(self, new: list[int]) -> None:
+        """Bring detok (and the stop search) to `new`, the output so far: a round costs its new tokens."""
+        kept = self.detok.sync(new)
+        if kept < self._steps:
+            self._steps = kept
+            if kept < max(1, self.after):
+                self._floor, self._searched = None, 0
+            if self._hit is not None and self._hit[0] > kept:
+                self._hit = None
+            self._searched = min(self._searched, len(self.detok.committed))
+        for t in new[kept:]:
+            self.detok.push(t)
+            self._steps += 1
+            if self.stops:
+                self._scan()
+
+    def _scan(self) -> None:
+        """Search the text of the first _steps tokens where it may hold a stop string not seen before."""
+        k, detok = self._steps, self.detok
+        if self.after and k == self.after:
+            self._floor = len(detok.committed) + len(detok.tail)
+        if k < max(1, self.after) or self._hit is not None:
+            return
+        floor = self._floor if self.after else 0
+        assert floor is not None
+        start = max(floor, self._searched)
+        lo = max(0, min(start - self.longest + 1, len(detok.committed)))
+        region = detok.committed[lo:] + detok.tail
+        found = [i for i in (region.find(s, max(0, start - len(s) + 1 - lo)) for s in self.stops) if i >= 0]
+        if found:
+            self._hit = (k, lo + min(found))
+        self._searched = len(detok.committed)
+
     def cut_ids(self, new: list[int]) -> int | None:
+        if not self.stops:
+            return None
+        if self.incremental:
+            self.follow(new)
+        if not self.incremental:
+            return self._cut_ids_whole(new)
+        if len(new) < self.after or self._hit is None:
+            return None
+        return self._hit[0]
+
+    def _cut_ids_whole(self, new: list[int]) -> int | None:
         floor = self.floor(new)
         if not self.stops or floor is None or self.first(self.decode(new), floor) is None:
             return None
@@ -107,6 +182,15 @@ class StopStrings:
             if self.first(self.decode(new[:k]), floor) is not None:
                 return k
         return len(new)
+
+    def stop_at(self, new: list[int]) -> int | None:
+        """first(decode(new), floor(new)) for the new ids detok follows (after follow(new), incremental)."""
+        if not self.stops or len(new) < self.after or self._hit is None:
+            return None
+        if self._hit[0] == len(new):
+            return self._hit[1]
+        assert self._floor is not None or not self.after
+        return self.first(self.detok.text, self._floor or 0)  # the output went on past a stop (not cut there)
 
     def final(self, new: list[int]) -> tuple[str, list[int]]:
         """(text cut before the first stop string, the token ids wholly before it; see GenerationResult)."""
@@ -117,7 +201,10 @@ class StopStrings:
             return text, new
         text = text[:cut]
         n = len(new)
-        while n > 0 and not text.startswith(self.decode(new[:n])):
+        if self.incremental and self._steps:  # detok has followed this output: a prefix's text is a small decode
+            self.follow(new)
+        prefix = self.detok.text_upto if self.incremental else (lambda k: self.decode(new[:k]))
+        while n > 0 and not text.startswith(prefix(n)):
             n -= 1
         return text, new[:n]
 
@@ -132,12 +219,18 @@ class StopStrings:
         return best
 
 
+_SAME_TAIL = 16  # TokenEnds.sync: how many of the last ids held must match for a list to extend them
+
+
 class TokenEnds:
-    """Where the decoded text of a growing list of token ids ends cleanly, found incrementally as vLLM's detokenizer
-    does: each token decoded with the tokens of the previous step as context. A token that adds no text (a special
-    token) or only part of a character ends nowhere: it counts with the next token that completes text. decode(ids)
-    -> str. `starts[i]`: the text length before token i (OpenAI's text_offset); `ends`: (token count, text length)
-    at each clean end, (0, 0) first."""
+    """The incremental detokenizer, as vLLM's `detokenize_incrementally`: each token decoded with the tokens of the
+    previous step as context (a prefix offset and a read offset), so that a step costs one or two small decodes. A
+    token that adds no text (a special token) or only part of a character (its text ends in "\\ufffd") ends nowhere:
+    its text is held as `tail`, and counts with the next token that completes text. decode(ids) -> str.
+    `starts[i]`: the text length before token i (OpenAI's text_offset); `ends`: (token count, text length) at each
+    clean end, (0, 0) first; `committed`: the text up to the last clean end; `text` (committed + tail) equals
+    decode(ids) where decoding is local (byte-level BPE, SentencePiece); `local` turns False once a step's text
+    did not extend the step's context (then a caller needing decode(ids) decodes them whole)."""
 
     def __init__(self, decode: Callable[[list[int]], str]):
         self.decode = decode
@@ -147,27 +240,71 @@ class TokenEnds:
         self.ids: list[int] = []
         self.starts: list[int] = []
         self.ends: list[tuple[int, int]] = [(0, 0)]
-        self._length = self._prefix = self._read = 0
+        self.committed = self.tail = ""
+        self._prefix = self._read = 0
+        self._before = ""  # decode(ids[_prefix:_read]), the context's text
+        self.local = True
+
+    @property
+    def text(self) -> str:
+        return self.committed + self.tail
+
+    def push(self, t: int) -> None:
+        self.starts.append(len(self.committed))
+        self.ids.append(t)
+        before, after = self._before, self.decode(self.ids[self._prefix:])
+        if not after.startswith(before):
+            self.local = False
+        if len(after) > len(before) and not after.endswith("\ufffd"):
+            self.committed += after[len(before):]
+            self.tail = ""
+            self._prefix, self._read = self._read, len(self.ids)
+            self._before = self.decode(self.ids[self._prefix:self._read])
+            self.ends.append((len(self.ids), len(self.committed)))
+        else:
+            self.tail = after[len(before):]
 
     def extend(self, ids: list[int]) -> list[int]:
         """Add ids; returns their starts."""
         first = len(self.ids)
         for t in ids:
-            self.starts.append(self._length)
-            self.ids.append(t)
-            before = self.decode(self.ids[self._prefix:self._read])
-            after = self.decode(self.ids[self._prefix:])
-            if len(after) > len(before) and not after.endswith("\ufffd"):
-                self._length += len(after) - len(before)
-                self._prefix, self._read = self._read, len(self.ids)
-                self.ends.append((len(self.ids), self._length))
+            self.push(t)
         return self.starts[first:]
 
+    def sync(self, ids: list[int]) -> int:
+        """Keep the ids held that start `ids` (rewound to a clean end where `ids` is shorter; afresh where they
+        differ) and return how many: follows one growing list of ids (a round's output), checking its last few."""
+        n, m = len(self.ids), len(ids)
+        if m >= n and list(ids[max(0, n - _SAME_TAIL):n]) == self.ids[max(0, n - _SAME_TAIL):]:
+            return n
+        if m < n and list(ids[max(0, m - _SAME_TAIL):]) == self.ids[max(0, m - _SAME_TAIL):m]:
+            return self._rewind(m)
+        self._reset()
+        return 0
+
+    def _rewind(self, m: int) -> int:
+        """Back to the last clean end at most m tokens in; returns its token count."""
+        j = bisect.bisect_right(self.ends, (m, math.inf)) - 1
+        count, length = self.ends[j]
+        del self.ids[count:], self.starts[count:], self.ends[j + 1:]
+        self.committed, self.tail = self.committed[:length], ""
+        self._prefix, self._read = (self.ends[j - 1][0] if j else 0), count
+        self._before = self.decode(self.ids[self._prefix:count]) if count else ""
+        return count
+
+    def text_upto(self, n: int) -> str:
+        """The text of the first n ids held (decode(ids[:n]) where decoding is local), from the clean end before."""
+        j = bisect.bisect_right(self.ends, (n, math.inf)) - 1
+        count, length = self.ends[j]
+        if count == n:
+            return self.committed[:length]
+        prefix = self.ends[j - 1][0] if j else 0
+        before = self.decode(self.ids[prefix:count]) if count else ""
+        return self.committed[:length] + self.decode(self.ids[prefix:n])[len(before):]
+
     def update(self, ids: list[int]) -> None:
-        """Follow `ids`, the whole list so far (started afresh if it does not extend the ids seen)."""
-        if ids[:len(self.ids)] != self.ids:
-            self._reset()
-        self.extend(ids[len(self.ids):])
+        """Follow `ids`, the whole list so far (see sync)."""
+        self.extend(ids[self.sync(ids):])
 
 
 @dataclass(frozen=True)
@@ -188,24 +325,39 @@ class Streamer:
     that could still grow into one, nor a half-decoded character; `flush(final_text, final_ids)` sends the rest, so
     the deltas always add up to the final text. `latest` keeps the committed ids (for a partial result on failure).
     tokens=True (the server's mode): the callback gets a StreamChunk, the delta with the tokens it covers and their
-    logprobs from `recorder` (a decoding.logprobs.LogprobRecorder, or None), instead of the bare delta."""
+    logprobs from `recorder` (a decoding.logprobs.LogprobRecorder, or None), instead of the bare delta. The text
+    comes from the stop strings' incremental detokenizer (StopStrings.detok), one round's tokens at a time."""
 
     def __init__(self, stops: StopStrings, callback: Callable | None, tokens: bool = False, recorder=None):
         self.stops, self.callback, self.tokens, self.recorder = stops, callback, tokens, recorder
         self.shown = ""
-        self.latest: list[int] = []
+        self._latest: list[int] = []
+        self._count = 0
         self.sent = 0  # tokens sent (token mode)
         self.chunks = 0
-        self._ends = TokenEnds(stops.decode)
+
+    @property
+    def latest(self) -> list[int]:
+        """The ids of the last round (the engine's list only grows between rounds: kept by reference, not copied)."""
+        return list(self._latest[:self._count])
 
     def on_tokens(self, new: list[int]) -> None:
-        self.latest = list(new)
+        self._latest, self._count = new, len(new)
         if self.callback is None:
             return
-        whole = self.stops.decode(new)
-        floor = self.stops.floor(new)
-        cut = self.stops.first(whole, floor) if self.stops and floor is not None else None
-        text = whole[:cut] if cut is not None else whole[:len(whole) - self.stops.held(whole)]
+        stops = self.stops
+        if stops.incremental:
+            stops.follow(new)
+        if stops.incremental:
+            whole = stops.detok.text
+            cut = stops.stop_at(new)
+            held = stops.held(whole[max(0, len(whole) - stops.longest):]) if cut is None else 0
+        else:
+            whole = stops.decode(new)
+            floor = stops.floor(new)
+            cut = stops.first(whole, floor) if stops and floor is not None else None
+            held = stops.held(whole) if cut is None else 0
+        text = whole[:cut] if cut is not None else whole[:len(whole) - held]
         if text.endswith("\ufffd"):
             return
         if len(text) > len(self.shown) and text.startswith(self.shown):
@@ -214,13 +366,16 @@ class Streamer:
     def _covered(self, new: list[int], text: str, whole: str) -> int:
         """How many of `new` lie within `text` (whole: their decoded text): the last clean end whose text fits in
         it and whose ids decode to a prefix of it (the test StopStrings.final keeps ids by, so no token sent here
-        is one the result drops)."""
-        self._ends.update(new)
-        for count, length in reversed(self._ends.ends):
+        is one the result drops). Where decoding is local, a clean end's ids decode to whole[:length]."""
+        stops = self.stops
+        local = stops.incremental
+        if not local:
+            stops.detok.update(new)
+        for count, length in reversed(stops.detok.ends):
             if count <= self.sent:
                 break
-            if length <= len(text) and text.startswith(whole if count == len(new) else
-                                                        self.stops.decode(new[:count])):
+            if length <= len(text) and (local or text.startswith(whole if count == len(new) else
+                                                                 stops.decode(new[:count]))):
                 return count
         return self.sent
 

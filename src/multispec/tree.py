@@ -116,7 +116,7 @@ class Tree:
         if n == len(self.parents):
             return self
         tree = Tree(self.parents[:n])
-        tree.__dict__["ancestor_mask"] = self.ancestor_mask[:n, :n]  # cached_property's slot
+        object.__setattr__(tree, "ancestor_mask", self.ancestor_mask[:n, :n])  # cached_property's slot (a frozen dataclass)
         return tree
 
     def path_to(self, node: int) -> tuple[int, ...]:

@@ -17,7 +17,6 @@ import torch
 from multispec.bench.specs import HF_ASSISTED, parse_method_specs
 from multispec.data import load_prompts
 from multispec.errors import check
-from multispec.models import rows as few_row_layers
 from multispec.paths import writable_dir
 
 
@@ -38,7 +37,7 @@ def hf_generate_batched(pair, prompts: list[list[int]], batch: int, max_new: int
         mask = torch.tensor([[0] * (width - len(r)) + [1] * len(r) for r in rows], device=pair.device)
         kw = dict(do_sample=True, temperature=temperature, top_k=0, top_p=1.0) if temperature > 0 \
             else dict(do_sample=False)
-        with torch.inference_mode(), few_row_layers.plain(pair.target):  # transformers' own layers
+        with torch.inference_mode():
             out = pair.target.generate(input_ids=ids, attention_mask=mask, max_new_tokens=max_new, pad_token_id=pad,
                                        **kw)
         for row in out[:, width:].tolist():

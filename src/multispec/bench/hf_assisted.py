@@ -14,7 +14,6 @@ from dataclasses import dataclass
 import torch
 from transformers.utils import logging as hf_logging
 
-from multispec.models import rows
 from multispec.sampling import SamplingConfig
 
 
@@ -68,7 +67,7 @@ def hf_assisted_generate(target: torch.nn.Module, draft: torch.nn.Module, ids: l
         torch.manual_seed(seed)
         if device.type == "cuda":
             torch.cuda.manual_seed_all(seed)
-        with torch.inference_mode(), rows.plain(target), rows.plain(draft):  # transformers' own layers
+        with torch.inference_mode():
             out = target.generate(input_ids, assistant_model=draft, **kwargs)
     finally:
         draft.generation_config = saved

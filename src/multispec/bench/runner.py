@@ -426,8 +426,8 @@ def step_costs(pair, context: int = COST_CONTEXT, steps: int = COST_STEPS, shado
         assert kind in BACKENDS, kind
         out = {}
         try:
-            backends = {name: make_backend(model, kind) for name, model in (("target", pair.target),
-                                                                            ("draft", pair.draft))}
+            backends = {name: make_backend(model, kind, sidecar=pair.sidecar(model))
+                        for name, model in (("target", pair.target), ("draft", pair.draft))}
         except MultispecError:
             continue
         if shadow is not None:

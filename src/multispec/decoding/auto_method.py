@@ -5,8 +5,8 @@ suffix trees share with method suffix (`load_suffix_store`). Its own module, as 
 from __future__ import annotations
 
 from multispec.decoding.method_checks import max_nodes as max_nodes_option
-from multispec.decoding.registry import (AUTO_PROPOSERS, DEFAULT_AUTO_PROPOSERS, MAX_NODES_HELP, MAX_TREE_NODES,
-                                         MethodConfig, MethodEntry, Option, register)
+from multispec.decoding.method_entry import (AUTO_PROPOSERS, DEFAULT_AUTO_PROPOSERS, MAX_NODES_HELP, MAX_TREE_NODES,
+                                             MethodConfig, MethodEntry, Option)
 from multispec.errors import check, parse_bool
 
 SUFFIX_STORE_TOKENS = 200_000  # the shared store's default cap (tokens); about 0.4 KB each (drafting/suffix.py)
@@ -40,7 +40,9 @@ def _auto_policy(config: MethodConfig, pair, loaded: dict):
     proposers = tuple(p for p in config.proposers if p != "draft" or pair.draft is not None)
     check(bool(proposers), "auto: proposers=draft needs a draft model; load the pair with a draft, or let auto use "
                      "lookup (proposers=draft,lookup)")
-    chains_only = any(m is not None and hasattr(m, "config") and tree_refusal(m) for m in (pair.target, pair.draft))
+    sidecar = getattr(pair, "sidecar", None)  # the pair's keeps each answer (a stand-in pair may have none)
+    chains_only = any(m is not None and hasattr(m, "config") and tree_refusal(m, sidecar(m) if sidecar else None)
+                      for m in (pair.target, pair.draft))
     if chains_only:  # suffix trees are trees
         proposers = tuple(p for p in proposers if p != "suffix")
     one_chain = chains_only or getattr(pair, "cross_vocab", None) == "uag"  # a re-tokenized draft: one chain
@@ -65,21 +67,20 @@ def load_suffix_store(config: MethodConfig, pair) -> dict:
 
 
 def _eagle():
-    from multispec.decoding import eagle_method  # (imported when used: auto registers before eagle)
+    from multispec.decoding import eagle_method  # (imported when used: the registry lists auto before eagle)
 
     return eagle_method
 
 
-register(
-    MethodEntry("auto", (Option("proposers", "str", "any of draft,lookup,suffix (also draft+lookup); draft alone "
-                                                    "needs a draft model", "all three"),
-                         Option("max_nodes", "int", MAX_NODES_HELP, 32, (1, MAX_TREE_NODES)),
-                         Option("head", "path", "a feature head (or 'shipped') drafts auto's draft plans"),
-                         Option("fresh_start", "flag", "start from the priors, not from (nor storing) the acceptance "
-                                "earlier generations of this pair learned")),
-                _build_auto, _auto_policy, needs_draft=False,
-                uses_draft=lambda c: "draft" in c.proposers and c.head is None, tree_nodes=lambda c: c.max_nodes,
-                load=_load_auto, draft_backend=lambda *args: _eagle().eagle_backends(*args),
-                reproducible_when_seeded=True, chooses_cheap_draft=True,
-                summary="per round: no speculation, a lookup chain or a draft tree, from measured acceptance and "
-                        "costs"))
+AUTO = MethodEntry("auto", (Option("proposers", "str", "any of draft,lookup,suffix (also draft+lookup); draft alone "
+                                                       "needs a draft model", "all three"),
+                            Option("max_nodes", "int", MAX_NODES_HELP, 32, (1, MAX_TREE_NODES)),
+                            Option("head", "path", "a feature head (or 'shipped') drafts auto's draft plans"),
+                            Option("fresh_start", "flag", "start from the priors, not from (nor storing) the acceptance "
+                                   "earlier generations of this pair learned")),
+                   _build_auto, _auto_policy, needs_draft=False,
+                   uses_draft=lambda c: "draft" in c.proposers and c.head is None, tree_nodes=lambda c: c.max_nodes,
+                   load=_load_auto, draft_backend=lambda *args: _eagle().eagle_backends(*args),
+                   reproducible_when_seeded=True, chooses_cheap_draft=True,
+                   summary="per round: no speculation, a lookup chain or a draft tree, from measured acceptance and "
+                           "costs")

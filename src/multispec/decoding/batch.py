@@ -49,14 +49,12 @@ def batchable(decoder: Decoder) -> bool:
 def batch_backend(pair) -> str:
     """The backend a batch runs on by default: the fast one where both models have it (compiled for a pair loaded
     with compile=True), else the transformers backend (one sequence at a time)."""
-    from multispec.models.fast import FastNet
-
     if pair.compile:
         return "compiled"
     try:
         for model in (pair.target, pair.draft):
             if model is not None:
-                FastNet.of(model)
+                pair.sidecar(model).fast_net()
     except MultispecError:
         return "hf"
     return "fast"
@@ -66,16 +64,15 @@ class BatchGroup:
     """`slots` lanes over one pair and method, sharing one SlotCache per model of `rows` rows per sequence."""
 
     def __init__(self, decoder: Decoder, slots: int, rows: int):
-        from multispec.models.fast import FastNet
-
         check(decoder.pair.cross_vocab is None, f"batched decoding: {CROSS_VOCAB_NOTE}; use one slot per worker "
                                                 "(serve --max-concurrent)")
         check(batchable(decoder), f"batched decoding runs on the fast backend, not {decoder.backend!r}")
         self.decoder, self.slots, self.rows = decoder, slots, rows
         self.batcher = StepBatcher(slots)  # at most one generation per slot runs; later ones wait their turn
-        self.target_cache = SlotCache(FastNet.of(decoder.pair.target), slots, rows, Role.TARGET)
+        pair = decoder.pair
+        self.target_cache = SlotCache(pair.sidecar(pair.target), slots, rows, Role.TARGET)
         draft_model = decoder.draft_model  # set exactly when the decoder drafts with it (uses_draft)
-        self.draft_cache = SlotCache(FastNet.of(draft_model), slots, rows, Role.DRAFT) \
+        self.draft_cache = SlotCache(pair.sidecar(draft_model), slots, rows, Role.DRAFT) \
             if draft_model is not None else None
         self.batch_costs = _batch_costs(self) if decoder.config.name == "auto" else None
         self.lanes = [Lane(decoder, self, slot) for slot in range(slots)]

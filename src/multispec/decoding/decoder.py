@@ -28,7 +28,6 @@ from multispec.decoding.pair_checks import (backend_name, cross_vocab_backend, r
 from multispec.errors import MultispecError, attach_partial, check
 from multispec.loading import Pair, eos_ids, max_positions, vocab_rows
 from multispec.models.base import Backend
-from multispec.models.int8 import weights_dtype
 from multispec.params import ParamError, SamplingParams
 from multispec.profile import MachineProfile
 from multispec.sampling import SamplingConfig
@@ -78,14 +77,15 @@ class Decoder:
                 and pair.cross_vocab is None:  # auto: the fastest form of the draft on this machine (models/cheap)
             from multispec.models.cheap import choose_cheap_draft
 
-            self.cheap, measured = choose_cheap_draft(drafting, pair.tokenizer, self.backend, self.profile)
+            self.cheap, measured = choose_cheap_draft(drafting, pair.tokenizer, self.backend,
+                                                      pair.sidecar(drafting), self.profile)
             self.machine.measured("cheap_draft", measured)
         check(not self.cheap.active or self.uses_draft, f"draft_vocab / draft_dtype make the draft model cheaper, and "
                                                         f"method {self.config.name!r} does not draft with one here")
         check(self.cheap.vocab is None or pair.cross_vocab is None,
               "draft_vocab restricts a draft that shares the target's vocabulary; a draft with another tokenizer "
               "already drafts from the tokens the two vocabularies share")
-        self.draft_model = self.cheap.draft_model(drafting) if drafting is not None else None  # int8: a copy, once
+        self.draft_model = self.cheap.draft_model(drafting, pair.sidecar(drafting)) if drafting is not None else None
         self.token_freq = self.cheap.frequencies(pair.tokenizer, vocab_rows(drafting)) \
             if drafting is not None else None
         refuse_trees_where_inexact(pair, self.config, self.uses_draft)
@@ -95,6 +95,7 @@ class Decoder:
         models = [pair.target] + ([pair.draft] if pair.draft is not None and self.config.name != "ar"
                                   and pair.cross_vocab is None else [])
         limits = [n for n in (max_positions(m) for m in models) if n is not None]
+        self.machine.rows(self)  # the few-row tables its products follow, from the profile
         self._start(DecoderParts(
             config=self.config, entry=self.entry, pair=pair, backend=self.backend, wrap_target=wrap_target,
             uses_draft=self.uses_draft, cheap=self.cheap, draft_model=self.draft_model, token_freq=self.token_freq,
@@ -121,8 +122,8 @@ class Decoder:
             self._warm_up()
 
     def _warm_up(self) -> None:
-        """A compiled backend compiles every step size now, not mid-generation (FastNet keeps the code on the model,
-        so this is cheap for a second Decoder of the same models)."""
+        """A compiled backend compiles every step size now, not mid-generation (FastNet keeps the code, in the pair's
+        sidecar of the model, so this is cheap for a second Decoder of the same pair)."""
         if self.backend == "compiled":
             for b in self._backends(1):  # compiled backends (FastBackend) have warm_up
                 if b is not None:
@@ -203,14 +204,15 @@ class Decoder:
             rows = self.cache_rows(tokens)
         if self._target is None or rows > self._rows:
             kw = {} if self.backend == "hf" else {"max_len": rows}
-            target = make_backend(self.pair.target, self.backend, **kw)
+            target = make_backend(self.pair.target, self.backend, sidecar=self.pair.sidecar(self.pair.target), **kw)
             self._target = self.wrap_target(target) if self.wrap_target is not None else target
             self._draft = None
             if self.uses_draft:
                 draft_model = self.draft_model  # set whenever uses_draft (__init__)
                 if draft_model is None:
                     raise RuntimeError("Decoder: drafts with a draft model but has none")
-                self._draft = make_backend(draft_model, self.backend, **kw) if self.pair.cross_vocab is None \
+                self._draft = make_backend(draft_model, self.backend, sidecar=self.pair.sidecar(draft_model), **kw) \
+                    if self.pair.cross_vocab is None \
                     else cross_vocab_backend(self.pair, draft_model, self.backend, len(self.config.tree))
             if self.entry.drafts_with_own(self.config):  # a trained drafter of the method's own (a feature head)
                 own = self.entry.draft_backend
@@ -319,7 +321,7 @@ class Decoder:
             "temperature": sampling.temperature,
             "top_k": sampling.top_k, "top_p": sampling.top_p,
             "backend": self.backend,
-            "target_dtype": weights_dtype(self.pair.target), "draft_vocab": self.cheap.vocab,
+            "target_dtype": self.pair.sidecar(self.pair.target).weights_dtype, "draft_vocab": self.cheap.vocab,
             "draft_dtype": self.cheap.dtype,
             "cross_vocab": self.pair.cross_vocab if self.uses_draft else None,
             "profile": self.profile.digest,

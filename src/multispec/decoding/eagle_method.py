@@ -7,7 +7,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from multispec.decoding.method_checks import chain_verifier, integer, node_or_sequence_verifier, shape
-from multispec.decoding.registry import MethodConfig, MethodEntry, Option, register
+from multispec.decoding.method_entry import MethodConfig, MethodEntry, Option
 from multispec.errors import MultispecError, check
 
 
@@ -80,10 +80,12 @@ def eagle_backends(config: MethodConfig, loaded: dict, target, pair) -> tuple:
     from multispec.models.eagle import FeatureTap, HeadBackend, TargetParts
 
     tap = FeatureTap(target)
-    return tap, HeadBackend(loaded["eagle_head"], TargetParts.of(pair.target), tap, loaded["eagle_token_ids"])
+    head, sidecar = loaded["eagle_head"], getattr(pair, "sidecar", None)  # (a stand-in pair has none: fresh ones)
+    return tap, HeadBackend(head, TargetParts.of(pair.target), tap, loaded["eagle_token_ids"],
+                            sidecar=sidecar and sidecar(head), target_sidecar=sidecar and sidecar(pair.target))
 
 
-register(MethodEntry(
+EAGLE = MethodEntry(
     "eagle", (Option("head", "path", "eagle: a feature-head directory (multispec train-head), or 'shipped' (the "
                                           "head installed for this target)"),
               Option("k", "int", "draft tokens per round", 4),
@@ -97,4 +99,4 @@ register(MethodEntry(
                                             "is below this (EAGLE-2: the head's confidence estimates acceptance)")),
     _build_eagle, _eagle_policy, needs_draft=False, uses_draft=lambda c: False, load=load_eagle,
     draft_backend=eagle_backends, summary="a chain or tree drafted by a trained feature head (EAGLE) on the "
-                                           "target's hidden states, no draft model"))
+                                           "target's hidden states, no draft model")

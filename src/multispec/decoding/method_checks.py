@@ -1,7 +1,7 @@
-"""Checks of method options (decoding/methods.py): one line naming the option and what it takes."""
+"""Checks of method options (decoding/builtin_methods.py): one line naming the option and what it takes."""
 from __future__ import annotations
 
-from multispec.decoding.registry import MAX_TREE_NODES
+from multispec.decoding.method_entry import MAX_TREE_NODES
 from multispec.errors import MultispecError, check
 
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from multispec.decoding.methods import MethodConfig, get_method
 from multispec.errors import check
-from multispec.models.int8 import QUANT_DTYPES, weights_dtype
+from multispec.models.int8 import QUANT_DTYPES
 from multispec.loading import Pair, max_positions, vocab_rows
 
 
@@ -17,8 +17,9 @@ def backend_name(pair: Pair, backend) -> str:
     check(backend in BACKENDS, f"unknown backend {backend!r}; choose one of {', '.join(BACKENDS)}")
     check(not (pair.compile and backend == "hf"),
           "backend 'hf' asked for on a pair loaded with compile=True; compiling applies to the fast backend")
-    check(backend != "compiled" or weights_dtype(pair.target) not in QUANT_DTYPES,
-          f"the compiled backend does not run {weights_dtype(pair.target)} models; use the fast or hf backend")
+    dtype = pair.sidecar(pair.target).weights_dtype
+    check(backend != "compiled" or dtype not in QUANT_DTYPES,
+          f"the compiled backend does not run {dtype} models; use the fast or hf backend")
     return backend
 
 
@@ -34,7 +35,8 @@ def cross_vocab_backend(pair: Pair, draft_model, kind: str, depth: int = 0):
     if pair.draft is None:  # callers build it for a pair with a cross-vocabulary draft only
         raise RuntimeError("cross_vocab_backend: the pair has no draft")
     rows = min(max_positions(pair.draft) or 4096, 4096)
-    inner = make_backend(draft_model, kind, **({} if kind == "hf" else {"max_len": rows}))
+    inner = make_backend(draft_model, kind, **({} if kind == "hf" else {"max_len": rows}),
+                         sidecar=pair.sidecar(draft_model))
     if pair.cross_vocab == "uag":
         lookahead = min(8, depth + depth // 2 + 1) if depth else 8
         return RetokenizedDraft(inner, pair.tokenizer, pair.draft_tokenizer, vocab_rows(pair.target), rows,
@@ -61,7 +63,7 @@ def refuse_trees_where_inexact(pair: Pair, config: MethodConfig, uses_draft: boo
 
     if not get_method(config.name).may_draft_trees(config):
         return
-    reason = tree_refusal(pair.target) or (tree_refusal(pair.draft) if uses_draft and pair.draft is not None
-                                           else None)
+    reason = tree_refusal(pair.target, pair.sidecar(pair.target)) or (
+        tree_refusal(pair.draft, pair.sidecar(pair.draft)) if uses_draft and pair.draft is not None else None)
     check(reason is None, f"method {config.name!r} drafts token trees, and tree methods are not supported on this "
                           f"model ({reason}); use auto, sd, specdecpp, lookup or ar")

@@ -115,6 +115,24 @@ class MachineState:
 
                 add_to_default(section, entries)
 
+    def rows(self, decoder) -> None:
+        """Set the few-row tables (models/rows.py) of the models this decoder runs products for (the fast
+        backend's target and draft, a feature head and its target) from the profile, measured now where it has
+        none: the Pair's sidecars then build their fast steps on them."""
+        from multispec.models.rows import profile_key, table
+
+        models = [decoder.pair.target, decoder.draft_model] if decoder.backend in ("fast", "compiled") else []
+        if decoder.entry.drafts_with_own(decoder.config):
+            models += [decoder.pair.target, *(m for m in decoder.loaded.values() if isinstance(m, torch.nn.Module))]
+        for model in dict.fromkeys(m for m in models if m is not None):
+            sidecar, key = decoder.pair.sidecar(model), profile_key(model)
+            if key is not None and key not in self.profile.sections["rows"] and sidecar.has_rows_table:
+                rows, measured = sidecar.rows_table, {key: sidecar.rows_table}  # measured already in this process
+            else:
+                rows, measured = table(model, self.profile)
+            sidecar.rows_table = rows
+            self.measured("rows", measured)
+
     def attach(self, decoder) -> None:
         """Give the decoder's policy its view of the profile: auto (a policy without fixed costs) gets one, built
         and measured the first time."""

@@ -10,6 +10,8 @@ import torch
 
 import multispec.drafting.costs as costs
 from multispec.drafting.costs import BUCKETS, CostCurve, CostModel, _curve_ok, model_key
+from multispec.models.rows import signature
+
 BATCH_SIZES = (1, 2, 4, 8, 16, 32, 64)
 BATCH_TOKENS = (1, 2, 4, 8, 16)  # tokens per sequence measured; BUCKETS beyond are extrapolated
 BATCH_BUDGET_S = 4.0
@@ -122,8 +124,13 @@ def get_batch_costs(target_cache, target_model, draft_cache=None, draft_model=No
     sizes = [b for b in BATCH_SIZES if b <= slots] or [1]
     if len(sizes) < len(BATCH_SIZES) and sizes[-1] < slots:
         sizes.append(BATCH_SIZES[len(sizes)])  # the next size up is extrapolated, so `slots` is covered
-    probe = type("probe", (), {"name": "batched", "device": target_cache.net.device, "dtype": target_cache.net.dtype})
-    key = "batch|" + model_key(probe, target_model) + "||" + (model_key(probe, draft_model) if draft_cache else "-")
+    def probe(cache):  # what model_key reads of a backend, for run_batch over this cache's net
+        net = cache.net
+        return type("probe", (), {"name": "batched", "device": net.device, "dtype": net.dtype,
+                                  "rows_signature": signature(net.rows_table)})
+
+    key = "batch|" + model_key(probe(target_cache), target_model) + "||" + (
+        model_key(probe(draft_cache), draft_model) if draft_cache else "-")
     cached = profile.get("batch_costs", key) if profile is not None else None
     if isinstance(cached, dict) and _batch_entry_ok(cached, draft_cache is not None, len(sizes)):
         return BatchCosts({k: v for k, v in cached.items() if v is not None}, key=key, source="profile"), {}

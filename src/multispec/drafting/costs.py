@@ -91,17 +91,18 @@ class CostModel:
 
 
 def model_key(backend, role_model) -> str:
-    """What a cost depends on: backend kind, the few-row layers (models/rows.py), model identity and size, device,
+    """What a cost depends on: backend kind, the few-row table its products follow (models/rows.py; the backend's
+    `rows_signature`), model identity and size, weights' dtype (the backend's, from the model's sidecar), device,
     dtype, threads, CPU."""
     cfg = getattr(role_model, "config", None)
     name = getattr(cfg, "_name_or_path", "") or type(role_model).__name__
     n_params = sum(p.numel() for p in role_model.parameters()) if hasattr(role_model, "parameters") else 0
     from multispec.models.int8 import weights_dtype
-    from multispec.models.rows import signature
 
-    quant = weights_dtype(role_model) if hasattr(role_model, "parameters") else ""
-    return "|".join(str(x) for x in (backend.name,
-                                      getattr(backend, "cost_key", ""), signature(role_model), name, n_params, quant,
+    quant = getattr(backend, "weights_dtype", None) or (weights_dtype(role_model) if hasattr(role_model, "parameters")
+                                                        else "")
+    return "|".join(str(x) for x in (backend.name, getattr(backend, "cost_key", ""),
+                                      getattr(backend, "rows_signature", ""), name, n_params, quant,
                                       backend.device, getattr(backend, "dtype", ""),
                                       torch.get_num_threads(), platform.processor() or platform.machine()))
 

@@ -12,7 +12,8 @@ budget), `width` from the plan (RoundPlan.width). The tokens are chosen determin
 the point mass on each node's first child and the tree is verified by the rrs-wor walk, exact for any
 deterministic tree (proposers.SuffixTreeProposer); greedy runs verify by argmax. Runs whose sampling reads each
 node's own history (penalties, a grammar) or that are keyed (reproducible) draw the plan's static tree instead
-(proposers.HeadProposer). The head's cache keeps its rows up to the root, as HeadProposer's does.
+(proposers.HeadProposer). The head's cache keeps its rows up to the root, as HeadProposer's does. The proposer
+that drafts with it is proposers.DynamicHeadProposer ("head-dynamic").
 """
 from __future__ import annotations
 
@@ -21,10 +22,6 @@ import math
 import torch
 
 from multispec.drafting.grow import _draft_dists, _first_forward
-from multispec.drafting.proposers import HeadProposer, Proposal, RoundInputs, register_proposer
-from multispec.drafting.protocol import RoundPlan
-from multispec.drafting.suffix import first_child_law
-from multispec.errors import MultispecError
 from multispec.tree import Tree
 
 
@@ -36,62 +33,52 @@ def budget_tree(nodes: int, depth: int) -> Tree:
     return Tree(tuple(parents[:nodes + 1]))
 
 
-class DynamicHeadProposer(HeadProposer):
-    """The head grows the round's tree by its own path probabilities (module docstring); the plan's max tree is the
-    budget (node count and depth), RoundPlan.width the children per expanded node and nodes expanded per level."""
+def grow_dynamic(draft, pending: list[int], max_tree: Tree, width: int, sampling) -> tuple[Tree, torch.Tensor, int, int]:
+    """The round's tree grown by the head's own path probabilities (module docstring): the max tree is the budget
+    (node count and depth), `width` the children per expanded node and nodes expanded per level. Returns (tree,
+    its tokens, the root's row in the head's cache, head forwards)."""
+    nodes, depth = len(max_tree) - 1, max_tree.max_depth
+    base = draft.cache_len
+    root = base + len(pending) - 1  # the root's row in the head's cache
+    out = _first_forward(draft, pending, max_tree, torch.tensor(pending[-1:]), base, root, False)
+    # candidates: (log path probability, parent candidate index (-1: the root), token, depth)
+    cands: list[tuple[float, int, int, int]] = []
+    rows = {-1: root}  # candidate index -> its head-cache row, for the expanded ones
+    q = _draft_dists(out.logits[-1:], sampling)  # [1, V]
+    frontier, calls = [-1], 1
+    for d in range(1, depth + 1):
+        level = []
+        top = torch.topk(q, min(width, q.shape[1]), dim=-1)  # one call for the whole frontier
+        for par, probs, toks in zip(frontier, top.values.tolist(), top.indices.tolist()):
+            score = 0.0 if par == -1 else cands[par][0]
+            for p, tok in zip(probs, toks):
+                if p > 0:
+                    level.append(len(cands))
+                    cands.append((score + math.log(p), par, tok, d))
+        if d == depth or not level:
+            break
+        frontier = sorted(level, key=lambda c: -cands[c][0])[:width]
+        q = _draft_dists(_expand(draft, frontier, cands, rows, root, d), sampling)
+        calls += 1
+    tree, tokens = _rerank(cands, nodes, pending[-1])
+    return tree, tokens, root, calls
 
-    name = "head-dynamic"
 
-    def propose(self, inputs: RoundInputs, plan: RoundPlan, max_tree: Tree) -> Proposal:
-        if inputs.key is not None or inputs.node_history(max_tree) is not None:
-            return super().propose(inputs, plan, max_tree)  # the static tree: keyed draws, per-path processors
-        nodes, depth, width = len(max_tree) - 1, max_tree.max_depth, max(1, plan.width)
-        draft, pending = inputs.draft, inputs.pending
-        if draft is None:
-            raise MultispecError("a dynamic tree drafts with a head, but this run has none")
-        base = draft.cache_len
-        root = base + len(pending) - 1  # the root's row in the head's cache
-        out = _first_forward(draft, pending, max_tree, torch.tensor(pending[-1:]), base, root, False)
-        # candidates: (log path probability, parent candidate index (-1: the root), token, depth)
-        cands: list[tuple[float, int, int, int]] = []
-        rows = {-1: root}  # candidate index -> its head-cache row, for the expanded ones
-        q = _draft_dists(out.logits[-1:], inputs.sampling)  # [1, V]
-        frontier, calls = [-1], 1
-        for d in range(1, depth + 1):
-            level = []
-            top = torch.topk(q, min(width, q.shape[1]), dim=-1)  # one call for the whole frontier
-            for par, probs, toks in zip(frontier, top.values.tolist(), top.indices.tolist()):
-                score = 0.0 if par == -1 else cands[par][0]
-                for p, tok in zip(probs, toks):
-                    if p > 0:
-                        level.append(len(cands))
-                        cands.append((score + math.log(p), par, tok, d))
-            if d == depth or not level:
-                break
-            frontier = sorted(level, key=lambda c: -cands[c][0])[:width]
-            q = _draft_dists(self._expand(draft, frontier, cands, rows, root, d), inputs.sampling)
-            calls += 1
-        tree, tokens = _rerank(cands, nodes, pending[-1])
-        q_law = None if inputs.sampling.greedy else first_child_law(tree, tokens, inputs.vocab)
-        return Proposal(tree, tree, tokens, q_law, draft_fed=1, draft_root=root, draft_calls=calls,
-                        verifier=None if inputs.sampling.greedy else "rrs-wor")
-
-    @staticmethod
-    def _expand(draft, frontier: list[int], cands, rows: dict, root: int, d: int) -> torch.Tensor:
-        """Feed the frontier's nodes (all at depth d) to the head in one forward; their logits [n, V]."""
-        start, n = draft.cache_len, len(frontier)
-        mask = torch.zeros(n, start + n, dtype=torch.bool)
-        mask[:, :root + 1] = True  # the committed rows and the root
-        for i, c in enumerate(frontier):
-            mask[i, start + i] = True
-            par = cands[c][1]
-            while par != -1:  # its drafted ancestors' rows
-                mask[i, rows[par]] = True
-                par = cands[par][1]
-            rows[c] = start + i
-        tokens = torch.tensor([cands[c][2] for c in frontier])
-        out = draft.forward(tokens, torch.full((n,), root + d), mask)
-        return out.logits
+def _expand(draft, frontier: list[int], cands, rows: dict, root: int, d: int) -> torch.Tensor:
+    """Feed the frontier's nodes (all at depth d) to the head in one forward; their logits [n, V]."""
+    start, n = draft.cache_len, len(frontier)
+    mask = torch.zeros(n, start + n, dtype=torch.bool)
+    mask[:, :root + 1] = True  # the committed rows and the root
+    for i, c in enumerate(frontier):
+        mask[i, start + i] = True
+        par = cands[c][1]
+        while par != -1:  # its drafted ancestors' rows
+            mask[i, rows[par]] = True
+            par = cands[par][1]
+        rows[c] = start + i
+    tokens = torch.tensor([cands[c][2] for c in frontier])
+    out = draft.forward(tokens, torch.full((n,), root + d), mask)
+    return out.logits
 
 
 def _rerank(cands, nodes: int, root_token: int) -> tuple[Tree, torch.Tensor]:
@@ -112,6 +99,3 @@ def _rerank(cands, nodes: int, root_token: int) -> tuple[Tree, torch.Tensor]:
     parents = (-1,) + tuple(index[cands[c][1]] for c in order)
     tokens = torch.tensor([root_token] + [cands[c][2] for c in order], dtype=torch.long)
     return Tree(parents), tokens
-
-
-register_proposer(DynamicHeadProposer())

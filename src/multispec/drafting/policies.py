@@ -37,7 +37,7 @@ class DynamicTree(FixedTree):
     levels, `width` children per expanded node and nodes expanded per level."""
 
     def __init__(self, nodes: int, depth: int, width: int):
-        from multispec.drafting.dynamic_tree import budget_tree  # (registers the "head-dynamic" proposer)
+        from multispec.drafting.dynamic_tree import budget_tree
 
         super().__init__(budget_tree(nodes, depth), "head-dynamic")
         self.width = width

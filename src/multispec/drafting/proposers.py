@@ -11,8 +11,9 @@ drawn from: what every lossless verifier needs. A deterministic source (lookup, 
 model) proposes point masses; the verifier then accepts child x with probability p(x) and otherwise draws from p
 with x removed, which is exact. Greedy runs never read q, so a proposer may leave it None there.
 
-A new proposer is one class with `name` and `propose`, registered with `register_proposer`, plus a
-method entry whose policy plans with its name (tests/test_proposers.py does this for "repeat the last token").
+The built-in proposers are listed in ALL_PROPOSERS. A new one is one class with `name` and `propose`, registered
+with `register_proposer`, plus a method entry whose policy plans with its name (tests/test_proposers.py does this
+for "repeat the last token").
 """
 from __future__ import annotations
 
@@ -21,6 +22,7 @@ from typing import Callable, Protocol
 
 import torch
 
+from multispec.drafting.dynamic_tree import grow_dynamic
 from multispec.drafting.grow import DrawFn, StopPolicy, grow_tree
 from multispec.drafting.lookup import one_hot_law
 from multispec.drafting.protocol import RoundPlan
@@ -166,11 +168,34 @@ class HeadProposer(DraftModelProposer):
         return replace(proposal, draft_fed=min(proposal.draft_fed, 1))
 
 
-PROPOSERS: dict[str, Proposer] = {}
+class DynamicHeadProposer(HeadProposer):
+    """EAGLE-2's dynamic tree (drafting/dynamic_tree.py): the head grows the round's tree by its own path
+    probabilities; the plan's max tree is the budget (node count and depth), RoundPlan.width the children per
+    expanded node and nodes expanded per level. The tokens are the head's top ones, so q is the point mass on each
+    node's first child, verified by the rrs-wor walk (greedy runs: argmax)."""
+
+    name = "head-dynamic"
+
+    def propose(self, inputs: RoundInputs, plan: RoundPlan, max_tree: Tree) -> Proposal:
+        if inputs.key is not None or inputs.node_history(max_tree) is not None:
+            return super().propose(inputs, plan, max_tree)  # the static tree: keyed draws, per-path processors
+        if inputs.draft is None:
+            raise MultispecError("a dynamic tree drafts with a head, but this run has none")
+        tree, tokens, root, calls = grow_dynamic(inputs.draft, inputs.pending, max_tree, max(1, plan.width),
+                                                 inputs.sampling)
+        q_law = None if inputs.sampling.greedy else first_child_law(tree, tokens, inputs.vocab)
+        return Proposal(tree, tree, tokens, q_law, draft_fed=1, draft_root=root, draft_calls=calls,
+                        verifier=None if inputs.sampling.greedy else "rrs-wor")
+
+
+ALL_PROPOSERS: tuple[Proposer, ...] = (NoProposer(), LookupProposer(), SuffixTreeProposer(), DraftModelProposer(),
+                                       HeadProposer(), DynamicHeadProposer())
+PROPOSERS: dict[str, Proposer] = {p.name: p for p in ALL_PROPOSERS}
 
 
 def register_proposer(proposer: Proposer, replace: bool = False) -> Proposer:
-    """Make `proposer` available to plans under its name (a policy plans with RoundPlan(tree, proposer=name))."""
+    """Make a user's `proposer` available to plans under its name (a policy plans with RoundPlan(tree,
+    proposer=name))."""
     check(replace or proposer.name not in PROPOSERS, f"proposer {proposer.name!r} is already registered")
     PROPOSERS[proposer.name] = proposer
     return proposer
@@ -183,7 +208,3 @@ def unregister_proposer(name: str) -> None:
 def get_proposer(name: str) -> Proposer:
     check(name in PROPOSERS, f"unknown proposer {name!r}; registered: {', '.join(PROPOSERS)}")
     return PROPOSERS[name]
-
-
-for _p in (NoProposer(), LookupProposer(), SuffixTreeProposer(), DraftModelProposer(), HeadProposer()):
-    register_proposer(_p)

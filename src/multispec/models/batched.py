@@ -50,7 +50,6 @@ PAD_LIMIT = 64  # steps of more tokens (prefills) attend alone: padding every ro
 PREFILL_CHUNK = 256  # a longer step (a prefill) goes in chunks of this many tokens, one batched forward each, so that
 # a joining prompt adds at most this much to the running sequences' steps (chunked prefill)
 MAX_TASKS = 1 << 30  # StepBatcher's default capacity: no limit
-SPARE = "_multispec_spare_slot_cache"  # on a FastNet: an ended SlotCache's buffers (SlotCache.release)
 SLIDE_SLACK = 3 * PREFILL_CHUNK  # rows a sliding-window layer holds past its window: a step's new rows, a round's
 # uncommitted ones and a margin (SlotCache)
 
@@ -72,14 +71,16 @@ class SlotCache:
     any more (positions at least `slack // 4` before the step's earliest query's window) are dropped by moving
     the rest down (`make_room`). Full-attention layers hold every row."""
 
-    def __init__(self, net, slots: int, rows: int, role: Role = Role.TARGET, slack: int = SLIDE_SLACK):
-        self.net, self.slots, self.rows, self.role = net, slots, rows, role
+    def __init__(self, sidecar, slots: int, rows: int, role: Role = Role.TARGET, slack: int = SLIDE_SLACK):
+        """sidecar: the model's models/sidecar.ModelSidecar (its FastNet; it keeps an ended cache's buffers)."""
+        net = sidecar.fast_net()
+        self.sidecar, self.net, self.slots, self.rows, self.role = sidecar, net, slots, rows, role
         self.window = net.layout.windows.get("sliding_attention")
         self.slide_rows = min(rows, self.window + slack) if self.window else rows
         self.margin = slack // 4
         self.sliding = [t == "sliding_attention" and self.slide_rows < rows for t in net.layout.layer_types]
         shapes = [(slots, net.n_kv, self.slide_rows if sl else rows, net.head_dim) for sl in self.sliding]
-        spare = net.__dict__.pop(SPARE, None)  # an ended batch's buffers (see `release`), if large enough
+        spare, sidecar.spare_slot_buffers = sidecar.spare_slot_buffers, None  # an ended batch's (see `release`)
         if spare is None or not _fits(spare, shapes, net):
             del spare  # freed before the new buffers are allocated
             spare = [[torch.zeros(shape, dtype=net.dtype, device=net.device) for shape in shapes] for _ in "kv"]
@@ -91,13 +92,14 @@ class SlotCache:
 
     def release(self) -> None:
         """Hand the key/value buffers to the model's next SlotCache that fits in them (as views); this one is done
-        (its batch has ended). One set per model is kept, with the model, until a larger one replaces it.
+        (its batch has ended). One set per model is kept, in its sidecar, until a larger one replaces it.
         Allocating them cost every batch page faults over all of them: 0.4-1.8 s for 16 slots of 2,000 rows on
         pycode-v1 (0.9 GB), 2-10 % of a batch of Spec-Bench prompts.
         Rows a slot has not written since hold an earlier sequence's keys and values, as a slot does after its
-        sequence ends within a batch: every query masks them out (it attends to its own slot's rows below its length)."""
+        sequence ends within a batch: every query masks them out (it attends to its own slot's rows below its length).
+        They are kept in the model's sidecar."""
         if self.k:
-            self.net.__dict__[SPARE] = self._buffers
+            self.sidecar.spare_slot_buffers = self._buffers
         self.k, self.v, self._buffers, self.lens = [], [], [], [0] * self.slots
 
     @property
@@ -624,6 +626,8 @@ class SlotBackend(VocabSubset):
         self.vocab_size, self.hidden_size, self.device, self.dtype = net.vocab_size, net.hidden_size, net.device, \
             net.dtype
         self.layout = net.layout
+        self.sidecar = cache.sidecar  # the model's: its output layer's rows (a reduced vocabulary)
+        self.rows_signature, self.weights_dtype = cache.sidecar.rows_signature, cache.sidecar.weights_dtype  # cost keys
         limit = net.layout.max_positions
         self.max_len = cache.rows
         self.max_positions = min(cache.rows, limit) if limit else cache.rows

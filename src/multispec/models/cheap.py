@@ -2,9 +2,9 @@
 models/reduced_vocab.py) and `draft_dtype="int8"` (int8 Linear weights, models/int8.py), validated when built.
 
     cheap = CheapDraft(vocab=1024, dtype="int8")           # validated here, before any model loads
-    model = cheap.draft_model(draft)                       # once per decoder: the int8 copy (or draft itself)
+    model = cheap.draft_model(draft, sidecar)              # the int8 copy (kept in the sidecar) or draft itself
     freq = cheap.frequencies(tokenizer)                    # once per decoder: None when vocab is None
-    backend = make_backend(model, kind, max_len)           # as for any draft
+    backend = make_backend(model, kind, max_len, sidecar)  # as for any draft (sidecar: the model's)
     backend.set_vocab_subset(cheap.subset(freq, prompt_ids))   # per request, before the draft's prefill
 
 Token frequencies: the file given, else the embedded default pair's when the tokenizer is its own, else counted once
@@ -22,7 +22,6 @@ import torch
 from multispec.errors import check
 
 DRAFT_DTYPES = ("float32", "int8")  # float32: the draft as loaded
-INT8_COPY = "_multispec_int8_copy"
 
 
 @dataclass(frozen=True)
@@ -48,19 +47,15 @@ class CheapDraft:
     def active(self) -> bool:
         return self.vocab is not None or self.dtype == "int8"
 
-    def draft_model(self, draft: torch.nn.Module) -> torch.nn.Module:
+    def draft_model(self, draft: torch.nn.Module, sidecar=None) -> torch.nn.Module:
         """The model the draft backend runs: an int8 copy for dtype "int8" (refused in one line off CPU or for a
-        non-float32 draft), else `draft` itself. The target never goes through here."""
+        non-float32 draft), else `draft` itself. sidecar: the draft's (models/sidecar.py; the pair's keeps one
+        copy per draft; default a fresh one, so a new copy). The target never goes through here."""
         if self.dtype != "int8":
             return draft
-        from multispec.models.int8 import quantize_draft
+        from multispec.models.sidecar import ModelSidecar
 
-        weight = draft.get_input_embeddings().weight
-        copy = draft.__dict__.get(INT8_COPY)
-        if copy is None or weight.device.type != "cpu" or weight.dtype != torch.float32:
-            copy = quantize_draft(draft)  # refuses a draft off the CPU or not in float32
-            draft.__dict__[INT8_COPY] = copy  # one copy per draft (kept outside its modules: not a submodule)
-        return copy
+        return (sidecar if sidecar is not None else ModelSidecar(draft)).int8_copy()
 
     def frequencies(self, tokenizer, vocab_size: int | None = None, count: bool = True):
         """token_freq.TokenFrequencies for the draft's tokenizer, or None when no reduced vocabulary is asked
@@ -117,13 +112,15 @@ AUTO_VOCAB = 1024  # acceptance within 1 % of the full draft's once S grows with
 CHOICE_GAIN = 0.9  # a cheaper form is used when its step takes at most this share of the full draft's
 
 
-def choose_cheap_draft(draft: torch.nn.Module, tokenizer, kind: str, profile=None) -> tuple[CheapDraft, dict]:
+def choose_cheap_draft(draft: torch.nn.Module, tokenizer, kind: str, sidecar=None,
+                       profile=None) -> tuple[CheapDraft, dict]:
     """The cheapest form of `draft` on this machine for `auto` (which chooses when the user sets neither
     draft_vocab nor draft_dtype): the full draft, int8 weights (CPU, float32), a reduced output layer of AUTO_VOCAB
     tokens (where token frequencies are at hand without counting), or both, whichever has the fastest one-token
     step, if it takes at most CHOICE_GAIN of the full draft's. The machine profile's choice (section
-    "cheap_draft", keyed per draft, backend, device, threads), else timed now (~0.3 s). Returns the choice and the
-    new profile entries ({} when the profile had it)."""
+    "cheap_draft", keyed per draft, backend, device, threads), else timed now (~0.3 s). sidecar: the draft's
+    (models/sidecar.py; its int8 copy and FastNet are reused; default a fresh one). Returns the choice and the new
+    profile entries ({} when the profile had it)."""
     from multispec.models.int8 import linear_shape
 
     key = _choice_key(draft, kind)
@@ -145,19 +142,20 @@ def choose_cheap_draft(draft: torch.nn.Module, tokenizer, kind: str, profile=Non
         candidates.append(CheapDraft(vocab=AUTO_VOCAB))
         if int8:
             candidates.append(CheapDraft(vocab=AUTO_VOCAB, dtype="int8"))
-    seconds = _time_steps(draft, candidates, freq, kind) if len(candidates) > 1 else [1.0]
+    seconds = _time_steps(draft, candidates, freq, kind, sidecar) if len(candidates) > 1 else [1.0]
     best = min(range(len(candidates)), key=lambda i: seconds[i])
     choice = candidates[best] if seconds[best] <= CHOICE_GAIN * seconds[0] else candidates[0]
     return choice, {key: {"vocab": choice.vocab, "dtype": choice.dtype}}
 
 
-def _time_steps(draft, candidates: list[CheapDraft], freq, kind: str, steps: int = 12) -> list[float]:
+def _time_steps(draft, candidates: list[CheapDraft], freq, kind: str, sidecar=None, steps: int = 12) -> list[float]:
     """The fastest of `steps` one-token steps (after 64 tokens of context, fewer for a draft with fewer positions)
     of each candidate, interleaved."""
     import time
 
     from multispec.models import make_backend
     from multispec.models.base import forward_chain
+    from multispec.models.sidecar import ModelSidecar
 
     from multispec.models.int8 import linear_shape
 
@@ -165,13 +163,15 @@ def _time_steps(draft, candidates: list[CheapDraft], freq, kind: str, steps: int
     cfg = getattr(draft, "config", None)
     limit = getattr(cfg.get_text_config() if hasattr(cfg, "get_text_config") else cfg, "max_position_embeddings", None)
     ctx = max(1, min(64, (limit or 96) - 2))  # a context the draft can hold
+    sidecar = sidecar if sidecar is not None else ModelSidecar(draft)
     quantized = None
     backends = []
     for c in candidates:
         if c.dtype == "int8":
-            quantized = quantized or c.draft_model(draft)
-        b = make_backend(quantized if c.dtype == "int8" else draft, kind, **({} if kind == "hf" else
-                                                                           {"max_len": ctx + 2}))
+            quantized = quantized or ModelSidecar(c.draft_model(draft, sidecar))
+        model_sidecar = quantized if c.dtype == "int8" else sidecar
+        b = make_backend(model_sidecar.model, kind, **({} if kind == "hf" else {"max_len": ctx + 2}),
+                         sidecar=model_sidecar)
         if c.vocab is not None:
             b.set_vocab_subset(c.subset(freq, []))
         forward_chain(b, torch.arange(ctx) % vocab)

@@ -29,7 +29,7 @@ from transformers import DynamicCache
 from multispec.errors import MultispecError, check
 from multispec.models.base import ForwardOut, causal_mask
 from multispec.models.hf_compat import cache_argument
-from multispec.models import rows
+from multispec.models.rows import linear
 from multispec.models.reduced_vocab import VocabSubset, half_rows_pay
 from multispec.tree import additive_mask
 
@@ -80,11 +80,12 @@ class EagleHead(nn.Module):
         self._cache_kw = cache_argument(self.transformer)
 
     def forward(self, parts: TargetParts, tokens: torch.Tensor, features: torch.Tensor, positions: torch.Tensor,
-                mask: torch.Tensor | None, cache=None) -> torch.Tensor:
+                mask: torch.Tensor | None, cache=None, rows_table: list[bool] | None = None) -> torch.Tensor:
         """tokens: long [B, L]; features: float [B, L, H] (row t: the feature of position t-1); positions: long
         [B, L]; mask: additive float [B, 1, L, K] (K: cached + new rows) or None (causal, no cache). Returns the
-        head's features f: float [B, L, H] (after the target's final norm: logits = parts.lm_head(f))."""
-        x = self.fc(torch.cat([parts.embed(tokens).to(features.dtype), features], dim=-1))  # [B, L, H]
+        head's features f: float [B, L, H] (after the target's final norm: logits = parts.lm_head(f)). rows_table:
+        fc takes the few-row product at these row counts (models/rows.py; None: F.linear)."""
+        x = linear(self.fc, torch.cat([parts.embed(tokens).to(features.dtype), features], dim=-1), rows_table)
         pe = parts.rotary(x, positions)
         kw = {self._cache_kw: cache, "use_cache": True} if cache is not None else {}
         out = self.transformer(x, attention_mask=mask, position_ids=positions, position_embeddings=pe, **kw)
@@ -142,6 +143,14 @@ class FeatureTap:
     def model(self):  # what auto's cost cache is keyed by (drafting/costs.model_key): the target's
         return getattr(self.inner, "model", None)
 
+    @property
+    def rows_signature(self) -> str:  # part of that key: the few-row table the target's backend follows
+        return getattr(self.inner, "rows_signature", "")
+
+    @property
+    def weights_dtype(self) -> str | None:  # part of that key
+        return getattr(self.inner, "weights_dtype", None)
+
     def reset(self) -> None:
         self.inner.reset()
         self.hidden = self.hidden[:0]
@@ -171,14 +180,23 @@ class HeadBackend(VocabSubset):
     output feature (for the children of drafted nodes). token_ids: the head's reduced vocabulary (its output layer
     on those rows only, q renormalised over them: models/reduced_vocab.py), or None for the full one. half_rows:
     that layer's rows in float16 (None: where a one-row product measures faster so, reduced_vocab.half_rows_pay;
-    float32 rows only). q is whatever the head computes, so this moves acceptance, never the output law."""
+    float32 rows only). q is whatever the head computes, so this moves acceptance, never the output law.
+    sidecar, target_sidecar: the head's and the target's models/sidecar.ModelSidecar (the few-row tables its fc and
+    the target's output layer follow; the rows of that layer for a reduced vocabulary); default fresh ones. The
+    head's decoder layer runs as transformers runs it."""
 
     name = "eagle"
 
     def __init__(self, head: EagleHead, parts: TargetParts, tap: FeatureTap, token_ids=None,
-                 half_rows: bool | None = None):
+                 half_rows: bool | None = None, sidecar=None, target_sidecar=None):
+        from multispec.models.sidecar import ModelSidecar
+
         self.head, self.parts, self.tap = head.eval(), parts, tap
-        rows.install(head)  # float32 on the CPU: the few-row product where it measures faster
+        own = sidecar if sidecar is not None else ModelSidecar(head)
+        self.sidecar = target_sidecar  # the target's: its output layer's rows (a reduced vocabulary)
+        self.rows_table = own.rows_table  # fc: the few-row product where it measures faster (float32, CPU)
+        self.head_table = None if target_sidecar is None else target_sidecar.rows_table  # the target's output layer
+        self.rows_signature, self.weights_dtype = own.rows_signature, own.weights_dtype  # cost keys
         self.vocab_size, self.hidden_size = tap.vocab_size, head.config.hidden_size
         self.device, self.max_positions = next(head.parameters()).device, tap.max_positions
         self.dtype = next(head.parameters()).dtype
@@ -240,14 +258,14 @@ class HeadBackend(VocabSubset):
         feats = self._features(positions, mask, start)  # [N, H]
         f = self.head(self.parts, tokens.to(self.device)[None], feats.to(self.device)[None],
                       positions.to(self.device)[None], additive_mask(mask, self.dtype).to(self.device)[None, None],
-                      self.cache)[0]  # [N, H]
+                      self.cache, self.rows_table)[0]  # [N, H]
         self._pos = torch.cat([self._pos, positions])
         self._out = torch.cat([self._out, f.cpu()])
         rows = f[-1:] if last_only else f
         if self.vocab_subset is not None:
             logits = self.vocab_subset.widen(self.vocab_subset.compact(rows))
         else:
-            logits = self.parts.lm_head(rows).float()
+            logits = linear(self.parts.lm_head, rows, self.head_table).float()
         return ForwardOut(logits=logits, hidden=rows.float() if want_hidden else None)
 
     def _features(self, positions: torch.Tensor, mask: torch.Tensor, start: int) -> torch.Tensor:

@@ -12,8 +12,10 @@ key/value head's rows in place (never copied per query head), and a long step (a
 queries, each over the rows it can see (FastBackend.query_blocks): over a long prompt the fast backend does less
 attention work than a transformers forward (benchmarks/results/fast_vs_hf_real.json).
 
-Two parts: `FastNet`, the stateless step (one per loaded model, kept on it, so compiled code outlives a
-generation), and `FastBackend`, one run's cache. `compile=True` runs steps of up to 64 tokens through
+Two parts: `FastNet`, the stateless step (one per loaded model, kept in the model's sidecar, models/sidecar.py, so
+compiled code outlives a generation), and `FastBackend`, one run's cache. FastNet owns its matmuls: a float32 CPU
+projection takes the few-row product at the row counts its table names (models/rows.py), the model's own layers
+are never patched. `compile=True` runs steps of up to 64 tokens through
 `torch.compile`d code at a few fixed sizes (models/fast_compile.py); eager otherwise.
 """
 from __future__ import annotations
@@ -26,15 +28,17 @@ import torch.nn.functional as F
 from multispec.errors import MultispecError, check
 from multispec.models.base import ForwardOut
 from multispec.models.fast_families import FAMILIES
-from multispec.models.int8 import attends_in_float64, fused, linear_shape
+from multispec.models.int8 import QUANT_DTYPES, fused, linear_shape, weights_dtype as read_dtype
 from multispec.models.layout import attention_layout
 from multispec.models.reduced_vocab import VocabSubset
+from multispec.models.rows import linear, signature, table as rows_table
 
 SUPPORTED = tuple(FAMILIES)
 DEFAULT_ROWS = 4096
 TREE_SLACK = 256  # default rows past the position limit: a round's tree rows sit after the committed chain
 GATED_MLPS = {f"{f}MLP" for f in ("Llama", "Mistral", "Qwen2", "Qwen3", "Gemma", "Gemma2", "Gemma3", "Olmo2",
                                    "Granite")}  # forward: down_proj(act_fn(gate_proj(x)) * up_proj(x))
+GATED_FORWARD = GATED_MLPS | {"SmolLM3MLP", "Olmo3MLP"}  # the same forward (float models: FastNet.mlp's own products)
 PREFILL_BLOCK = 256  # queries per attention block of a longer step (FastBackend.query_blocks)
 
 
@@ -58,26 +62,20 @@ def keep_rows(caches, pos: torch.Tensor | None, indices: torch.Tensor) -> int:
 
 class FastNet:
     """The step of one loaded model as plain tensor ops over its own modules, with no state of its own: the cache
-    comes in as arguments, so one FastNet (and its compiled code) serves every backend over the model."""
+    comes in as arguments, so one FastNet (and its compiled code) serves every backend over the model. The model's
+    sidecar keeps it (ModelSidecar.fast_net). rows_table: the row counts at which a float32 CPU nn.Linear takes
+    the few-row product (models/rows.py; None: F.linear throughout). weights_dtype: "int8" / "int4" for a
+    quantized model (default read from its layers)."""
 
-    @classmethod
-    def of(cls, model: torch.nn.Module) -> "FastNet":
-        """The model's FastNet, made on first use and kept on the model."""
-        net = model.__dict__.get("_multispec_fast_net")
-        weight = model.get_input_embeddings().weight
-        if net is None or (net.device, net.dtype) != (weight.device, weight.dtype):  # made anew after model.to(...)
-            net = cls(model)
-            model.__dict__["_multispec_fast_net"] = net
-        return net
-
-    def __init__(self, model: torch.nn.Module):
+    def __init__(self, model: torch.nn.Module, rows_table: list[bool] | None = None,
+                 weights_dtype: str | None = None):
         cfg = model.config
         check(cfg.model_type in FAMILIES,
               f"the fast backend supports {', '.join(SUPPORTED)} models, not {cfg.model_type!r}; use --backend hf")
         self.family = FAMILIES[cfg.model_type]
         self.layout = attention_layout(cfg)
         check(self.layout.tree_refusal is None, f"the fast backend cannot run this model: {self.layout.tree_refusal}")
-        model.eval()
+        model.eval()  # as load_pair does: no dropout (a no-op on a loaded model)
         base = getattr(model, "model", None)
         check(all(hasattr(base, a) for a in ("embed_tokens", "layers", "norm", "rotary_emb")),
               f"the fast backend cannot read this {cfg.model_type} model's modules; use --backend hf")
@@ -90,7 +88,8 @@ class FastNet:
         self.n_kv = getattr(cfg, "num_key_value_heads", None) or self.n_heads
         self.head_dim = getattr(cfg, "head_dim", None) or self.hidden_size // self.n_heads
         self.device, self.dtype = self.embed.weight.device, self.embed.weight.dtype
-        self.attend_64 = attends_in_float64(model)  # an int8 / int4 model: see models/int8.py
+        self.attend_64 = (weights_dtype or read_dtype(model)) in QUANT_DTYPES  # an int8 / int4 model: models/int8.py
+        self.rows_table = rows_table
         self.rope_by_type = "layer_type" in inspect.signature(self.rotary.forward).parameters
         self.embed_mult = getattr(cfg, "embedding_multiplier", None)
         self.residual_mult = getattr(cfg, "residual_multiplier", None)
@@ -186,7 +185,7 @@ class FastNet:
         """h: [N, H] -> q [Hq, N, D], k and v [Hkv, N, D], q/k normed as the family does."""
         fam = self.family
         if fam.fused_qkv:
-            qkv = attn.qkv_proj(h)
+            qkv = self.linear(attn.qkv_proj, h)
             nq, nk = self.n_heads * self.head_dim, self.n_kv * self.head_dim
             q, k, v = qkv[..., :nq], qkv[..., nq:nq + nk], qkv[..., nq + nk:]
         elif self.attend_64 and (packed := fused(attn.q_proj, attn.k_proj, attn.v_proj)) is not None:
@@ -194,7 +193,7 @@ class FastNet:
             nq, nk = attn.q_proj.out_features, attn.k_proj.out_features
             q, k, v = qkv[..., :nq], qkv[..., nq:nq + nk], qkv[..., nq + nk:]
         else:
-            q, k, v = attn.q_proj(h), attn.k_proj(h), attn.v_proj(h)
+            q, k, v = self.linear(attn.q_proj, h), self.linear(attn.k_proj, h), self.linear(attn.v_proj, h)
         if fam.qk_norm == "proj":
             q, k = attn.q_norm(q), attn.k_norm(k)
         q = q.view(n, self.n_heads, self.head_dim).transpose(0, 1)
@@ -268,7 +267,7 @@ class FastNet:
         block, mult = self.family.block, self.residual_mult
         o_proj = layer.self_attn.o_proj
         whole = fused(o_proj) if self.attend_64 else None  # a quantized model: the product called directly
-        a = whole.apply(o) if whole is not None else o_proj(o)
+        a = whole.apply(o) if whole is not None else self.linear(o_proj, o)
         if block != "pre":
             a = layer.post_attention_layernorm(a)
         x = x + (a * mult if mult is not None else a)
@@ -280,12 +279,25 @@ class FastNet:
             m = layer.post_feedforward_layernorm(self.mlp(layer.mlp, x))
         return x + (m * mult if mult is not None else m)
 
+    def linear(self, layer, x: torch.Tensor) -> torch.Tensor:
+        """layer(x), as the few-row product at the row counts the table names (models/rows.py)."""
+        return linear(layer, x, self.rows_table)
+
     def mlp(self, mlp, x: torch.Tensor) -> torch.Tensor:
-        """The layer's MLP on x [N, H]: its own forward, or for an int8 gated MLP (gate/up sharing one product,
-        models/int8.py) the same computation with the products called directly."""
-        gate_up = fused(mlp.gate_proj, mlp.up_proj) if self.attend_64 and type(mlp).__name__ in GATED_MLPS else None
+        """The layer's MLP on x [N, H]: for a gated MLP its computation with the products taken here (the few-row
+        product; an int8 model's gate/up sharing one product, models/int8.py), else its own forward."""
+        kind = type(mlp).__name__
+        gate_up = fused(mlp.gate_proj, mlp.up_proj) if self.attend_64 and kind in GATED_MLPS else None
         down = fused(mlp.down_proj) if gate_up is not None else None
         if down is None:
+            if self.rows_table is None:
+                return mlp(x)
+            if kind in GATED_FORWARD:
+                return self.linear(mlp.down_proj, mlp.act_fn(self.linear(mlp.gate_proj, x))
+                                   * self.linear(mlp.up_proj, x))
+            if kind == "Phi3MLP":
+                gate, up = self.linear(mlp.gate_up_proj, x).chunk(2, dim=-1)
+                return self.linear(mlp.down_proj, up * mlp.activation_fn(gate))
             return mlp(x)
         y = gate_up.apply(x)
         n = mlp.gate_proj.out_features
@@ -294,7 +306,7 @@ class FastNet:
     def logits(self, hidden: torch.Tensor, head=None) -> torch.Tensor:
         """float32 logits [N, V] of final hidden states [N, H], the model's own final transforms applied. head: an
         output layer to use instead of the model's (a RestrictedHead's `compact`)."""
-        logits = (self.head if head is None else head)(hidden).float()
+        logits = (self.linear(self.head, hidden) if head is None else head(hidden)).float()
         if self.logits_div is not None:
             logits = logits / self.logits_div
         if self.final_softcap is not None:
@@ -305,12 +317,18 @@ class FastNet:
 class FastBackend(VocabSubset):
     name = "fast"
 
-    def __init__(self, model: torch.nn.Module, max_len: int | None = None, compile: bool = False):
+    def __init__(self, model: torch.nn.Module, max_len: int | None = None, compile: bool = False, sidecar=None):
         """max_len: cache rows; size it to prompt + max_new_tokens + one round's tree. Default: the model's position
         limit (at most 4096) plus TREE_SLACK rows. max_positions: the most positions a chain can reach here, the
-        smaller of the config's limit and the cache rows. compile: run steps of up to 64 tokens compiled."""
+        smaller of the config's limit and the cache rows. compile: run steps of up to 64 tokens compiled.
+        sidecar: the model's models/sidecar.ModelSidecar (its FastNet and few-row table, made once; default: made
+        here for this backend alone)."""
+        self.sidecar = sidecar  # also keeps the output layer's rows for a reduced vocabulary
         self.model = model  # auto's cost cache is keyed by the model (drafting/costs.model_key)
-        self.net = net = FastNet.of(model)
+        self.weights_dtype = sidecar.weights_dtype if sidecar is not None else read_dtype(model)
+        self.net = net = sidecar.fast_net() if sidecar is not None else \
+            FastNet(model, rows_table=rows_table(model)[0], weights_dtype=self.weights_dtype)
+        self.rows_signature = signature(net.rows_table)  # part of auto's cost key (drafting/costs.model_key)
         check(not (compile and net.attend_64), "the compiled backend does not run int8 or int4 models; use the fast "
                                                "or hf backend")
         self.layout, self.vocab_size, self.hidden_size = net.layout, net.vocab_size, net.hidden_size

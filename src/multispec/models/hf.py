@@ -32,7 +32,13 @@ class HFBackend(VocabSubset):
 
     name = "hf"
 
-    def __init__(self, model: torch.nn.Module, layout: AttentionLayout | None = None):
+    def __init__(self, model: torch.nn.Module, layout: AttentionLayout | None = None, sidecar=None):
+        """sidecar: the model's models/sidecar.ModelSidecar (its weights' dtype, its output layer's rows for a
+        reduced vocabulary); default a fresh one. The model runs as transformers runs it."""
+        from multispec.models.sidecar import ModelSidecar
+
+        self.sidecar = sidecar if sidecar is not None else ModelSidecar(model)
+        self.weights_dtype, self.rows_signature = self.sidecar.weights_dtype, ""  # cost keys: stock layers
         self.model = model.eval()
         self.config = model.config
         self.layout = layout or attention_layout(model.config)

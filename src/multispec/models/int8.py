@@ -17,14 +17,12 @@ products instead: see "int8 targets" below.
 """
 from __future__ import annotations
 
-import copy
+import functools
 import warnings
 
 import torch
 
 from multispec.errors import MultispecError, check
-
-FAST_NET_KEY = "_multispec_fast_net"  # models/fast.py keeps its FastNet on the model under this key
 
 
 def quantize_draft(model: torch.nn.Module) -> torch.nn.Module:
@@ -41,20 +39,11 @@ def quantize_draft(model: torch.nn.Module) -> torch.nn.Module:
           f"this torch build has no int8 CPU kernels (quantized engines: {engines})")
     from torch.ao.quantization import per_channel_dynamic_qconfig, quantize_dynamic
 
-    fresh = without_fast_net(model)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # torch's deprecation notices for eager quantization (see module docstring)
-        out = quantize_dynamic(fresh, {torch.nn.Linear: per_channel_dynamic_qconfig}, dtype=torch.qint8,
+        out = quantize_dynamic(model, {torch.nn.Linear: per_channel_dynamic_qconfig}, dtype=torch.qint8,
                                inplace=False)
     return out.eval()
-
-
-def without_fast_net(model: torch.nn.Module) -> torch.nn.Module:
-    """A shallow copy of `model` without its cached FastNet (whose modules would be the source's), to copy deeply or
-    quantize into a copy; `model` itself is left as it is."""
-    fresh = copy.copy(model)
-    fresh.__dict__ = {k: v for k, v in model.__dict__.items() if k != FAST_NET_KEY}
-    return fresh
 
 
 def is_int8(module: torch.nn.Module) -> bool:
@@ -269,7 +258,7 @@ def quantize_target(model: torch.nn.Module, dtype: str = "int8") -> torch.nn.Mod
     """Replace, in place, every nn.Linear of `model` (output layer included; the embedding stays float) by a
     QuantLinear with `dtype` weights ("int8", or "int4": layers whose shape torch's int4 kernel does not take stay
     int8); q/k/v and gate/up siblings share one packed product. CPU and float32 only, refused in one line otherwise.
-    Returns `model`, marked so that `weights_dtype(model)` says `dtype`."""
+    Returns `model` (`weights_dtype(model)` then says `dtype`, read from its layers)."""
     check(dtype in QUANT_DTYPES, f"quantized dtype must be one of {', '.join(QUANT_DTYPES)}, got {dtype!r}")
     weight = model.get_input_embeddings().weight
     check(weight.device.type == "cpu",
@@ -278,14 +267,12 @@ def quantize_target(model: torch.nn.Module, dtype: str = "int8") -> torch.nn.Mod
     engines = torch.backends.quantized.supported_engines
     check(any(e in engines for e in ("x86", "fbgemm", "onednn")),
           f"this torch build has no int8 CPU kernels (quantized engines: {engines})")
-    model.__dict__.pop(FAST_NET_KEY, None)  # a cached FastNet holds the float modules
     head = model.get_output_embeddings()
     source_rows = head.weight[:32].detach().clone() if isinstance(head, torch.nn.Linear) else None
     quantize_linears(model, dtype)
     if source_rows is not None and isinstance(model.get_output_embeddings(), QuantLinear):
         model.get_output_embeddings().packed.first_rows = source_rows  # what the shipped head's key is read from
-    model.__dict__[QUANTIZED_KEY] = dtype
-    _attend_in_float64(model)
+    _attend_in_float64(model, dtype)
     return model.eval()
 
 
@@ -306,35 +293,32 @@ def quantize_linears(module: torch.nn.Module, dtype: str = "int8") -> torch.nn.M
     return module
 
 
-QUANTIZED_KEY = "_multispec_weights_dtype"
-ATTENTION_64 = "multispec_float64"  # the transformers attention implementation of an int8 model
+ATTENTION_64 = "multispec_float64"  # the transformers attention implementation of an int8 model (over sdpa;
+# over another implementation X: ATTENTION_64 + "_" + X, so the name itself says which one it wraps)
 
 
-def _attend_in_float64(model: torch.nn.Module) -> None:
+def _attend_in_float64(model: torch.nn.Module, dtype: str) -> None:
     """Route the model's transformers attention through ATTENTION_64: its own implementation (sdpa or the
     family's eager code), on float64 copies of q, k and v, the result rounded back."""
     from transformers import AttentionInterface
 
-    config = model.config
-    base = getattr(config, "_attn_implementation", None) or "sdpa"
-    if base != ATTENTION_64:
-        config._multispec_attention_base = base
-    AttentionInterface.register(ATTENTION_64, _attention_64)
-    try:
-        model.set_attn_implementation(ATTENTION_64)
-    except (ValueError, AttributeError, NotImplementedError, TypeError) as e:
-        first = (str(e).splitlines() or [""])[0][:160]
-        raise MultispecError(f"{model.__dict__.get(QUANTIZED_KEY)} needs the model's attention routed through "
-                             f"float64, which {type(model).__name__} does not allow ({first}); use another dtype") \
-            from None
+    base = getattr(model.config, "_attn_implementation", None) or "sdpa"
+    if not base.startswith(ATTENTION_64):
+        name = ATTENTION_64 if base == "sdpa" else f"{ATTENTION_64}_{base}"
+        AttentionInterface.register(name, functools.partial(_attention_64, base))
+        try:
+            model.set_attn_implementation(name)
+        except (ValueError, AttributeError, NotImplementedError, TypeError) as e:
+            first = (str(e).splitlines() or [""])[0][:160]
+            raise MultispecError(f"{dtype} needs the model's attention routed through float64, which "
+                                 f"{type(model).__name__} does not allow ({first}); use another dtype") from None
 
 
-def _attention_64(module, query, key, value, attention_mask, **kwargs):
+def _attention_64(base: str, module, query, key, value, attention_mask, **kwargs):
     import sys
 
     from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
 
-    base = getattr(module.config, "_multispec_attention_base", "sdpa")
     fn = (getattr(sys.modules[type(module).__module__], "eager_attention_forward") if base == "eager"
           else ALL_ATTENTION_FUNCTIONS[base])
     if attention_mask is not None and attention_mask.is_floating_point():
@@ -345,7 +329,7 @@ def _attention_64(module, query, key, value, attention_mask, **kwargs):
 
 def attends_in_float64(model: torch.nn.Module) -> bool:
     """Whether the fast backend must attend in float64 for this model (an int8 or int4 model, see above)."""
-    return model.__dict__.get(QUANTIZED_KEY) in QUANT_DTYPES
+    return weights_dtype(model) in QUANT_DTYPES
 
 
 def first_rows(module: torch.nn.Module, n: int) -> torch.Tensor:
@@ -365,6 +349,10 @@ def _replace(parent: torch.nn.Module, names: list[str], linears: list[torch.nn.L
 
 
 def weights_dtype(model: torch.nn.Module) -> str:
-    """"int8" or "int4" for a model from quantize_target, else its parameters' dtype ("float32", "bfloat16", ...)."""
-    marked = model.__dict__.get(QUANTIZED_KEY)
-    return marked or str(next(model.parameters()).dtype).removeprefix("torch.")
+    """"int8" or "int4" for a model from quantize_target (read from its layers: "int4" where any holds int4
+    weights), else its parameters' dtype ("float32", "bfloat16", ...). A pair records what it asked for in the
+    model's sidecar (models/sidecar.py)."""
+    packs = {type(m.packed) for m in model.modules() if isinstance(m, QuantLinear)}
+    if packs:
+        return "int4" if PackedInt4 in packs else "int8"
+    return str(next(model.parameters()).dtype).removeprefix("torch.")

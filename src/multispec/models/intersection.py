@@ -32,6 +32,8 @@ class IntersectionDraft:
         self.vocab_size = bridge.target_vocab
         self.hidden_size = inner.hidden_size
         self.device = inner.device
+        self.rows_signature = getattr(inner, "rows_signature", "")  # auto's cost key (drafting/costs.model_key)
+        self.weights_dtype = getattr(inner, "weights_dtype", None)
         self.max_positions = None  # the draft's own limit is handled here (windows), never the engine's concern
         self.restarts = 0
         self.draftable = bridge.target_ids  # target ids drafted in one draft row each (auto's cost calibration)

@@ -17,7 +17,7 @@ import torch
 import torch.nn.functional as F
 
 from multispec.errors import check
-from multispec.models.int8 import QuantLinear, PackedInt8, float_bias, float_weight, is_int8
+from multispec.models.int8 import QuantLinear, PackedInt8, float_bias, float_weight
 
 
 def subset_ids(ids, vocab_size: int) -> torch.Tensor:
@@ -34,20 +34,11 @@ class HeadRows:
     """The rows of an output layer, ready to gather: its float weight [V, H] (+ bias). An int8 layer's rows are
     dequantized once (the int8 values times their row scales): a subset head of a few thousand rows is as fast in
     float32 as in int8 (benchmarks/results/cheap_draft/steps.md), and a float gather makes growing S cheap, where
-    int8 rows would be packed again on every change."""
-
-    @classmethod
-    def of(cls, head: torch.nn.Module) -> "HeadRows":
-        """The layer's HeadRows, made on first use and kept on the layer (as FastNet is kept on its model): reading
-        an int8 layer's rows out of its packed form takes ~20 ms, once per draft rather than once per request."""
-        rows = head.__dict__.get("_multispec_head_rows")
-        device = torch.device("cpu") if is_int8(head) else head.weight.device  # int8 layers run on CPU only
-        if rows is None or rows.weight.device != device:
-            rows = cls(head)
-            head.__dict__["_multispec_head_rows"] = rows
-        return rows
+    int8 rows would be packed again on every change. A model's sidecar keeps its layer's (ModelSidecar.head_rows):
+    reading an int8 layer's rows out of its packed form takes ~20 ms."""
 
     def __init__(self, head: torch.nn.Module):
+        self.layer = head
         self.weight, self.bias = float_weight(head), float_bias(head)  # [V, H] float32 (int8: dequantized), [V]
         self.int8 = isinstance(head, QuantLinear)  # a quantized target's layer: subsets multiply in int8 too
 
@@ -74,7 +65,7 @@ class RestrictedHead:
 
     def __init__(self, head: torch.nn.Module | HeadRows, ids, vocab_size: int, half: bool = False,
                  _grown: tuple | None = None):
-        self.source = head if isinstance(head, HeadRows) else HeadRows.of(head)
+        self.source = head if isinstance(head, HeadRows) else HeadRows(head)
         self.vocab_size = vocab_size
         self.half = half and self.source.weight.dtype == torch.float32 and not self.source.int8  # half_rows_pay
         self._members: set[int] | None = None  # S as a Python set, made on the first extend
@@ -181,6 +172,7 @@ class VocabSubset:
 
     vocab_subset = None
     half_rows = False  # the subset's rows in float16 (a head's proposal layer where that pays: half_rows_pay)
+    sidecar = None  # the sidecar of the model whose output layer this is: it keeps the layer's rows (models/sidecar)
 
     @property
     def cost_key(self) -> str:
@@ -203,7 +195,11 @@ class VocabSubset:
             self.vocab_subset = None
             return
         self._check_vocab_subset()
-        rows = self._full_head() if self.vocab_subset is None else self.vocab_subset.source  # read out once
+        if self.vocab_subset is not None:
+            rows = self.vocab_subset.source  # read out once
+        else:
+            head = self._full_head()
+            rows = self.sidecar.head_rows(head) if self.sidecar is not None else HeadRows(head)
         self.vocab_subset = RestrictedHead(rows, ids, self.vocab_size, half=self.half_rows)
 
     def extend_vocab_subset(self, ids) -> None:

@@ -33,6 +33,8 @@ class RetokenizedDraft:
         self.vocab_size = target_vocab
         self.hidden_size = inner.hidden_size
         self.device = inner.device
+        self.rows_signature = getattr(inner, "rows_signature", "")  # auto's cost key (drafting/costs.model_key)
+        self.weights_dtype = getattr(inner, "weights_dtype", None)
         self.max_positions = None  # windows of the text keep the draft within its own limit
         self.draft_runs = 0
         self.reset()

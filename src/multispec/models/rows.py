@@ -1,4 +1,4 @@
-"""Linear layers that read their weight once for a few rows (float32 on the CPU), where that measures faster.
+"""The few-row linear product (float32 on the CPU), and the table of row counts where it measures faster.
 
 A decode step multiplies one row by every weight matrix, a verification k + 1 rows. On this project's machines
 (AMD EPYC, torch 2.13's MKL, one thread) `F.linear(x, W)` over 1-3 rows is slow and grows with every row: over
@@ -7,39 +7,25 @@ taken as `W @ x.T` (x padded to two rows, so that the BLAS takes its matrix-matr
 46 ms. So one token costs a third less and a two-token verification costs what one token did, which is what makes
 speculation pay on a CPU (benchmarks/results/rows/).
 
-Which form wins depends on the CPU, the BLAS and the thread count, so it is measured, not assumed: `install` times
+Which form wins depends on the CPU, the BLAS and the thread count, so it is measured, not assumed: `table` times
 both forms over the model's own weights for 1 ... ROWS rows (about a second for a 135M model), once per machine,
-thread count and set of weight shapes (cached in memory and in $MULTISPEC_CACHE_DIR/rows-v1.json), and routes a
-Linear through `W @ x.T` only for the row counts where that was faster. Both forms compute the same products in
-float32; they differ in the order of the sums, so logits differ in the last bits (as a one-row step and a
-many-row forward already do), never more. Only float32 weights on the CPU are touched; `plain(model)` undoes it
-for a block (transformers' own baselines in `multispec bench` run on the stock layers).
+thread count and set of weight shapes (kept in the machine profile, section "rows": multispec/profile.py), and
+returns the row counts where `W @ x.T` was faster. The fast backend is given that table and takes `linear` for its products (it owns its
+matmuls); nothing is patched into a model, so the transformers backend runs the stock layers. Both forms compute
+the same products in float32; they differ in the order of the sums, so logits differ in the last bits (as a
+one-row step and a many-row forward already do), never more.
 """
 from __future__ import annotations
 
-import contextlib
 import platform
 import time
-import types
 
 import torch
 import torch.nn.functional as F
 
-from multispec.paths import cache_root, load_cache_json, save_cache_json
-
 ROWS = 8  # row counts measured; more rows always take F.linear
 WIN = 0.95  # the few-row form is used where it took at most this fraction of F.linear's time
 SAMPLE_BYTES = 160 * 2**20  # the weights timed: about this many bytes of them
-FILE = "rows-v1.json"
-_MEMORY: dict[str, list[bool]] = {}
-
-
-def _few_rows_forward(self, x: torch.Tensor) -> torch.Tensor:
-    k = x.shape[-1]
-    rows = x.numel() // k if k else 0
-    if 0 < rows < len(self._multispec_rows) and self._multispec_rows[rows]:
-        return few_rows(x, self.weight, self.bias)
-    return F.linear(x, self.weight, self.bias)
 
 
 def few_rows(x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
@@ -55,65 +41,53 @@ def few_rows(x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None = None)
     return out.reshape(*x.shape[:-1], w.shape[0])
 
 
+def linear(layer: torch.nn.Module, x: torch.Tensor, table: list[bool] | None) -> torch.Tensor:
+    """layer(x), taken as `few_rows` where `table` (index: rows; from `table`) says so for a float32 CPU
+    nn.Linear at x's row count; any other layer, or table None, runs as it is."""
+    if table is not None and type(layer) is torch.nn.Linear:
+        k = x.shape[-1]
+        rows = x.numel() // k if k else 0
+        w = layer.weight
+        if 0 < rows < len(table) and table[rows] and w.dtype == torch.float32 and w.device.type == "cpu":
+            return few_rows(x, w, layer.bias)
+    return layer(x)
+
+
 def _linears(model: torch.nn.Module) -> list[torch.nn.Linear]:
     return [m for m in model.modules() if type(m) is torch.nn.Linear and m.weight.dtype == torch.float32
             and m.weight.device.type == "cpu" and m.weight.dim() == 2]
 
 
-def install(model: torch.nn.Module) -> list[bool] | None:
-    """Route `model`'s float32 CPU Linear layers through `few_rows` for the row counts where it measured faster
-    (measuring once per machine, threads and weight shapes). Returns the table (index: rows; True: few_rows), or
-    None when the model has no such layer. Idempotent."""
+def table(model: torch.nn.Module, profile=None) -> tuple[list[bool] | None, dict]:
+    """Where `model`'s float32 CPU Linear layers take the few-row product: [False, at 1 row, ..., at ROWS rows] —
+    the machine profile's (keyed per torch version, threads, CPU and weight shapes), else measured now (~1 s for a
+    135M model) — or None when the model has no such layer. Returns it and the new profile entries ({} when the
+    profile had it)."""
+    key = profile_key(model)
+    if key is None:
+        return None, {}
+    stored = profile.get("rows", key) if profile is not None else None
+    if isinstance(stored, list) and len(stored) == ROWS + 1 and all(isinstance(v, bool) for v in stored):
+        return stored, {}
+    measured = measure([m.weight for m in _linears(model)])
+    return measured, {key: measured}
+
+
+def profile_key(model: torch.nn.Module) -> str | None:
+    """What a table depends on (torch version, threads, CPU, the float32 CPU Linear layers' shapes), or None for a
+    model without such layers."""
     linears = _linears(model)
     if not linears:
         return None
-    table = _table(linears)
-    for m in linears:
-        m._multispec_rows = table
-        if "forward" not in m.__dict__:
-            m.forward = types.MethodType(_few_rows_forward, m)
-    return table
-
-
-def signature(model) -> str:
-    """Which row counts take the few-row product in `model` ("" when none does): part of the cost cache's key,
-    since a forward's cost by row count depends on it."""
-    for m in model.modules() if hasattr(model, "modules") else ():
-        table = getattr(m, "_multispec_rows", None)
-        if table is not None and "forward" in m.__dict__:
-            return "rows:" + "".join("1" if v else "0" for v in table[1:])
-    return ""
-
-
-@contextlib.contextmanager
-def plain(model: torch.nn.Module):
-    """Within the block, `model`'s Linear layers are the stock ones (F.linear at every row count)."""
-    patched = [m for m in model.modules() if isinstance(m, torch.nn.Linear) and "forward" in m.__dict__
-               and getattr(m.forward, "__func__", None) is _few_rows_forward]
-    for m in patched:
-        del m.forward
-    try:
-        yield
-    finally:
-        for m in patched:
-            m.forward = types.MethodType(_few_rows_forward, m)
-
-
-def _table(linears: list[torch.nn.Linear]) -> list[bool]:
     shapes = sorted({tuple(m.weight.shape) for m in linears})
-    key = "|".join(str(x) for x in (torch.__version__, torch.get_num_threads(), platform.processor()
-                                    or platform.machine(), len(linears), shapes))
-    table = _MEMORY.get(key)
-    if table is None:
-        data = load_cache_json(cache_root() / FILE, "the few-row linear timings", "measuring again")
-        stored = data.get(key)
-        table = stored if isinstance(stored, list) and len(stored) == ROWS + 1 and all(
-            isinstance(v, bool) for v in stored) else measure([m.weight for m in linears])
-        _MEMORY[key] = table
-        if stored != table:
-            data[key] = table
-            save_cache_json(cache_root() / FILE, data)
-    return table
+    return "|".join(str(x) for x in (torch.__version__, torch.get_num_threads(), platform.processor()
+                                     or platform.machine(), len(linears), shapes))
+
+
+def signature(table: list[bool] | None) -> str:
+    """Which row counts take the few-row product under `table` ("" for none): part of the cost cache's key, since
+    a forward's cost by row count depends on it."""
+    return "" if table is None else "rows:" + "".join("1" if v else "0" for v in table[1:])
 
 
 @torch.inference_mode()

@@ -1,7 +1,8 @@
 """Node verifiers (design §4) and the tree walk (design §4.7).
 
 Every verifier is a pure function of the processed target p, the processed draft q, the drafted tokens and an
-explicit torch.Generator (see `base`). REGISTRY maps a name to its VerifierSpec, in a fixed order.
+explicit torch.Generator (see `base`). ALL_VERIFIERS lists them in a fixed order; REGISTRY maps a name to its
+VerifierSpec (the sequence verifiers: verify/sequence.py).
 """
 from __future__ import annotations
 
@@ -10,11 +11,11 @@ from multispec.verify import greedy, greedy_md, kseq, mcns, rrs, rrs_wor, sd, sp
 from multispec.verify import ot
 from multispec.verify.base import NodeLaw, NodeResult, Plan, VerifierSpec
 
-REGISTRY: dict[str, VerifierSpec] = {
-    spec.name: spec
-    for spec in (greedy.SPEC, sd.SPEC, mcns.SPEC, rrs.SPEC, rrs_wor.SPEC, kseq.SPEC, spechub.SPEC, greedy_md.SPEC)
-}
-REGISTRY[ot.SPEC.name] = ot.SPEC  # optimal transport, i.i.d. drafts (docs/optimal.md §7)
+ALL_VERIFIERS: tuple[VerifierSpec, ...] = (
+    greedy.SPEC, sd.SPEC, mcns.SPEC, rrs.SPEC, rrs_wor.SPEC, kseq.SPEC, spechub.SPEC, greedy_md.SPEC,
+    ot.SPEC,  # optimal transport, i.i.d. drafts (docs/optimal.md §7)
+)
+REGISTRY: dict[str, VerifierSpec] = {spec.name: spec for spec in ALL_VERIFIERS}
 
 
 def get_verifier(name: str) -> VerifierSpec:
@@ -23,4 +24,4 @@ def get_verifier(name: str) -> VerifierSpec:
     return REGISTRY[name]
 
 
-__all__ = ["REGISTRY", "NodeLaw", "NodeResult", "Plan", "VerifierSpec", "get_verifier"]
+__all__ = ["ALL_VERIFIERS", "REGISTRY", "NodeLaw", "NodeResult", "Plan", "VerifierSpec", "get_verifier"]
