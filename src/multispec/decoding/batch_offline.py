@@ -44,7 +44,8 @@ def generate_batch(decoder: Decoder, prompts, params: SamplingParams | None = No
     from on_result stops the running sequences after their current round and is raised at once. Either way the
     exception carries `.partial`: one result per prompt, finished or not (finish_reason "abort" for a sequence cut
     short, with its tokens so far, or never started, empty)."""
-    _check_prompts(prompts)
+    check(isinstance(prompts, (list, tuple)), f"prompts must be a list of prompts, got {type(prompts).__name__}")
+    check(len(prompts) >= 1, "the list of prompts is empty; give at least one prompt")
     params = SamplingParams.of(params, settings)
     check(seed is None or params.seed is None, "give the seed in params or as seed=, not both")
     size = integer(batch_size, "batch_size")
@@ -53,6 +54,7 @@ def generate_batch(decoder: Decoder, prompts, params: SamplingParams | None = No
     # every prompt prepared (encoded, checked, its seed and mode decided) before any of them decodes
     prepared = decoder.prepare_many(list(prompts), params, seeds_for(seed if seed is not None else params.seed,
                                                                      len(prompts)))
+    _check_one_kind(prompts)
     group, notes = _batch_group(decoder, [p.prompt_ids for p in prepared], size, params.max_new_tokens)
     results: list = [None] * len(prompts)
     errors: list = [None] * len(prompts)
@@ -100,11 +102,9 @@ def _batch_group(decoder: Decoder, encoded: list[tuple[int, ...]], size: int,
     return BatchGroup(decoder, size, rows), []
 
 
-def _check_prompts(prompts) -> None:
-    """A non-empty list of prompts of one kind (str or token ids; Decoder.prepare_many encodes each). Errors name
-    the prompt by its index, prompts[i], as the results and the CLI's JSON lines do."""
-    check(isinstance(prompts, (list, tuple)), f"prompts must be a list of prompts, got {type(prompts).__name__}")
-    check(len(prompts) >= 1, "the list of prompts is empty; give at least one prompt")
+def _check_one_kind(prompts) -> None:
+    """The prompts (each encoded by Decoder.prepare_many, its errors naming it, prompts[i]) are all str or all
+    token ids."""
     first = isinstance(prompts[0], str)
     other = next((i for i, p in enumerate(prompts) if isinstance(p, str) != first), None)
     check(other is None, f"the prompts mix strings and token-id lists (prompts[0] is "

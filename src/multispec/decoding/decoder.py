@@ -204,8 +204,8 @@ class Decoder:
         for i, (prompt, seed) in enumerate(zip(prompts, seeds)):
             try:
                 out.append(prepare_one(self, prompt_ids(self, prompt, None, None), params, sampling, seed))
-            except ParamError as e:
-                raise ParamError(f"prompts[{i}]: {e}", e.param) from None
+            except ParamError:  # a setting's error: not the prompt's
+                raise
             except MultispecError as e:
                 raise MultispecError(f"prompts[{i}]: {e}") from None
         return out

@@ -131,6 +131,7 @@ def reproducible_mode(decoder, reproducible: bool | None, seed, sampling: Sampli
     has_mode = not decoder.config.target_init
     if reproducible is None:
         return decoder.entry.reproducible_when_seeded and seed is not None and has_mode and not sampling.greedy
-    check(not reproducible or has_mode, f"method {decoder.config.name!r} draws level 1 from the target (P1's "
-                                        "longest chain): it has no reproducible mode")
+    if reproducible and not has_mode:
+        raise ParamError(f"method {decoder.config.name!r} draws level 1 from the target (P1's longest chain): it "
+                         "has no reproducible mode", "reproducible")
     return reproducible and not sampling.greedy
