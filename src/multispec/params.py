@@ -7,8 +7,11 @@ Everything that does not depend on the model is checked when the object is built
 bounds, min_tokens <= max_new_tokens), so the CLI and the server refuse a bad value before any model loads or any
 request is queued; an error names its field (`ParamError.param`, the server's `param`). What depends on the
 model (token ids against its vocabulary, the defaults of its generation config, the context) is checked by the
-Decoder that takes the request (`Decoder.check_request`), still before any forward. The API, the Decoder, batches, the
-server and the CLI all build or take this one object; the keyword arguments of `generate` are its fields.
+Decoder that takes the request (`Decoder.prepare`, once), still before any forward. The API, the Decoder, batches,
+the server and the CLI all build or take this one object, and this is the one list of its fields: `generate`'s
+keywords, the server's request fields (serve/protocol.py) and the CLI's flags (each field's `_setting` metadata)
+are made from it, and SamplingConfig takes the fields of its own names (sampling.config_values). A new setting is
+a field here and, if it changes the law, a field of SamplingConfig.
 """
 from __future__ import annotations
 
