@@ -10,7 +10,7 @@ from multispec.decoding.decoder import Decoder, GenerationResult
 from multispec.decoding.methods import DEFAULT_METHOD, REGISTRY
 from multispec.loading import DEFAULT_PAIR_DIR, Pair, load_pair, max_positions, resolve_device
 from multispec.errors import MultispecError, check
-from multispec.params import FIELDS, SamplingParams
+from multispec.params import FIELD_DEFAULTS, FIELDS, SamplingParams
 from multispec.validate import SEED_LIMIT
 
 __all__ = ["DEFAULT_PAIR_DIR", "Decoder", "GenerationResult", "Pair", "SEED_LIMIT", "SamplingParams", "generate",
@@ -18,19 +18,11 @@ __all__ = ["DEFAULT_PAIR_DIR", "Decoder", "GenerationResult", "Pair", "SEED_LIMI
 
 
 def generate(pair: Pair, prompt: str | list[int] | list[str] | list[list[int]] | None = None,
-             method: str = DEFAULT_METHOD,
-             max_new_tokens: int = 128, temperature: float | None = None, top_k: int | None = None,
-             top_p: float | None = None, seed: int | list[int] | None = None, stop: str | list[str] | None = None,
-             stream: Callable[[str], None] | None = None, backend: str | None = None,
-             reproducible: bool | None = None, batch_size: int | None = None, *, min_p: float | None = None,
-             repetition_penalty: float | None = None, presence_penalty: float | None = None,
-             frequency_penalty: float | None = None, logit_bias: dict | None = None, min_tokens: int | None = None,
-             ignore_eos: bool = False, stop_token_ids: list[int] | None = None, logprobs: int | None = None,
-             prompt_logprobs: bool = False, logprobs_mode: str = "raw", json_schema=None, regex: str | None = None,
-             choice: list[str] | None = None, grammar: str | None = None,
+             params: SamplingParams | None = None, *, method: str = DEFAULT_METHOD,
+             messages: list[dict] | None = None, chat_template: str | None = None, backend: str | None = None,
+             stream: Callable[[str], None] | None = None, batch_size: int | None = None,
              on_result: Callable[[int, GenerationResult], None] | None = None,
-             params: SamplingParams | None = None, messages: list[dict] | None = None,
-             chat_template: str | None = None, **method_options) -> GenerationResult | list[GenerationResult]:
+             **settings) -> GenerationResult | list[GenerationResult]:
     """Generate with `method` (auto, ar, sd, mcsd, ti-mcsd, dynamic, specdecpp, lookup, or any registered method).
     Method options: k, heuristic, confidence, entropy, tree, verifier, width, depth, decision_model, beta, head,
     threshold, k_min, k_max, ngram, proposers, max_nodes. stream(text_delta) is called as text is committed; the
@@ -76,8 +68,9 @@ def generate(pair: Pair, prompt: str | list[int] | list[str] | list[list[int]] |
     "length"). Every input is checked before any model runs. If generation fails part-way (an error or Ctrl-C),
     the exception carries `.partial`: a GenerationResult of the tokens committed so far (finish_reason "abort").
 
-    params: a SamplingParams (multispec.params) holding these settings instead of the keywords (not both): the
-    request object the Decoder, batches, the server and the CLI all take, validated once on construction.
+    settings: the sampling settings as keywords, the fields of SamplingParams (multispec.params: one list of them,
+    shared with the Decoder, the server and the CLI), or params=, a SamplingParams (not both); any other keyword is
+    an option of the method. Validated once, before any model loads.
 
     Several prompts (a list of str, or a list of token-id lists) decode as one batch, batch_size sequences at a
     time (default: all), and return one GenerationResult per prompt, in order (decoding/batch.py). Each sequence's
@@ -89,7 +82,9 @@ def generate(pair: Pair, prompt: str | list[int] | list[str] | list[list[int]] |
     the exception carries `.partial`: one result per prompt (finished, or finish_reason "abort" with the tokens so
     far, empty for a prompt not started).
     """
+    method_options = {k: v for k, v in settings.items() if k not in FIELDS}
     _check_names(method_options)
+    settings = {k: v for k, v in settings.items() if k in FIELDS}
     if messages is not None or chat_template is not None:
         from multispec.loading import vocab_rows
         from multispec.text import encode_chat
@@ -98,17 +93,11 @@ def generate(pair: Pair, prompt: str | list[int] | list[str] | list[list[int]] |
         check(messages is not None, "chat_template applies to messages")
         prompt = encode_chat(pair.tokenizer, vocab_rows(pair.target), messages, chat_template)
     check(prompt is not None, "the prompt must be a str or a list of token ids (or give messages, a conversation)")
-    settings = dict(max_new_tokens=max_new_tokens, temperature=temperature, top_k=top_k, top_p=top_p, seed=seed,
-                    stop=stop, reproducible=reproducible, min_p=min_p, repetition_penalty=repetition_penalty,
-                    presence_penalty=presence_penalty, frequency_penalty=frequency_penalty, logit_bias=logit_bias,
-                    min_tokens=min_tokens, ignore_eos=ignore_eos, stop_token_ids=stop_token_ids, logprobs=logprobs,
-                    prompt_logprobs=prompt_logprobs, logprobs_mode=logprobs_mode, json_schema=json_schema,
-                    regex=regex, choice=choice, grammar=grammar)
     batch = _is_batch(prompt)
-    seeds = settings.pop("seed") if batch else None  # per prompt: s + i from an int s, or one each from a list
-    defaults = {n: p.default for n, p in inspect.signature(generate).parameters.items()}
-    params = SamplingParams.of(params, {k: v for k, v in settings.items() if v is not defaults[k]
-                                        and v != defaults[k]})  # validated once, before any model runs
+    seeds = settings.pop("seed", None) if batch else None  # per prompt: s + i from an int s, or one each from a list
+    if params is not None:  # keywords left at their defaults beside params are not a second set of settings
+        settings = {k: v for k, v in settings.items() if v is not None and v != FIELD_DEFAULTS[k]}
+    params = SamplingParams.of(params, settings)  # validated once, before any model runs
     if batch:
         from multispec.decoding.batch import batch_backend
         from multispec.decoding.batch_offline import generate_batch
@@ -135,7 +124,7 @@ def _check_names(method_options: dict) -> None:
     """Before any work: a keyword that is another library's name for one of generate's arguments, or a near-miss
     of one, gets a did-you-mean line (instead of "method X does not take option Y")."""
     options = set().union(*(entry.option_names for entry in REGISTRY.values()))
-    own = [n for n in inspect.signature(generate).parameters if n != "method_options"] + sorted(FIELDS)
+    own = [n for n in inspect.signature(generate).parameters if n != "settings"] + sorted(FIELDS)
     for name in method_options:
         if name in OTHER_NAMES:
             raise MultispecError(f"generate() has no argument {name!r}; did you mean {OTHER_NAMES[name]}?")

@@ -7,12 +7,15 @@ Everything that does not depend on the model is checked when the object is built
 bounds, min_tokens <= max_new_tokens), so the CLI and the server refuse a bad value before any model loads or any
 request is queued; an error names its field (`ParamError.param`, the server's `param`). What depends on the
 model (token ids against its vocabulary, the defaults of its generation config, the context) is checked by the
-Decoder that takes the request (`Decoder.check_request`), still before any forward. The API, the Decoder, batches, the
-server and the CLI all build or take this one object; the keyword arguments of `generate` are its fields.
+Decoder that takes the request (`Decoder.prepare`, once), still before any forward. The API, the Decoder, batches,
+the server and the CLI all build or take this one object, and this is the one list of its fields: `generate`'s
+keywords, the server's request fields (serve/protocol.py) and the CLI's flags (each field's `_setting` metadata)
+are made from it, and SamplingConfig takes the fields of its own names (sampling.config_values). A new setting is
+a field here and, if it changes the law, a field of SamplingConfig.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass, fields, replace
+from dataclasses import dataclass, field, fields, replace
 
 from multispec.errors import MultispecError, check
 from multispec.validate import integer, logit_bias as check_bias, real, seed as check_seed, stop_strings
@@ -20,6 +23,13 @@ from multispec.validate import token_ids as check_ids
 
 LOGPROBS_MODES = ("raw", "processed")
 MAX_TOP_LOGPROBS = 20  # OpenAI's bound on top alternatives
+
+
+def _setting(default, help: str, cli: bool | str = True, bounds: tuple[int, int] | None = None):
+    """A SamplingParams field with what the CLI and the docs say of it. cli: True (a flag of the field's type:
+    --top-k, a repeatable one for a tuple, --x/--no-x for an optional bool), "file" (a path whose text is the value)
+    or False (no command-line form); bounds: an integer flag's range."""
+    return field(default=default, metadata={"help": help, "cli": cli, "bounds": bounds})
 
 
 class ParamError(MultispecError):
@@ -44,28 +54,36 @@ class SamplingParams:
     JSON text or a pydantic model class), regex, choice (a list of strings) or grammar (Lark or GBNF): the output
     then follows it exactly (`constraint`), and ends with EOS where it completes."""
 
-    max_new_tokens: int = 128
-    temperature: float | None = None
-    top_k: int | None = None
-    top_p: float | None = None
-    min_p: float | None = None
-    repetition_penalty: float | None = None
-    presence_penalty: float | None = None
-    frequency_penalty: float | None = None
-    logit_bias: tuple[tuple[int, float], ...] = ()  # given as {token id: bias}; ids checked against the vocabulary
-    min_tokens: int = 0                              # by the Decoder
-    seed: int | None = None
-    stop: tuple[str, ...] = ()
-    stop_token_ids: tuple[int, ...] = ()
-    ignore_eos: bool = False
-    logprobs: int | None = None
-    prompt_logprobs: bool = False
-    logprobs_mode: str = "raw"
-    reproducible: bool | None = None
-    json_schema: object = None
-    regex: str | None = None
-    choice: tuple[str, ...] | None = None
-    grammar: str | None = None
+    max_new_tokens: int = _setting(128, "The most new tokens (capped, with a warning, where prompt + new tokens "
+                                   "would pass the model's positions).", cli=False)  # each command its own default
+    temperature: float | None = _setting(None, "0 means greedy. Default: the target's generation_config.json (its "
+                                         "temperature/top-k/top-p if it sets do_sample, else greedy).")
+    top_k: int | None = _setting(None, "Keep the k most likely tokens (0 or -1: off, as in vLLM and transformers).")
+    top_p: float | None = _setting(None, "Keep the smallest set of most likely tokens whose mass reaches top_p.")
+    min_p: float | None = _setting(None, "Drop tokens below min_p times the most likely one's probability.")
+    repetition_penalty: float | None = _setting(None, "Divide (multiply, if negative) the logits of tokens seen in "
+                                                "the prompt or the output (1: off).")
+    presence_penalty: float | None = _setting(None, "Lower the logits of tokens the output holds (in [-2, 2]).")
+    frequency_penalty: float | None = _setting(None, "Lower the logits of tokens by how often the output holds them "
+                                               "(in [-2, 2]).")
+    logit_bias: tuple[tuple[int, float], ...] = _setting((), "{token id: bias}: added to the logits.", cli=False)
+    min_tokens: int = _setting(0, "Stop tokens (EOS, stop_token_ids) are impossible before this many new tokens.")
+    seed: int | None = _setting(None, "Sampling seed (default: a fresh one, reported).", bounds=(0, 2**63 - 1))
+    stop: tuple[str, ...] = _setting((), "Stop string (repeatable); the output ends before it.")
+    stop_token_ids: tuple[int, ...] = _setting((), "A token id that ends the output (repeatable), beside EOS.")
+    ignore_eos: bool = _setting(False, "Do not stop at EOS.")
+    logprobs: int | None = _setting(None, "Each new token's logprob and its row's top k.", cli=False)
+    prompt_logprobs: bool = _setting(False, "The prompt's logprobs.", cli=False)
+    logprobs_mode: str = _setting("raw", "raw or processed logprobs.", cli=False)
+    reproducible: bool | None = _setting(None, "With --seed: verify with position-keyed noise so that the seed alone "
+                                         "fixes the text, whatever the method or its plans (docs/reproducible.md).")
+    json_schema: object = _setting(None, "Structured output: the output is JSON valid under this JSON schema file "
+                                   "(docs/structured.md).", cli="file")
+    regex: str | None = _setting(None, "Structured output: the output matches this regular expression.")
+    choice: tuple[str, ...] | None = _setting(None, "Structured output: the output is one of these strings "
+                                              "(repeatable).")
+    grammar: str | None = _setting(None, "Structured output: the output follows this grammar file (Lark, or "
+                                   "llama.cpp's GBNF).", cli="file")
 
     def __post_init__(self) -> None:
         for f in fields(self):
@@ -188,17 +206,15 @@ def _checked_init(init):
     return __init__
 
 
+FIELD_DEFAULTS = {f.name: f.default for f in fields(SamplingParams)}
 SamplingParams.__init__ = _checked_init(SamplingParams.__init__)  # type: ignore[method-assign]
 
 
 def _check_ranges(p: SamplingParams) -> None:
     """The processors' ranges, by the one object that defines them (SamplingConfig), each error naming its field."""
-    from multispec.sampling import SamplingConfig
+    from multispec.sampling import config_values, SamplingConfig
 
-    values = dict(temperature=1.0 if p.temperature is None else p.temperature, top_k=p.top_k, top_p=p.top_p,
-                  min_p=p.min_p, logit_bias=p.logit_bias, min_tokens=p.min_tokens,
-                  repetition_penalty=1.0 if p.repetition_penalty is None else p.repetition_penalty,
-                  presence_penalty=p.presence_penalty or 0.0, frequency_penalty=p.frequency_penalty or 0.0)
+    values = config_values(p)
     for name in values:  # one field at a time, so the error names the right one
         try:
             SamplingConfig(**{name: values[name]})

@@ -16,7 +16,7 @@ law plain decoding would use after that path (decoding/engine.py builds the per-
 """
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from typing import Any
 
 import torch
@@ -120,6 +120,17 @@ class SamplingConfig:
     def adjusts(self) -> bool:
         """Whether any processor changes the logits before temperature (so greedy is not the raw argmax)."""
         return self.reads_history or bool(self.logit_bias)
+
+
+BOUND_BY_DECODER = ("grammar",)  # SamplingConfig fields the Decoder fills (a grammar compiled for its tokenizer)
+
+
+def config_values(params) -> dict:
+    """The SamplingConfig fields a request sets, by name: every SamplingConfig field that `params` (a
+    multispec.params.SamplingParams) has too, where it is not None (None: the config's default, i.e. off). The one
+    map from a request to its law; the Decoder adds what depends on the model (Decoder.check_request)."""
+    return {f.name: getattr(params, f.name) for f in fields(SamplingConfig)
+            if f.name not in BOUND_BY_DECODER and getattr(params, f.name, None) is not None}
 
 
 @dataclass

@@ -7,7 +7,7 @@ import click
 
 from multispec.cli import cli
 from multispec.cli.common import (chat_template_option, device_options, method_option, model_options,
-                                  read_chat_template, sampling_options, user_message)
+                                  read_chat_template, sampling_options, sampling_settings, user_message)
 from multispec.cli.method_options import check_method_options, collect_method_options, method_options
 from multispec.errors import MultispecError, check
 
@@ -24,8 +24,8 @@ PROMPT = ">>> "
 @click.option("--system", help="The system message.")
 @chat_template_option
 @device_options
-def chat_command(target, draft, cross_vocab, method, temperature, top_k, top_p, seed, max_new_tokens, system,
-                 chat_template, device, dtype, backend, threads, **method_kw):
+def chat_command(target, draft, cross_vocab, method, max_new_tokens, system, chat_template, device, dtype, backend,
+                 threads, **flags):
     """Chat with the target model: type a message, read the streamed reply (Ctrl-C ends a reply, Ctrl-D leaves)."""
     from multispec.api import load_pair, resolve_device
     from multispec.cli.generate_cmd import _check_proposers, _summary
@@ -36,9 +36,8 @@ def chat_command(target, draft, cross_vocab, method, temperature, top_k, top_p, 
     from multispec.threads import set_threads
 
     # every check that needs no model first
-    params = SamplingParams(max_new_tokens=max_new_tokens, temperature=temperature, top_k=top_k, top_p=top_p,
-                            seed=seed)
-    options = collect_method_options(method_kw)
+    params = SamplingParams(max_new_tokens=max_new_tokens, **sampling_settings(flags))  # the rest: method options
+    options = collect_method_options(flags)
     config = check_method_options(method, options)
     template = read_chat_template(chat_template)
     check(system is None or system.strip() != "", "--system is empty")
@@ -69,7 +68,7 @@ def chat_command(target, draft, cross_vocab, method, temperature, top_k, top_p, 
         try:
             turn_messages = messages + [user_message(line, "the message")]
             ids = encode_chat(pair.tokenizer, vocab_rows(pair.target), turn_messages, template)
-            reply = _reply(decoder, ids, params.replace(seed=None if seed is None else seed + turn))
+            reply = _reply(decoder, ids, params.replace(seed=None if params.seed is None else params.seed + turn))
         except MultispecError as e:
             click.echo(f"error: {e}", err=True)
             continue

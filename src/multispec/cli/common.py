@@ -1,10 +1,12 @@
 """Options that `generate` and `chat` share, declared once: the models, and how to sample. Each decorator adds its
 options to a command in the order they appear in --help."""
+import dataclasses
+import types
+import typing
+
 import click
 
 from multispec.errors import MultispecError, check
-
-SEED_MAX = 2**63 - 1
 
 
 def _apply(options: list):
@@ -24,14 +26,58 @@ model_options = _apply([
                  "target's tokenizer (chains only). docs/cross_vocab.md"),
 ])
 
-sampling_options = _apply([
-    click.option("--temperature", type=float, help="0 means greedy. Default: the target's generation_config.json "
-                 "(its temperature/top-k/top-p if it sets do_sample, else greedy)."),
-    click.option("--top-k", type=int, help="Keep the k most likely tokens (0 or -1: off, as in vLLM and "
-                 "transformers)."),
-    click.option("--top-p", type=float),
-    click.option("--seed", type=click.IntRange(0, SEED_MAX), help="Sampling seed (default: a fresh one, reported)."),
-])
+def _sampling_flag(f, tp):
+    """One click option for SamplingParams field `f` of type `tp`, as its metadata says (params._setting)."""
+    flag, help_text = "--" + f.name.replace("_", "-"), f.metadata.get("help")
+    if f.metadata.get("cli") == "file":
+        return click.option(flag, f.name, type=click.Path(exists=True, dir_okay=False), help=help_text)
+    args = [a for a in typing.get_args(tp) if a is not type(None)] if typing.get_origin(tp) in (
+        typing.Union, types.UnionType) else [tp]
+    base = args[0] if len(args) == 1 else str
+    if base is bool:
+        optional = len(args) < len(typing.get_args(tp)) if typing.get_args(tp) else False
+        if optional:  # None, True or False: --x / --no-x
+            return click.option(f"{flag}/--no-{flag[2:]}", f.name, default=None, help=help_text)
+        return click.option(flag, f.name, is_flag=True, default=None, help=help_text)
+    if typing.get_origin(base) is tuple:  # repeatable
+        element = typing.get_args(base)[0]
+        return click.option(flag, f.name, multiple=True, type=element if element in (int, float, str) else str,
+                            help=help_text)
+    bounds = f.metadata.get("bounds")
+    kind = click.IntRange(*bounds) if base is int and bounds else base if base in (int, float, str) else str
+    return click.option(flag, f.name, type=kind, help=help_text)
+
+
+def sampling_options(command):
+    """Decorator: a flag for every SamplingParams field that has a command-line form (its metadata), in field
+    order; the command receives them as keyword arguments (`sampling_settings` takes them back)."""
+    from multispec.params import SamplingParams
+
+    hints = typing.get_type_hints(SamplingParams)
+    flags = [_sampling_flag(f, hints[f.name]) for f in dataclasses.fields(SamplingParams)
+             if f.metadata.get("cli", True) is not False]
+    return _apply(flags)(command)
+
+
+def sampling_settings(kwargs: dict) -> dict:
+    """Take the SamplingParams fields out of a command's keyword arguments: those given (a file flag's file read
+    here; SamplingParams checks its content)."""
+    from multispec.params import SamplingParams
+
+    out: dict = {}
+    for f in dataclasses.fields(SamplingParams):
+        value = kwargs.pop(f.name, None)
+        if value is None or value == ():
+            continue
+        if f.metadata.get("cli") == "file":
+            try:
+                with open(value, encoding="utf-8-sig") as fh:
+                    value = fh.read()
+            except (OSError, UnicodeDecodeError) as e:
+                raise MultispecError(f"--{f.name.replace('_', '-')}: cannot read {value}: {e}") from None
+        out[f.name] = value
+    return out
+
 
 device_options = _apply([
     click.option("--device", help="cpu, cuda or cuda:N (default: cuda when available, else cpu)."),

@@ -8,7 +8,7 @@ import click
 
 from multispec.cli import cli
 from multispec.cli.common import (chat_template_option, decode_text, device_options, method_option, model_options,
-                                  read_chat_template, sampling_options, user_message)
+                                  read_chat_template, sampling_options, sampling_settings, user_message)
 from multispec.cli.method_options import check_method_options, collect_method_options, method_options
 from multispec.decoding.methods import REGISTRY
 from multispec.errors import MultispecError, check
@@ -30,15 +30,6 @@ from multispec.models.int8 import QUANT_DTYPES
 @sampling_options
 @click.option("--max-new-tokens", type=click.IntRange(min=1), default=128, show_default=True,
               help="Capped, with a warning, where prompt + new tokens would pass the model's positions.")
-@click.option("--reproducible/--no-reproducible", default=None, help="With --seed: verify with position-keyed noise "
-              "so that the seed alone fixes the text, whatever the method or its plans (docs/reproducible.md).")
-@click.option("--stop", multiple=True, help="Stop string (repeatable); the output ends before it.")
-@click.option("--json-schema", "json_schema", type=click.Path(exists=True, dir_okay=False),
-              help="Structured output: the output is JSON valid under this JSON schema file (docs/structured.md).")
-@click.option("--regex", help="Structured output: the output matches this regular expression.")
-@click.option("--choice", multiple=True, help="Structured output: the output is one of these strings (repeatable).")
-@click.option("--grammar", type=click.Path(exists=True, dir_okay=False),
-              help="Structured output: the output follows this grammar file (Lark, or llama.cpp's GBNF).")
 @click.option("--chat", "chat", metavar="MESSAGE", help="A user message instead of PROMPT: the prompt is the "
               "conversation rendered by the target's chat template (with --system); prints the reply.")
 @click.option("--system", help="With --chat: the system message.")
@@ -52,9 +43,10 @@ from multispec.models.int8 import QUANT_DTYPES
               "profile file (multispec profile measure), read only; default: the cache folder's.")
 @click.option("--baseline", is_flag=True, help="Also run plain decoding (ar) on the same settings and report the "
               "speedup over it: the median of 3 to 5 alternating runs of each, with its min-max spread.")
-def generate_command(prompt, prompt_file, per_line, batch_size, target, draft, cross_vocab, method, temperature, top_k,
-                     top_p, seed, max_new_tokens, reproducible, stop, json_schema, regex, choice, grammar, chat, system, chat_template, compile_, device,
-                     dtype, backend, threads, stream, as_json, profile, baseline, **method_kw):
+def generate_command(prompt, prompt_file, per_line, batch_size, target, draft, cross_vocab, method, max_new_tokens,
+                     chat, system, chat_template, compile_, device, dtype, backend, threads, stream, as_json, profile,
+                     baseline,
+                     **flags):
     """Generate a continuation of PROMPT with speculative decoding ('-': read it from stdin)."""
     from multispec.api import generate, load_pair, resolve_device
     from multispec.params import SamplingParams
@@ -78,10 +70,10 @@ def generate_command(prompt, prompt_file, per_line, batch_size, target, draft, c
                                       "file, or --lines)")
     check(not (many and (baseline or stream)), "--baseline and --stream take one prompt")
     prompt = prompts[0]
-    options = collect_method_options(method_kw)
-    params = SamplingParams(max_new_tokens=max_new_tokens, temperature=temperature, top_k=top_k, top_p=top_p,
-                            seed=seed, stop=list(stop), reproducible=reproducible,
-                            **_structured(json_schema, regex, choice, grammar))  # the request, checked once
+    settings = sampling_settings(flags)  # the sampling flags; the rest are the method's options
+    options = collect_method_options(flags)
+    params = SamplingParams(max_new_tokens=max_new_tokens, **settings)  # the request, checked once
+    temperature = params.temperature
     config = check_method_options(method, options)
     if profile is not None:
         from multispec.profile import MachineProfile
@@ -366,20 +358,3 @@ def _read_prompt(prompt: str | None, prompt_file: tuple[str, ...] | str | None) 
 
     check_text(prompt, "the PROMPT argument")  # argv bytes that were not UTF-8 reach Python as lone surrogates
     return prompt
-
-
-def _structured(json_schema, regex, choice, grammar) -> dict:
-    """The structured-output settings from the flags (files read here; SamplingParams checks their content)."""
-    out: dict = {}
-    for name, path in (("json_schema", json_schema), ("grammar", grammar)):
-        if path is not None:
-            try:
-                with open(path, encoding="utf-8-sig") as f:
-                    out[name] = f.read()
-            except (OSError, UnicodeDecodeError) as e:
-                raise MultispecError(f"--{name.replace('_', '-')}: cannot read {path}: {e}") from None
-    if regex is not None:
-        out["regex"] = regex
-    if choice:
-        out["choice"] = list(choice)
-    return out

@@ -13,20 +13,21 @@ from multispec.decoding.batch import (CROSS_VOCAB_NOTE, MAX_BATCH, SEQUENTIAL_NO
 from multispec.decoding.decoder import Decoder, GenerationResult
 from multispec.errors import MultispecError, attach_partial, check
 from multispec.params import SamplingParams
-from multispec.validate import integer, seed_or_fresh
+from multispec.validate import integer, seed as check_seed
 
 
-def seeds_for(seed, count: int) -> list[int]:
-    """Per-sequence seeds: a list (one per prompt), an int s (sequence i gets s + i, reported in its stats), or
-    None (a fresh seed each)."""
+def seeds_for(seed, count: int) -> list[int | None]:
+    """Per-sequence seeds as given: a list (one per prompt), an int s (sequence i gets s + i, reported in its
+    stats), or None (None each: the Decoder draws a fresh seed per prompt)."""
     if isinstance(seed, (list, tuple)):
         check(len(seed) == count, f"seed: got {len(seed)} seeds for {count} prompts; give one per prompt, one int "
                                   "(sequence i then uses seed + i) or none")
-        return [seed_or_fresh(s) for s in seed]
+        return [check_seed(s) for s in seed]
     if seed is None:
-        return [seed_or_fresh(None) for _ in range(count)]
-    base = seed_or_fresh(seed)
-    return [seed_or_fresh(base + i) for i in range(count)]
+        return [None] * count
+    base = check_seed(seed)
+    assert base is not None
+    return [check_seed(base + i) for i in range(count)]
 
 
 def generate_batch(decoder: Decoder, prompts, params: SamplingParams | None = None, batch_size: int | None = None,
@@ -43,31 +44,30 @@ def generate_batch(decoder: Decoder, prompts, params: SamplingParams | None = No
     from on_result stops the running sequences after their current round and is raised at once. Either way the
     exception carries `.partial`: one result per prompt, finished or not (finish_reason "abort" for a sequence cut
     short, with its tokens so far, or never started, empty)."""
-    encoded = _check_prompts(decoder, prompts)
+    check(isinstance(prompts, (list, tuple)), f"prompts must be a list of prompts, got {type(prompts).__name__}")
+    check(len(prompts) >= 1, "the list of prompts is empty; give at least one prompt")
     params = SamplingParams.of(params, settings)
     check(seed is None or params.seed is None, "give the seed in params or as seed=, not both")
     size = integer(batch_size, "batch_size")
     check(size is None or 1 <= size <= MAX_BATCH, f"batch_size must be an integer in [1, {MAX_BATCH}], got {size!r}")
     size = min(size or len(prompts), len(prompts), MAX_BATCH)
-    given = seed if seed is not None else params.seed
-    seeds = seeds_for(given, len(prompts))
-    sampling = decoder.check_request(params)  # the model's checks too, before any work
-    # the mode follows the seed the caller gave, as for one prompt (a drawn seed does not turn it on)
-    params = params.replace(reproducible=decoder.reproducible_mode(params.reproducible, given, sampling))
-    max_new_tokens = params.max_new_tokens
-    group, notes = _batch_group(decoder, encoded, size, max_new_tokens)
+    # every prompt prepared (encoded, checked, its seed and mode decided) before any of them decodes
+    prepared = decoder.prepare_many(list(prompts), params, seeds_for(seed if seed is not None else params.seed,
+                                                                     len(prompts)))
+    _check_one_kind(prompts)
+    group, notes = _batch_group(decoder, [p.prompt_ids for p in prepared], size, params.max_new_tokens)
     results: list = [None] * len(prompts)
     errors: list = [None] * len(prompts)
 
     def one(lane: Decoder, i: int) -> None:
         try:
-            results[i] = lane.generate(prompts[i], params.replace(seed=seeds[i]))
+            results[i] = lane.run_prepared(prepared[i])
             results[i].stats["warnings"].extend(notes)
         except Cancelled as e:  # the batch was interrupted: keep this sequence's tokens so far
             results[i] = e.partial
         except Exception as e:  # noqa: BLE001 - kept, raised after the others finish
             errors[i] = e
-            results[i] = getattr(e, "partial", None) or _empty(seeds[i])
+            results[i] = getattr(e, "partial", None) or _empty(prepared[i].seed)
 
     def done(i: int) -> None:
         if on_result is not None and errors[i] is None:
@@ -80,14 +80,14 @@ def generate_batch(decoder: Decoder, prompts, params: SamplingParams | None = No
         else:
             _decode_in_lanes(group, len(prompts), one, done)
     except BaseException as e:  # an interrupt or an on_result error: every prompt's result goes with it
-        attach_partial(e, [r if r is not None else _empty(s) for r, s in zip(results, seeds)])
+        attach_partial(e, [r if r is not None else _empty(p.seed) for r, p in zip(results, prepared)])
         raise
     _add_batch_stats(results, group, size, time.perf_counter() - start)
     _raise_first_error(errors, results)
     return results
 
 
-def _batch_group(decoder: Decoder, encoded: list[list[int]], size: int,
+def _batch_group(decoder: Decoder, encoded: list[tuple[int, ...]], size: int,
                  max_new_tokens: int) -> tuple[BatchGroup | None, list[str]]:
     """The group of `size` lanes the prompts decode on (None: one at a time, on the decoder itself, at batch size 1
     or where the decoder cannot batch), and the notes every result's stats then carry. At batch size 1 a lane only
@@ -102,24 +102,13 @@ def _batch_group(decoder: Decoder, encoded: list[list[int]], size: int,
     return BatchGroup(decoder, size, rows), []
 
 
-def _check_prompts(decoder: Decoder, prompts) -> list[list[int]]:
-    """Each prompt a str or token ids (as `encode_prompt` takes them), all of one kind; returns their token ids.
-    Errors name the prompt by its index, prompts[i], as the results and the CLI's JSON lines do."""
-    from multispec.text import encode_prompt
-
-    check(isinstance(prompts, (list, tuple)), f"prompts must be a list of prompts, got {type(prompts).__name__}")
-    check(len(prompts) >= 1, "the list of prompts is empty; give at least one prompt")
-    encoded = []
-    for i, p in enumerate(prompts):
-        try:
-            encoded.append(encode_prompt(decoder.pair.tokenizer, decoder.vocab_size, p))
-        except MultispecError as e:
-            raise MultispecError(f"prompts[{i}]: {e}") from None
+def _check_one_kind(prompts) -> None:
+    """The prompts (each encoded by Decoder.prepare_many, its errors naming it, prompts[i]) are all str or all
+    token ids."""
     first = isinstance(prompts[0], str)
     other = next((i for i, p in enumerate(prompts) if isinstance(p, str) != first), None)
     check(other is None, f"the prompts mix strings and token-id lists (prompts[0] is "
                          f"{'a str' if first else 'token ids'}, prompts[{other}] is not); give one kind")
-    return encoded
 
 
 def _decode_in_turn(decoder: Decoder, count: int, one, done, results: list) -> None:

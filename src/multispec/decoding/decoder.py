@@ -14,13 +14,15 @@ inside a generation; runs report observations, and only an explicit save of `upd
 from __future__ import annotations
 
 from dataclasses import fields
-from typing import Any, Callable
+from typing import Callable
 
 from multispec.decoding.engine import generate_ids
 from multispec.decoding.logprobs import LogprobRecorder
 from multispec.decoding.methods import MethodConfig, build_method, get_method
 from multispec.decoding.metrics import Metrics
 from multispec.decoding.parts import DecoderParts
+from multispec.decoding.request import (PreparedRequest, fit_context, prepare_one, prompt_ids, reproducible_mode,
+                                        sampling_law)
 from multispec.decoding.result import GenerationResult
 from multispec.decoding.state import choose_verifier
 from multispec.decoding.pair_checks import (backend_name, cross_vocab_backend, refuse_trees_where_inexact,
@@ -31,9 +33,8 @@ from multispec.models.base import Backend
 from multispec.params import ParamError, SamplingParams
 from multispec.profile import MachineProfile
 from multispec.sampling import SamplingConfig
-from multispec.decoding.grammar import grammar_stats, request_grammar
-from multispec.text import StopStrings, Streamer, encode_prompt
-from multispec.validate import logit_bias as check_logit_bias, seed_or_fresh, token_ids
+from multispec.decoding.grammar import grammar_stats
+from multispec.text import StopStrings, Streamer
 
 
 class Decoder:
@@ -154,22 +155,8 @@ class Decoder:
 
     # ------------------------------------------------------------------ token ids
     def fit_context(self, prompt_len: int, max_new_tokens: int, warnings: list[str]) -> int:
-        """max_new_tokens that fits the context: refuse a prompt that fills it; cap max_new_tokens with a warning
-        (vLLM's behaviour)."""
-        limit = self.context
-        if limit is None:
-            return max_new_tokens
-        if max_new_tokens == 0:  # the prompt's logprobs only: every position may hold a prompt token
-            check(prompt_len <= limit, f"the prompt has {prompt_len} tokens but the model has {limit} positions; "
-                                       f"shorten it to at most {limit} tokens")
-            return 0
-        check(prompt_len < limit, f"the prompt has {prompt_len} tokens but the model has {limit} positions; "
-                                  f"shorten it to at most {limit - 1} tokens (e.g. keep its last ones)")
-        if prompt_len + max_new_tokens > limit:
-            warnings.append(f"max_new_tokens capped from {max_new_tokens} to {limit - prompt_len}: the prompt's "
-                            f"{prompt_len} tokens + {max_new_tokens} would pass the model's {limit} positions")
-            return limit - prompt_len
-        return max_new_tokens
+        """max_new_tokens that fits the context (request.fit_context)."""
+        return fit_context(self.context, prompt_len, max_new_tokens, warnings)
 
     def run(self, prompt_ids: list[int], sampling: SamplingConfig, max_new_tokens: int, seed: int,
             stop=None, on_tokens=None, reproducible: bool = False, eos_ids: set[int] | None = None,
@@ -223,58 +210,69 @@ class Decoder:
 
     # ------------------------------------------------------------------ text
     def check_request(self, params: SamplingParams) -> SamplingConfig:
-        """The checks of a request that depend on the model (token ids, the grammar), then its sampling law: the
-        explicit settings, the rest from the target's generation config as transformers' `generate` takes them (its
-        temperature, top_k and top_p when it sets do_sample, else greedy); processors are off unless given."""
-        try:
-            bias = check_logit_bias(params.logit_bias, self.vocab_size)
-        except MultispecError as e:
-            raise ParamError(str(e), "logit_bias") from None
-        try:
-            token_ids(params.stop_token_ids, "stop_token_ids", self.vocab_size)
-        except MultispecError as e:
-            raise ParamError(str(e), "stop_token_ids") from None
-        top_k, top_p, temperature = params.top_k, params.top_p, params.temperature
-        processors: dict[str, Any] = dict(
-            grammar=request_grammar(params, self), min_p=params.min_p, logit_bias=bias, min_tokens=params.min_tokens,
-            repetition_penalty=1.0 if params.repetition_penalty is None else params.repetition_penalty,
-            presence_penalty=params.presence_penalty or 0.0, frequency_penalty=params.frequency_penalty or 0.0)
-        if temperature is None:
-            gc = getattr(self.pair.target, "generation_config", None)
-            if gc is None or not getattr(gc, "do_sample", False):
-                return SamplingConfig(temperature=0.0, top_k=top_k, top_p=top_p, **processors)
-            temperature = float(gc.temperature if gc.temperature is not None else 1.0)
-            top_k = top_k if top_k is not None else (gc.top_k or None)  # transformers' top_k 0 means off
-            top_p = top_p if top_p is not None else (gc.top_p if gc.top_p is not None and gc.top_p < 1.0 else None)
-        return SamplingConfig(temperature=temperature, top_k=top_k, top_p=top_p, **processors)
+        """The checks of a request that depend on the model, then its sampling law, the grammar compiled
+        (request.sampling_law). `prepare` calls it once per request."""
+        return sampling_law(self, params)
 
-    def generate(self, prompt, params: SamplingParams | None = None, *, stream: Callable[[str], None] | None = None,
-                 stream_chunks: bool = False, **settings) -> GenerationResult:
-        """Decode `prompt` with `params` (a SamplingParams; or its fields as keywords: max_new_tokens,
-        temperature, ..., see `multispec.generate`). Every input is checked before any model runs; a failure
-        part-way raises with `.partial`, the GenerationResult of the tokens committed so far (finish_reason
-        "abort"). stream(text_delta) as text is committed; stream_chunks (the server's): `stream` gets
-        text.StreamChunks, each delta with the tokens it covers and their logprobs, instead of bare deltas."""
+    def prepare(self, prompt=None, params: SamplingParams | None = None, *, messages: list[dict] | None = None,
+                chat_template: str | None = None, **settings) -> PreparedRequest:
+        """Check and default one request, once, before any model runs: prompt (a str, or token ids) or messages (a
+        conversation, rendered by the chat template: text.encode_chat), params (a SamplingParams, or its fields as
+        keywords). Returns the PreparedRequest that `run_prepared` runs without checking it again (the grammar
+        compiled, the seed drawn when None, the reproducible mode decided, max_new_tokens fitted to the context)."""
         params = SamplingParams.of(params, settings)
         sampling = self.check_request(params)
-        reproducible = self.reproducible_mode(params.reproducible, params.seed, sampling)
-        ends = (set() if params.ignore_eos else set(self.eos_ids)) | set(params.stop_token_ids)
+        return prepare_one(self, prompt_ids(self, prompt, messages, chat_template), params, sampling, params.seed)
+
+    def prepare_many(self, prompts: list, params: SamplingParams, seeds: list | None = None) -> list[PreparedRequest]:
+        """`prepare` for several prompts (str or token ids) with one SamplingParams, checked once (one grammar
+        compiled, shared: each run starts its own state). seeds: one per prompt (None: a fresh one, and the
+        reproducible mode's default off, as for one prompt), or None: params.seed for every prompt. An error names
+        its prompt, prompts[i]."""
+        sampling = self.check_request(params)
+        seeds = [params.seed] * len(prompts) if seeds is None else seeds
+        check(len(seeds) == len(prompts), f"internal: {len(seeds)} seeds for {len(prompts)} prompts")
+        out = []
+        for i, (prompt, seed) in enumerate(zip(prompts, seeds)):
+            try:
+                out.append(prepare_one(self, prompt_ids(self, prompt, None, None), params, sampling, seed))
+            except ParamError:  # a setting's error: not the prompt's
+                raise
+            except MultispecError as e:
+                raise MultispecError(f"prompts[{i}]: {e}") from None
+        return out
+
+    def generate(self, prompt=None, params: SamplingParams | None = None, *,
+                 stream: Callable[[str], None] | None = None, stream_chunks: bool = False,
+                 messages: list[dict] | None = None, chat_template: str | None = None,
+                 **settings) -> GenerationResult:
+        """Decode `prompt` (or `messages`) with `params` (a SamplingParams; or its fields as keywords:
+        max_new_tokens, temperature, ..., see `multispec.generate`): `prepare`, then `run_prepared`. Every input is
+        checked before any model runs; a failure part-way raises with `.partial`, the GenerationResult of the tokens
+        committed so far (finish_reason "abort"). stream(text_delta) as text is committed; stream_chunks (the
+        server's): `stream` gets text.StreamChunks, each delta with the tokens it covers and their logprobs,
+        instead of bare deltas."""
+        check(stream is None or callable(stream), f"stream must be a callable taking a text delta, got {stream!r}")
+        check(isinstance(stream_chunks, bool), f"stream_chunks must be True or False, got {stream_chunks!r}")
+        prepared = self.prepare(prompt, params, messages=messages, chat_template=chat_template, **settings)
+        return self.run_prepared(prepared, stream=stream, stream_chunks=stream_chunks)
+
+    def run_prepared(self, prepared: PreparedRequest, *, stream: Callable[[str], None] | None = None,
+                     stream_chunks: bool = False) -> GenerationResult:
+        """Decode a request `prepare` checked (nothing is checked again); see `generate` for stream, stream_chunks
+        and the partial result of a failure."""
+        params, sampling, seed, warnings = prepared.params, prepared.sampling, prepared.seed, list(prepared.warnings)
         recorder = None
         if params.wants_logprobs:
             recorder = LogprobRecorder(top=0 if params.logprobs is None else params.logprobs,
                                        mode=params.logprobs_mode, prompt=params.prompt_logprobs)
-        seed = seed_or_fresh(params.seed)
-        stops = StopStrings(self.pair.tokenizer, list(params.stop), after_tokens=sampling.min_tokens)
-        check(stream is None or callable(stream), f"stream must be a callable taking a text delta, got {stream!r}")
-        check(isinstance(stream_chunks, bool), f"stream_chunks must be True or False, got {stream_chunks!r}")
-        ids = encode_prompt(self.pair.tokenizer, self.vocab_size, prompt)
-        warnings: list[str] = []
-        max_new_tokens = self.fit_context(len(ids), params.max_new_tokens, warnings)
+        stops = StopStrings(self.pair.tokenizer, list(prepared.stop), after_tokens=sampling.min_tokens)
+        ids = list(prepared.prompt_ids)
         streamer = Streamer(stops, stream, tokens=stream_chunks,
                             recorder=recorder if params.logprobs is not None else None)
         try:
-            new, metrics = self.run(ids, sampling, max_new_tokens, seed, stops.cut_ids if stops else None,
-                                    streamer.on_tokens, reproducible, ends, recorder)
+            new, metrics = self.run(ids, sampling, prepared.max_new_tokens, seed, stops.cut_ids if stops else None,
+                                    streamer.on_tokens, prepared.reproducible, set(prepared.eos_ids), recorder)
         except BaseException as e:  # keep what was committed: the caller gets it as e.partial, then the error
             new = list(streamer.latest)
             attach_partial(e, GenerationResult(token_ids=new, text=stops.decode(new),
@@ -283,8 +281,8 @@ class Decoder:
             raise
         text, new_ids = stops.final(new)
         streamer.flush(text, new_ids)
-        stats = self.stats(metrics, sampling, reproducible)
-        stats.update(seed=seed, prompt_tokens=len(ids), max_new_tokens=max_new_tokens, warnings=warnings)
+        stats = self.stats(metrics, sampling, prepared.reproducible)
+        stats.update(seed=seed, prompt_tokens=len(ids), max_new_tokens=prepared.max_new_tokens, warnings=warnings)
         stats.update(grammar_stats(sampling.grammar, new_ids, metrics, warnings))
         if recorder is not None:
             stats["logprobs_mode"] = recorder.mode
@@ -294,18 +292,8 @@ class Decoder:
             prompt_logprobs=recorder.prompt_tokens if recorder is not None and params.prompt_logprobs else None)
 
     def reproducible_mode(self, reproducible: bool | None, seed, sampling: SamplingConfig) -> bool:
-        """Whether a run verifies with position-keyed noise (the text fixed by the seed whatever the method, plan
-        or batch). None: on for a seeded run of a method whose registry entry says so (auto, whose plans follow
-        measured timings: without the mode its seed would not fix its text); off otherwise, where a seed already
-        fixes a method's own run and the mode costs up to 20 % of sd's speed (docs/reproducible.md)."""
-        check(reproducible is None or isinstance(reproducible, bool),
-              f"reproducible must be True, False or None, got {reproducible!r}")
-        has_mode = not self.config.target_init
-        if reproducible is None:
-            return self.entry.reproducible_when_seeded and seed is not None and has_mode and not sampling.greedy
-        check(not reproducible or has_mode, f"method {self.config.name!r} draws level 1 from the target (P1's "
-                                            "longest chain): it has no reproducible mode")
-        return reproducible and not sampling.greedy
+        """Whether a run verifies with position-keyed noise (request.reproducible_mode)."""
+        return reproducible_mode(self, reproducible, seed, sampling)
 
     def stats(self, metrics: Metrics, sampling: SamplingConfig, reproducible: bool = False) -> dict:
         """The stats schema (docs/architecture.md): what ran, then the metrics record, then the policy's own report

@@ -1,5 +1,5 @@
 """The HTTP layer: OpenAI-compatible endpoints over the scheduler. No generation logic here: handlers validate a
-request (pydantic, at the edge), turn it into a Job, and relay the scheduler's events as one JSON response or as
+request (pydantic, at the edge), prepare it (Decoder.prepare, off the event loop), and relay the scheduler's events as one JSON response or as
 server-sent events (`data: {chunk}` lines, then `data: [DONE]`). Every refusal is an OpenAI-style error object.
 """
 from __future__ import annotations
@@ -14,6 +14,7 @@ from fastapi.responses import Response, StreamingResponse
 from pydantic import BaseModel
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
+from multispec.decoding.request import PreparedRequest
 from multispec.errors import MultispecError
 from multispec.serve.edge import APIError, Edge, RequireApiKey, ServeSettings, error_json, refuse
 from multispec.serve.memory import cache_report, choose_max_model_len
@@ -23,7 +24,7 @@ from multispec.serve.protocol import (AssistantMessage, ChatChoice, ChatChunkCho
                                       CompletionRequest, CompletionResponse, Delta, DetokenizeRequest,
                                       DetokenizeResponse, ErrorResponse, ModelCard, ModelList, SpecDecodeMetrics,
                                       TokenizeRequest, TokenizeResponse, Usage)
-from multispec.serve.scheduler import Job, QueueFull, Scheduler, decoder_generate
+from multispec.serve.scheduler import QueueFull, Scheduler, decoder_generate
 from multispec.serve.shapes import (StreamedLogprobs, TokenText, chat_logprobs, completion_logprobs,
                                     text_offsets)
 
@@ -35,8 +36,8 @@ COMPLETION_DEFAULT_MAX_TOKENS = 16  # OpenAI's default for /v1/completions
 
 def create_app(pair, settings: ServeSettings, generate_fn=None) -> FastAPI:
     """The ASGI app serving `pair`: one Decoder per worker, built here (the method and its trained models are
-    checked and read now, once), and the batch slots' caches. generate_fn(decoder, prompt_ids, **sampling) ->
-    GenerationResult: the Decoder's own `generate` unless given (tests pass a blocking one). app.state.cache_report:
+    checked and read now, once), and the batch slots' caches. generate_fn(decoder, PreparedRequest, stream=,
+    stream_chunks=) -> GenerationResult: the Decoder's own `run_prepared` unless given (tests pass a blocking one). app.state.cache_report:
     the caches' memory, one line for start-up."""
     from multispec.decoding.decoder import Decoder
     from multispec.decoding.methods import DEFAULT_METHOD
@@ -149,8 +150,8 @@ def create_app(pair, settings: ServeSettings, generate_fn=None) -> FastAPI:
         score_prompt = req.echo and (req.logprobs is not None or max_tokens == 0)
         budget = "max_tokens" if req.max_tokens is not None or req.max_completion_tokens is None else \
             "max_completion_tokens"
-        jobs = [edge.job(req, ids, max_tokens, param, j, logprobs=req.logprobs, prompt_logprobs=score_prompt,
-                         budget_param=budget) for _, ids, param in prompts for j in range(req.n)]
+        jobs = await edge.off_loop(edge.prepare, req, [(ids, param) for _, ids, param in prompts], max_tokens,
+                                   req.logprobs, score_prompt, budget)
         texts = [p if isinstance(p, str) else None for p, _, _ in prompts for _ in range(req.n)]
         return await _respond(request, req, jobs, chat=False, prompt_texts=texts)
 
@@ -174,11 +175,10 @@ def create_app(pair, settings: ServeSettings, generate_fn=None) -> FastAPI:
             max_tokens = max(1, edge.context - len(ids))
         logprobs = (req.top_logprobs or 0) if req.logprobs else None
         budget = "max_completion_tokens" if req.max_completion_tokens is not None else "max_tokens"
-        jobs = [edge.job(req, ids, max_tokens, "messages", j, logprobs=logprobs, budget_param=budget)
-                for j in range(req.n)]
+        jobs = await edge.off_loop(edge.prepare, req, [(ids, "messages")], max_tokens, logprobs, False, budget)
         return await _respond(request, req, jobs, chat=True)
 
-    async def _respond(request: Request, req, jobs: list[Job], chat: bool, prompt_texts=None):
+    async def _respond(request: Request, req, jobs: list[PreparedRequest], chat: bool, prompt_texts=None):
         runs = []
         try:
             for job in jobs:
@@ -206,7 +206,7 @@ class _Reply:
     """Relays a request's runs (one per prompt and sample; choice index i is runs[i]) to its client, as one
     response or as server-sent events."""
 
-    def __init__(self, req, jobs: list[Job], runs: list, chat: bool, settings: ServeSettings, metrics: ServerMetrics,
+    def __init__(self, req, jobs: list[PreparedRequest], runs: list, chat: bool, settings: ServeSettings, metrics: ServerMetrics,
                  request: Request, live: dict | None, edge: Edge, prompt_texts: list | None = None):
         self.req, self.jobs, self.runs, self.chat = req, jobs, runs, chat
         self.live = {} if live is None else live
@@ -315,7 +315,7 @@ class _Reply:
         offsets = text_offsets(self.edge.decode, ids, result.text)  # into the choice's text
         if self.req.echo:
             echo = self._echo_text(index)
-            offsets = text_offsets(self.edge.decode, job.prompt_ids, echo) + [len(echo) + o for o in offsets]
+            offsets = text_offsets(self.edge.decode, list(job.prompt_ids), echo) + [len(echo) + o for o in offsets]
             entries, ids = list(result.prompt_logprobs) + entries, list(job.prompt_ids) + ids
         return completion_logprobs(entries, ids, self.token_text, top, offsets)
 
@@ -327,7 +327,7 @@ class _Reply:
                               finish_reason=result.finish_reason, token_ids=ids)
         text = (await asyncio.to_thread(self._echo_text, index)) + result.text if self.req.echo else result.text
         return CompletionChoice(index=index, text=text, finish_reason=result.finish_reason, logprobs=lp,
-                                token_ids=ids, prompt_token_ids=self.jobs[index].prompt_ids
+                                token_ids=ids, prompt_token_ids=list(self.jobs[index].prompt_ids)
                                 if self.req.return_token_ids else None)
 
     async def whole(self):
@@ -382,7 +382,7 @@ class _Reply:
                     echo_waits.discard(index)
                     echo = await asyncio.to_thread(self._echo_text, index)
                     lp = await asyncio.to_thread(logprobs[index].prompt, payload.prompt_logprobs,
-                                                 self.jobs[index].prompt_ids, echo)
+                                                 list(self.jobs[index].prompt_ids), echo)
                     yield self._sse(self._chunk(index, echo, logprobs=lp))
                 if kind == "text":
                     sent[index] += payload.text

@@ -1,13 +1,13 @@
 """The request edge: everything a request is checked against before it is queued (body, JSON, fields, prompt
-encoding, chat template, context length, generate's own setting checks), and the OpenAI error it gets otherwise.
-Tokenizing runs off the event loop: a long prompt must not hold up /health or other requests.
+encoding, chat template, context length, then `Decoder.prepare`: the request prepared once, its grammar compiled),
+and the OpenAI error it gets otherwise. Tokenizing and preparing run off the event loop: a long prompt or a large
+grammar must not hold up /health or other requests. The scheduler queues the PreparedRequest as it is.
 """
 from __future__ import annotations
 
 import asyncio
 import hmac
 import json
-import secrets
 import threading
 from dataclasses import dataclass, field
 
@@ -17,8 +17,8 @@ from pydantic import BaseModel, ValidationError
 
 from multispec.errors import MultispecError
 from multispec.params import ParamError, SamplingParams
-from multispec.serve.protocol import ErrorBody, ErrorResponse
-from multispec.serve.scheduler import Job
+from multispec.decoding.request import PreparedRequest
+from multispec.serve.protocol import SAMPLING_WIRE, ErrorBody, ErrorResponse
 from multispec.text import encode_chat, encode_prompt
 from multispec.validate import check_text
 
@@ -154,14 +154,13 @@ def structured_fields(req) -> tuple[str | None, dict]:
 
 
 class Edge:
-    """Request validation that needs the model: prompt encoding, chat template, context length, the sampling
-    fields checked as generate checks them. Tokenizing runs off the event loop (`off_loop`): a long prompt must
-    not hold up /health or other requests."""
+    """Request validation that needs the model: prompt encoding, chat template, context length, then the request
+    prepared by the Decoder (`prepare`). Tokenizing and preparing run off the event loop (`off_loop`): a long
+    prompt must not hold up /health or other requests."""
 
     def __init__(self, settings: ServeSettings, decoder, max_model_len: int):
         self.settings = settings
         self.decoder = decoder
-        self.reproducible_when_seeded = decoder.entry.reproducible_when_seeded  # the served method's default
         self.tokenizer = decoder.pair.tokenizer
         self.context = max_model_len  # at most the Decoder's context (the smaller of target's and draft's positions)
         self.context_name = "this model's maximum context length" if max_model_len == decoder.context else \
@@ -269,20 +268,41 @@ class Edge:
             raise APIError(400, "the chat template rendered an empty prompt", param="messages")
         return self.check_ids(ids, "messages")
 
-    def decode(self, ids: list[int]) -> str:
+    def decode(self, ids) -> str:
         with self._lock:
-            return self.tokenizer.decode(ids, skip_special_tokens=True)
+            return self.tokenizer.decode(list(ids), skip_special_tokens=True)
 
     def token_strs(self, ids: list[int]) -> list[str]:
         with self._lock:
             return self.tokenizer.convert_ids_to_tokens(ids)
 
-    def job(self, req, ids: list[int], max_tokens: int, prompt_param: str, sample: int = 0,
-            logprobs: int | None = None, prompt_logprobs: bool = False, budget_param: str = "max_tokens") -> Job:
-        """The request's j-th generation of `ids`, checked as generate checks its settings, before it is queued.
-        prompt_param: the field that holds the prompt (prompt, prompt.1, messages), named when it is too long;
-        budget_param: the field max_tokens came from (max_tokens or max_completion_tokens), named when it is."""
-        field_name = prompt_param.split(".")[0]  # vLLM's wording below
+    def prepare(self, req, prompts: list[tuple[list[int], str]], max_tokens: int, logprobs: int | None = None,
+                prompt_logprobs: bool = False, budget_param: str = "max_tokens") -> list[PreparedRequest]:
+        """Every generation the request asks for, prepared by the Decoder before any is queued (call off the event
+        loop: it tokenizes nothing, but compiles a grammar): prompt i's sample j is index i * n + j, with seed +
+        j. prompts: (token ids, the field that holds them: prompt, prompt.1, messages), named when too long;
+        budget_param: the field max_tokens came from (max_tokens or max_completion_tokens), named when it is. The
+        request's settings make one SamplingParams (its fields by name, SAMPLING_WIRE), checked once."""
+        for ids, prompt_param in prompts:
+            self._check_context(ids, max_tokens, prompt_param, budget_param)
+        carrier, structured = structured_fields(req)
+        settings = {name: getattr(req, name) for name in SAMPLING_WIRE if getattr(req, name) is not None}
+        seeds = [req.seed + j if req.seed is not None else None for _ in prompts for j in range(req.n)]
+        try:  # the request object, validated once, and the model's own checks, before the request is queued
+            params = SamplingParams(max_new_tokens=max_tokens, logprobs=logprobs, prompt_logprobs=prompt_logprobs,
+                                    **settings, **structured)
+            return self.decoder.prepare_many([ids for ids, _ in prompts for _ in range(req.n)], params, seeds)
+        except ParamError as e:  # OpenAI's name for the token budget
+            message, param = str(e).replace("max_new_tokens", budget_param), e.param.replace("max_new_tokens",
+                                                                                               budget_param)
+            if param in STRUCTURED_KEYS.values() and carrier:
+                param = carrier
+            raise APIError(400, message, param=param) from None
+
+    def _check_context(self, ids: list[int], max_tokens: int, prompt_param: str, budget_param: str) -> None:
+        """The server's context rule (vLLM's, and its wording): a prompt and its budget past max_model_len are
+        refused, not capped (the library caps max_new_tokens with a warning)."""
+        field_name = prompt_param.split(".")[0]
         if len(ids) > self.context or (len(ids) == self.context and max_tokens > 0):  # scoring only fills them all
             raise APIError(400, f"{self.context_name} is {self.context} tokens. However, your {field_name} has "
                            f"{len(ids)} tokens, which leaves no room for the completion. Please reduce the length "
@@ -292,25 +312,3 @@ class Edge:
                            f"{len(ids) + max_tokens} tokens ({len(ids)} in the {field_name}, {max_tokens} in the "
                            f"completion). Please reduce the length of the {field_name} or completion.",
                            param=budget_param, code="context_length_exceeded")
-        seed = req.seed + sample if req.seed is not None else secrets.randbelow(2**31)
-        # the library's default mode is decided by whether a seed was given, so the server keeps that distinction
-        reproducible = req.reproducible if req.reproducible is not None else (
-            self.reproducible_when_seeded and req.seed is not None)
-        carrier, structured = structured_fields(req)
-        try:  # the request object, validated once, and the model's own checks, before the request is queued
-            params = SamplingParams(
-                max_new_tokens=max_tokens, temperature=req.temperature, top_k=req.top_k, top_p=req.top_p,
-                min_p=req.min_p, repetition_penalty=req.repetition_penalty, presence_penalty=req.presence_penalty,
-                frequency_penalty=req.frequency_penalty, logit_bias=req.logit_bias, min_tokens=req.min_tokens,
-                seed=seed, stop=req.stop, stop_token_ids=req.stop_token_ids, ignore_eos=req.ignore_eos,
-                logprobs=logprobs, prompt_logprobs=prompt_logprobs, logprobs_mode=req.logprobs_mode,
-                reproducible=reproducible, **structured)
-            self.decoder.check_request(params)
-        except ParamError as e:  # OpenAI's name for the token budget
-            message, param = str(e).replace("max_new_tokens", budget_param), e.param.replace("max_new_tokens",
-                                                                                               budget_param)
-            if param in STRUCTURED_KEYS.values() and carrier:
-                param = carrier
-            raise APIError(400, message, param=param) from None
-        return Job(prompt_ids=ids, params=params)
-

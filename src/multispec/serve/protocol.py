@@ -10,10 +10,14 @@ docs/serve.md; `spec_decode` (the per-request speculative metrics, vLLM's names)
 """
 from __future__ import annotations
 
-from typing import Any, Literal
+from dataclasses import fields
+from types import UnionType
+from typing import Any, Literal, Union, get_args, get_origin, get_type_hints
 
-from pydantic import (BaseModel, ConfigDict, Field, StrictBool, StrictFloat, StrictInt, StrictStr, field_validator,
-                      model_validator)
+from pydantic import (BaseModel, ConfigDict, Field, StrictBool, StrictFloat, StrictInt, StrictStr, create_model,
+                      field_validator, model_validator)
+
+from multispec.params import SamplingParams
 
 _STRICT = ConfigDict(extra="forbid", strict=True, allow_inf_nan=False)
 MAX_STOPS = 16
@@ -47,36 +51,59 @@ class ResponseFormat(_Request):
     json_schema: dict | None = None
 
 
-class _SamplingFields(_Request):
-    """Fields shared by /v1/completions and /v1/chat/completions. temperature None takes the model's
-    generation_config defaults (as vLLM does); seed None draws a fresh seed (OpenAI: sampling is not reproducible
-    without one); with n > 1, sample j uses seed + j."""
+# OpenAI's and vLLM's names of SamplingParams fields (a test checks that each names a field); every other
+# SamplingParams field is a request field of its own name (SAMPLING_WIRE), but those the endpoints carry otherwise
+WIRE_ALIASES = {"max_tokens": "max_new_tokens", "max_completion_tokens": "max_new_tokens",
+                "logprobs": "logprobs", "top_logprobs": "logprobs"}
+CARRIED_OTHERWISE = ("max_new_tokens", "logprobs", "prompt_logprobs",  # the aliases above; echo (completions)
+                     "json_schema", "regex", "choice", "grammar")  # response_format, structured_outputs, guided_*
+# the server's own limits on a field, beyond what SamplingParams checks, and the JSON shape where it is not the
+# field's own type (a dict's keys are strings in JSON)
+WIRE_LIMITS: dict[str, dict] = {"temperature": dict(le=100), "repetition_penalty": dict(le=100),
+                                "stop_token_ids": dict(max_length=64), "logit_bias": dict(max_length=1024)}
+WIRE_TYPES: dict[str, Any] = {"stop": StrictStr | list[StrictStr] | None, "logit_bias": dict[StrictStr, Number] | None,
+                              "logprobs_mode": Literal["raw", "processed"] | None}
+
+
+def _strict(tp):
+    """The strict pydantic type of a SamplingParams field's type: int -> StrictInt, float -> a number, a tuple of
+    X -> a list of X, X | None -> ... | None; anything else is passed on for SamplingParams to check."""
+    if tp is type(None):
+        return tp
+    args = get_args(tp)
+    if get_origin(tp) in (Union, UnionType):
+        return Union[tuple(_strict(a) for a in args)]
+    if get_origin(tp) is tuple:
+        return list[_strict(args[0])]  # type: ignore[misc]
+    return {int: StrictInt, float: Number, bool: StrictBool, str: StrictStr}.get(tp, Any)
+
+
+def sampling_wire_fields() -> dict[str, tuple]:
+    """The request fields taken from SamplingParams by name (create_model's field definitions): each field's type
+    made strict, default None (the field's own default, decided by SamplingParams), the server's limits."""
+    hints = get_type_hints(SamplingParams)
+    return {f.name: (WIRE_TYPES.get(f.name, _strict(hints[f.name]) | None), Field(None, **WIRE_LIMITS.get(f.name, {})))
+            for f in fields(SamplingParams) if f.name not in CARRIED_OTHERWISE}
+
+
+SAMPLING_WIRE = tuple(sampling_wire_fields())  # the request fields that are SamplingParams fields of that name
+
+
+class _RequestFields(_Request):
+    """Fields shared by /v1/completions and /v1/chat/completions beside the sampling ones (`_SamplingFields`).
+    temperature None takes the model's generation_config defaults (as vLLM does); seed None draws a fresh seed
+    (OpenAI: sampling is not reproducible without one); with n > 1, sample j uses seed + j. `reproducible`
+    (multispec's): verify with position-keyed noise so that the seed fixes the text whatever the server's method
+    chooses (None: the library's default, see multispec.generate)."""
 
     model: StrictStr | None = None
     max_tokens: StrictInt | None = Field(None, ge=0)
-    temperature: Number | None = Field(None, ge=0, le=100)
-    top_p: Number | None = Field(None, gt=0, le=1)
-    top_k: StrictInt | None = Field(None, ge=-1)  # vLLM: -1 or 0 means off
-    min_p: Number | None = Field(None, ge=0, le=1)
-    seed: StrictInt | None = Field(None, ge=0, lt=2**63)
-    stop: StrictStr | list[StrictStr] | None = None
-    stop_token_ids: list[StrictInt] | None = Field(None, max_length=64)
-    ignore_eos: StrictBool = False
-    min_tokens: StrictInt = Field(0, ge=0)
     n: StrictInt = Field(1, ge=1, le=MAX_N)
     stream: StrictBool = False
     stream_options: StreamOptions | None = None
-    presence_penalty: Number = Field(0, ge=-2, le=2)
-    frequency_penalty: Number = Field(0, ge=-2, le=2)
-    repetition_penalty: Number = Field(1, gt=0, le=100)
-    logit_bias: dict[StrictStr, Number] | None = Field(None, max_length=1024)
     response_format: ResponseFormat | None = None
-    logprobs_mode: Literal["raw", "processed"] = "raw"  # vLLM's logprobs_mode (a server flag there)
     return_token_ids: StrictBool = False
     return_tokens_as_token_ids: StrictBool = False
-    # multispec: verify with position-keyed noise so that the seed fixes the text whatever the server's method
-    # chooses (None: the library's default, see multispec.generate)
-    reproducible: StrictBool | None = None
     # accepted and ignored: they change nothing multispec does (see docs/serve.md)
     user: StrictStr | None = None
     request_id: StrictStr | None = None
@@ -99,7 +126,7 @@ class _SamplingFields(_Request):
     guided_grammar: Any = None
     structured_outputs: Any = None
 
-    @field_validator("stop")
+    @field_validator("stop", check_fields=False)
     @classmethod
     def _stops(cls, v):
         stops = [v] if isinstance(v, str) else v
@@ -110,7 +137,7 @@ class _SamplingFields(_Request):
                 raise ValueError("stop strings must be non-empty")
         return stops or None
 
-    @field_validator("logit_bias")
+    @field_validator("logit_bias", check_fields=False)
     @classmethod
     def _bias(cls, v):
         for key, bias in (v or {}).items():
@@ -121,6 +148,8 @@ class _SamplingFields(_Request):
         return v
 
 
+_SamplingFields = create_model("_SamplingFields", __base__=_RequestFields,  # type: ignore[call-overload]
+                               **sampling_wire_fields())
 PromptIds = list[int]
 
 

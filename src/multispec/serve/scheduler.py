@@ -30,7 +30,7 @@ from dataclasses import dataclass, field
 from typing import Callable
 
 from multispec.errors import MultispecError
-from multispec.params import SamplingParams
+from multispec.decoding.request import PreparedRequest
 from multispec.text import StreamChunk
 
 log = logging.getLogger("multispec.serve")
@@ -42,15 +42,6 @@ class QueueFull(Exception):
 
 class Cancelled(Exception):
     """Raised by a run's stream callback, inside its generation thread, once the run is cancelled."""
-
-
-@dataclass(frozen=True)
-class Job:
-    """One generation request, validated. prompt_ids: the full prompt as token ids (BOS included if any); params:
-    its settings (seed and reproducible resolved: the edge draws the seed of an unseeded request)."""
-
-    prompt_ids: list[int]
-    params: SamplingParams
 
 
 @dataclass
@@ -69,16 +60,15 @@ class Run:
             pass
 
 
-def decoder_generate(decoder, prompt_ids: list[int], **kwargs):
-    """How a worker runs a job: the Decoder's own `generate`, with params=, stream=, stream_chunks= (tests pass a
-    stand-in with this signature)."""
-    return decoder.generate(prompt_ids, **kwargs)
+def decoder_generate(decoder, prepared: PreparedRequest, **kwargs):
+    """How a worker runs a job: the Decoder's `run_prepared` (nothing checked again: the edge prepared it), with
+    stream=, stream_chunks= (tests pass a stand-in with this signature)."""
+    return decoder.run_prepared(prepared, **kwargs)
 
 
 class Scheduler:
-    """decoder: the first Decoder (the others are spawned from it, one per worker). generate_fn(decoder, prompt_ids,
-    params=SamplingParams, stream=, stream_chunks=True) ->
-    GenerationResult (stream gets text.StreamChunks; a stand-in may stream bare text, and ignore stream_chunks).
+    """decoder: the first Decoder (the others are spawned from it, one per worker). generate_fn(decoder,
+    PreparedRequest, stream=, stream_chunks=True) -> GenerationResult (stream gets text.StreamChunks; a stand-in may stream bare text, and ignore stream_chunks).
     max_model_len: the most tokens (prompt + output) a generation holds; batch slots are sized for it."""
 
     def __init__(self, decoder, max_concurrent: int, max_queue: int, generate_fn: Callable = decoder_generate,
@@ -106,7 +96,7 @@ class Scheduler:
         self._lock = threading.Lock()
         self._pool = ThreadPoolExecutor(max_concurrent, thread_name_prefix="multispec-gen")  # one sequence each
 
-    def submit(self, job: Job) -> Run:
+    def submit(self, job: PreparedRequest) -> Run:
         """Admit a job (call on the event loop) or raise QueueFull."""
         with self._lock:
             if self.waiting + self.running >= self.max_concurrent + self.max_queue:
@@ -119,7 +109,7 @@ class Scheduler:
             self._pool.submit(self._work, job, run)
         return run
 
-    def _work(self, job: Job, run: Run) -> None:
+    def _work(self, job: PreparedRequest, run: Run) -> None:
         with self._lock:
             self.waiting -= 1
             self.running += 1
@@ -136,8 +126,7 @@ class Scheduler:
 
             decoder = self._free.get()  # never waits: at most max_concurrent jobs run at once
             try:
-                result = self.generate_fn(decoder, job.prompt_ids, params=job.params, stream=on_text,
-                                          stream_chunks=True)
+                result = self.generate_fn(decoder, job, stream=on_text, stream_chunks=True)
             finally:
                 self._free.put(decoder)
             run.emit("done", result)
