@@ -335,3 +335,24 @@ def test_a_bad_fresh_start_value_is_refused_in_one_line(capsys, tmp_path, spec, 
     option = spec.split(":")[1].split("=")
     with pytest.raises(MultispecError, match=says.replace("(", r"\(").replace(")", r"\)")):
         generate(load_pair(), "def f(x):", method="auto", max_new_tokens=2, **{option[0]: option[1]})
+
+
+def test_a_server_keeps_what_it_observed_only_on_the_default_profile(pair, tmp_path, monkeypatch):
+    """At shutdown a server on the default profile saves it with its requests' acceptance folded in; a server given
+    a profile writes nothing anywhere."""
+    from fastapi.testclient import TestClient
+
+    from multispec.serve import ServeSettings, create_app
+
+    monkeypatch.setenv("MULTISPEC_CACHE_DIR", str(tmp_path / "cache"))
+    body = {"model": "m", "prompt": "def f(x):", "max_tokens": 12, "temperature": 0}
+    pinned = MachineProfile()
+    with TestClient(create_app(pair, ServeSettings(model_name="m", method="auto", profile=pinned))) as client:
+        assert client.post("/v1/completions", json=body).status_code == 200
+    assert not MachineProfile.default_path().exists()
+    with TestClient(create_app(pair, ServeSettings(model_name="m", method="auto"))) as client:
+        measured = MachineProfile.default()  # what the Decoder measured at start-up
+        assert measured.sections["costs"] and not measured.sections["acceptance"]
+        assert client.post("/v1/completions", json=body).status_code == 200
+    saved = MachineProfile.default()
+    assert saved.sections["acceptance"] and saved.sections["costs"].keys() == measured.sections["costs"].keys()
