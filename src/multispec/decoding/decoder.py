@@ -21,16 +21,16 @@ from multispec.decoding.logprobs import LogprobRecorder
 from multispec.decoding.methods import MethodConfig, build_method, get_method
 from multispec.decoding.metrics import Metrics
 from multispec.decoding.parts import DecoderParts
-from multispec.decoding.request import (PreparedRequest, fit_context, prepare_one, prompt_ids, reproducible_mode,
-                                        sampling_law)
+from multispec.decoding.request import (PreparedRequest, fit_context, prepare_many, prepare_one, prompt_ids,
+                                        reproducible_mode, sampling_law)
 from multispec.decoding.result import GenerationResult
 from multispec.decoding.state import choose_verifier
 from multispec.decoding.pair_checks import (backend_name, cross_vocab_backend, refuse_trees_where_inexact,
                                             refuse_where_retokenizing)
-from multispec.errors import MultispecError, attach_partial, check
+from multispec.errors import attach_partial, check
 from multispec.loading import Pair, eos_ids, max_positions, vocab_rows
 from multispec.models.base import Backend
-from multispec.params import ParamError, SamplingParams
+from multispec.params import SamplingParams
 from multispec.profile import MachineProfile
 from multispec.sampling import SamplingConfig
 from multispec.decoding.grammar import grammar_stats
@@ -123,8 +123,7 @@ class Decoder:
             self._warm_up()
 
     def _warm_up(self) -> None:
-        """A compiled backend compiles every step size now, not mid-generation (FastNet keeps the code, in the pair's
-        sidecar of the model, so this is cheap for a second Decoder of the same pair)."""
+        """A compiled backend compiles every step size now, not mid-generation (once per pair: the sidecar keeps it)."""
         if self.backend == "compiled":
             for b in self._backends(1):  # compiled backends (FastBackend) have warm_up
                 if b is not None:
@@ -140,17 +139,11 @@ class Decoder:
         return twin
 
     # ------------------------------------------------------------------ the machine profile
-    @property
-    def profile(self) -> MachineProfile:
-        return self.machine.profile
-
-    @property
-    def observations(self):
-        return self.machine.observations
+    profile = property(lambda self: self.machine.profile, doc="The MachineProfile this decoder plans from.")
+    observations = property(lambda self: self.machine.observations, doc="What its family's runs observed.")
 
     def updated_profile(self) -> MachineProfile:
-        """The profile with what this decoder family's runs observed folded in (acceptance, cost drift, overheads):
-        a new value; `.save(path)` it to plan later processes' runs from it."""
+        """The profile with its family's observations folded in: a new value (`.save(path)` it to keep it)."""
         return self.observations.profile(self.profile)
 
     # ------------------------------------------------------------------ token ids
@@ -225,22 +218,8 @@ class Decoder:
         return prepare_one(self, prompt_ids(self, prompt, messages, chat_template), params, sampling, params.seed)
 
     def prepare_many(self, prompts: list, params: SamplingParams, seeds: list | None = None) -> list[PreparedRequest]:
-        """`prepare` for several prompts (str or token ids) with one SamplingParams, checked once (one grammar
-        compiled, shared: each run starts its own state). seeds: one per prompt (None: a fresh one, and the
-        reproducible mode's default off, as for one prompt), or None: params.seed for every prompt. An error names
-        its prompt, prompts[i]."""
-        sampling = self.check_request(params)
-        seeds = [params.seed] * len(prompts) if seeds is None else seeds
-        check(len(seeds) == len(prompts), f"internal: {len(seeds)} seeds for {len(prompts)} prompts")
-        out = []
-        for i, (prompt, seed) in enumerate(zip(prompts, seeds)):
-            try:
-                out.append(prepare_one(self, prompt_ids(self, prompt, None, None), params, sampling, seed))
-            except ParamError:  # a setting's error: not the prompt's
-                raise
-            except MultispecError as e:
-                raise MultispecError(f"prompts[{i}]: {e}") from None
-        return out
+        """`prepare` for several prompts with one SamplingParams, checked once (request.prepare_many)."""
+        return prepare_many(self, prompts, params, seeds)
 
     def generate(self, prompt=None, params: SamplingParams | None = None, *,
                  stream: Callable[[str], None] | None = None, stream_chunks: bool = False,
