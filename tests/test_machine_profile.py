@@ -70,6 +70,7 @@ def _run(tmp: Path, n_new: int, fresh: bool = False, src="-", dst="-") -> tuple[
     return json.loads(out.stdout.strip().splitlines()[-1]), out.stderr
 
 
+@pytest.mark.slow
 def test_a_second_process_plans_its_first_round_from_the_profile_the_first_saved(tmp_path):
     fresh, _ = _run(tmp_path, 1, fresh=True, dst=tmp_path / "fresh.json")  # the priors' first plan
     assert MachineProfile.load(tmp_path / "fresh.json").sections["acceptance"] == {}, \
@@ -115,6 +116,7 @@ print(json.dumps(out))
 """
 
 
+@pytest.mark.slow
 def test_identical_seeded_runs_plan_alike_in_one_process_and_across_processes(pair, tmp_path):
     """Same tokens, same plan sequence and round counts: twice in this process, and in two more processes given
     the same profile file. The check is not blind to plans: a profile with other costs plans otherwise."""
