@@ -19,14 +19,14 @@ from multispec.drafting.costs import cost_entry_key, cost_model_from, measure_co
 from multispec.models.base import forward_chain
 from multispec.profile import MachineProfile
 
-CALIBRATION_CONTEXT = 32  # tokens of context before the costs are timed (a short prompt's)
+CALIBRATION_CONTEXT = 64  # tokens of the target's context before the costs are timed (a short prompt's)
 
 
 def auto_view(decoder, profile: MachineProfile) -> tuple[AutoView, dict]:
     """decoder: the Decoder being built (its policy, backends and cache sizes). The view of `profile` auto plans from on this decoder's backends: its cost model (measured now when the
     profile has none for these models, backends, threads and CPU) and acceptance priors. Returns the view and the
     new "costs" entries ({} when nothing was measured)."""
-    target, draft = decoder._backends(decoder.cache_rows(CALIBRATION_CONTEXT + 64))
+    target, draft = decoder._backends(decoder.cache_rows(CALIBRATION_CONTEXT + 2 * 64))
     draft = draft if "draft" in getattr(decoder.policy, "proposers", ()) else None  # a draft model or a head
     t_model, d_model = getattr(target, "model", target), getattr(draft, "model", draft) if draft is not None else None
     key = cost_entry_key(target, t_model, draft, d_model)
@@ -34,12 +34,14 @@ def auto_view(decoder, profile: MachineProfile) -> tuple[AutoView, dict]:
     measured: dict = {}
     if costs is None:
         with torch.inference_mode():
+            # as a generation's first round finds them: the target after a prompt, the draft (whose prefill auto
+            # defers) empty; a feature head may then be timed over as many rows as the target holds
             for b in (target, draft):
                 if b is not None:
                     b.reset()
-                    limit = b.max_positions
-                    room = CALIBRATION_CONTEXT if not limit else min(CALIBRATION_CONTEXT, limit // 2)
-                    forward_chain(b, torch.arange(1, room + 1) % int(b.vocab_size), last_only=True)
+            limit = target.max_positions
+            room = CALIBRATION_CONTEXT if not limit else min(CALIBRATION_CONTEXT, limit // 2)
+            forward_chain(target, torch.arange(1, room + 1) % int(target.vocab_size), last_only=True)
             costs, entry = measure_costs(target, t_model, draft, d_model)
             for b in (target, draft):
                 if b is not None:
