@@ -317,6 +317,8 @@ def test_the_profile_cli_measures_shows_and_resets(capsys, tmp_path, monkeypatch
     (tmp_path / "notdir").write_text("x")
     code, _, err = run_cli(capsys, "profile", "measure", "--out", str(tmp_path / "notdir" / "p.json"))
     assert_one_line_error(code, err, "is not a folder")
+    code, _, err = run_cli(capsys, "profile", "measure", "--temperatures", "0,hot", "--out", str(out))
+    assert_one_line_error(code, err, "--temperatures")
     code, stdout, _ = run_cli(capsys, "profile", "reset", "--profile", str(out))
     assert code == 0 and not out.exists()
 

@@ -14,7 +14,7 @@ import click
 
 from multispec.cli import cli
 from multispec.cli.common import device_options, method_option, model_options
-from multispec.errors import check
+from multispec.errors import MultispecError, check
 
 # What `measure` decodes to learn acceptance: short code and prose, as the project's data sets hold.
 SAMPLE_PROMPTS = (
@@ -56,14 +56,21 @@ def show_command(profile, keys) -> None:
 @method_option
 @device_options
 @click.option("--max-new-tokens", type=click.IntRange(1, 4096), default=96, show_default=True,
-              help="Tokens per sample prompt (greedy and T = 1 each).")
+              help="Tokens per prompt and temperature.")
+@click.option("--temperatures", default="0,0.7,1", show_default=True,
+              help="Comma-separated: auto keeps acceptance per range (0, <= 0.5, <= 0.9, > 0.9).")
+@click.option("--dataset", help="Learn acceptance on this data set's prompts (multispec bench's names, or a .jsonl "
+              "file) instead of four built-in code and prose prompts; the chat template is not applied.")
+@click.option("--data-dir", help="Folder holding the data files (default: $MULTISPEC_DATA).")
+@click.option("--limit", type=click.IntRange(1, 1000), default=8, show_default=True, help="With --dataset: prompts.")
+@click.option("--offset", type=click.IntRange(min=0), default=0, show_default=True, help="With --dataset.")
 @click.option("--out", type=click.Path(dir_okay=False), help="Write the profile here (default: the cache folder's "
               "profile-v1.json, which runs without --profile read).")
 @click.option("--profile", "base", type=click.Path(exists=True, dir_okay=False),
               help="Start from this profile file instead of the default one.")
-def measure_command(target, draft, cross_vocab, method, device, dtype, backend, threads, max_new_tokens, out,
-                    base) -> None:
-    """Measure this machine's costs for a pair and method, learn acceptance on a few sample prompts, and save the
+def measure_command(target, draft, cross_vocab, method, device, dtype, backend, threads, max_new_tokens,
+                    temperatures, dataset, data_dir, limit, offset, out, base) -> None:
+    """Measure this machine's costs for a pair and method, learn acceptance on a few prompts, and save the
     profile."""
     from multispec.api import load_pair, resolve_device
     from multispec.decoding.decoder import Decoder
@@ -73,13 +80,24 @@ def measure_command(target, draft, cross_vocab, method, device, dtype, backend, 
 
     dest = writable_file(_path(out), "--out")  # before any model loads
     start = MachineProfile.load(base) if base is not None else MachineProfile.default()
+    try:
+        temps = [float(t) for t in temperatures.split(",")]
+    except ValueError:
+        raise MultispecError(f"--temperatures: comma-separated numbers, got {temperatures!r}") from None
+    check(all(t >= 0 for t in temps), f"--temperatures must be >= 0, got {temperatures!r}")
+    if dataset is not None:
+        from multispec.data import load_prompts
+
+        prompts = [p.text for p in load_prompts(dataset, data_dir, limit=limit, offset=offset)]
+    else:
+        prompts = list(SAMPLE_PROMPTS)
     resolve_device(device)
     _, warning = set_threads(threads)
     if warning:
         click.echo(f"warning: {warning}", err=True)
     pair = load_pair(target=target, draft=draft, device=device, dtype=dtype, cross_vocab=cross_vocab)
     decoder = Decoder(pair, method, backend, profile=start)
-    runs = [(p, t) for p in SAMPLE_PROMPTS for t in (0.0, 1.0)]
+    runs = [(p, t) for p in prompts for t in temps]
     with click.progressbar(runs, label="learning acceptance", file=sys.stderr) as bar:
         for i, (prompt, temperature) in enumerate(bar):
             decoder.generate(prompt, max_new_tokens=max_new_tokens, temperature=temperature, seed=i)
