@@ -17,7 +17,7 @@ def _own_cache_folder(tmp_path_factory):
     no test plans from the cost calibrations or acceptance statistics an earlier session stored, and none writes
     into the user's (a session's temporary models left hundreds of entries there). The user's compiled code, GGUF
     conversions and real models are linked in: rebuilding them would take minutes."""
-    from multispec.paths import cache_root, flush_cache_writes
+    from multispec.paths import cache_root
 
     user, mine = cache_root(), tmp_path_factory.mktemp("multispec_cache")
     for name in ("inductor", "gguf", "real_models", "file_hashes"):
@@ -26,7 +26,6 @@ def _own_cache_folder(tmp_path_factory):
     before = os.environ.get("MULTISPEC_CACHE_DIR")
     os.environ["MULTISPEC_CACHE_DIR"] = str(mine)
     yield
-    flush_cache_writes()  # what is still to be written goes to this session's folder, not at exit to the user's
     if before is None:
         os.environ.pop("MULTISPEC_CACHE_DIR", None)
     else:

@@ -12,7 +12,7 @@ import torch
 from engine_utils import ScriptedPolicy, chi_square_pvalue, exact_joint, greedy_reference, run, tiny_pair
 from memo_backend import MemoBackend
 from multispec.drafting.auto import Acceptance, AutoPolicy, greedy_tree, to_tree
-from multispec.drafting.costs import BUCKETS, CostCurve, CostModel, calibrate, get_cost_model
+from multispec.drafting.costs import BUCKETS, CostCurve, CostModel, calibrate, cost_model_from, measure_costs
 from multispec.drafting.lookup import NgramIndex, lookup_with_n
 from multispec.drafting.protocol import RoundOutcome, RoundPlan
 from multispec.decoding.engine import generate_ids
@@ -127,10 +127,14 @@ def test_calibration_is_cached(tmp_path):
     curves = calibrate([t], budget_s=0.3)
     assert len(curves[0]) == len(BUCKETS) and curves[0] == sorted(curves[0])
     assert t.cache_len == 3  # calibration leaves the cache as it found it
-    first = get_cost_model(t, target, d, draft, 3, budget_s=0.3)
-    second = get_cost_model(t, target, d, draft, 3, budget_s=0.3)
-    assert first.source == "calibrated" and second.source == "cached"
+    from multispec.profile import MachineProfile
+
+    first, entry = measure_costs(t, target, d, draft, budget_s=0.3)
+    profile = MachineProfile().with_entries("costs", {first.key: entry})
+    second = cost_model_from(profile, first.key, with_draft=True)
+    assert first.source == "calibrated" and second.source == "profile"
     assert second.target.seconds == first.target.seconds
+    assert cost_model_from(MachineProfile(), first.key, with_draft=True) is None
 
 
 def test_calibration_on_a_gpu_times_the_forward_not_its_launch(monkeypatch):
@@ -183,15 +187,12 @@ def test_suffix_calibration_is_learned_per_matched_length(monkeypatch, broken):
     assert (long_plan.predicted_tps < ar.predicted_tps) == broken
 
 
-def test_a_few_timed_forwards_move_the_cached_costs_little(monkeypatch):
-    """After a generation, cached costs move towards what was timed in proportion to how many forwards were
+def test_a_few_timed_forwards_move_the_profiles_costs_little(monkeypatch):
+    """In a new profile, costs move towards what a generation timed in proportion to how many forwards were
     timed: one draft forward 3x its prediction (a catch-up on a machine busy for that moment) counts as a drift of
-    7 %, under the 10 % that updates the cache; 8 as 3 ** 0.5 and 16 as 3 (then moved by the blend: its root).
+    7 %, under the 10 % that updates the entry; 8 as 3 ** 0.5 and 16 as 3 (then moved by the blend: its root).
     The broken variant (every drift in full) moves them 73 % on one."""
     import multispec.drafting.costs as costs_mod
-
-    stored = {}
-    monkeypatch.setattr(costs_mod, "_store", lambda key, entry, **_: stored.update({key: entry}))
 
     def moved_after(forwards: int) -> float:
         model = CostModel(CostCurve([0.01] * len(BUCKETS)), CostCurve([0.002] * len(BUCKETS)), key="k",
@@ -199,9 +200,8 @@ def test_a_few_timed_forwards_move_the_cached_costs_little(monkeypatch):
         for _ in range(forwards):
             model.observe("draft", 0.002, 0.006)
             model.observe("target", 0.01, 0.01)
-        stored.clear()
-        costs_mod.update_after_generation(model, dict(model.overhead))
-        return stored["k"]["draft"][0] / 0.002 if stored else 1.0
+        entry = {"target": model.target.seconds, "draft": model.draft.seconds, "overhead": dict(model.overhead)}
+        return costs_mod.updated_entry(entry, model.drift(), dict(model.overhead))["draft"][0] / 0.002
 
     assert moved_after(1) == 1.0
     assert moved_after(8) == pytest.approx(3 ** 0.25)
@@ -210,28 +210,30 @@ def test_a_few_timed_forwards_move_the_cached_costs_little(monkeypatch):
     assert moved_after(1) == pytest.approx(3 ** 0.5)
 
 
-def test_a_catch_up_round_does_not_correct_the_draft_cost(monkeypatch):
-    """A draft round timed at 3x its prediction corrects the draft's cost when it fed a few pending tokens, not when
-    its first forward caught up on a whole prompt (a size the curve extrapolates); the broken variant (no limit)
-    corrects it there too."""
+def test_a_catch_up_round_does_not_count_as_draft_drift(monkeypatch):
+    """A draft round timed at 3x its prediction counts towards the draft's drift when it fed a few pending tokens,
+    not when its first forward caught up on a whole prompt (a size the curve extrapolates); the broken variant (no
+    limit) counts it there too. Either way the generation's own plans keep the profile's costs."""
     import multispec.drafting.auto.costs as auto_costs
     from multispec.drafting.protocol import RoundOutcome, RoundTimes
 
     model = _costs(0.010, 0.001, 0.002)
 
-    def scale_after(pending: int) -> float:
-        costs = auto_costs.AloneCosts(model, 8)
+    def drift_after(pending: int) -> float:
+        costs = auto_costs.AloneCosts(model.fresh(), 8)
         tree = Tree.chain(2)
         predicted = costs.draft_time(tree, pending)
+        before = costs.d(1)
         times = RoundTimes(round_s=0.05, draft_s=3 * predicted, target_fwd_s=costs.t(3), pending=pending)
         costs.observe(RoundOutcome(RoundPlan(tree, "draft"), tree, (0, 1), [1, 2], accepted=1, depth=2, drafted=2,
                                    draft_calls=2, times=times))
-        return costs.scale["d"]
+        assert costs.d(1) == before  # the plans' costs are fixed for the generation
+        return costs.model.drift().get("draft", 1.0)
 
-    assert scale_after(2) == pytest.approx(1.4)  # (1 - 0.2) + 0.2 * 3
-    assert scale_after(300) == 1.0
+    assert drift_after(2) == pytest.approx(3 ** (1 / 16))  # one forward of DRIFT_FULL_AT
+    assert drift_after(300) == 1.0
     monkeypatch.setattr(auto_costs, "LEARN_PENDING", 10**9)  # the broken variant
-    assert scale_after(300) == pytest.approx(1.4)
+    assert drift_after(300) == pytest.approx(3 ** (1 / 16))
 
 
 def test_auto_does_not_probe_a_draft_through_a_long_catch_up(monkeypatch):

@@ -125,23 +125,21 @@ def test_bom_is_stripped_from_prompt_files(tmp_path, monkeypatch):
 
 # ----------------------------------------------------------------------------------- 1. state files never crash a run
 @pytest.mark.parametrize("content", [b"[]", b'"costs"', b"0", b"null", b"{", b"\xff\xfe", b'{"k": 1}',
-                                     b"[1, 2, 3]"])
-def test_malformed_cost_cache_file_is_ignored_with_one_warning(pair, tmp_path, monkeypatch, content):
-    from multispec.drafting import costs
+                                     b"[1, 2, 3]", b'{"multispec_profile": 1, "costs": []}'])
+def test_malformed_profile_file_is_ignored_with_one_warning(pair, tmp_path, monkeypatch, content):
+    from multispec.profile import MachineProfile
 
     monkeypatch.setenv("MULTISPEC_CACHE_DIR", str(tmp_path))
-    monkeypatch.setattr(costs, "_MEMORY", {})
     monkeypatch.setattr(multispec.paths, "_WARNED", set())
-    cache = tmp_path / "costs-v1.json"
+    cache = tmp_path / "profile-v1.json"
     cache.write_bytes(content)
     with warnings.catch_warnings(record=True) as seen:
         warnings.simplefilter("always")
         out = multispec.generate(pair, "x = 1", method="auto", max_new_tokens=3, temperature=0.0)
     assert out.stats["new_tokens"] >= 1
     named = [w for w in seen if str(cache) in str(w.message)]
-    if content != b'{"k": 1}':  # a valid object without this model's key: nothing to warn about
-        assert len(named) == 1, [str(w.message) for w in seen]
-    assert isinstance(json.loads(cache.read_text()), dict)  # recalibrated and written back
+    assert len(named) == 1, [str(w.message) for w in seen]
+    assert MachineProfile.load(cache).sections["costs"]  # measured and written back as a profile
 
 
 @pytest.mark.parametrize("entry", [[], "x", 0, {"target": []}, {"target": [0.0] * 7, "draft": [0.0] * 7},
@@ -151,24 +149,24 @@ def test_malformed_cost_cache_file_is_ignored_with_one_warning(pair, tmp_path, m
                                    {"target": [1e-3] * 7, "draft": [1e-3] * 7, "overhead": []},
                                    {"target": [1e-3] * 7, "draft": [1e-3] * 7, "overhead": {"round_s": "x"}},
                                    {"target": [-1.0] * 7, "draft": [1e-3] * 7}])
-def test_implausible_cost_cache_entry_is_ignored_and_recalibrated(pair, tmp_path, monkeypatch, entry):
+def test_implausible_costs_entry_in_the_profile_is_ignored_and_measured_again(pair, tmp_path, monkeypatch, entry):
     from multispec.drafting import costs
+    from multispec.profile import MachineProfile
 
     monkeypatch.setenv("MULTISPEC_CACHE_DIR", str(tmp_path))
-    monkeypatch.setattr(costs, "_MEMORY", {})
     monkeypatch.setattr(multispec.paths, "_WARNED", set())
-    multispec.generate(pair, "x = 1", method="auto", max_new_tokens=2, temperature=0.0)  # writes a valid cache
-    cache = tmp_path / "costs-v1.json"
+    multispec.generate(pair, "x = 1", method="auto", max_new_tokens=2, temperature=0.0)  # writes a valid profile
+    cache = tmp_path / "profile-v1.json"
     data = json.loads(cache.read_text())
-    data = {k: entry for k in data}
+    data["costs"] = {k: entry for k in data["costs"]}
     cache.write_text(json.dumps(data))
-    monkeypatch.setattr(costs, "_MEMORY", {})
     with warnings.catch_warnings(record=True) as seen:
         warnings.simplefilter("always")
         out = multispec.generate(pair, "x = 1", method="auto", max_new_tokens=3, temperature=0.0)
     assert out.stats["new_tokens"] >= 1
     assert sum(str(cache) in str(w.message) for w in seen) == 1
-    assert costs._valid_entry(json.loads(cache.read_text())[next(iter(data))], True)
+    (key,) = data["costs"]
+    assert costs.valid_entry(MachineProfile.load(cache).sections["costs"][key], True)
 
 
 @pytest.mark.parametrize("config,needle", [(b"[]", "not a JSON object"), (b"\xff", "not UTF-8 JSON"),

@@ -17,7 +17,6 @@ V = 4096  # above 2 x AUTO_VOCAB: the reduced layer is a candidate
 @pytest.fixture
 def pair(monkeypatch, tmp_path):
     monkeypatch.setenv("MULTISPEC_CACHE_DIR", str(tmp_path))
-    monkeypatch.setattr(cheap, "_CHOICES", {})
     freq = TokenFrequencies("test", V, tuple(range(V, 0, -1)), "test")
     monkeypatch.setattr(cheap.CheapDraft, "frequencies",
                         lambda self, tokenizer, vocab_size=None, count=True: freq if self.vocab is not None else None)
@@ -52,18 +51,19 @@ def test_auto_drafts_with_the_fastest_form_when_it_is_clearly_faster(pair, monke
     assert len(ids) == 4 and d.stats(_, SamplingConfig(temperature=0.0))["draft_vocab"] == chosen[0]
 
 
-def test_the_choice_is_timed_once_and_kept_on_disk(pair, monkeypatch, tmp_path):
+def test_the_choice_is_timed_once_and_kept_in_the_profile(pair, monkeypatch, tmp_path):
+    from multispec.profile import MachineProfile
+
     calls = []
     timings(monkeypatch, {(None, None): 1.0, (None, "int8"): 0.95, (1024, None): 0.7, (1024, "int8"): 0.8}, calls)
-    Decoder(pair, "auto", "fast")
-    Decoder(pair, "auto", "fast")
-    assert len(calls) == 1
-    monkeypatch.setattr(cheap, "_CHOICES", {})  # a new process: read from disk
-    assert Decoder(pair, "auto", "fast").cheap.vocab == 1024 and len(calls) == 1
-    assert (tmp_path / "cheap-draft-v1.json").is_file()
-    (tmp_path / "cheap-draft-v1.json").write_text("{not json")  # a broken file is measured again, not fatal
-    monkeypatch.setattr(cheap, "_CHOICES", {})
+    first = Decoder(pair, "auto", "fast")
+    Decoder(pair, "auto", "fast")  # the default profile now holds it
+    assert len(calls) == 1 and first.profile.sections["cheap_draft"]
+    assert Decoder(pair, "auto", "fast", profile=first.profile).cheap.vocab == 1024 and len(calls) == 1
+    assert MachineProfile.default_path().is_file()
+    MachineProfile.default_path().write_text("{not json")  # a broken file is measured again, not fatal
     assert Decoder(pair, "auto", "fast").cheap.vocab == 1024 and len(calls) == 2
+    assert Decoder(pair, "auto", "fast", profile=MachineProfile()).cheap.vocab == 1024 and len(calls) == 3
 
 
 def test_the_users_choice_and_other_methods_are_left_alone(pair, monkeypatch):

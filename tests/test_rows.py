@@ -1,8 +1,6 @@
 """The few-row linear product (models/rows.py): the same numbers as F.linear up to float rounding, taken by the fast
 backend only where the table (given to it) says so, measured once per machine and cached; nothing is patched into
 a model; and decoding through it stays the target's own greedy output on both backends."""
-import json
-import warnings
 
 import pytest
 import torch
@@ -38,7 +36,7 @@ def test_linear_takes_the_few_row_product_only_at_the_tables_row_counts(monkeypa
     calls = []
     real = rows.few_rows
     monkeypatch.setattr(rows, "few_rows", lambda *a: calls.append(a[0].shape) or real(*a))
-    assert rows.table(model) == table
+    assert rows.table(model)[0] == table
     for n in (1, 2, 3, 9):
         x = torch.randn(n, 16)
         calls.clear()
@@ -51,29 +49,29 @@ def test_linear_takes_the_few_row_product_only_at_the_tables_row_counts(monkeypa
         rows.linear(model[0], x, None)
         assert not calls
     assert all("forward" not in m.__dict__ for m in model)
-    assert rows.table(torch.nn.Sequential(torch.nn.ReLU())) is None
+    assert rows.table(torch.nn.Sequential(torch.nn.ReLU())) == (None, {})
     half = torch.nn.Linear(4, 4).to(torch.bfloat16)
-    assert rows.table(half) is None  # float32 only
+    assert rows.table(half)[0] is None  # float32 only
     calls.clear()
     rows.linear(half, torch.randn(1, 4, dtype=torch.bfloat16), [True] * (rows.ROWS + 1))
     assert not calls
     assert rows.signature(table) == "rows:10100000" and rows.signature(None) == ""
 
 
-def test_the_table_is_measured_once_and_read_back(monkeypatch, tmp_path):
+def test_the_table_is_measured_once_and_kept_in_the_profile(monkeypatch):
+    from multispec.profile import MachineProfile
+
     model = torch.nn.Linear(16, 32)
     measured = []
     monkeypatch.setattr(rows, "measure", lambda weights: measured.append(1) or [False] + [True] * rows.ROWS)
-    rows.table(model)
-    rows.table(torch.nn.Linear(16, 32))  # read from the file
+    table, entries = rows.table(model)
+    assert measured == [1] and list(entries.values()) == [table]
+    profile = MachineProfile().with_entries("rows", entries)
+    assert rows.table(torch.nn.Linear(16, 32), profile) == (table, {})  # the same shapes: read from the profile
     assert measured == [1]
-    (tmp_path / rows.FILE).write_text("{broken")
-    monkeypatch.setattr("multispec.paths._WARNED", set())
-    with warnings.catch_warnings(record=True) as seen:
-        warnings.simplefilter("always")
-        rows.table(torch.nn.Linear(16, 32))
-    assert measured == [1, 1] and sum("few-row linear timings" in str(w.message) for w in seen) == 1
-    assert json.loads((tmp_path / rows.FILE).read_text())  # rewritten
+    (key,) = entries
+    broken = profile.with_entries("rows", {key: "x"})
+    assert rows.table(torch.nn.Linear(16, 32), broken)[0] == table and measured == [1, 1]  # a bad entry: measured
 
 
 def test_the_fast_net_is_given_its_table():

@@ -183,18 +183,19 @@ def run_cli_cases(tmp: Path) -> None:
                            (b"\xff\xfe", "not UTF-8")):
         cache = tmp / f"cache-{len(RESULTS)}"
         cache.mkdir()
-        (cache / "costs-v1.json").write_bytes(content)
-        cli_case(f"cost cache of the wrong shape: {label}", [*g, "x"], "ok", env={"MULTISPEC_CACHE_DIR": str(cache)},
-                 check=lambda c, o, e, p=cache: "" if str(p / "costs-v1.json") in e.decode() else
+        (cache / "profile-v1.json").write_bytes(content)
+        cli_case(f"machine profile of the wrong shape: {label}", [*g, "x"], "ok",
+                 env={"MULTISPEC_CACHE_DIR": str(cache)},
+                 check=lambda c, o, e, p=cache: "" if str(p / "profile-v1.json") in e.decode() else
                  "no warning naming the file")
     cache = tmp / "cache-entries"
     cache.mkdir()
     cli(["generate", "x", "--max-new-tokens", "2"], env={"MULTISPEC_CACHE_DIR": str(cache)})
-    data_c = json.loads((cache / "costs-v1.json").read_text())
+    data_c = json.loads((cache / "profile-v1.json").read_text())
     for entry, label in (([0, 0, 0], "short list"), ({"target": [0.0] * 7, "draft": [0.0] * 7}, "zeros"),
                          ({"target": "fast", "draft": None}, "strings")):
-        (cache / "costs-v1.json").write_text(json.dumps({k: entry for k in data_c}))
-        cli_case(f"cost cache entry: {label}", [*g, "x"], "ok", env={"MULTISPEC_CACHE_DIR": str(cache)})
+        (cache / "profile-v1.json").write_text(json.dumps({**data_c, "costs": {k: entry for k in data_c["costs"]}}))
+        cli_case(f"profile costs entry: {label}", [*g, "x"], "ok", env={"MULTISPEC_CACHE_DIR": str(cache)})
     b = ["bench", "--dataset", str(data), "--max-new-tokens", "4", "--warmup", "0", "--quiet", "--threads", "1"]
     cli_case("bench: target_init=yes", [*b, "--methods", "dynamic:target_init=yes", "--out", str(out_dir)],
              needle="target_init must be a boolean")
@@ -292,7 +293,6 @@ def run_api_cases(pair, tmp: Path) -> None:
 
     import multispec
     from multispec.bench.specs import parse_method_spec
-    from multispec.drafting import costs
     from multispec.heads.acceptance import load_head
     from multispec.heads.decision import load_decision_model
     from multispec.decoding.methods import build_method
@@ -340,17 +340,16 @@ def run_api_cases(pair, tmp: Path) -> None:
                            (b"\x00\x01", "binary")):
         cache = tmp / f"api-cache-{len(RESULTS)}"
         cache.mkdir()
-        (cache / "costs-v1.json").write_bytes(content)
+        (cache / "profile-v1.json").write_bytes(content)
 
         def run(cache=cache):
             os.environ["MULTISPEC_CACHE_DIR"] = str(cache)
-            costs._MEMORY.clear()
             try:
                 return gen("x", method="auto")
             finally:
                 os.environ.pop("MULTISPEC_CACHE_DIR", None)
 
-        api_case(f"cost cache {label}", run, "ok")
+        api_case(f"machine profile {label}", run, "ok")
     for cfg, label in ((b"[]", "config []"), (b"\xff", "config not UTF-8"), (b'{"format": 1', "truncated config"),
                        (b'{"format": "multispec-decision", "version": 1, "type": "x", "in_features": 3, '
                         b'"sizes": [4]}', "implausible sizes")):

@@ -37,7 +37,7 @@ PYTHON = sys.executable
 class Server:
     """`multispec serve` in a subprocess on a free loopback port, its RSS sampled every 0.2 s."""
 
-    def __init__(self, args, max_batch: int, cache_dir: Path):
+    def __init__(self, args, max_batch: int, profile: Path):
         sock = socket.socket()
         sock.bind(("127.0.0.1", 0))
         self.port = sock.getsockname()[1]
@@ -47,8 +47,8 @@ class Server:
         self.cmd = [PYTHON, "-m", "multispec", "serve", "--target", f"{models}/target", "--draft", f"{models}/draft",
                     "--backend", "fast", "--threads", "1", "--port", str(self.port), "--max-batch", str(max_batch),
                     "--max-concurrent", "1", "--max-queue", str(args.clients * args.requests_per_client),
-                    "--log-level", "warning"]
-        env = {**os.environ, "PYTHONPATH": str(ROOT / "src"), "MULTISPEC_CACHE_DIR": str(cache_dir)}
+                    "--profile", str(profile), "--log-level", "warning"]
+        env = {**os.environ, "PYTHONPATH": str(ROOT / "src")}
         self.proc = subprocess.Popen(self.cmd, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
         self.rss_peak_mb = 0.0
         self._stderr: list[str] = []
@@ -168,24 +168,6 @@ async def cancel_phase(args, server, prompts, http) -> dict:
             "new_requests_ttft_s": percentiles(ttft), "new_requests_completed": sum(bool(r["ids"]) for r in fresh)}
 
 
-def cache_snapshot(dest: Path) -> Path:
-    """A copy of multispec's cache folder as this process leaves it (the offline reference runs' cost calibration
-    and auto's acceptance statistics, written out now rather than at exit), so that every server setting starts
-    from the same saved state: each server writes back what it learns, and auto's plans in a batch follow the
-    statistics it starts from (docs/batching.md). Folders (compiled code, GGUF conversions) are linked, not copied."""
-    from multispec.paths import cache_root, flush_cache_writes
-
-    flush_cache_writes()
-    dest.mkdir(parents=True)
-    root = cache_root()
-    for entry in root.iterdir() if root.is_dir() else ():
-        if entry.is_dir():
-            (dest / entry.name).symlink_to(entry.resolve(), target_is_directory=True)
-        else:
-            shutil.copy2(entry, dest / entry.name)
-    return dest
-
-
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     add_pycode_args(ap)
@@ -213,10 +195,14 @@ def main() -> None:
     prompts = [p.text for p in load_prompts("humaneval", args.data_dir, limit=args.prompts)]
     decoder = Decoder(pair, "auto", "fast")  # the server's default method, on its backend
     offline = [decoder.generate(p, max_new_tokens=args.max_tokens, temperature=0).token_ids for p in prompts]
-    report = {"settings": vars(args), "environment": environment(pair, [PYTHON, *sys.argv]), "runs": {}}
     scratch = Path(tempfile.mkdtemp(prefix="serve_batch_load_"))
+    # every server setting plans from the same pinned profile (read only): this machine's costs and the acceptance
+    # the offline runs observed, so that no setting starts from what another left behind
+    profile = decoder.updated_profile().save(scratch / "profile.json")
+    report = {"settings": vars(args), "environment": environment(pair, [PYTHON, *sys.argv]), "runs": {},
+              "profile": decoder.updated_profile().digest}
     for b in [int(x) for x in args.batches.split(",")]:
-        server = Server(args, b, cache_snapshot(scratch / f"cache_{b}"))
+        server = Server(args, b, profile)
         try:
             run = asyncio.run(load(args, server, prompts, offline))
         finally:

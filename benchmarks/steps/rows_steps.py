@@ -43,7 +43,7 @@ def models(shared: Path) -> dict:
 
 def time_model(path: str, kind: str) -> dict:
     model = multispec.load_pair(target=path).target
-    table = rows.table(model)
+    table = rows.table(model)[0]
     backends = {form: make_backend(model, kind, sidecar=ModelSidecar(model, rows_table=t))
                 for form, t in (("stock", None), ("few_rows", table))}
     for b in backends.values():

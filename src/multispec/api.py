@@ -21,14 +21,16 @@ def generate(pair: Pair, prompt: str | list[int] | list[str] | list[list[int]] |
              params: SamplingParams | None = None, *, method: str = DEFAULT_METHOD,
              messages: list[dict] | None = None, chat_template: str | None = None, backend: str | None = None,
              stream: Callable[[str], None] | None = None, batch_size: int | None = None,
-             on_result: Callable[[int, GenerationResult], None] | None = None,
+             on_result: Callable[[int, GenerationResult], None] | None = None, profile=None,
              **settings) -> GenerationResult | list[GenerationResult]:
     """Generate with `method` (auto, ar, sd, mcsd, ti-mcsd, dynamic, specdecpp, lookup, or any registered method).
     Method options: k, heuristic, confidence, entropy, tree, verifier, width, depth, decision_model, beta, head,
     threshold, k_min, k_max, ngram, proposers, max_nodes. stream(text_delta) is called as text is committed; the
     deltas add up to `result.text` exactly (text that could begin a stop string is held back until it is known not
     to). backend: "hf" (any transformers causal LM), "fast" (static cache, Llama family) or "compiled" (the fast
-    backend, compiled); default "compiled" for a pair loaded with compile=True, else "hf".
+    backend, compiled); default "compiled" for a pair loaded with compile=True, else "hf". profile: the machine
+    profile auto plans from (a multispec.profile.MachineProfile or a file path; default the cache folder's,
+    docs/profile.md): the run depends on it, never on what an earlier run left behind.
 
     The default, `auto`, picks every round between no speculation, prompt lookup and a draft chain or tree from
     acceptance and forward costs measured on this machine, so that it is not slower than plain decoding.
@@ -104,11 +106,11 @@ def generate(pair: Pair, prompt: str | list[int] | list[str] | list[list[int]] |
 
         check(stream is None, "stream takes one prompt; for several prompts read each result's text (or pass "
                               "on_result)")
-        decoder = Decoder(pair, method, backend or batch_backend(pair), **method_options)
+        decoder = Decoder(pair, method, backend or batch_backend(pair), profile=profile, **method_options)
         return generate_batch(decoder, prompt, params, batch_size, on_result, seed=seeds)
     check(batch_size is None, "batch_size applies to a list of prompts")
     check(on_result is None, "on_result applies to a list of prompts; one prompt streams with stream=")
-    decoder = Decoder(pair, method, backend, **method_options)
+    decoder = Decoder(pair, method, backend, profile=profile, **method_options)
     return decoder.generate(prompt, params, stream=stream)
 
 

@@ -32,8 +32,8 @@ def writable_file(path: str | Path, what: str = "--out") -> Path:
 
 def cache_root() -> Path:
     """multispec's cache folder: $MULTISPEC_CACHE_DIR, else $XDG_CACHE_HOME/multispec, else ~/.cache/multispec.
-    Holds the cost calibrations (costs-v1.json), auto's acceptance statistics (acceptance-v1.json) and compiled
-    code (inductor/)."""
+    Holds the default machine profile (profile-v1.json: multispec/profile.py), GGUF conversions, token frequencies
+    and compiled code (inductor/)."""
     root = os.environ.get("MULTISPEC_CACHE_DIR")
     if root:
         return Path(root)
@@ -75,7 +75,8 @@ def load_cache_json(path: Path, what: str, then: str) -> dict:
 def save_cache_json(path: Path, data) -> None:
     """Write a cache file (JSON) whole or not at all: through a temporary file (named per process and thread, so
     that two saving at once, the server's workers included, do not mix their writes) renamed over it. A cache that
-    cannot be written is only measured again next time, so failing to write it is silent."""
+    cannot be written is only measured again next time, so failing to write it is silent. Returns whether it was
+    written."""
     import json
     import threading
 
@@ -85,51 +86,5 @@ def save_cache_json(path: Path, data) -> None:
         tmp.write_text(json.dumps(data))
         tmp.replace(path)
     except OSError:
-        pass
-
-
-class DeferredWrites:
-    """A cache file whose entries live in a module's dict (read there by every user of the process at once) and
-    reach the disk at most every `every_s` seconds and at exit, not inside a request: re-reading and re-writing a
-    cache file costs milliseconds (~8 ms for the cost cache, 3 % of a 128-token request on the embedded pair).
-    merge(keys) writes the entries of those keys into the file; it runs with `lock` held, as `changed` must."""
-
-    def __init__(self, merge, every_s: float = 5.0):
-        import atexit
-        import threading
-        import time
-
-        self._merge, self.every_s, self._clock = merge, every_s, time.monotonic
-        self.lock = threading.Lock()
-        self.dirty: set[str] = set()
-        self.last = self._clock()  # the first change of a process waits too: a one-shot run writes at exit
-        atexit.register(self.flush)
-        _DEFERRED.append(self)
-
-    def changed(self, key: str, now: bool = False) -> None:
-        """key's entry changed (called with `lock` held): written now, or when every_s has passed since the last
-        write, else at the next write or at exit."""
-        self.dirty.add(key)
-        if now or self._clock() - self.last >= self.every_s:
-            self._write()
-
-    def _write(self) -> None:
-        if self.dirty:
-            self._merge(set(self.dirty))
-            self.dirty.clear()
-            self.last = self._clock()
-
-    def flush(self) -> None:
-        """Write what has not been written yet (at exit; tests call it to read the file)."""
-        with self.lock:
-            self._write()
-
-
-_DEFERRED: list[DeferredWrites] = []  # every DeferredWrites of the process
-
-
-def flush_cache_writes() -> None:
-    """Write every cache file's pending entries now (the cost calibrations, auto's acceptance statistics): before
-    the cache folder changes or is copied for another process."""
-    for writes in _DEFERRED:
-        writes.flush()
+        return False
+    return True

@@ -11,7 +11,7 @@ allows exactly one token, that token has probability 1: it is committed without 
 the next target forward (`forced`; SGLang's jump-forward), which is free speculation.
 
 Masks come from llguidance (guidance-ai/llguidance, the engine of llama.cpp's and vLLM's grammars): no
-dependencies, ~0.05 ms a mask on 49k and 262k vocabularies (benchmarks/grammar_engines.py has the comparison with
+dependencies, ~0.05 ms a mask on 49k and 262k vocabularies (benchmarks/structured/grammar_engines.py has the comparison with
 xgrammar). Grammar text is checked when the request is built, before any model loads; a grammar is compiled once
 per tokenizer.
 """

@@ -47,8 +47,9 @@ def hf_generate_batched(pair, prompts: list[list[int]], batch: int, max_new: int
 
 def run_batch_bench(pair, datasets: list[str], data_dir, methods: str, temperatures: list[float],
                     batch_size: int, max_new_tokens: int, limit, seed: int, out, command=None,
-                    progress=print, chat_template: str = "auto") -> dict:
-    """See the module docstring. Returns the results dict (rows, settings, meta) and writes it to `out`."""
+                    progress=print, chat_template: str = "auto", profile=None) -> dict:
+    """See the module docstring. Returns the results dict (rows, settings, meta) and writes it to `out`.
+    profile: a MachineProfile every Decoder plans from (None: the cache folder's)."""
     from multispec.bench.runner import encode_datasets, environment
     from multispec.decoding.batch import MAX_BATCH
     from multispec.decoding.batch_offline import generate_batch
@@ -75,9 +76,9 @@ def run_batch_bench(pair, datasets: list[str], data_dir, methods: str, temperatu
                     label = s.label
                     # untimed warm-up (the batch's cost table is measured once per process and machine), then a
                     # fresh Decoder: auto's suffix store must hold no earlier run of these prompts
-                    generate_batch(Decoder(pair, s.config, "fast", **s.decoder_options), texts[:batch_size],
+                    generate_batch(Decoder(pair, s.config, "fast", profile=profile, **s.decoder_options), texts[:batch_size],
                                    batch_size=batch_size, max_new_tokens=2, seed=seed, temperature=t)
-                    decoder = Decoder(pair, s.config, "fast", **s.decoder_options)
+                    decoder = Decoder(pair, s.config, "fast", profile=profile, **s.decoder_options)
                     start = time.perf_counter()
                     results = generate_batch(decoder, texts, batch_size=batch_size, max_new_tokens=max_new_tokens,
                                              seed=seed, temperature=t)
@@ -97,7 +98,8 @@ def run_batch_bench(pair, datasets: list[str], data_dir, methods: str, temperatu
         "datasets": datasets, "methods": [s.label for s in specs], "temperatures": temperatures,
         "chat_template": chat_template, "chat_template_applied": chat,
         "batch_size": batch_size, "max_new_tokens": max_new_tokens, "limit": limit, "seed": seed,
-        "threads": torch.get_num_threads()}, "rows": rows}
+        "threads": torch.get_num_threads(), "profile": profile.digest if profile is not None else "default"},
+        "rows": rows}
     out = Path(out)
     (out / "results.json").write_text(json.dumps(results, indent=1) + "\n")
     lines = [f"Batch size {batch_size}: total tokens/s over each prompt set ({max_new_tokens} new tokens).", "",

@@ -33,6 +33,7 @@ from multispec.errors import check
 from multispec.decoding.methods import HEAD_DIRNAME, get_method
 from multispec.paths import writable_dir
 from multispec.models.shadow import parse_shadow_shape
+from multispec.profile import MachineProfile
 from multispec.sampling import SamplingConfig
 
 COST_CONTEXT = 200  # tokens of context for the step-cost measurement
@@ -47,7 +48,8 @@ def run_bench(target: str | None = None, draft: str | None = None, datasets: lis
               out: str | Path | None = None, threads: int | None = None, device: str | None = None,
               dtype: str | None = None, max_prompt_tokens: int | None = 512, prompt_field: str = "prompt",
               best_probe: int = 3, pair=None, progress: bool = True, command: list[str] | None = None,
-              shadow_target: str | None = None, cross_vocab: str | None = None, chat_template: str = "auto") -> dict:
+              shadow_target: str | None = None, cross_vocab: str | None = None, chat_template: str = "auto",
+              profile=None) -> dict:
     """Benchmark `methods` on `datasets`; returns the results dict (see docs/bench.md) and, when `out` is given,
     writes it there. limit: an int for every data set (per category for spec-bench), or per data set as
     {name: N} or 'name=N,name=N'. `pair`: an already loaded `api.Pair` (then target/draft/device/dtype are not used).
@@ -79,6 +81,8 @@ def run_bench(target: str | None = None, draft: str | None = None, datasets: lis
         writable_dir(out)
     if shadow_target is not None:
         parse_shadow_shape(shadow_target)
+    if profile is not None and not isinstance(profile, MachineProfile):
+        profile = MachineProfile.load(profile)  # a pinned machine profile: every method plans from it
     limits = _limits(limit, datasets)
     prompts = {d: load_prompts(d, data_dir, limit=limits[d], offset=offset, prompt_field=prompt_field)
                for d in datasets}
@@ -119,7 +123,7 @@ def run_bench(target: str | None = None, draft: str | None = None, datasets: lis
     kinds = ["hf", *dict.fromkeys(s.backend for s in specs if s.backend != "hf")]
     cost = step_costs(pair, shadow=shadow, kinds=kinds) if pair.draft is not None else {
         "target_step_s": None, "draft_step_s": None, "cost_ratio": None}
-    runners = {s.label: _make_runner(s, pair, eos, shadow) for s in specs}
+    runners = {s.label: _make_runner(s, pair, eos, shadow, profile) for s in specs}
     rss_base = _maxrss_mb()
 
     # 4. warm-up (untimed) and the hf-assisted:best sweep. The warm-up's outputs are then dropped from the methods'
@@ -157,6 +161,7 @@ def run_bench(target: str | None = None, draft: str | None = None, datasets: lis
                 "temperatures": temperatures, "top_k": top_k, "top_p": top_p, "max_new_tokens": max_new_tokens,
                 "limit": limits, "offset": offset, "repeats": repeats, "warmup": warmup, "seed": seed,
                 "threads": torch.get_num_threads(), "max_prompt_tokens": max_prompt_tokens,
+                "profile": profile.digest if profile is not None else "default",
                 "prompt_field": prompt_field, "chat_template": chat_template, "chat_template_applied": chat,
                 "best_probe": best_probe, "hf_best_sweep": list(HF_BEST_SWEEP),
                 "shadow_target": shadow.settings() if shadow is not None else None,
@@ -302,7 +307,7 @@ class _Shadow:
                 "label": shadow_label(self.shape)}
 
 
-def _make_runner(spec: MethodSpec, pair, eos: set[int], shadow: _Shadow | None = None):
+def _make_runner(spec: MethodSpec, pair, eos: set[int], shadow: _Shadow | None = None, profile=None):
     """A function (ids, sampling, max_new, seed, knob) -> (new ids, stats dict) for one method; backends and the
     method's policy (trained heads included) are built once here. With `shadow`, the target's every forward also
     runs the shadow model."""
@@ -327,7 +332,7 @@ def _make_runner(spec: MethodSpec, pair, eos: set[int], shadow: _Shadow | None =
     from multispec.decoding.decoder import Decoder
 
     decoder = Decoder(pair, spec.config, spec.backend, wrap_target=shadow.wrap if shadow is not None else None,
-                      **spec.decoder_options)
+                      profile=profile, **spec.decoder_options)
 
     def run_engine(ids, sampling, max_new, seed, knob):
         new, metrics = decoder.run(ids, sampling, max_new, seed)

@@ -28,6 +28,7 @@ COMMANDS = {
     "heads": ("multispec.cli.heads_cmd", "Train the SpecDec++ acceptance head and P1 decision models."),
     "zoo": ("multispec.cli.zoo_cmd", "Corpus, tokenizer, target/draft training and evaluation."),
     "serve": ("multispec.cli.serve_cmd", "OpenAI-compatible HTTP server with speculative decoding and metrics."),
+    "profile": ("multispec.cli.profile_cmd", "The machine profile auto plans from: show, measure, reset."),
 }
 
 

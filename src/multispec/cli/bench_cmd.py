@@ -62,10 +62,12 @@ def _floats(text: str) -> list[float]:
 @click.option("--batch-size", type=click.IntRange(1, 256), help="Measure batched throughput instead: each method "
               "decodes every prompt, N sequences at a time; total tokens/s (hf-assisted specs become transformers' "
               "batched generate). Fast backend.")
+@click.option("--profile", "profile", type=click.Path(exists=True, dir_okay=False), help="Plan from this machine "
+              "profile file (multispec profile measure), read only: runs then depend on it, not on the cache folder.")
 @click.option("--quiet", is_flag=True, help="No progress bar.")
 def bench_command(target, draft, cross_vocab, datasets, data_dir, prompt_field, chat_template, methods, temperatures,
                   top_k, top_p, max_new_tokens, max_prompt_tokens, limit, offset, repeats, warmup, best_probe, seed,
-                  out, threads, device, dtype, shadow_target, batch_size, quiet):
+                  out, threads, device, dtype, shadow_target, batch_size, profile, quiet):
     """Benchmark methods on a prompt set; writes results.json, results.md and plots to --out."""
     from multispec.bench import run_bench
     from multispec.bench.report import shadow_label_of, summarize
@@ -76,6 +78,10 @@ def bench_command(target, draft, cross_vocab, datasets, data_dir, prompt_field, 
     out = out or f"bench-{time.strftime('%Y%m%d-%H%M%S')}"
     check_draft_given(parse_method_specs(methods), target is None or draft is not None,
                       hf_assisted_drafts=batch_size is None)
+    if profile is not None:
+        from multispec.profile import MachineProfile
+
+        profile = MachineProfile.load(profile)  # before anything slow
     with _removed_if_left_empty(out):
         writable_dir(out)  # before anything slow
         threads, warning = set_threads(threads)
@@ -83,7 +89,8 @@ def bench_command(target, draft, cross_vocab, datasets, data_dir, prompt_field, 
             click.echo(f"warning: {warning}", err=True)
         if batch_size is not None:
             _batch_bench(target, draft, cross_vocab, datasets, data_dir, methods, temperatures, batch_size,
-                         max_new_tokens, limit, seed, out, device, dtype, shadow_target, quiet, chat_template)
+                         max_new_tokens, limit, seed, out, device, dtype, shadow_target, quiet, chat_template,
+                         profile)
             return
         results = run_bench(target=target, draft=draft, datasets=datasets, data_dir=data_dir, methods=methods,
                             temperatures=_floats(temperatures), top_k=top_k, top_p=top_p,
@@ -91,7 +98,8 @@ def bench_command(target, draft, cross_vocab, datasets, data_dir, prompt_field, 
                             seed=seed, out=out, threads=threads, device=device, dtype=dtype,
                             max_prompt_tokens=max_prompt_tokens or None, prompt_field=prompt_field,
                             best_probe=best_probe, progress=not quiet, command=["multispec", *sys.argv[1:]],
-                            shadow_target=shadow_target, cross_vocab=cross_vocab, chat_template=chat_template)
+                            shadow_target=shadow_target, cross_vocab=cross_vocab, chat_template=chat_template,
+                            profile=profile)
     label = shadow_label_of(results)
     if label:
         click.echo(label)
@@ -121,7 +129,7 @@ def _removed_if_left_empty(out: str):
 
 
 def _batch_bench(target, draft, cross_vocab, datasets, data_dir, methods, temperatures, batch_size, max_new_tokens, limit, seed,
-                 out, device, dtype, shadow_target, quiet, chat_template="auto") -> None:
+                 out, device, dtype, shadow_target, quiet, chat_template="auto", profile=None) -> None:
     from multispec.bench.batched import run_batch_bench
     from multispec.errors import check
     from multispec.loading import load_pair
@@ -135,7 +143,7 @@ def _batch_bench(target, draft, cross_vocab, datasets, data_dir, methods, temper
                               max_new_tokens, int(limit) if limit else None, seed, out,
                               command=["multispec", *sys.argv[1:]],
                               progress=(lambda line: None) if quiet else (lambda line: click.echo(line, err=True)),
-                              chat_template=chat_template)
+                              chat_template=chat_template, profile=profile)
     for r in results["rows"]:
         sp = "" if r["speedup_vs_batched_ar"] is None else f"  {r['speedup_vs_batched_ar']:.2f}x batched ar"
         click.echo(f"{r['dataset']:>12} T={r['temperature']:<4g} {r['method']:<28} {r['tokens_per_s']:8.1f} tok/s{sp}")

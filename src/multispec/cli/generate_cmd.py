@@ -39,10 +39,13 @@ from multispec.models.int8 import QUANT_DTYPES
 @click.option("--stream", is_flag=True, help="Print text as it is committed.")
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object: the stats plus `text` and `token_ids` "
               "(several prompts: one line per prompt, with its `index`, written as its sequence finishes).")
+@click.option("--profile", "profile", type=click.Path(exists=True, dir_okay=False), help="Plan from this machine "
+              "profile file (multispec profile measure), read only; default: the cache folder's.")
 @click.option("--baseline", is_flag=True, help="Also run plain decoding (ar) on the same settings and report the "
               "speedup over it: the median of 3 to 5 alternating runs of each, with its min-max spread.")
 def generate_command(prompt, prompt_file, per_line, batch_size, target, draft, cross_vocab, method, max_new_tokens,
-                     chat, system, chat_template, compile_, device, dtype, backend, threads, stream, as_json, baseline,
+                     chat, system, chat_template, compile_, device, dtype, backend, threads, stream, as_json, profile,
+                     baseline,
                      **flags):
     """Generate a continuation of PROMPT with speculative decoding ('-': read it from stdin)."""
     from multispec.api import generate, load_pair, resolve_device
@@ -72,6 +75,10 @@ def generate_command(prompt, prompt_file, per_line, batch_size, target, draft, c
     params = SamplingParams(max_new_tokens=max_new_tokens, **settings)  # the request, checked once
     temperature = params.temperature
     config = check_method_options(method, options)
+    if profile is not None:
+        from multispec.profile import MachineProfile
+
+        options["profile"] = MachineProfile.load(profile)  # checked before any model loads
     resolve_device(device)
     check(not (compile_ and backend not in (None, "compiled")),
           f"--compile runs the compiled fast backend; it cannot be combined with --backend {backend}")
@@ -155,13 +162,13 @@ def _speedup(run_method, run_ar, first_rate: float | None) -> dict:
 
 
 def _calibration_note(s: dict) -> None:
-    """One stderr line when this run of `auto` measured the machine's forward costs (its first on this model and
-    settings), which made it slower than the runs after it."""
+    """One stderr line when `auto` measured the machine's forward costs before this run (its first on this model
+    and settings), which made the start slower than later runs'."""
     costs = (s.get("auto") or {}).get("costs") or {}
     if costs.get("source") == "calibrated":
         took = f" ({costs['calibration_s']:.1f}s)" if costs.get("calibration_s") else ""
-        click.echo(f"note: auto measured this model's forward costs on this machine during this run{took}, once: "
-                   "kept in the multispec cache, so later runs skip it and run faster", err=True)
+        click.echo(f"note: auto measured this model's forward costs on this machine before decoding{took}, once: "
+                   "kept in the machine profile (multispec profile show), so later runs skip it", err=True)
 
 
 def _generate_many(run, prompts: list[str], as_json: bool) -> list:

@@ -64,11 +64,14 @@ FORCE_GRACE_S = 0.3  # after stop_all, time for the error replies to go out befo
               help="On the first Ctrl-C / SIGTERM, seconds to let requests in flight finish before they are "
               "answered with a 503 error object and stopped.")
 @click.option("--threads", type=click.IntRange(min=1), help="torch CPU threads per op (default: torch's choice).")
+@click.option("--profile", "profile", type=click.Path(exists=True, dir_okay=False), help="Plan from this machine "
+              "profile file, read only (default: the cache folder's, updated with what the server observed at exit).")
 @click.option("--log-level", type=click.Choice(["critical", "error", "warning", "info", "debug"]), default="info",
               show_default=True)
 def serve_command(target, draft, cross_vocab, method, host, port, served_model_name, max_concurrent, max_batch, max_queue,
                   max_model_len, api_key, request_timeout,
-                  chat_template, device, dtype, backend, compile_, drain_timeout, threads, log_level, **method_kw):
+                  chat_template, device, dtype, backend, compile_, drain_timeout, threads, profile, log_level,
+                  **method_kw):
     """Serve the pair over HTTP with the OpenAI API: /v1/completions, /v1/chat/completions, /v1/models,
     /health, /metrics."""
     from multispec.cli.common import decode_text
@@ -92,6 +95,10 @@ def serve_command(target, draft, cross_vocab, method, host, port, served_model_n
     check(template is None or template.strip() != "", f"the chat template file {chat_template} is empty")
     if template is not None:
         check_template_syntax(template, chat_template)
+    if profile is not None:
+        from multispec.profile import MachineProfile
+
+        profile = MachineProfile.load(profile)
     check_port_free(host, port)
     if threads is not None:
         import torch
@@ -115,7 +122,7 @@ def serve_command(target, draft, cross_vocab, method, host, port, served_model_n
     settings = ServeSettings(model_name=name, method=method, method_options=options, backend=backend,
                              max_concurrent=max_concurrent, max_queue=max_queue, max_batch=max_batch,
                              request_timeout=request_timeout, chat_template=template, max_model_len=max_model_len,
-                             api_key=api_key)
+                             api_key=api_key, profile=profile)
     app = create_app(pair, settings)  # builds the workers' Decoders: the method is checked against the pair here
     click.echo(app.state.cache_report, err=True)
     bos = pair.tokenizer.bos_token_id

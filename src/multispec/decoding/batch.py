@@ -104,6 +104,7 @@ class Lane(Decoder):
     """One slot of a BatchGroup, as a Decoder (see the module docstring). Built by BatchGroup only."""
 
     def __init__(self, decoder: Decoder, group: BatchGroup, slot: int):  # noqa: D107 - the parts are resolved
+        self.machine = decoder.machine  # the decoder's profile, auto's view of it, its record of observations
         self._start(decoder.parts, warm_up=False)  # the decoder's shared parts; its own policy
         self.group, self.slot = group, slot
         self.slot_target = SlotBackend(group.batcher, group.target_cache, slot, decoder.pair.target)
@@ -128,6 +129,7 @@ class Lane(Decoder):
                                 self.policy, reproducible, logprobs)
         finally:
             self.group.batcher.leave()
+            self.observations.add(self.policy.observation(), self.profile)
 
     def _checked(self, on_tokens):
         """on_tokens, then Cancelled once the group is cancelled: a lane stops between rounds, with its tokens so
@@ -147,7 +149,9 @@ def _batch_costs(group: BatchGroup):
     from multispec.drafting.batch_costs import get_batch_costs
 
     d = group.decoder
-    return get_batch_costs(group.target_cache, d.pair.target, group.draft_cache, d.draft_model)
+    table, measured = get_batch_costs(group.target_cache, d.pair.target, group.draft_cache, d.draft_model, d.profile)
+    d.machine.measured("batch_costs", measured)  # before any lane starts: the lanes' stats name the profile with it
+    return table
 
 
 class Cancelled(Exception):

@@ -8,6 +8,8 @@ config, its trained models (read from disk once), its draft policy, the backends
 
 A Decoder owns its caches, so it runs one generation at a time; `spawn()` gives another that shares its read-only
 `parts` (the server keeps one per worker). `generate`, `bench` and `serve` all decode through this class.
+What it knows of the machine is a value (`profile=`, multispec/profile.py), completed when it is built, never
+inside a generation; runs report observations, and only an explicit save of `updated_profile()` keeps them.
 """
 from __future__ import annotations
 
@@ -19,16 +21,17 @@ from multispec.decoding.logprobs import LogprobRecorder
 from multispec.decoding.methods import MethodConfig, build_method, get_method
 from multispec.decoding.metrics import Metrics
 from multispec.decoding.parts import DecoderParts
-from multispec.decoding.request import (PreparedRequest, fit_context, prepare_one, prompt_ids, reproducible_mode,
-                                        sampling_law)
+from multispec.decoding.request import (PreparedRequest, fit_context, prepare_many, prepare_one, prompt_ids,
+                                        reproducible_mode, sampling_law)
 from multispec.decoding.result import GenerationResult
 from multispec.decoding.state import choose_verifier
 from multispec.decoding.pair_checks import (backend_name, cross_vocab_backend, refuse_trees_where_inexact,
                                             refuse_where_retokenizing)
-from multispec.errors import MultispecError, attach_partial, check
+from multispec.errors import attach_partial, check
 from multispec.loading import Pair, eos_ids, max_positions, vocab_rows
 from multispec.models.base import Backend
-from multispec.params import ParamError, SamplingParams
+from multispec.params import SamplingParams
+from multispec.profile import MachineProfile
 from multispec.sampling import SamplingConfig
 from multispec.decoding.grammar import grammar_stats
 from multispec.text import StopStrings, Streamer
@@ -42,7 +45,8 @@ class Decoder:
     N most frequent tokens plus the prompt's (grown with every committed token); draft_dtype="int8": int8 draft
     weights (CPU). Both only make the draft cheaper: the output law is the target's either way (models/cheap.py).
     `auto`, given neither, uses the form of the draft whose step is fastest here (draft_dtype="float32": the draft
-    as loaded)."""
+    as loaded). profile: the machine profile (a MachineProfile, a file path, or None: the cache folder's default,
+    to which a first run on a machine adds what it measured)."""
 
     # set from the DecoderParts by _start (the rest of the parts too: config, entry, pair, backend, ...)
     eos_ids: set
@@ -51,8 +55,11 @@ class Decoder:
 
     def __init__(self, pair: Pair, method: str | MethodConfig = "auto", backend: str | None = None, *,
                  wrap_target: Callable | None = None, loaded: dict | None = None, draft_vocab: int | None = None,
-                 draft_dtype: str | None = None, **method_options):
+                 draft_dtype: str | None = None, profile: MachineProfile | str | None = None, **method_options):
+        from multispec.decoding.profiles import MachineState
+
         check(isinstance(pair, Pair), f"pair must be a multispec Pair from load_pair(), got {type(pair).__name__}")
+        self.machine = MachineState(profile)  # the profile, checked before any model work
         if isinstance(method, MethodConfig):
             check(not method_options, "give method options to build_method, not beside a built MethodConfig")
             self.config = method
@@ -71,7 +78,9 @@ class Decoder:
                 and pair.cross_vocab is None:  # auto: the fastest form of the draft on this machine (models/cheap)
             from multispec.models.cheap import choose_cheap_draft
 
-            self.cheap = choose_cheap_draft(drafting, pair.tokenizer, self.backend, pair.sidecar(drafting))
+            self.cheap, measured = choose_cheap_draft(drafting, pair.tokenizer, self.backend,
+                                                      pair.sidecar(drafting), self.profile)
+            self.machine.measured("cheap_draft", measured)
         check(not self.cheap.active or self.uses_draft, f"draft_vocab / draft_dtype make the draft model cheaper, and "
                                                         f"method {self.config.name!r} does not draft with one here")
         check(self.cheap.vocab is None or pair.cross_vocab is None,
@@ -87,11 +96,13 @@ class Decoder:
         models = [pair.target] + ([pair.draft] if pair.draft is not None and self.config.name != "ar"
                                   and pair.cross_vocab is None else [])
         limits = [n for n in (max_positions(m) for m in models) if n is not None]
+        self.machine.rows(self)  # the few-row tables its products follow, from the profile
         self._start(DecoderParts(
             config=self.config, entry=self.entry, pair=pair, backend=self.backend, wrap_target=wrap_target,
             uses_draft=self.uses_draft, cheap=self.cheap, draft_model=self.draft_model, token_freq=self.token_freq,
             loaded=self.loaded, eos_ids=eos_ids(pair), vocab_size=vocab_rows(pair.target),
             context=min(limits) if limits else None))  # context: the model's positions (None: the configs say none)
+        self.machine.attach(self)  # auto: its view of the profile (what it lacks measured now)
         if self.uses_draft and pair.cross_vocab == "uag":
             refuse_where_retokenizing(self.config, self.entry, self.policy)
 
@@ -103,6 +114,8 @@ class Decoder:
         for f in fields(parts):
             setattr(self, f.name, getattr(parts, f.name))
         self.policy = parts.entry.make_policy(parts.config, parts.pair, parts.loaded)  # its own adaptive state
+        if self.machine.auto_view is not None:  # a spawned twin or a batch lane: the view it shares
+            self.policy.use_profile(self.machine.auto_view)
         self._target: Backend | None = None
         self._draft: Backend | None = None
         self._rows = 0  # static-cache rows of the current fast/compiled backends
@@ -110,8 +123,7 @@ class Decoder:
             self._warm_up()
 
     def _warm_up(self) -> None:
-        """A compiled backend compiles every step size now, not mid-generation (FastNet keeps the code, in the pair's
-        sidecar of the model, so this is cheap for a second Decoder of the same pair)."""
+        """A compiled backend compiles every step size now, not mid-generation (once per pair: the sidecar keeps it)."""
         if self.backend == "compiled":
             for b in self._backends(1):  # compiled backends (FastBackend) have warm_up
                 if b is not None:
@@ -119,10 +131,20 @@ class Decoder:
 
     def spawn(self) -> "Decoder":
         """Another Decoder of the same pair, method and backend, sharing what this one read or built once (its
-        `parts`: the trained models, the cheap draft's copy and token frequencies), with its own policy and caches."""
+        `parts`: the trained models, the cheap draft's copy and token frequencies; its machine profile and record
+        of observations), with its own policy and caches."""
         twin = Decoder.__new__(Decoder)  # nothing to resolve again: the parts are done
+        twin.machine = self.machine  # one profile and record for the family (a server saves it once)
         twin._start(self.parts)
         return twin
+
+    # ------------------------------------------------------------------ the machine profile
+    profile = property(lambda self: self.machine.profile, doc="The MachineProfile this decoder plans from.")
+    observations = property(lambda self: self.machine.observations, doc="What its family's runs observed.")
+
+    def updated_profile(self) -> MachineProfile:
+        """The profile with its family's observations folded in: a new value (`.save(path)` it to keep it)."""
+        return self.observations.profile(self.profile)
 
     # ------------------------------------------------------------------ token ids
     def fit_context(self, prompt_len: int, max_new_tokens: int, warnings: list[str]) -> int:
@@ -139,9 +161,12 @@ class Decoder:
         target, draft = self._backends(len(prompt_ids) + max_new_tokens)
         if draft is not None and self.cheap.vocab is not None:  # this prompt's draft vocabulary
             draft.set_vocab_subset(self.cheap.subset(self.token_freq, prompt_ids))
-        return generate_ids(target, draft, prompt_ids, self.config, sampling, max_new_tokens, seed,
-                            self.eos_ids if eos_ids is None else eos_ids, stop, on_tokens, self.policy, reproducible,
-                            logprobs)
+        try:
+            return generate_ids(target, draft, prompt_ids, self.config, sampling, max_new_tokens, seed,
+                                self.eos_ids if eos_ids is None else eos_ids, stop, on_tokens, self.policy,
+                                reproducible, logprobs)
+        finally:
+            self.observations.add(self.policy.observation(), self.profile)
 
     def cache_rows(self, tokens: int) -> int:
         """Static-cache rows a run of `tokens` (prompt + new tokens) needs: those, the round's root, and one more
@@ -193,22 +218,8 @@ class Decoder:
         return prepare_one(self, prompt_ids(self, prompt, messages, chat_template), params, sampling, params.seed)
 
     def prepare_many(self, prompts: list, params: SamplingParams, seeds: list | None = None) -> list[PreparedRequest]:
-        """`prepare` for several prompts (str or token ids) with one SamplingParams, checked once (one grammar
-        compiled, shared: each run starts its own state). seeds: one per prompt (None: a fresh one, and the
-        reproducible mode's default off, as for one prompt), or None: params.seed for every prompt. An error names
-        its prompt, prompts[i]."""
-        sampling = self.check_request(params)
-        seeds = [params.seed] * len(prompts) if seeds is None else seeds
-        check(len(seeds) == len(prompts), f"internal: {len(seeds)} seeds for {len(prompts)} prompts")
-        out = []
-        for i, (prompt, seed) in enumerate(zip(prompts, seeds)):
-            try:
-                out.append(prepare_one(self, prompt_ids(self, prompt, None, None), params, sampling, seed))
-            except ParamError:  # a setting's error: not the prompt's
-                raise
-            except MultispecError as e:
-                raise MultispecError(f"prompts[{i}]: {e}") from None
-        return out
+        """`prepare` for several prompts with one SamplingParams, checked once (request.prepare_many)."""
+        return prepare_many(self, prompts, params, seeds)
 
     def generate(self, prompt=None, params: SamplingParams | None = None, *,
                  stream: Callable[[str], None] | None = None, stream_chunks: bool = False,
@@ -280,6 +291,7 @@ class Decoder:
             "target_dtype": self.pair.sidecar(self.pair.target).weights_dtype, "draft_vocab": self.cheap.vocab,
             "draft_dtype": self.cheap.dtype,
             "cross_vocab": self.pair.cross_vocab if self.uses_draft else None,
+            "profile": self.profile.digest,
             **metrics.stats(),
         }
         extra = self.policy.report()

@@ -135,3 +135,22 @@ def reproducible_mode(decoder, reproducible: bool | None, seed, sampling: Sampli
         raise ParamError(f"method {decoder.config.name!r} draws level 1 from the target (P1's longest chain): it "
                          "has no reproducible mode", "reproducible")
     return reproducible and not sampling.greedy
+
+
+def prepare_many(decoder, prompts: list, params: SamplingParams, seeds: list | None = None) -> list[PreparedRequest]:
+    """`Decoder.prepare` for several prompts (str or token ids) with one SamplingParams, checked once (one grammar
+    compiled, shared: each run starts its own state). seeds: one per prompt (None: a fresh one, and the
+    reproducible mode's default off, as for one prompt), or None: params.seed for every prompt. An error names its
+    prompt, prompts[i]."""
+    sampling = decoder.check_request(params)
+    seeds = [params.seed] * len(prompts) if seeds is None else seeds
+    check(len(seeds) == len(prompts), f"internal: {len(seeds)} seeds for {len(prompts)} prompts")
+    out = []
+    for i, (prompt, seed) in enumerate(zip(prompts, seeds)):
+        try:
+            out.append(prepare_one(decoder, prompt_ids(decoder, prompt, None, None), params, sampling, seed))
+        except ParamError:  # a setting's error: not the prompt's
+            raise
+        except MultispecError as e:
+            raise MultispecError(f"prompts[{i}]: {e}") from None
+    return out

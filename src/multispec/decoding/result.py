@@ -8,7 +8,7 @@ from multispec.decoding.logprobs import TokenLogprob
 
 @dataclass
 class GenerationResult:
-    """token_ids: the new tokens only. text: their decoding, cut before the first stop string. stats: see README.
+    """token_ids: the new tokens only. text: their decoding, cut before the first stop string. stats: see docs/architecture.md (the stats schema).
     finish_reason: "stop" (an EOS token or a stop string ended it), "length" (max_new_tokens, or the model's
     context, reached) or "abort" (a partial result carried by an exception, see `Decoder.generate`).
 

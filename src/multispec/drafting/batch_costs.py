@@ -1,6 +1,6 @@
 """Batched forward costs for `auto` in a batch (decoding/batch.py): seconds of one forward of B sequences × n tokens
-each, measured once per machine up to the batch's slots (kept on disk beside the single-sequence costs,
-drafting/costs.py) and extrapolated linearly beyond."""
+each, measured once per machine up to the batch's slots (kept in the machine profile beside the single-sequence
+costs, drafting/costs.py) and extrapolated linearly beyond."""
 from __future__ import annotations
 
 import time
@@ -8,8 +8,8 @@ from dataclasses import dataclass, field
 
 import torch
 
-import multispec.drafting.costs as costs  # its _MEMORY is read through the module (tests replace it)
-from multispec.drafting.costs import BUCKETS, CostCurve, CostModel, _curve_ok, _disk, _store, model_key
+import multispec.drafting.costs as costs
+from multispec.drafting.costs import BUCKETS, CostCurve, CostModel, _curve_ok, model_key
 from multispec.models.rows import signature
 
 BATCH_SIZES = (1, 2, 4, 8, 16, 32, 64)
@@ -115,10 +115,11 @@ class BatchCosts:
                          key=self.key, source=self.source)
 
 
-def get_batch_costs(target_cache, target_model, draft_cache=None, draft_model=None,
-                    budget_s: float = BATCH_BUDGET_S) -> BatchCosts:
-    """The batched cost table of these models on this machine for up to the caches' slots, measured with
-    models/batched.run_batch on the (still empty) caches on first use and cached in memory and on disk."""
+def get_batch_costs(target_cache, target_model, draft_cache=None, draft_model=None, profile=None,
+                    budget_s: float = BATCH_BUDGET_S) -> tuple[BatchCosts, dict]:
+    """The batched cost table of these models on this machine for up to the caches' slots: the profile's
+    (multispec/profile.py, section "batch_costs"), or measured with models/batched.run_batch on the (still empty)
+    caches before the batch starts. Returns the table and the new profile entries ({} when none was measured)."""
     slots = target_cache.slots
     sizes = [b for b in BATCH_SIZES if b <= slots] or [1]
     if len(sizes) < len(BATCH_SIZES) and sizes[-1] < slots:
@@ -130,14 +131,12 @@ def get_batch_costs(target_cache, target_model, draft_cache=None, draft_model=No
 
     key = "batch|" + model_key(probe(target_cache), target_model) + "||" + (
         model_key(probe(draft_cache), draft_model) if draft_cache else "-")
-    cached = costs._MEMORY.get(key) or _disk().get(key)
+    cached = profile.get("batch_costs", key) if profile is not None else None
     if isinstance(cached, dict) and _batch_entry_ok(cached, draft_cache is not None, len(sizes)):
-        costs._MEMORY[key] = cached
-        return BatchCosts({k: v for k, v in cached.items() if v is not None}, key=key, source="cached")
+        return BatchCosts({k: v for k, v in cached.items() if v is not None}, key=key, source="profile"), {}
     caches = {"target": target_cache, **({"draft": draft_cache} if draft_cache is not None else {})}
     seconds = {name: _calibrate_batched(c, sizes, budget_s / len(caches)) for name, c in caches.items()}
-    _store(key, {"target": seconds["target"], "draft": seconds.get("draft")})
-    return BatchCosts(seconds, key=key)
+    return BatchCosts(seconds, key=key), {key: {"target": seconds["target"], "draft": seconds.get("draft")}}
 
 
 def _calibrate_batched(cache, sizes: list[int], budget_s: float) -> list[list[float]]:

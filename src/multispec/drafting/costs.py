@@ -1,15 +1,14 @@
-"""The hardware cost model of `auto`: what a forward of n tokens costs the target and the draft, here and now.
+"""The hardware cost model of `auto`: what a forward of n tokens costs the target and the draft on this machine.
 
-Calibration runs a few forwards of n ∈ BUCKETS tokens at the current context right after the prefill (the
-result is then dropped from the cache with `keep`), takes the fastest of two runs per size, and stops at a time
-budget (2 s), extrapolating the sizes it did not reach. Costs between buckets are interpolated linearly in n.
+Calibration runs a few forwards of n ∈ BUCKETS tokens after a short context (dropped again with `keep`), takes the
+fastest of the runs per size, and stops at a time budget (2 s), extrapolating the sizes it did not reach. Costs
+between buckets are interpolated linearly in n.
 
-The result is cached per (backend, model, device, dtype, threads, CPU) in this process and on disk
-($MULTISPEC_CACHE_DIR or ~/.cache/multispec), so only the first run on a machine pays for it. During a generation
-`auto` corrects it online from the forwards it times (drafting/auto.py); after each generation the forwards
-actually timed are compared with the calibrated predictions, and when they drift by more than DRIFT the cached
-costs (in memory and on disk) move part of the way towards what was measured. Those updates reach the disk at most
-every 5 s and at exit, not inside a request (paths.DeferredWrites).
+Calibrations live in the machine profile (multispec/profile.py, section "costs"), keyed per (backend, model,
+device, dtype, threads, CPU). A Decoder measures what its profile lacks when it is built, never inside a generation.
+A generation records its timed forwards against the predictions (`CostModel.observe`) without changing its plans;
+`updated_entry` folds that drift and the fitted overheads into a new profile entry, which only an explicit save
+keeps (decoding/profiles.py).
 """
 from __future__ import annotations
 
@@ -17,11 +16,10 @@ import math
 import platform
 import time
 from dataclasses import dataclass, field
-from pathlib import Path
 
 import torch
 
-from multispec.paths import DeferredWrites, load_cache_json, warn_once
+from multispec.paths import warn_once
 
 BUCKETS = (1, 2, 4, 8, 16, 32, 64)
 CALIBRATION_BUDGET_S = 2.0
@@ -32,7 +30,6 @@ BLEND = 0.5  # how far an update moves the cached costs towards the measured one
 # its drift of 3 moved the cached draft costs up 70 %, so the next generation (pycode-v1, T = 1) took plain steps
 # where draft chains paid 1.2x.
 DRIFT_FULL_AT = 16
-_MEMORY: dict[str, dict] = {}
 
 
 @dataclass
@@ -61,10 +58,15 @@ class CostModel:
     target: CostCurve
     draft: CostCurve | None
     key: str = ""
-    source: str = "calibrated"  # "calibrated" | "cached"
+    source: str = "calibrated"  # "calibrated" | "profile"
     calibration_s: float = 0.0
     overhead: dict | None = None  # per-round and per-draft-level Python overheads learned by `auto`
     observed: dict = field(default_factory=lambda: {"target": [], "draft": []})
+
+    def fresh(self) -> CostModel:
+        """The same costs with no observations yet (one per generation)."""
+        return CostModel(self.target, self.draft, self.key, self.source, self.calibration_s,
+                         None if self.overhead is None else dict(self.overhead))
 
     def observe(self, which: str, predicted: float, seconds: float) -> None:
         """Record one timed forward (which: "target" or "draft") against its prediction."""
@@ -170,52 +172,49 @@ def calibrate(backends: list, budget_s: float, reps: int = 3) -> list[list[float
     return out
 
 
-def get_cost_model(target, target_model, draft=None, draft_model=None, context_len: int = 0,
-                   budget_s: float = CALIBRATION_BUDGET_S) -> CostModel:
-    """The cached cost model for this pair on this machine, calibrating (and caching) it on first use.
-    target/draft: backends whose caches hold `context_len` (target) and their own rows; both are left as found."""
-    key = model_key(target, target_model) + "||" + (model_key(draft, draft_model) if draft is not None else "-")
-    cached = _MEMORY.get(key) or _disk().get(key)
-    if cached is not None and not _valid_entry(cached, draft is not None):
-        warn_once(f"ignoring the cost cache entry for this model in {_cache_file()}: it is not a valid calibration "
-                   "(wrong shape or implausible numbers); recalibrating")
-        cached = None
-    if cached is not None:
-        _MEMORY[key] = cached
-        return CostModel(CostCurve(list(cached["target"])),
-                         CostCurve(list(cached["draft"])) if cached.get("draft") else None, key=key, source="cached",
-                         overhead=cached.get("overhead"))
+def cost_entry_key(target, target_model, draft=None, draft_model=None) -> str:
+    """The profile key of this pair's costs on these backends, here."""
+    return model_key(target, target_model) + "||" + (model_key(draft, draft_model) if draft is not None else "-")
+
+
+def cost_model_from(profile, key: str, with_draft: bool) -> CostModel | None:
+    """The profile's costs for key as a CostModel, or None when it has none (or a damaged entry: one warning)."""
+    entry = profile.get("costs", key)
+    if entry is None:
+        return None
+    if not valid_entry(entry, with_draft):
+        warn_once(f"ignoring the costs entry for this model in the machine profile ({profile.source}): it is not "
+                  "a valid calibration (wrong shape or implausible numbers); measuring again")
+        return None
+    return CostModel(CostCurve(list(entry["target"])), CostCurve(list(entry["draft"])) if entry.get("draft") else None,
+                     key=key, source="profile", overhead=entry.get("overhead"))
+
+
+def measure_costs(target, target_model, draft=None, draft_model=None,
+                  budget_s: float = CALIBRATION_BUDGET_S) -> tuple[CostModel, dict]:
+    """Calibrate this pair's forward costs on these backends (their caches as found; left as found): the model and
+    the profile entry to keep."""
+    key = cost_entry_key(target, target_model, draft, draft_model)
     t0 = time.perf_counter()
     curves = calibrate([target] + ([draft] if draft is not None else []), budget_s)
     t_curve, d_curve = curves[0], (curves[1] if draft is not None else None)
     entry = {"target": t_curve, "draft": d_curve}
-    _store(key, entry)
     return CostModel(CostCurve(t_curve), CostCurve(d_curve) if d_curve else None, key=key, source="calibrated",
-                     calibration_s=time.perf_counter() - t0)
+                     calibration_s=time.perf_counter() - t0), entry
 
 
-def update_after_generation(model: CostModel, overhead: dict | None = None) -> bool:
-    """After a generation: store the learned overheads (the first time), and move the cached costs part of the
-    way (BLEND, geometrically) towards the measured ones when they drifted by more than DRIFT. True if the forward
-    costs were updated."""
-    drift = model.drift()
+def updated_entry(entry: dict, drift: dict, overhead: dict | None) -> dict:
+    """A costs entry after a run's observations: the learned overheads stored (blended geometrically with the
+    stored ones), the forward costs moved part of the way (BLEND, geometrically) towards the measured ones when
+    they drifted by more than DRIFT. Pure: the profile's new value is built from it."""
     moved = bool(drift) and any(abs(r - 1.0) > DRIFT for r in drift.values())
-    if model.overhead is not None and not moved:
-        return False
-    if model.overhead is not None:
-        overhead = {k: (model.overhead[k] * v) ** 0.5 for k, v in overhead.items()} if overhead else model.overhead
+    old = entry.get("overhead")
+    if old is not None and overhead:
+        overhead = {k: (old[k] * v) ** 0.5 for k, v in overhead.items() if k in old}
     scale = {k: (v ** BLEND if moved else 1.0) for k, v in drift.items()}
-    entry = {"target": [s * scale.get("target", 1.0) for s in model.target.seconds],
-             "draft": None if model.draft is None else [s * scale.get("draft", 1.0) for s in model.draft.seconds],
-             "overhead": overhead}
-    _store(model.key, entry, defer=True)
-    return moved
-
-
-def _cache_file() -> Path:
-    from multispec.paths import cache_root
-
-    return cache_root() / "costs-v1.json"
+    return {"target": [s * scale.get("target", 1.0) for s in entry["target"]],
+            "draft": None if entry.get("draft") is None else [s * scale.get("draft", 1.0) for s in entry["draft"]],
+            "overhead": overhead or old}
 
 
 def _curve_ok(x) -> bool:
@@ -225,7 +224,7 @@ def _curve_ok(x) -> bool:
                     for s in x))
 
 
-def _valid_entry(entry, with_draft: bool) -> bool:
+def valid_entry(entry, with_draft: bool) -> bool:
     """Whether a cached entry can be used: a dict with a valid target curve, a valid draft curve when there is a
     draft (None or absent otherwise), and an optional overhead dict of finite non-negative numbers."""
     if not isinstance(entry, dict) or not _curve_ok(entry.get("target")):
@@ -236,29 +235,3 @@ def _valid_entry(entry, with_draft: bool) -> bool:
     return overhead is None or (isinstance(overhead, dict) and {"round_s", "level_s"} <= set(overhead) and all(
         isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v) and v >= 0
         for v in overhead.values()))
-
-
-def _disk() -> dict:
-    """The disk cache: {key: entry} (single entries are checked where they are used)."""
-    return load_cache_json(_cache_file(), "the cost cache", "recalibrating")
-
-
-def _store(key: str, entry: dict, defer: bool = False) -> None:
-    """Keep `entry` for key in this process and write it to disk: now (a calibration), or with defer at most every
-    5 s and at exit (the updates after each generation)."""
-    with _WRITES.lock:
-        _MEMORY[key] = entry
-        _WRITES.changed(key, now=not defer)
-
-
-def _merge(keys: set[str]) -> None:
-    """Merge these keys' entries into the disk cache."""
-    from multispec.paths import save_cache_json
-
-    data = _disk()
-    data.update({k: _MEMORY[k] for k in keys if k in _MEMORY})
-    save_cache_json(_cache_file(), data)  # it only saves a calibration on the next run
-
-
-_WRITES = DeferredWrites(_merge)
-flush = _WRITES.flush  # write the updates not written yet (at exit; tests call it to read the file)

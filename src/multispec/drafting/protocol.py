@@ -113,6 +113,14 @@ class DraftPolicy(Protocol):
 
     def finish(self, history: list[int]) -> None: ...
 
+    def observation(self) -> dict | None:
+        """What the last generation observed for a new machine profile (decoding/profiles.updated), or None."""
+        ...
+
+    def use_profile(self, view) -> None:
+        """Plan from this view of the machine profile (auto's AutoView; the Decoder builds it once)."""
+        ...
+
     def report(self) -> dict | None: ...
 
 
@@ -125,6 +133,12 @@ class DraftPolicyBase:
     defers_draft_prefill = False
 
     needs_hidden = False
+
+    def observation(self) -> dict | None:
+        return None
+
+    def use_profile(self, view) -> None:
+        pass
 
     def reset(self) -> None:
         pass

@@ -12,7 +12,7 @@ own cache rows. `run_batch` runs the steps of many slots as one forward:
 
 A row attends only to its own slot's rows, so a sequence's output does not depend on what else is in the batch; the
 arithmetic can differ from a batch-1 step in the last bits (a matmul over more rows may sum in another order),
-which moves a greedy choice only at a near-tie (benchmarks/batch_identity.py counts them).
+which moves a greedy choice only at a near-tie (benchmarks/batching/batch_identity.py counts them).
 
 `StepBatcher` is the batch's one loop: many sequences, each decoded by the ordinary generation loop as a greenlet
 in the loop's thread (no thread per sequence), run until every one waits on a forward; then the waiting calls of one

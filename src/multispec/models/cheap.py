@@ -110,26 +110,24 @@ def _freq_path(fingerprint: str, vocab_size: int) -> Path:
 # ---------------------------------------------------------------------------------------- auto's choice of draft
 AUTO_VOCAB = 1024  # acceptance within 1 % of the full draft's once S grows with the text (cheap_draft/steps.md)
 CHOICE_GAIN = 0.9  # a cheaper form is used when its step takes at most this share of the full draft's
-_CHOICES: dict[str, CheapDraft] = {}
 
 
-def choose_cheap_draft(draft: torch.nn.Module, tokenizer, kind: str, sidecar=None) -> CheapDraft:
+def choose_cheap_draft(draft: torch.nn.Module, tokenizer, kind: str, sidecar=None,
+                       profile=None) -> tuple[CheapDraft, dict]:
     """The cheapest form of `draft` on this machine for `auto` (which chooses when the user sets neither
     draft_vocab nor draft_dtype): the full draft, int8 weights (CPU, float32), a reduced output layer of AUTO_VOCAB
     tokens (where token frequencies are at hand without counting), or both, whichever has the fastest one-token
-    step, if it takes at most CHOICE_GAIN of the full draft's. Timed once per (draft, backend, device, threads)
-    and kept on disk beside the cost calibrations (cache_root()/cheap-draft-v1.json): ~0.3 s the first time.
-    sidecar: the draft's (models/sidecar.py; its int8 copy and FastNet are reused; default a fresh one)."""
+    step, if it takes at most CHOICE_GAIN of the full draft's. The machine profile's choice (section
+    "cheap_draft", keyed per draft, backend, device, threads), else timed now (~0.3 s). sidecar: the draft's
+    (models/sidecar.py; its int8 copy and FastNet are reused; default a fresh one). Returns the choice and the new
+    profile entries ({} when the profile had it)."""
     from multispec.models.int8 import linear_shape
 
     key = _choice_key(draft, kind)
-    if key in _CHOICES:
-        return _CHOICES[key]
-    stored = _load_choices().get(key)
+    stored = profile.get("cheap_draft", key) if profile is not None else None
     if isinstance(stored, dict) and set(stored) <= {"vocab", "dtype"}:
         try:
-            _CHOICES[key] = CheapDraft(**stored)
-            return _CHOICES[key]
+            return CheapDraft(**stored), {}
         except Exception:  # noqa: BLE001 - a malformed entry is measured again
             pass
     weight = draft.get_input_embeddings().weight
@@ -147,9 +145,7 @@ def choose_cheap_draft(draft: torch.nn.Module, tokenizer, kind: str, sidecar=Non
     seconds = _time_steps(draft, candidates, freq, kind, sidecar) if len(candidates) > 1 else [1.0]
     best = min(range(len(candidates)), key=lambda i: seconds[i])
     choice = candidates[best] if seconds[best] <= CHOICE_GAIN * seconds[0] else candidates[0]
-    _CHOICES[key] = choice
-    _store_choice(key, {"vocab": choice.vocab, "dtype": choice.dtype})
-    return choice
+    return choice, {key: {"vocab": choice.vocab, "dtype": choice.dtype}}
 
 
 def _time_steps(draft, candidates: list[CheapDraft], freq, kind: str, sidecar=None, steps: int = 12) -> list[float]:
@@ -201,27 +197,3 @@ def _choice_key(draft, kind: str) -> str:
     return "|".join(str(x) for x in (name, sum(p.numel() for p in draft.parameters()), kind, weight.device,
                                       weight.dtype, torch.get_num_threads(),
                                       platform.processor() or platform.machine()))
-
-
-def _choice_file() -> Path:
-    from multispec.paths import cache_root
-
-    return cache_root() / "cheap-draft-v1.json"
-
-
-def _load_choices() -> dict:
-    import json
-
-    try:
-        data = json.loads(_choice_file().read_text())
-    except (OSError, ValueError):
-        return {}
-    return data if isinstance(data, dict) else {}
-
-
-def _store_choice(key: str, entry: dict) -> None:
-    from multispec.paths import save_cache_json
-
-    data = _load_choices()
-    data[key] = entry
-    save_cache_json(_choice_file(), data)

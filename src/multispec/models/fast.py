@@ -327,7 +327,7 @@ class FastBackend(VocabSubset):
         self.model = model  # auto's cost cache is keyed by the model (drafting/costs.model_key)
         self.weights_dtype = sidecar.weights_dtype if sidecar is not None else read_dtype(model)
         self.net = net = sidecar.fast_net() if sidecar is not None else \
-            FastNet(model, rows_table=rows_table(model), weights_dtype=self.weights_dtype)
+            FastNet(model, rows_table=rows_table(model)[0], weights_dtype=self.weights_dtype)
         self.rows_signature = signature(net.rows_table)  # part of auto's cost key (drafting/costs.model_key)
         check(not (compile and net.attend_64), "the compiled backend does not run int8 or int4 models; use the fast "
                                                "or hf backend")

@@ -9,8 +9,8 @@ speculation pay on a CPU (benchmarks/results/rows/).
 
 Which form wins depends on the CPU, the BLAS and the thread count, so it is measured, not assumed: `table` times
 both forms over the model's own weights for 1 ... ROWS rows (about a second for a 135M model), once per machine,
-thread count and set of weight shapes (cached in $MULTISPEC_CACHE_DIR/rows-v1.json), and returns the row counts
-where `W @ x.T` was faster. The fast backend is given that table and takes `linear` for its products (it owns its
+thread count and set of weight shapes (kept in the machine profile, section "rows": multispec/profile.py), and
+returns the row counts where `W @ x.T` was faster. The fast backend is given that table and takes `linear` for its products (it owns its
 matmuls); nothing is patched into a model, so the transformers backend runs the stock layers. Both forms compute
 the same products in float32; they differ in the order of the sums, so logits differ in the last bits (as a
 one-row step and a many-row forward already do), never more.
@@ -23,12 +23,9 @@ import time
 import torch
 import torch.nn.functional as F
 
-from multispec.paths import cache_root, load_cache_json, save_cache_json
-
 ROWS = 8  # row counts measured; more rows always take F.linear
 WIN = 0.95  # the few-row form is used where it took at most this fraction of F.linear's time
 SAMPLE_BYTES = 160 * 2**20  # the weights timed: about this many bytes of them
-FILE = "rows-v1.json"
 
 
 def few_rows(x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
@@ -61,32 +58,36 @@ def _linears(model: torch.nn.Module) -> list[torch.nn.Linear]:
             and m.weight.device.type == "cpu" and m.weight.dim() == 2]
 
 
-def table(model: torch.nn.Module) -> list[bool] | None:
-    """Where `model`'s float32 CPU Linear layers take the few-row product: [False, at 1 row, ..., at ROWS rows],
-    read from the cache file or measured (once per machine, threads and weight shapes), or None when the model has
-    no such layer."""
+def table(model: torch.nn.Module, profile=None) -> tuple[list[bool] | None, dict]:
+    """Where `model`'s float32 CPU Linear layers take the few-row product: [False, at 1 row, ..., at ROWS rows] —
+    the machine profile's (keyed per torch version, threads, CPU and weight shapes), else measured now (~1 s for a
+    135M model) — or None when the model has no such layer. Returns it and the new profile entries ({} when the
+    profile had it)."""
+    key = profile_key(model)
+    if key is None:
+        return None, {}
+    stored = profile.get("rows", key) if profile is not None else None
+    if isinstance(stored, list) and len(stored) == ROWS + 1 and all(isinstance(v, bool) for v in stored):
+        return stored, {}
+    measured = measure([m.weight for m in _linears(model)])
+    return measured, {key: measured}
+
+
+def profile_key(model: torch.nn.Module) -> str | None:
+    """What a table depends on (torch version, threads, CPU, the float32 CPU Linear layers' shapes), or None for a
+    model without such layers."""
     linears = _linears(model)
-    return _table(linears) if linears else None
+    if not linears:
+        return None
+    shapes = sorted({tuple(m.weight.shape) for m in linears})
+    return "|".join(str(x) for x in (torch.__version__, torch.get_num_threads(), platform.processor()
+                                     or platform.machine(), len(linears), shapes))
 
 
 def signature(table: list[bool] | None) -> str:
     """Which row counts take the few-row product under `table` ("" for none): part of the cost cache's key, since
     a forward's cost by row count depends on it."""
     return "" if table is None else "rows:" + "".join("1" if v else "0" for v in table[1:])
-
-
-def _table(linears: list[torch.nn.Linear]) -> list[bool]:
-    shapes = sorted({tuple(m.weight.shape) for m in linears})
-    key = "|".join(str(x) for x in (torch.__version__, torch.get_num_threads(), platform.processor()
-                                    or platform.machine(), len(linears), shapes))
-    data = load_cache_json(cache_root() / FILE, "the few-row linear timings", "measuring again")
-    stored = data.get(key)
-    table = stored if isinstance(stored, list) and len(stored) == ROWS + 1 and all(
-        isinstance(v, bool) for v in stored) else measure([m.weight for m in linears])
-    if stored != table:
-        data[key] = table
-        save_cache_json(cache_root() / FILE, data)
-    return table
 
 
 @torch.inference_mode()

@@ -17,8 +17,8 @@ _UNSET = object()
 class ModelSidecar:
     """model: the model this sidecar prepares for. weights_dtype: what the weights are ("int8" / "int4" for a
     model the pair quantized; default read from the model's layers, models/int8.weights_dtype). rows_table: the
-    few-row table the fast backend follows (default: models/rows.table, read from the cache file or measured on
-    first use; None: F.linear at every row count)."""
+    few-row table the fast backend follows (models/rows.py; None: F.linear at every row count). A Decoder sets it
+    from its machine profile; unset, it is measured on first use."""
 
     def __init__(self, model: torch.nn.Module, weights_dtype: str | None = None, rows_table=_UNSET):
         from multispec.models.int8 import weights_dtype as read_dtype
@@ -26,7 +26,7 @@ class ModelSidecar:
         self.model = model
         self.weights_dtype = weights_dtype or read_dtype(model)
         self._rows_table = rows_table
-        self._fast_net = None
+        self._fast_nets: dict = {}  # rows table (as a tuple, or None) -> FastNet
         self._tree_refusal: tuple | None = None  # (the config it was read from, the refusal)
         self._head_rows = None
         self._int8_copy: torch.nn.Module | None = None
@@ -38,8 +38,16 @@ class ModelSidecar:
         if self._rows_table is _UNSET:
             from multispec.models.rows import table
 
-            self._rows_table = table(self.model)
+            self._rows_table = table(self.model)[0]
         return self._rows_table
+
+    @rows_table.setter
+    def rows_table(self, value: list[bool] | None) -> None:
+        self._rows_table = value
+
+    @property
+    def has_rows_table(self) -> bool:
+        return self._rows_table is not _UNSET
 
     @property
     def rows_signature(self) -> str:
@@ -49,14 +57,19 @@ class ModelSidecar:
         return signature(self.rows_table)
 
     def fast_net(self):
-        """The model's FastNet (models/fast.py), made on first use and again after model.to(...)."""
+        """The model's FastNet (models/fast.py) under the current rows table, made on first use and again after
+        model.to(...)."""
         from multispec.models.fast import FastNet
 
-        net = self._fast_net
+        table = self.rows_table
+        key = None if table is None else tuple(table)
+        net = self._fast_nets.get(key)
         weight = self.model.get_input_embeddings().weight
         if net is None or (net.device, net.dtype) != (weight.device, weight.dtype):
-            net = self._fast_net = FastNet(self.model, rows_table=self.rows_table, weights_dtype=self.weights_dtype)
-            self.spare_slot_buffers = None  # buffers of the old device or dtype
+            if net is not None:
+                self._fast_nets.clear()
+                self.spare_slot_buffers = None  # buffers of the old device or dtype
+            net = self._fast_nets[key] = FastNet(self.model, rows_table=table, weights_dtype=self.weights_dtype)
         return net
 
     def tree_refusal(self) -> str | None:

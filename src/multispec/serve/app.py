@@ -42,7 +42,8 @@ def create_app(pair, settings: ServeSettings, generate_fn=None) -> FastAPI:
     from multispec.decoding.decoder import Decoder
     from multispec.decoding.methods import DEFAULT_METHOD
 
-    decoder = Decoder(pair, settings.method or DEFAULT_METHOD, settings.backend, **settings.method_options)
+    decoder = Decoder(pair, settings.method or DEFAULT_METHOD, settings.backend, profile=settings.profile,
+                      **settings.method_options)
     generations = settings.max_batch if settings.max_batch > 1 else settings.max_concurrent
     max_model_len, why = choose_max_model_len(decoder, generations, settings.max_model_len)
     scheduler = Scheduler(decoder, settings.max_concurrent, settings.max_queue, generate_fn or decoder_generate,
@@ -54,6 +55,7 @@ def create_app(pair, settings: ServeSettings, generate_fn=None) -> FastAPI:
     app.state.scheduler, app.state.metrics, app.state.settings = scheduler, metrics, settings
     app.state.cache_report = cache_report(scheduler, why)
     app.router.add_event_handler("shutdown", scheduler.shutdown)
+    app.router.add_event_handler("shutdown", lambda: save_observed_profile(decoder))
     live: dict[int, object] = {}  # id -> Run of every request still being answered
 
     def stop_all() -> int:
@@ -196,6 +198,15 @@ def create_app(pair, settings: ServeSettings, generate_fn=None) -> FastAPI:
         return await reply.whole()
 
     return app
+
+
+def save_observed_profile(decoder) -> None:
+    """At shutdown, a server on the cache folder's default profile keeps what its requests observed (acceptance,
+    cost drift) for the next start; a server given a profile writes nothing."""
+    if decoder.machine.is_default and len(decoder.observations):
+        from multispec.profile import MachineProfile
+
+        decoder.updated_profile().save(MachineProfile.default_path())
 
 
 def _first_set(*values):

@@ -46,6 +46,7 @@ class ServeSettings:
     read_timeout: float = 30.0
     max_model_len: int | None = None
     api_key: str | None = field(default=None, repr=False)
+    profile: object = None  # a MachineProfile (None: the cache folder's, updated with what it observed at shutdown)
 
 
 class APIError(Exception):

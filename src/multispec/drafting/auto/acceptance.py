@@ -116,7 +116,8 @@ class RealisedRates:
     the seconds the cost model predicted for the tree each actually drafted — a decayed mean of log(predicted /
     realised), shrunk towards 0 by REALISED_PRIOR rounds. factor(family) = exp of it, clamped: what the cost model
     misses about a family (a suffix or lookup proposal's Python, a chain's per-level work, a machine busier than at
-    calibration) is corrected from its own rounds, within a generation and (drafting/auto/memory.py) across them.
+    calibration) is corrected from its own rounds: a generation scores plans with the factors its profile holds
+    (fixed for the run) and records its own rounds for the next profile (drafting/auto/memory.py).
     Acceptance is not in it (the acceptance estimates learn that), so a family that was unlucky is not held down."""
 
     def __init__(self) -> None:

@@ -5,28 +5,42 @@ which one it has.
 """
 from __future__ import annotations
 
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+
 from multispec.drafting.batch_costs import BatchCosts
 from multispec.models.batched import Role
 from multispec.drafting.costs import CostModel
 from multispec.drafting.protocol import RoundOutcome
 from multispec.tree import Tree
 
-SCALE_RATE = 0.2  # how fast measured forward times correct the calibrated costs within a generation
-SCALE_STEP = 0.05  # a cost correction that moved this much (relative) remakes the cached plans
 DEFAULT_OVERHEAD = {"round_s": 4e-4, "level_s": 3e-4}
 # A draft round whose first forward caught up on more than this many tokens (the deferred prompt, a streak of plain
-# steps) corrects no draft cost: one scale serves every size, and such a forward, timed against a curve extrapolated
-# far past its buckets, ran 3x its prediction (pycode-v1), which made every later draft plan look 40 % dearer, so
-# auto stopped drafting and never timed the draft again.
+# steps) is not recorded as draft drift: one scale serves every size, and such a forward, timed against a curve
+# extrapolated far past its buckets, ran 3x its prediction (pycode-v1), which made every later draft plan look 40 %
+# dearer, so auto stopped drafting and never timed the draft again.
 LEARN_PENDING = 16
 
 
+@dataclass(frozen=True)
+class AutoView:
+    """What auto reads of the machine profile (built by the Decoder): the pair's cost model on these backends
+    (None: none measured), the profile's acceptance section, and the identities of the target and the drafter
+    (drafting/auto/memory.model_identity) that key it."""
+
+    costs: CostModel | None
+    acceptance: Mapping[str, dict] = field(default_factory=dict)
+    identities: tuple[str, str] = ("-", "-")
+
+
 class AloneCosts:
-    """The calibrated curves (frozen for the generation, read once) times what this generation's own forwards
-    measured against them: one factor for single-token steps, one for multi-token verification (their ratio is
-    what decides whether speculation pays, and load changes it), one for the draft."""
+    """The profile's calibrated curves, fixed for the generation: plans never follow its timings (so two identical
+    seeded generations plan alike). Each round's timed forwards are recorded against the curves
+    (`CostModel.observe`) and its overheads kept for `fitted_overhead`: what a new profile learns from
+    (drafting/costs.updated_entry)."""
 
     live = 1
+    version = 0  # the costs never change within a generation (plans cached on it)
 
     def __init__(self, model: CostModel, max_nodes: int):
         self.model = model
@@ -34,23 +48,19 @@ class AloneCosts:
         self.curves = ([0.0] + [model.target(i) for i in n],
                        [0.0] + [model.draft(i) if model.draft is not None else 0.0 for i in n])
         self.overhead = dict(model.overhead) if model.overhead else dict(DEFAULT_OVERHEAD)
-        self.scale = {"t1": 1.0, "tn": 1.0, "d": 1.0}
-        self.version = 0  # bumped when a correction moved by SCALE_STEP: cached plans are remade
-        self._seen = dict(self.scale)
+        self.scale = {"t1": 1.0, "tn": 1.0, "d": 1.0}  # (reported; a batch's view corrects its table)
         self.round_log: list[tuple[int, float]] = []  # (draft levels, overhead seconds) for the overhead fit
 
     def t(self, n: int) -> float:
-        raw = self.curves[0][n] if n < len(self.curves[0]) else self.model.target(n)
-        return raw * (self.scale["t1"] if n == 1 else self.scale["tn"])
+        return self.curves[0][n] if n < len(self.curves[0]) else self.model.target(n)
 
     def d(self, n: int) -> float:
         if self.model.draft is None:
             return 0.0
-        raw = self.curves[1][n] if n < len(self.curves[1]) else self.model.draft(n)
-        return raw * self.scale["d"]
+        return self.curves[1][n] if n < len(self.curves[1]) else self.model.draft(n)
 
     def draft_time(self, tree: Tree, pending: int) -> float:
-        """Uncorrected seconds of drafting `tree` (one draft forward per level but the deepest)."""
+        """Seconds of drafting `tree` (one draft forward per level but the deepest)."""
         if self.model.draft is None:
             return 0.0
         sizes = [len(tree.level(d)) for d in range(1, tree.max_depth)]
@@ -62,35 +72,20 @@ class AloneCosts:
         o = self.overhead
         seconds = self.t(len(tree)) + o["round_s"]
         if drafted:
-            seconds += self.draft_time(tree, pending) * self.scale["d"] + tree.max_depth * o["level_s"]
+            seconds += self.draft_time(tree, pending) + tree.max_depth * o["level_s"]
         return seconds
 
     def observe(self, outcome: RoundOutcome) -> None:
-        """Correct the costs by one round's timed forwards, and learn the per-round overhead."""
+        """Record one round's timed forwards against the curves, and its overhead (never changes the plans)."""
         tree, times = outcome.tree, outcome.times
         n = len(tree)
         self.model.observe("target", self.model.target(n), times.target_fwd_s)
-        self._learn("t1" if n == 1 else "tn", self.t(n), times.target_fwd_s)
         drafted = outcome.draft_calls > 0  # the draft model ran this round
         if drafted and times.pending <= LEARN_PENDING:
-            raw = self.draft_time(tree, times.pending)
-            self.model.observe("draft", raw, times.draft_s)
-            self._learn("d", raw * self.scale["d"], times.draft_s)
+            self.model.observe("draft", self.draft_time(tree, times.pending), times.draft_s)
         levels = tree.max_depth if drafted else 0
         other = max(0.0, times.round_s - times.target_fwd_s - (times.draft_s if levels else 0.0))
         self.round_log.append((levels, other))
-        if levels == 0:  # per-round overhead, learned as it goes
-            self.overhead["round_s"] += SCALE_RATE * (other - self.overhead["round_s"])
-
-    def _learn(self, key: str, predicted: float, measured: float) -> None:
-        if predicted > 0 and measured > 0:
-            ratio = min(3.0, max(1 / 3, measured / predicted))
-            self.scale[key] = (1 - SCALE_RATE) * self.scale[key] + SCALE_RATE * self.scale[key] * ratio
-            # plans are remade (a draft plan costs ~0.4 ms, 5 % of a small target's step) only when a scale has
-            # moved by SCALE_STEP since they were made, not on every round's jitter
-            if abs(self.scale[key] / self._seen[key] - 1) > SCALE_STEP:
-                self._seen = dict(self.scale)
-                self.version += 1
 
     def fitted_overhead(self) -> dict:
         """The per-round and per-level overheads fitted to this generation's rounds (medians)."""

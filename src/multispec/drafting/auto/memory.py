@@ -1,35 +1,31 @@
-"""What `auto` learned of acceptance, kept across generations and processes (beside the cost calibration).
+"""What `auto` learned of acceptance, kept across generations in the machine profile (multispec/profile.py, section
+"acceptance").
 
 Per pair (target and draft or head, by identity: name, size, dtype and a few weights), proposer and temperature
 range, the decayed statistics a generation ends with — draft and lookup acceptance by (depth, rank or n-gram
-length), a draft chain's acceptance by confidence bucket, the suffix calibration — are stored after each generation,
-moved halfway from what was stored towards what was seen (as the cost calibration is), in memory (every Decoder
-and server worker of the process) and on disk ($MULTISPEC_CACHE_DIR/acceptance-v1.json). A generation starts from
-them instead of the priors, so a 64-token request is planned from what earlier requests learned; a pair seen for
-the first time starts from the conservative priors (drafting/auto/acceptance.py). Acceptance does not depend on
-the machine, so unlike the costs the key names no device or thread count.
+length), a draft chain's acceptance by confidence bucket, the suffix calibration, the probes' state — are what a
+generation observes; `blended` moves a stored entry halfway towards them when a new profile is made. A generation
+starts from the profile's entry instead of the priors, so a 64-token request is planned from what earlier requests
+learned; a pair seen for the first time starts from the conservative priors (drafting/auto/acceptance.py).
+Acceptance does not depend on the machine, so unlike the costs the key names no device or thread count.
 
-The statistics only shape the plans; every plan is verified losslessly, so a stale or wrong file costs speed,
-never exactness. A file or entry that is not what `save` writes is ignored with one warning and rebuilt.
+The statistics only shape the plans; every plan is verified losslessly, so a stale or wrong entry costs speed,
+never exactness. An entry that is not what multispec writes is ignored with one warning.
 """
 from __future__ import annotations
 
 import math
-from pathlib import Path
 
 import torch
 
-from multispec.paths import DeferredWrites, cache_root, load_cache_json, save_cache_json, warn_once
+from multispec.paths import warn_once
 
-FILE = "acceptance-v1.json"
 BLEND = 0.5  # a generation moves the stored statistics this far towards what it saw
 TEMPERATURE_EDGES = (0.0, 0.5, 0.9)  # ranges: T = 0, (0, 0.5], (0.5, 0.9], > 0.9
-MAX_ENTRIES = 256  # pairs x proposers x temperature ranges kept on disk
 # Sections that are a state, not statistics: the latest generation's wins. The probes' back-off level and streak
 # were blended like counts, so levels 3 and 4 stored 3.5, read back as 3, and the streak settled near its mean: the
 # embedded pair at T = 1 probed the draft in the first round of nearly every request, through the whole prompt.
 REPLACED = ("probe",)
-_MEMORY: dict[str, dict] = {}
 
 
 def temperature_range(t: float) -> str:
@@ -60,45 +56,44 @@ def key(target_identity: str, draft_identity: str, draft_proposer: str, temperat
     return "||".join((target_identity, f"{draft_proposer}:{draft_identity}", temperature_range(temperature)))
 
 
-def load(key: str) -> dict | None:
-    """The stored statistics for key (sections as AutoPolicy.finish saves them: Planner.state's, "confidence",
-    "realised"), or None."""
-    with _WRITES.lock:
-        if key in _MEMORY:
-            return _MEMORY[key]
-        entry = _disk().get(key)
-        if entry is not None and not valid_entry(entry):
-            warn_once(f"ignoring auto's acceptance statistics for this pair in {_file()}: not what multispec "
-                       "writes; they are rebuilt from this generation")
-            entry = None
-        if entry is not None:
-            _MEMORY[key] = entry
-        return entry
+def recall(policy, view, temperature: float, levels: int) -> str:
+    """Start an AutoPolicy from the acceptance its profile view (AutoView) holds for this pair at this temperature
+    range, if any; returns the entry's key (for the observation the generation ends with)."""
+    target_id, draft_id = view.identities if policy.has_draft else (view.identities[0], "-")
+    entry = key(target_id, draft_id, policy.draft_proposer, temperature)
+    stored = view.acceptance.get(entry)
+    if stored is not None and not valid_entry(stored):
+        warn_once("ignoring auto's acceptance priors for this pair in the machine profile: not what multispec "
+                  "writes; starting from the defaults")
+    elif stored is not None:
+        restore(policy, stored, levels)
+    return entry
 
 
-def save(key: str, seen: dict) -> dict:
-    """Move the stored statistics for key halfway towards `seen` (same layout) and return them. Every Decoder of
-    the process reads them at once; the file is written at most every 5 s (a 64-token request takes less than
-    that) and when the process exits (paths.DeferredWrites)."""
-    with _WRITES.lock:
-        old = _MEMORY.get(key)
-        entry = seen if old is None else {**_blend(old, seen), **{k: seen[k] for k in REPLACED if k in seen}}
-        _MEMORY[key] = entry
-        _WRITES.changed(key)
-        return entry
+def restore(policy, stored: dict, levels: int) -> None:
+    """Start an AutoPolicy from a stored entry: the planner's acceptance, the confidence rates, the realised
+    factors (also its frozen scoring prior) and the probes' schedule (levels: how many probe periods there are)."""
+    policy.planner.restore(stored)
+    for name, part, kind in (("confidence", policy.confidence, list), ("realised", policy.realised_rates, dict),
+                             ("realised", policy.realised_prior, dict)):
+        if isinstance(stored.get(name), kind):
+            part.restore(stored[name])
+    probe = stored.get("probe")  # the probes' back-off and progress carry from request to request
+    if isinstance(probe, list) and len(probe) == 2 and 0 <= probe[0] < levels and probe[1] >= 0:
+        policy.probe_level, policy.ar_streak = int(probe[0]), int(probe[1])
 
 
-def _merge(keys: set[str]) -> None:
-    """Merge these keys' entries into the file (the most recent last: past MAX_ENTRIES the longest unused go)."""
-    data = _disk()
-    for key in [k for k in keys if k in _MEMORY]:
-        data.pop(key, None)
-        data[key] = _MEMORY[key]
-    save_cache_json(_file(), dict(list(data.items())[-MAX_ENTRIES:]))
+def seen(policy, levels: int) -> dict:
+    """The statistics an AutoPolicy's generation ends with, in `restore`'s layout."""
+    return {**policy.planner.state(), "confidence": policy.confidence.state(),
+            "realised": policy.realised_rates.state(), "probe": [min(policy.probe_level, levels - 1),
+                                                                 policy.ar_streak]}
 
 
-_WRITES = DeferredWrites(_merge)
-flush = _WRITES.flush  # write what has not been written yet (at exit; tests call it to read the file)
+def blended(old: dict | None, seen: dict) -> dict:
+    """The stored statistics moved halfway towards what a generation `seen` (same layout); the state sections
+    (REPLACED) are the latest generation's. Pure: a new profile entry (decoding/profiles.py)."""
+    return seen if old is None else {**_blend(old, seen), **{k: seen[k] for k in REPLACED if k in seen}}
 
 
 def _blend(old, new):
@@ -142,11 +137,3 @@ def valid_entry(entry) -> bool:
         return _number(x)
 
     return isinstance(entry, dict) and bool(entry) and ok(entry)
-
-
-def _file() -> Path:
-    return cache_root() / FILE
-
-
-def _disk() -> dict:
-    return load_cache_json(_file(), "auto's acceptance statistics", "they are rebuilt")

@@ -2,9 +2,11 @@
 per second over this sequence's cost view (drafting/auto/costs.py), with back-offs and probes.
 
 When no speculation wins, cheap probes (the best speculative plan, after 8, 16, 32 ... 256 plain rounds, a
-schedule carried from request to request) keep the estimates alive so that auto can switch back. After a
-generation alone, the learned overheads and cost corrections are stored for the next one (`finish`); `report`
-only reads.
+schedule carried in the profile) keep the estimates alive so that auto can switch back.
+
+auto plans from a view of the machine profile (`use_profile`, multispec/profile.py) and its own rounds' acceptance,
+never from its timings: identical seeded generations plan alike. What it observed comes back from `observation()`
+for a new profile (decoding/profiles.py). `report` only reads.
 """
 from __future__ import annotations
 
@@ -13,11 +15,11 @@ from typing import Any
 
 import multispec.drafting.auto.memory as acceptance_memory
 from multispec.drafting.auto.acceptance import ConfidenceRates, RealisedRates
-from multispec.drafting.auto.costs import AloneCosts, BatchShareCosts
+from multispec.drafting.auto.costs import AloneCosts, AutoView, BatchShareCosts
 from multispec.drafting.auto.plans import Planner
 from multispec.drafting.auto.plans import predicted_tps as _tps
 from multispec.drafting.batch_costs import BatchCosts
-from multispec.drafting.costs import CostModel, get_cost_model, update_after_generation
+from multispec.drafting.costs import CostModel, measure_costs
 from multispec.drafting.protocol import DraftPolicyBase, RoundOutcome, RoundPlan
 
 PROBE_PERIODS = (8, 16, 32, 64, 128, 256)
@@ -43,8 +45,9 @@ def family(plan: RoundPlan) -> str:
 
 class AutoPolicy(DraftPolicyBase):
     """proposers: which proposers may be used ("draft", "lookup", "suffix"). cost_model: fixed costs (tests);
-    None: measured on this machine (drafting/costs.py) when the generation starts. draft_proposer: the registered
-    proposer of the "draft" plans (the draft model's, or "head": a feature head's, method auto with head=DIR)."""
+    None: the profile's (`use_profile`; without one, measured when the generation starts, for a caller of the
+    engine without a Decoder). draft_proposer: the registered proposer of the "draft" plans (the draft model's, or
+    "head": a feature head's, method auto with head=DIR). memory: start from the profile's acceptance priors."""
 
     defers_draft_prefill = True  # a generation that never drafts never pays the draft's prefill
 
@@ -59,7 +62,7 @@ class AutoPolicy(DraftPolicyBase):
         self.fixed_costs = cost_model
         self.suffix_store = suffix_store  # "suffix": the store of past requests shared by the Decoder family
         self.memory = memory  # acceptance statistics kept across generations (drafting/auto/memory.py)
-        self._identities: dict = {}
+        self.view: AutoView | None = None
         # (StepBatcher, BatchCosts, sampling) while this policy plans one sequence of a batch
         self._batch: tuple[Any, BatchCosts, bool] | None = None
         self.reset()
@@ -80,39 +83,28 @@ class AutoPolicy(DraftPolicyBase):
         self.realised: dict[str, list[float]] = defaultdict(lambda: [0.0, 0.0, 0.0, 0])  # tokens, s, pred tps, n
         self.stored_overhead: dict | None = None
         self.memory_key: str | None = None  # set by prepare when memory is on
+        self.realised_prior = RealisedRates()  # the profile's factors: what plans are scored with (frozen)
+        self._observation: dict | None = None
+
+    def use_profile(self, view: AutoView) -> None:
+        """Plan from this view of the machine profile (the Decoder builds it once)."""
+        self.view = view
 
     def join_batch(self, batcher, batch_costs, sampling: bool) -> None:
         self._batch = (batcher, batch_costs, sampling)
 
     def prepare(self, target, draft, context_len: int, temperature: float = 0.0) -> None:
         self.has_draft = draft is not None and "draft" in self.proposers
-        if self.memory:
-            self._recall(target, draft, temperature)
+        if self.memory and self.view is not None:  # the profile's acceptance for this pair and temperature
+            self.memory_key = acceptance_memory.recall(self, self.view, temperature, len(PROBE_PERIODS))
         if self._batch is not None:
             batcher, table, sampling = self._batch
             self.costs = BatchShareCosts(batcher, table, self.fixed_costs or table.cost_model(), sampling)
         elif self.fixed_costs is None:
-            model = get_cost_model(target, getattr(target, "model", target), draft if self.has_draft else None,
-                                   getattr(draft, "model", draft) if self.has_draft else None, context_len)
+            model = self.view.costs.fresh() if self.view is not None and self.view.costs is not None else \
+                measure_costs(target, getattr(target, "model", target), draft if self.has_draft else None,
+                              getattr(draft, "model", draft) if self.has_draft else None)[0]  # (no Decoder)
             self.costs = AloneCosts(model, self.shape["max_nodes"])
-
-    def _recall(self, target, draft, temperature: float) -> None:
-        """Start from the acceptance earlier generations of this pair learned at this temperature range."""
-        models = (getattr(target, "model", target), getattr(draft, "model", draft) if self.has_draft else None)
-        ids = tuple(id(m) for m in models)
-        if ids not in self._identities:  # a checksum of a few weights, once per pair
-            self._identities = {ids: [acceptance_memory.model_identity(m) for m in models]}
-        target_id, draft_id = self._identities[ids]
-        self.memory_key = acceptance_memory.key(target_id, draft_id, self.draft_proposer, temperature)
-        stored = acceptance_memory.load(self.memory_key)
-        if stored is not None:
-            self.planner.restore(stored)
-            for name, part, kind in (("confidence", self.confidence, list), ("realised", self.realised_rates, dict)):
-                if isinstance(stored.get(name), kind):
-                    part.restore(stored[name])
-            probe = stored.get("probe")  # the probes' back-off and progress carry from request to request
-            if isinstance(probe, list) and len(probe) == 2 and 0 <= probe[0] < len(PROBE_PERIODS) and probe[1] >= 0:
-                self.probe_level, self.ar_streak = int(probe[0]), int(probe[1])
 
     def _costs(self) -> AloneCosts | BatchShareCosts:  # set by reset with fixed costs, else by prepare
         if self.costs is None:
@@ -183,7 +175,7 @@ class AutoPolicy(DraftPolicyBase):
         costs (in a batch a round's seconds include waiting for the others; fixed costs are not this machine's)."""
         if batched or self.fixed_costs is not None:
             return _tps
-        return lambda plan: _tps(plan) * self.realised_rates.factor(family(plan))
+        return lambda plan: _tps(plan) * self.realised_prior.factor(family(plan))
 
     def _probe_or(self, best: RoundPlan, speculative: list[RoundPlan], score=_tps) -> RoundPlan:
         """`best`, or, after a streak of plain steps as long as the probe period, the best speculative plan, to
@@ -269,18 +261,24 @@ class AutoPolicy(DraftPolicyBase):
             self.confidence.add_round(self.round_conf, len(path))
 
     def finish(self, history: list[int]) -> None:
-        """Store the request for later suffix proposals; after a generation alone, the fitted overheads and the
-        cost corrections for the next generation (drafting/costs.py)."""
+        """Store the request for later suffix proposals; note what this generation observed (`observation`)."""
         if "suffix" in self.proposers and self.suffix_store is not None:
             self.suffix_store.add(None, list(history))
+        obs: dict = {}
         if self.memory_key is not None:
-            acceptance_memory.save(self.memory_key, {**self.planner.state(), "confidence": self.confidence.state(),
-                                                     "realised": self.realised_rates.state(),
-                                                     "probe": [min(self.probe_level, len(PROBE_PERIODS) - 1),
-                                                               self.ar_streak]})
+            obs["acceptance"] = {self.memory_key: acceptance_memory.seen(self, len(PROBE_PERIODS))}
         if isinstance(self.costs, AloneCosts):
             self.stored_overhead = self.costs.fitted_overhead()
-            update_after_generation(self.costs.model, self.stored_overhead)
+            model = self.costs.model
+            if model.key:
+                obs["costs"] = {model.key: {"drift": model.drift(), "overhead": self.stored_overhead}}
+        self._observation = obs or None
+
+    def observation(self) -> dict | None:
+        """The last generation's {"acceptance": {key: statistics}, "costs": {key: {"drift", "overhead"}}}, taken
+        once (decoding/profiles.updated)."""
+        obs, self._observation = self._observation, None
+        return obs
 
     def report(self) -> dict:
         plans = {}

@@ -8,7 +8,7 @@ No model runs: the output is the embedded pair's tokenizer's encoding of Python 
 the stop strings never occur (so the output runs to its end), and the streamer sends token chunks (the server's
 mode) to a callback that keeps them.
 
-    python benchmarks/detok_flat.py --out benchmarks/results/detok_flat/detok_flat.json
+    python benchmarks/steps/detok_flat.py --out benchmarks/results/detok_flat/detok_flat.json
 """
 from __future__ import annotations
 
@@ -22,7 +22,7 @@ import sys
 import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 STOPS = ["\n\n\n\n#END", "<|stop|>", "Observation:", "中文字字"]  # none occurs in the output
 
 

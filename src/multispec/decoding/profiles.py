@@ -1,0 +1,146 @@
+"""A Decoder's machine profile (multispec/profile.py): what it measures when built, and the new profile its runs'
+observations make.
+
+    profile, measured = auto_profile(decoder)     # at construction: the cost model auto plans from
+    new = updated(decoder.profile, decoder.observations)   # pure: only an explicit save keeps it
+
+Measuring happens here, when the Decoder is built — never inside a generation: a policy reads its view of the
+profile and reports what it observed, and nothing is written behind the caller's back.
+"""
+from __future__ import annotations
+
+import threading
+
+import torch
+
+from multispec.drafting.auto import memory
+from multispec.drafting.auto.policy import AutoView
+from multispec.drafting.costs import cost_entry_key, cost_model_from, measure_costs, updated_entry, valid_entry
+from multispec.models.base import forward_chain
+from multispec.profile import MachineProfile
+
+CALIBRATION_CONTEXT = 64  # tokens of the target's context before the costs are timed (a short prompt's)
+
+
+def auto_view(decoder, profile: MachineProfile) -> tuple[AutoView, dict]:
+    """decoder: the Decoder being built (its policy, backends and cache sizes). The view of `profile` auto plans from on this decoder's backends: its cost model (measured now when the
+    profile has none for these models, backends, threads and CPU) and acceptance priors. Returns the view and the
+    new "costs" entries ({} when nothing was measured)."""
+    target, draft = decoder._backends(decoder.cache_rows(CALIBRATION_CONTEXT + 2 * 64))
+    draft = draft if "draft" in getattr(decoder.policy, "proposers", ()) else None  # a draft model or a head
+    t_model, d_model = getattr(target, "model", target), getattr(draft, "model", draft) if draft is not None else None
+    key = cost_entry_key(target, t_model, draft, d_model)
+    costs = cost_model_from(profile, key, draft is not None)
+    measured: dict = {}
+    if costs is None:
+        with torch.inference_mode():
+            # as a generation's first round finds them: the target after a prompt, the draft (whose prefill auto
+            # defers) empty; a feature head may then be timed over as many rows as the target holds
+            for b in (target, draft):
+                if b is not None:
+                    b.reset()
+            limit = target.max_positions
+            room = CALIBRATION_CONTEXT if not limit else min(CALIBRATION_CONTEXT, limit // 2)
+            forward_chain(target, torch.arange(1, room + 1) % int(target.vocab_size), last_only=True)
+            costs, entry = measure_costs(target, t_model, draft, d_model)
+            for b in (target, draft):
+                if b is not None:
+                    b.reset()
+        measured[key] = entry
+    identities = (memory.model_identity(t_model), memory.model_identity(d_model))
+    return AutoView(costs, profile.sections["acceptance"], identities), measured
+
+
+def updated(profile: MachineProfile, observations: list[dict]) -> MachineProfile:
+    """`profile` with these observations folded in, in order (each a policy's `observation()`): acceptance blended
+    halfway towards each generation's (drafting/auto/memory.blended), costs moved towards their measured drift with
+    the fitted overheads (drafting/costs.updated_entry). Pure."""
+    acceptance = dict(profile.sections["acceptance"])
+    costs = dict(profile.sections["costs"])
+    for obs in observations:
+        for key, seen in (obs.get("acceptance") or {}).items():
+            acceptance[key] = memory.blended(acceptance.get(key), seen)
+        for key, seen in (obs.get("costs") or {}).items():
+            entry = costs.get(key)
+            if entry is not None and valid_entry(entry, entry.get("draft") is not None):
+                costs[key] = updated_entry(entry, seen.get("drift") or {}, seen.get("overhead"))
+    return profile.with_entries("acceptance", acceptance).with_entries("costs", costs)
+
+
+class Observations:
+    """What a decoder's runs observed, in order (each a policy's `observation()`), for `updated`. A long-lived
+    decoder (a server's) folds its older half into a profile once `keep` are held, so the record stays small."""
+
+    def __init__(self, keep: int = 256):
+        self.keep = keep
+        self.records: list[dict] = []
+        self._folded: MachineProfile | None = None
+        self._lock = threading.Lock()  # a server's lanes report from its loop thread; a save reads from another
+
+    def add(self, observation: dict | None, base: MachineProfile) -> None:
+        if not observation:
+            return
+        with self._lock:
+            self.records.append(observation)
+            if len(self.records) > self.keep:
+                half = len(self.records) // 2
+                self._folded = updated(self._folded or base, self.records[:half])
+                del self.records[:half]
+
+    def __len__(self) -> int:
+        return len(self.records)
+
+    def profile(self, base: MachineProfile) -> MachineProfile:
+        """`base` with every observation folded in."""
+        with self._lock:
+            return updated(self._folded or base, list(self.records))
+
+
+class MachineState:
+    """A Decoder family's machine profile (shared by the decoders it spawns and its batch lanes): the profile it
+    plans from (what it lacked measured at construction), auto's view of it, and what its runs observed."""
+
+    def __init__(self, profile: MachineProfile | str | None):
+        from multispec.profile import resolve
+
+        self.profile, self.is_default = resolve(profile)
+        self.observations = Observations()
+        self.auto_view: AutoView | None = None
+
+    def measured(self, section: str, entries: dict) -> None:
+        """Entries measured because the profile lacked them: part of the profile from now on, and added to the
+        default file when the profile is the default (a first run on a machine measures once)."""
+        if entries:
+            self.profile = self.profile.with_entries(section, entries, source="measured")
+            if self.is_default:
+                from multispec.profile import add_to_default
+
+                add_to_default(section, entries)
+
+    def rows(self, decoder) -> None:
+        """Set the few-row tables (models/rows.py) of the models this decoder runs products for (the fast
+        backend's target and draft, a feature head and its target) from the profile, measured now where it has
+        none: the Pair's sidecars then build their fast steps on them."""
+        from multispec.models.rows import profile_key, table
+
+        models = [decoder.pair.target, decoder.draft_model] if decoder.backend in ("fast", "compiled") else []
+        if decoder.entry.drafts_with_own(decoder.config):
+            models += [decoder.pair.target, *(m for m in decoder.loaded.values() if isinstance(m, torch.nn.Module))]
+        for model in dict.fromkeys(m for m in models if m is not None):
+            sidecar, key = decoder.pair.sidecar(model), profile_key(model)
+            if key is not None and key not in self.profile.sections["rows"] and sidecar.has_rows_table:
+                rows, measured = sidecar.rows_table, {key: sidecar.rows_table}  # measured already in this process
+            else:
+                rows, measured = table(model, self.profile)
+            sidecar.rows_table = rows
+            self.measured("rows", measured)
+
+    def attach(self, decoder) -> None:
+        """Give the decoder's policy its view of the profile: auto (a policy without fixed costs) gets one, built
+        and measured the first time."""
+        if getattr(decoder.policy, "fixed_costs", False) is not None:
+            return
+        if self.auto_view is None:
+            self.auto_view, measured = auto_view(decoder, self.profile)
+            self.measured("costs", measured)
+        decoder.policy.use_profile(self.auto_view)
