@@ -123,7 +123,7 @@ def test_identical_seeded_runs_plan_alike_in_one_process_and_across_processes(pa
     import multispec
     from multispec.decoding.decoder import Decoder
 
-    profile = Decoder(pair, "auto").profile  # measured now (or read from this session's default)
+    profile = Decoder(pair, "auto", profile=MachineProfile()).profile  # this pair's entries alone, measured now
     profile.save(tmp_path / "p.json")
     runs = []
     for _ in range(2):
