@@ -360,3 +360,22 @@ def test_a_server_keeps_what_it_observed_only_on_the_default_profile(pair, tmp_p
         assert client.post("/v1/completions", json=body).status_code == 200
     saved = MachineProfile.default()
     assert saved.sections["acceptance"] and saved.sections["costs"].keys() == measured.sections["costs"].keys()
+
+
+def test_many_runs_timed_against_one_profile_move_its_costs_once():
+    """Sixty runs, each timing the target 1.37x its profile's curve, move the curve by 1.37 ** 0.5 (the blend),
+    once: they were all timed against the same costs. Folding them one after another into successive profiles
+    (the broken variant) compounds the move sixty-fold."""
+    from multispec.decoding.profiles import updated
+    from multispec.drafting.costs import BUCKETS
+
+    entry = {"target": [0.01 * (i + 1) for i in range(len(BUCKETS))], "draft": None,
+             "overhead": {"round_s": 1e-4, "level_s": 1e-4}}
+    base = MachineProfile().with_entries("costs", {"k": entry})
+    obs = [{"costs": {"k": {"timed": {"target": [1.37, 128]}, "overhead": {"round_s": 1e-4, "level_s": 1e-4}}}}] * 60
+    moved = updated(base, obs).get("costs", "k")["target"][0] / 0.01
+    assert moved == pytest.approx(1.37 ** 0.5)
+    broken = base
+    for o in obs:
+        broken = updated(broken, [o])
+    assert broken.get("costs", "k")["target"][0] / 0.01 > 1e3

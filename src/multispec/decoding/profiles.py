@@ -9,13 +9,16 @@ profile and reports what it observed, and nothing is written behind the caller's
 """
 from __future__ import annotations
 
+import math
+import statistics
 import threading
 
 import torch
 
 from multispec.drafting.auto import memory
 from multispec.drafting.auto.policy import AutoView
-from multispec.drafting.costs import cost_entry_key, cost_model_from, measure_costs, updated_entry, valid_entry
+from multispec.drafting.costs import (combined_drift, cost_entry_key, cost_model_from, measure_costs, updated_entry,
+                                     valid_entry)
 from multispec.models.base import forward_chain
 from multispec.profile import MachineProfile
 
@@ -52,48 +55,66 @@ def auto_view(decoder, profile: MachineProfile) -> tuple[AutoView, dict]:
 
 
 def updated(profile: MachineProfile, observations: list[dict]) -> MachineProfile:
-    """`profile` with these observations folded in, in order (each a policy's `observation()`): acceptance blended
-    halfway towards each generation's (drafting/auto/memory.blended), costs moved towards their measured drift with
-    the fitted overheads (drafting/costs.updated_entry). Pure."""
-    acceptance = dict(profile.sections["acceptance"])
-    costs = dict(profile.sections["costs"])
+    """`profile` with runs' observations folded in (each a policy's `observation()`, every run planned from
+    `profile`). Pure."""
+    record = Observations()
     for obs in observations:
-        for key, seen in (obs.get("acceptance") or {}).items():
-            acceptance[key] = memory.blended(acceptance.get(key), seen)
-        for key, seen in (obs.get("costs") or {}).items():
-            entry = costs.get(key)
-            if entry is not None and valid_entry(entry, entry.get("draft") is not None):
-                costs[key] = updated_entry(entry, seen.get("drift") or {}, seen.get("overhead"))
-    return profile.with_entries("acceptance", acceptance).with_entries("costs", costs)
+        record.add(obs, profile)
+    return record.profile(profile)
 
 
 class Observations:
-    """What a decoder's runs observed, in order (each a policy's `observation()`), for `updated`. A long-lived
-    decoder (a server's) folds its older half into a profile once `keep` are held, so the record stays small."""
+    """What a decoder family's runs observed, kept as running aggregates (a server's runs for days stay small):
+    - acceptance: per key, the profile's entry moved halfway towards each generation's statistics in turn
+      (drafting/auto/memory.blended);
+    - costs: per key and model, every run's timed ratios, combined into one drift (runs timed against the same
+      profile combine: they do not compound), and the runs' fitted overheads (the last OVERHEADS; their median)."""
 
-    def __init__(self, keep: int = 256):
-        self.keep = keep
-        self.records: list[dict] = []
-        self._folded: MachineProfile | None = None
+    OVERHEADS = 64
+
+    def __init__(self):
+        self.acceptance: dict[str, dict] = {}
+        self.timed: dict[str, dict[str, list[float]]] = {}  # key -> model -> [Σ n·log(ratio), Σ n]
+        self.overheads: dict[str, list[dict]] = {}
+        self.runs = 0
         self._lock = threading.Lock()  # a server's lanes report from its loop thread; a save reads from another
 
     def add(self, observation: dict | None, base: MachineProfile) -> None:
         if not observation:
             return
         with self._lock:
-            self.records.append(observation)
-            if len(self.records) > self.keep:
-                half = len(self.records) // 2
-                self._folded = updated(self._folded or base, self.records[:half])
-                del self.records[:half]
+            self.runs += 1
+            for key, seen in (observation.get("acceptance") or {}).items():
+                old = self.acceptance.get(key) or base.get("acceptance", key)
+                self.acceptance[key] = memory.blended(old if memory.valid_entry(old) else None, seen)
+            for key, seen in (observation.get("costs") or {}).items():
+                sums = self.timed.setdefault(key, {})
+                for which, (ratio, n) in (seen.get("timed") or {}).items():
+                    if ratio > 0 and n > 0:
+                        acc = sums.setdefault(which, [0.0, 0.0])
+                        acc[0] += n * math.log(ratio)
+                        acc[1] += n
+                if seen.get("overhead"):
+                    self.overheads.setdefault(key, []).append(seen["overhead"])
+                    del self.overheads[key][:-self.OVERHEADS]
 
     def __len__(self) -> int:
-        return len(self.records)
+        return self.runs
 
     def profile(self, base: MachineProfile) -> MachineProfile:
         """`base` with every observation folded in."""
         with self._lock:
-            return updated(self._folded or base, list(self.records))
+            costs = {}
+            for key, sums in self.timed.items():
+                entry = base.get("costs", key)
+                if entry is None or not valid_entry(entry, entry.get("draft") is not None):
+                    continue
+                drift = combined_drift([{w: [math.exp(s / n), n] for w, (s, n) in sums.items() if n}])
+                overheads = self.overheads.get(key) or []
+                overhead = {k: statistics.median(o[k] for o in overheads) for k in overheads[-1]} \
+                    if overheads else None
+                costs[key] = updated_entry(entry, drift, overhead)
+            return base.with_entries("acceptance", dict(self.acceptance)).with_entries("costs", costs)
 
 
 class MachineState:

@@ -75,12 +75,17 @@ class CostModel:
     def drift(self) -> dict:
         """Median ratio measured / predicted per model over the observed forwards (1.0 = on target), shrunk
         geometrically towards 1.0 when fewer than DRIFT_FULL_AT forwards were observed (a few timings are noise)."""
+        return combined_drift([self.timed()])
+
+    def timed(self) -> dict:
+        """{model: [median ratio measured / predicted, forwards]} over the observed forwards: what a run reports,
+        so that the runs of one profile combine (`combined_drift`) instead of compounding."""
         out = {}
         for which in ("target", "draft"):
             obs = self.observed[which]
             if obs:
                 ratios = sorted(s / max(p, 1e-9) for p, s in obs)
-                out[which] = ratios[len(ratios) // 2] ** min(1.0, len(obs) / DRIFT_FULL_AT)
+                out[which] = [ratios[len(ratios) // 2], len(obs)]
         return out
 
     def summary(self) -> dict:
@@ -201,6 +206,20 @@ def measure_costs(target, target_model, draft=None, draft_model=None,
     entry = {"target": t_curve, "draft": d_curve}
     return CostModel(CostCurve(t_curve), CostCurve(d_curve) if d_curve else None, key=key, source="calibrated",
                      calibration_s=time.perf_counter() - t0), entry
+
+
+def combined_drift(timed: list[dict]) -> dict:
+    """One drift per model from runs timed against the same costs (each `CostModel.timed()`): the forward-weighted
+    geometric mean of their median ratios, shrunk geometrically towards 1.0 when fewer than DRIFT_FULL_AT forwards
+    were observed in all."""
+    out = {}
+    for which in ("target", "draft"):
+        parts = [t[which] for t in timed if which in t and t[which][1] > 0 and t[which][0] > 0]
+        n = sum(count for _, count in parts)
+        if n:
+            log_mean = sum(math.log(ratio) * count for ratio, count in parts) / n
+            out[which] = math.exp(log_mean * min(1.0, n / DRIFT_FULL_AT))
+    return out
 
 
 def updated_entry(entry: dict, drift: dict, overhead: dict | None) -> dict:

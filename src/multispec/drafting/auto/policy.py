@@ -271,12 +271,12 @@ class AutoPolicy(DraftPolicyBase):
             self.stored_overhead = self.costs.fitted_overhead()
             model = self.costs.model
             if model.key:
-                obs["costs"] = {model.key: {"drift": model.drift(), "overhead": self.stored_overhead}}
+                obs["costs"] = {model.key: {"timed": model.timed(), "overhead": self.stored_overhead}}
         self._observation = obs or None
 
     def observation(self) -> dict | None:
-        """The last generation's {"acceptance": {key: statistics}, "costs": {key: {"drift", "overhead"}}}, taken
-        once (decoding/profiles.updated)."""
+        """The last generation's {"acceptance": {key: statistics}, "costs": {key: {"timed", "overhead"}}}, taken
+        once (decoding/profiles.Observations)."""
         obs, self._observation = self._observation, None
         return obs
 
