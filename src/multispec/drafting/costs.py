@@ -61,7 +61,8 @@ class CostModel:
     source: str = "calibrated"  # "calibrated" | "profile"
     calibration_s: float = 0.0
     overhead: dict | None = None  # per-round and per-draft-level Python overheads learned by `auto`
-    observed: dict = field(default_factory=lambda: {"target": [], "draft": []})
+    # timed forwards against the curves: "target" one token, "target_n" more (a verification), "draft"
+    observed: dict = field(default_factory=lambda: {"target": [], "target_n": [], "draft": []})
 
     def fresh(self) -> CostModel:
         """The same costs with no observations yet (one per generation)."""
@@ -81,8 +82,7 @@ class CostModel:
         """{model: [median ratio measured / predicted, forwards]} over the observed forwards: what a run reports,
         so that the runs of one profile combine (`combined_drift`) instead of compounding."""
         out = {}
-        for which in ("target", "draft"):
-            obs = self.observed[which]
+        for which, obs in self.observed.items():
             if obs:
                 ratios = sorted(s / max(p, 1e-9) for p, s in obs)
                 out[which] = [ratios[len(ratios) // 2], len(obs)]
@@ -213,7 +213,7 @@ def combined_drift(timed: list[dict]) -> dict:
     geometric mean of their median ratios, shrunk geometrically towards 1.0 when fewer than DRIFT_FULL_AT forwards
     were observed in all."""
     out = {}
-    for which in ("target", "draft"):
+    for which in ("target", "target_n", "draft"):
         parts = [t[which] for t in timed if which in t and t[which][1] > 0 and t[which][0] > 0]
         n = sum(count for _, count in parts)
         if n:
@@ -223,15 +223,21 @@ def combined_drift(timed: list[dict]) -> dict:
 
 
 def updated_entry(entry: dict, drift: dict, overhead: dict | None) -> dict:
-    """A costs entry after a run's observations: the learned overheads stored (blended geometrically with the
-    stored ones), the forward costs moved part of the way (BLEND, geometrically) towards the measured ones when
-    they drifted by more than DRIFT. Pure: the profile's new value is built from it."""
+    """A costs entry after runs' observations: the learned overheads stored (blended geometrically with the stored
+    ones), the forward costs moved part of the way (BLEND, geometrically) towards the measured ones when they
+    drifted by more than DRIFT — one-token target forwards by their drift, multi-token ones (verifications) by
+    theirs (their ratio decides whether speculation pays, and a calibration in isolation misses it). Pure."""
     moved = bool(drift) and any(abs(r - 1.0) > DRIFT for r in drift.values())
     old = entry.get("overhead")
     if old is not None and overhead:
         overhead = {k: (old[k] * v) ** 0.5 for k, v in overhead.items() if k in old}
     scale = {k: (v ** BLEND if moved else 1.0) for k, v in drift.items()}
-    return {"target": [s * scale.get("target", 1.0) for s in entry["target"]],
+    one = scale.get("target", 1.0)  # one-token forwards; more tokens (a verification) by their own drift, if timed
+    more = scale.get("target_n", one)
+    target = [s * (one if i == 0 else more) for i, s in enumerate(entry["target"])]
+    for i in range(1, len(target)):  # a larger forward never costs less than a smaller one
+        target[i] = max(target[i], target[i - 1])
+    return {"target": target,
             "draft": None if entry.get("draft") is None else [s * scale.get("draft", 1.0) for s in entry["draft"]],
             "overhead": overhead or old}
 

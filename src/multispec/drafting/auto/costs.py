@@ -79,7 +79,7 @@ class AloneCosts:
         """Record one round's timed forwards against the curves, and its overhead (never changes the plans)."""
         tree, times = outcome.tree, outcome.times
         n = len(tree)
-        self.model.observe("target", self.model.target(n), times.target_fwd_s)
+        self.model.observe("target" if n == 1 else "target_n", self.model.target(n), times.target_fwd_s)
         drafted = outcome.draft_calls > 0  # the draft model ran this round
         if drafted and times.pending <= LEARN_PENDING:
             self.model.observe("draft", self.draft_time(tree, times.pending), times.draft_s)
