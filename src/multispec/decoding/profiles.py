@@ -1,8 +1,8 @@
 """A Decoder's machine profile (multispec/profile.py): what it measures when built, and the new profile its runs'
 observations make.
 
-    profile, measured = auto_profile(decoder)     # at construction: the cost model auto plans from
-    new = updated(decoder.profile, decoder.observations)   # pure: only an explicit save keeps it
+    view, measured = auto_view(decoder, profile)      # at construction: the costs and priors auto plans from
+    new = updated(profile, observations)              # pure: only an explicit save keeps it
 
 Measuring happens here, when the Decoder is built — never inside a generation: a policy reads its view of the
 profile and reports what it observed, and nothing is written behind the caller's back.
@@ -26,9 +26,9 @@ CALIBRATION_CONTEXT = 64  # tokens of the target's context before the costs are 
 
 
 def auto_view(decoder, profile: MachineProfile) -> tuple[AutoView, dict]:
-    """decoder: the Decoder being built (its policy, backends and cache sizes). The view of `profile` auto plans from on this decoder's backends: its cost model (measured now when the
-    profile has none for these models, backends, threads and CPU) and acceptance priors. Returns the view and the
-    new "costs" entries ({} when nothing was measured)."""
+    """The view of `profile` auto plans from on the backends of `decoder` (the Decoder being built): its cost model
+    (measured now when the profile has none for these models, backends, threads and CPU) and acceptance priors.
+    Returns the view and the new "costs" entries ({} when nothing was measured)."""
     target, draft = decoder._backends(decoder.cache_rows(CALIBRATION_CONTEXT + 2 * 64))
     draft = draft if "draft" in getattr(decoder.policy, "proposers", ()) else None  # a draft model or a head
     t_model, d_model = getattr(target, "model", target), getattr(draft, "model", draft) if draft is not None else None
