@@ -24,7 +24,7 @@ def print_table(rows: list[dict]) -> None:
 
 @cli.command("optimal")
 @click.option("--target", required=True, help="The target model: a Hugging Face directory or a .gguf file.")
-@click.option("--draft", default=None, help="Hugging Face directory of the draft model.")
+@click.option("--draft", default=None, help="The draft model: a Hugging Face directory or a .gguf file.")
 @click.option("--head", default=None, help="A feature head (multispec train-head, or 'shipped') as the draft, "
               "instead of --draft.")
 @click.option("--dataset", default="humaneval", show_default=True, help="humaneval, alpaca or PATH.jsonl.")
@@ -38,17 +38,20 @@ def print_table(rows: list[dict]) -> None:
 @click.option("--support-eps", default=1e-9, show_default=True,
               help="Drop tokens with p < eps and q < eps (the dropped mass is reported; 0 keeps all).")
 @click.option("--mc-samples", default=32, show_default=True, help="RRS-wor draft tuples per position.")
+@click.option("--dtype", type=click.Choice(["float32", "int8", "int4"]), default=None,
+              help="Load the pair as this (default float32; int8 / int4: quantized, CPU).")
 @click.option("--out", default="optimal_results.json", show_default=True,
               help="JSON output; the .png plot and .md table are written next to it.")
 def optimal_command(target, draft, head, dataset, data_dir, limit, max_new_tokens, temperatures, drafts,
-                    greedy_generation, seed, support_eps, mc_samples, out) -> None:
+                    greedy_generation, seed, support_eps, mc_samples, dtype, out) -> None:
     """Optimal multi-draft acceptance vs each verifier's acceptance on a target/draft pair (P3 Table 1)."""
     from multispec.optimal.report import OptimalRunConfig, parse_list, run_report
 
     config = OptimalRunConfig(
         target=target, draft=draft, head=head, dataset=dataset, data_dir=data_dir, limit=limit, max_new_tokens=max_new_tokens,
         temperatures=parse_list(temperatures, float, "temperatures"), drafts=parse_list(drafts, int, "drafts"),
-        sample=not greedy_generation, seed=seed, support_eps=support_eps, mc_samples=mc_samples, out=out)
+        sample=not greedy_generation, seed=seed, support_eps=support_eps, mc_samples=mc_samples, out=out,
+        dtype=dtype)
     record = run_report(config)
     print_table(record["rows"])
     out = Path(config.out)

@@ -64,6 +64,7 @@ class OptimalRunConfig:
     out: str = "optimal_results.json"
     extra: dict = field(default_factory=dict)
     head: str | None = None  # a feature head (models/eagle_io.py) as the draft, instead of a draft model
+    dtype: str | None = None  # load_pair's dtype (None: float32 on the CPU; "int8" / "int4": quantized targets)
 
     def __post_init__(self) -> None:
         check(self.limit >= 1, f"--limit must be >= 1, got {self.limit}")
@@ -86,6 +87,10 @@ class OptimalRunConfig:
             return
         vocab = {}
         for path, name in ((self.target, "--target"), (self.draft, "--draft")):
+            if str(path).lower().endswith(".gguf"):  # checked, vocabulary included, when the pair loads
+                check(Path(path).is_file(), f"{name}: GGUF file not found: {path!r}")
+                vocab[name] = None
+                continue
             check(Path(path, "config.json").is_file(), f"{name}: no config.json in {path!r}")
             try:
                 cfg = json.loads(Path(path, "config.json").read_text())
@@ -135,11 +140,13 @@ def collect_logits(config: OptimalRunConfig, prompts: list[str], progress) -> li
 
     from multispec import load_pair
 
-    pair = load_pair(target=config.target, draft=config.draft, device="cpu")
+    pair = load_pair(target=config.target, draft=config.draft, device="cpu", dtype=config.dtype)
     tok, target = pair.tokenizer, pair.target.float().eval()
     draft = _head_as_model(config.head, target) if config.head is not None else pair.draft.float().eval()
     if config.head is None:
-        tv, dv = (m.get_output_embeddings().weight.shape[0] for m in (target, draft))
+        from multispec.models.int8 import linear_shape
+
+        tv, dv = (linear_shape(m.get_output_embeddings())[0] for m in (target, draft))
         check(tv == dv, f"target and draft vocabularies differ: {tv} vs {dv} output tokens")
     eos = target.config.eos_token_id
     gen = torch.Generator().manual_seed(config.seed)
