@@ -247,7 +247,7 @@ def first_difference(a: str, b: str) -> int | None:
 def _shown(cmd: list[str]) -> str:
     """The command as run, the prompt elided, paths relative to the binaries and models folders."""
     shown = list(cmd)
-    if "-p" in shown:
+    if "-p" in shown and not shown[shown.index("-p") + 1].isdigit():  # llama-bench's -p is a token count
         shown[shown.index("-p") + 1] = "<prompt>"
     return " ".join(Path(c).name if os.sep in c and Path(c).exists() else c for c in shown)
 
@@ -274,7 +274,9 @@ def smoke(target: Path, draft: Path, data_dir: str, out_path: Path, n_tokens: in
     prompt = load_prompts("humaneval", data_dir, limit=1)[0]
     text, hf_ids = _chat_prompt(target, prompt.text)
     res: dict = {"llama_cpp": VERSION, "version": version(), "package": PACKAGE, "sdist_sha256": SDIST_SHA256,
-                 "cmake": list(CMAKE_FLAGS), "threads": 1,
+                 "cmake": list(CMAKE_FLAGS), "threads": 1, "cores": os.cpu_count(),
+                 # other jobs share the cores: a 1-minute load above "cores" slows every figure below
+                 "loadavg_note": "/proc/loadavg before and after: 1, 5, 15-minute run-queue averages",
                  "prompt": prompt.id, "n_tokens": n_tokens, "loadavg_before": _loadavg()}
     ll_ids = tokenize(target, text)
     res["tokenization"] = {"transformers": len(hf_ids), "llama_cpp": len(ll_ids), "identical": hf_ids == ll_ids}
