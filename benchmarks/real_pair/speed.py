@@ -93,24 +93,26 @@ def run_multispec(runner, ids, temperature: float, max_new: int, seed: int) -> d
             "drafted": stats.get("num_draft_tokens"), "tau": stats.get("tau"), "auto": stats.get("auto")}
 
 
-def run_llama(kind: str, files, prompt: dict, max_new: int, tokenizer) -> dict:
+def run_llama(kind: str, files, prompt: dict, max_new: int) -> dict:
+    """One llama.cpp run: "plain", "spec" / "spec:N" (the 0.5B draft, at most N drafted tokens, default 4) or
+    "lookup"; greedy, one thread. Speculative tools may pass max_new by a few tokens: their figures count what they
+    generated."""
     import llama_cpp
 
     target, draft = files
     if kind == "plain":
         r = llama_cpp.plain(target, prompt["text"], max_new, threads=1)
     elif kind.startswith("spec"):
-        n_max = int(kind.partition(":")[2] or 4)
-        r = llama_cpp.speculative(target, draft, prompt["text"], max_new, n_max=n_max, threads=1)
+        r = llama_cpp.speculative(target, draft, prompt["text"], max_new, n_max=int(kind.partition(":")[2] or 4),
+                                  threads=1)
     elif kind == "lookup":
         r = llama_cpp.lookup(target, prompt["text"], max_new, threads=1)
     else:
-        raise ValueError(kind)
-    n = r.get("n_tokens") or len(tokenizer(r["text"], add_special_tokens=False)["input_ids"])
-    decode_tps, e2e_tps = r.get("decode_tps"), r.get("e2e_tps")
-    return {"text": r["text"], "new_tokens": n,
-            "decode_s": n / decode_tps if decode_tps else None, "e2e_s": n / e2e_tps if e2e_tps else None,
-            "accepted": r.get("accepted"), "drafted": r.get("drafted"), "wall_s": r.get("wall_s")}
+        raise ValueError(f"unknown llama.cpp configuration {kind!r}")
+    n = r["n_generated"]
+    return {"raw": {k: v for k, v in r.items() if k not in ("text", "cmd")}, "text": r["text"], "eos": r["eos"],
+            "n_generated": n, "new_tokens": n, "decode_s": n / r["decode_tok_s"], "e2e_s": n / r["e2e_tok_s"],
+            "accepted": r.get("n_accepted"), "drafted": r.get("n_drafted"), "cmd": r["cmd"]}
 
 
 def summarize(records: list[dict], configs: list[str]) -> list[dict]:
@@ -187,9 +189,9 @@ def main(argv=None) -> int:
     say(f"pair loaded as {args.dtype} in {load_s:.0f} s")
     runners, _ = multispec_runners(pair, args.methods, args.profile)
     llama = [k for k in args.llama_cpp.split(",") if k]
-    if llama:
-        import llama_cpp
+    import llama_cpp
 
+    if llama:
         llama_cpp.build()
     items = prompts(pair.tokenizer, args.humaneval, args.spec_bench, args.data_dir)
     temps = [float(t) for t in args.temperatures.split(",")]
@@ -213,12 +215,12 @@ def main(argv=None) -> int:
                 records.append(r)
             if t == 0:
                 for k in llama:
-                    r = run_llama(k, files, p, args.max_new_tokens, pair.tokenizer)
+                    r = run_llama(k, files, p, args.max_new_tokens)
                     r.update(config=f"llama.cpp {k}", engine="llama.cpp", dataset=p["dataset"],
                              category=p["category"], id=p["id"], temperature=t)
                     if k == "plain":
-                        plain["llama"] = r["text"]
-                    r["same_as_plain"] = r["text"] == plain["llama"] if "llama" in plain else None
+                        plain["llama"] = r
+                    r["same_as_plain"] = llama_cpp.same_output(r, plain["llama"]) if "llama" in plain else None
                     records.append(r)
             done += 1
             row = {r["config"]: r["new_tokens"] / r["decode_s"] for r in records[-len(configs):] if r.get("decode_s")}
