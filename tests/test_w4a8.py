@@ -1,4 +1,4 @@
-"""w4a8 targets (models/w4a8.py): 4-bit weights, each row quantized to int8 by its own max, a C++ kernel.
+"""w4a8 targets (models/w4a8.py): 4-bit weights, rows quantized to int8 group by group, a C++ kernel.
 
 - A row's output is the same bits in any company: M rows against M one-row products (M = 1..17, random shapes,
   shapes padded to whole blocks); a broken variant (one activation scale per call) is caught by the same check.
@@ -52,13 +52,14 @@ def test_m_rows_are_m_one_row_products_bit_for_bit(n, k):
 
 
 def one_scale_per_call(packed: PackedW4A8, x: torch.Tensor) -> torch.Tensor:
-    """The broken variant: every row quantized with the call's max |x|, as torch's dynamic int8 does."""
+    """The broken variant: every row quantized with the call's max |x| (one scale for all), as torch's dynamic int8
+    does."""
     ops, kp = load_kernel(), packed.packed.shape[1] * 32
     scale = x.abs().max().clamp_min(1e-30) / 127
     xq = torch.nn.functional.pad(torch.round(x / scale), (0, kp - x.shape[1])).to(torch.int8)
-    xsum = xq.reshape(x.shape[0], -1, 32).sum(-1).float()
-    return ops.mm_quantized(xq, scale.expand(x.shape[0]).contiguous(), xsum, packed.packed, packed.shape[0],
-                            packed.bias)
+    xs = scale.expand(x.shape[0], kp // 32).contiguous()
+    xsum = xq.reshape(x.shape[0], -1, 32).sum(-1).float() * scale
+    return ops.mm_quantized(xq, xs, xsum, packed.packed, packed.shape[0], packed.bias)
 
 
 def test_one_scale_per_call_is_the_broken_variant_the_same_check_catches():
@@ -78,7 +79,8 @@ def test_the_kernel_is_the_quantized_arithmetic_it_claims(n, k):
     x = rows(9, k, seed=3)
     xq, xs, _ = load_kernel().quantize_rows(x, packed.packed.shape[1] * 32)
     assert int(xq.abs().max()) == 127 and torch.equal(xq[:, k:], torch.zeros_like(xq[:, k:]))  # 8 bits, padding 0
-    xd = xq[:, :k].double() * xs.double()[:, None]
+    assert xs.shape == (9, xq.shape[1] // 32)  # a scale per group of 32 of each row
+    xd = (xq.double().reshape(9, -1, 32) * xs.double()[..., None]).reshape(9, -1)[:, :k]
     reference = xd @ packed.dequantized().double().t() + linear.bias.double()
     got = packed.apply(x).double()
     scale = float(reference.abs().max())
@@ -107,7 +109,7 @@ def test_the_int16_sums_cannot_saturate():
     ops = load_kernel()
     for sign in (1, -1):
         xq = torch.full((1, 64), 127 * sign, dtype=torch.int8)
-        y = ops.mm_quantized(xq, torch.ones(1), torch.full((1, 2), 32.0 * 127 * sign), packed, 8, None)
+        y = ops.mm_quantized(xq, torch.ones(1, 2), torch.full((1, 2), 32.0 * 127 * sign), packed, 8, None)
         assert torch.equal(y, torch.full((1, 8), 2 * 32 * 15 * 127.0 * sign))
 
 

@@ -4,9 +4,9 @@
 //   bytes 0..127: 4 chunks of 32 bytes; chunk c, byte o*4+j holds output o's weights at k = 32g + 8c + j (low
 //   nibble) and 32g + 8c + 4 + j (high nibble), j = 0..3, each an unsigned 0..15;
 //   bytes 128..143: the 8 outputs' group scales, 144..159: their group offsets (IEEE half).
-// Rows: int8 in [-127, 127], each row by its own max |x| (scale max|x| / 127).
-// y[m, n] = xs[m] * sum over groups g, in order, of (s[n,g] * dot_g + o[n,g] * xsum[m,g]) (+ bias[n]), where dot_g
-// is the exact int32 sum of q * xq over the group. Every row runs the same operations whatever the other rows are,
+// Rows: int8 in [-127, 127] in groups of 32, each group of each row by its own max |x| (scale xs = max|x| / 127).
+// y[m, n] = sum over groups g, in order, of (dot_g * (s[n,g] * xs[m,g]) + o[n,g] * xsum[m,g]) (+ bias[n]), where
+// dot_g is the exact int32 sum of q * xq over the group and xsum[m,g] = xs[m,g] * (the group's sum of xq). Every row runs the same operations whatever the other rows are,
 // and the AVX2 path and the plain loop give the same bits (exact integer sums, then the same float operations in the
 // same order; built with -ffp-contract=off).
 #include <torch/library.h>
@@ -47,25 +47,26 @@ float half_to_float(uint16_t h) {
   return f;
 }
 
-// One row: xq (padded to kp with zeros), its scale, and its group sums (as floats: exact, |sum| <= 32 * 127).
+// One row: xq (padded to kp with zeros), each group's scale, and each group's sum times its scale.
 void quantize_row(const float* x, int64_t k, int64_t kp, int8_t* xq, float* xs, float* xsum) {
-  float amax = 0.f;
-  for (int64_t i = 0; i < k; ++i) amax = std::fmax(amax, std::fabs(x[i]));
-  float inv = amax > 0.f ? 127.f / amax : 0.f;
-  for (int64_t i = 0; i < k; ++i)  // clamped: a NaN or inf row gives defined (meaningless) values
-    xq[i] = static_cast<int8_t>(std::fmin(std::fmax(std::nearbyint(x[i] * inv), -127.f), 127.f));
-  for (int64_t i = k; i < kp; ++i) xq[i] = 0;
-  *xs = amax / 127.f;
   for (int64_t g = 0; g < kp / kGroup; ++g) {
-    int32_t s = 0;
-    for (int64_t i = 0; i < kGroup; ++i) s += xq[g * kGroup + i];
-    xsum[g] = static_cast<float>(s);
+    const int64_t a = g * kGroup, b = std::min(k, a + kGroup);
+    float amax = 0.f;
+    for (int64_t i = a; i < b; ++i) amax = std::fmax(amax, std::fabs(x[i]));
+    const float inv = amax > 0.f ? 127.f / amax : 0.f;
+    int32_t sum = 0;
+    for (int64_t i = a; i < a + kGroup; ++i) {  // clamped: a NaN or inf gives defined (meaningless) values
+      xq[i] = i < b ? static_cast<int8_t>(std::fmin(std::fmax(std::nearbyint(x[i] * inv), -127.f), 127.f)) : 0;
+      sum += xq[i];
+    }
+    xs[g] = amax / 127.f;
+    xsum[g] = static_cast<float>(sum) * xs[g];
   }
 }
 
 // acc[m][o] over the groups of one block row of outputs, rows [m0, m1).
-void block_rows(const uint8_t* w, int64_t groups, const int8_t* xq, int64_t kp, const float* xsum, int64_t m0,
-                int64_t m1, float* acc) {
+void block_rows(const uint8_t* w, int64_t groups, const int8_t* xq, int64_t kp, const float* xs, const float* xsum,
+                int64_t m0, int64_t m1, float* acc) {
   const int64_t rows = m1 - m0;
 #ifdef W4A8_AVX2
   for (int64_t r = 0; r < rows; ++r) _mm256_storeu_ps(acc + r * kOut, _mm256_setzero_ps());
@@ -94,9 +95,10 @@ void block_rows(const uint8_t* w, int64_t groups, const int8_t* xq, int64_t kp, 
         d = _mm256_add_epi16(d, _mm256_maddubs_epi16(q[2 * c + 1], _mm256_set1_epi32(hi)));
       }
       const __m256 dot = _mm256_cvtepi32_ps(_mm256_madd_epi16(d, ones));
+      const int64_t at = (m0 + r) * (kp / kGroup) + g;
       __m256 a = _mm256_loadu_ps(acc + r * kOut);
-      a = _mm256_fmadd_ps(dot, s, a);
-      a = _mm256_fmadd_ps(o, _mm256_set1_ps(xsum[(m0 + r) * (kp / kGroup) + g]), a);
+      a = _mm256_fmadd_ps(dot, _mm256_mul_ps(s, _mm256_set1_ps(xs[at])), a);
+      a = _mm256_fmadd_ps(o, _mm256_set1_ps(xsum[at]), a);
       _mm256_storeu_ps(acc + r * kOut, a);
     }
   }
@@ -107,7 +109,7 @@ void block_rows(const uint8_t* w, int64_t groups, const int8_t* xq, int64_t kp, 
     std::memcpy(hs, w + 128, 32);
     for (int64_t r = 0; r < rows; ++r) {
       const int8_t* xr = xq + (m0 + r) * kp + g * kGroup;
-      const float sum = xsum[(m0 + r) * (kp / kGroup) + g];
+      const int64_t at = (m0 + r) * (kp / kGroup) + g;
       for (int64_t n = 0; n < kOut; ++n) {
         int32_t dot = 0;
         for (int c = 0; c < 4; ++c)
@@ -116,8 +118,8 @@ void block_rows(const uint8_t* w, int64_t groups, const int8_t* xq, int64_t kp, 
             dot += (b & 0x0f) * xr[8 * c + j] + (b >> 4) * xr[8 * c + 4 + j];
           }
         float a = acc[r * kOut + n];
-        a = std::fma(static_cast<float>(dot), half_to_float(hs[n]), a);
-        a = std::fma(half_to_float(hs[8 + n]), sum, a);
+        a = std::fma(static_cast<float>(dot), half_to_float(hs[n]) * xs[at], a);
+        a = std::fma(half_to_float(hs[8 + n]), xsum[at], a);
         acc[r * kOut + n] = a;
       }
     }
@@ -131,17 +133,18 @@ void check_packed(const at::Tensor& packed, int64_t n, int64_t k) {
               "w4a8: packed weight does not match n, k");
 }
 
-// float [M, K] -> (int8 [M, Kp], float [M] scales, float [M, Kp/32] group sums)
+// float [M, K] -> (int8 [M, Kp], float [M, Kp/32] group scales, float [M, Kp/32] scaled group sums)
 std::tuple<at::Tensor, at::Tensor, at::Tensor> quantize_rows(const at::Tensor& x_, int64_t kp) {
   TORCH_CHECK(x_.dim() == 2 && x_.dtype() == at::kFloat, "w4a8: rows must be float32 [M, K]");
   at::Tensor x = x_.contiguous();
   const int64_t m = x.size(0), k = x.size(1);
   TORCH_CHECK(kp >= k && kp % kGroup == 0, "w4a8: bad padded K");
   at::Tensor xq = at::empty({m, kp}, x.options().dtype(at::kChar));
-  at::Tensor xs = at::empty({m}, x.options());
+  at::Tensor xs = at::empty({m, kp / kGroup}, x.options());
   at::Tensor xsum = at::empty({m, kp / kGroup}, x.options());
   for (int64_t r = 0; r < m; ++r)
-    quantize_row(x.data_ptr<float>() + r * k, k, kp, xq.data_ptr<int8_t>() + r * kp, xs.data_ptr<float>() + r,
+    quantize_row(x.data_ptr<float>() + r * k, k, kp, xq.data_ptr<int8_t>() + r * kp,
+                 xs.data_ptr<float>() + r * (kp / kGroup),
                  xsum.data_ptr<float>() + r * (kp / kGroup));
   return {xq, xs, xsum};
 }
@@ -151,7 +154,7 @@ at::Tensor mm_quantized(const at::Tensor& xq, const at::Tensor& xs, const at::Te
   const int64_t m = xq.size(0), kp = xq.size(1), groups = packed.size(1), blocks = packed.size(0);
   check_packed(packed, n, 1);
   TORCH_CHECK(xq.dtype() == at::kChar && xq.is_contiguous() && kp == groups * kGroup, "w4a8: bad rows");
-  TORCH_CHECK(xs.dtype() == at::kFloat && xs.is_contiguous() && xs.numel() == m, "w4a8: bad row scales");
+  TORCH_CHECK(xs.dtype() == at::kFloat && xs.is_contiguous() && xs.numel() == m * groups, "w4a8: bad scales");
   TORCH_CHECK(xsum.dtype() == at::kFloat && xsum.is_contiguous() && xsum.numel() == m * groups, "w4a8: bad sums");
   at::Tensor b;
   if (bias.has_value() && bias->defined()) {
@@ -170,11 +173,11 @@ at::Tensor mm_quantized(const at::Tensor& xq, const at::Tensor& xs, const at::Te
     for (int64_t m0 = 0; m0 < m; m0 += kTile) {
       const int64_t m1 = std::min(m, m0 + kTile);
       for (int64_t nb = begin; nb < end; ++nb) {
-        block_rows(w + nb * groups * kBlock, groups, q, kp, sums, m0, m1, acc.data());
+        block_rows(w + nb * groups * kBlock, groups, q, kp, s, sums, m0, m1, acc.data());
         const int64_t n0 = nb * kOut, cols = std::min(kOut, n - n0);
         for (int64_t r = m0; r < m1; ++r)
           for (int64_t c = 0; c < cols; ++c) {
-            float v = acc[(r - m0) * kOut + c] * s[r];
+            const float v = acc[(r - m0) * kOut + c];
             out[r * n + n0 + c] = bp ? v + bp[n0 + c] : v;
           }
       }
