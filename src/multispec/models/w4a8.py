@@ -2,8 +2,9 @@
 
 torch's CPU int4 kernel (PackedInt4) is compute-bound here (~4 GB/s of weights at one row, and linear in the rows)
 and its int8 one (PackedInt8, fbgemm) quantizes rows to 7 bits without VNNI. This product reads 0.625 bytes per
-weight and shares each weight's unpacking across the rows of the call, so a 16-row verification costs a few one-row
-decodes, not sixteen (benchmarks/results/quantized/w4a8_kernels.json).
+weight near the memory bandwidth at one row and shares each weight's unpacking across the rows of the call; past
+two rows AVX2 without VNNI is compute-bound (the 1.5B's products: 45 / 62 / 104 / 371 ms at 1 / 2 / 4 / 16 rows,
+int8 76 / 89 / 118 / 362: benchmarks/results/quantized/w4a8_kernels.json).
 
 Arithmetic (models/w4a8.cpp):
 - Weights in groups of W4A8_GROUP along K, asymmetric like PackedInt4 and llama.cpp's Q4_1 / Q4_K: w = q * s + o,
