@@ -20,7 +20,7 @@ def _own_cache_folder(tmp_path_factory):
     from multispec.paths import cache_root
 
     user, mine = cache_root(), tmp_path_factory.mktemp("multispec_cache")
-    for name in ("inductor", "gguf", "real_models", "file_hashes"):
+    for name in ("inductor", "kernels", "gguf", "real_models", "file_hashes"):
         if (user / name).is_dir():
             (mine / name).symlink_to(user / name, target_is_directory=True)
     before = os.environ.get("MULTISPEC_CACHE_DIR")

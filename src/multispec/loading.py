@@ -48,8 +48,8 @@ class Pair:
 
     def sidecar(self, model: torch.nn.Module, weights_dtype: str | None = None) -> ModelSidecar:
         """The sidecar of `model` (the target, the draft, the draft's int8 copy, a feature head: any model this
-        pair decodes with), made on first use. weights_dtype: what the pair made its weights ("int8" / "int4"),
-        recorded when the sidecar is made."""
+        pair decodes with), made on first use. weights_dtype: what the pair made its weights ("int8" / "int4" /
+        "w4a8"), recorded when the sidecar is made."""
         entry = self.sidecars.get(id(model))
         if entry is None or entry.model is not model:  # (the sidecar holds its model, so an id is never reused)
             from multispec.models.sidecar import ModelSidecar
@@ -83,7 +83,8 @@ def load_pair(target: str | os.PathLike | torch.nn.Module | None = None,
     the target and the draft loaded in float32, then given int8 weights and int8 activations quantized row by row
     (models/int8.py quantize_target: a different model from the float32 one, decoded exactly; a model in memory is
     copied first, not changed). "int4" (CPU): int4 weights in groups of 32 and bfloat16 rows instead, where torch's
-    int4 kernel takes a layer's shape (else int8); docs/quantized.md.
+    int4 kernel takes a layer's shape (else int8). "w4a8" (CPU): int4 weights in groups of 32 and int8 rows, by
+    multispec's own kernel (models/w4a8.py, compiled once with the system C++ compiler); docs/quantized.md.
     compile=True: `generate` runs on the compiled fast backend unless told otherwise (backend="compiled": the
     static-cache backend with its steps torch.compile'd; Llama-family models only, checked here). Every step size
     is compiled here, at load, with a line on stderr each (minutes the first time on a CPU; torch caches the

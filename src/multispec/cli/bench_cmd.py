@@ -54,7 +54,7 @@ def _floats(text: str) -> list[float]:
               "bench-DATE-TIME in the current folder.")
 @click.option("--threads", type=click.IntRange(min=1), help="torch CPU threads (default: the free cores, at most 4).")
 @click.option("--device")
-@click.option("--dtype", type=click.Choice(["float32", "bfloat16", "float16", "int8", "int4"]))
+@click.option("--dtype", type=click.Choice(["float32", "bfloat16", "float16", "int8", "int4", "w4a8"]))
 @click.option("--shadow-target", metavar="LAYERSxHIDDEN",
               help="Cost-faithful regime: beside every target forward run a random-weight Llama of this shape "
                    "(e.g. 12x768, ~100M parameters) over the same tokens, so step costs are a larger model's while "

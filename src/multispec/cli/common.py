@@ -81,9 +81,10 @@ def sampling_settings(kwargs: dict) -> dict:
 
 device_options = _apply([
     click.option("--device", help="cpu, cuda or cuda:N (default: cuda when available, else cpu)."),
-    click.option("--dtype", type=click.Choice(["float32", "bfloat16", "float16", "int8", "int4"]),
+    click.option("--dtype", type=click.Choice(["float32", "bfloat16", "float16", "int8", "int4", "w4a8"]),
                  help="int8 (CPU): int8 weights and row-by-row int8 activations; int4: int4 weights, bfloat16 "
-                      "rows; each a different model from the float32 one, decoded exactly (docs/quantized.md)"),
+                      "rows; w4a8: int4 weights, row-by-row int8 activations (a C++ kernel built on first use); "
+                      "each a different model from the float32 one, decoded exactly (docs/quantized.md)"),
     click.option("--backend", type=click.Choice(["hf", "fast", "compiled"]),
                  help="hf (default): any transformers causal LM; fast: static-cache Llama-family backend; compiled: "
                  "the fast backend with torch.compile'd steps (compiled at load: minutes the first time on a CPU)."),

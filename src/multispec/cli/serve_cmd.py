@@ -54,7 +54,7 @@ FORCE_GRACE_S = 0.3  # after stop_all, time for the error replies to go out befo
 @click.option("--chat-template", type=click.Path(exists=True, dir_okay=False),
               help="Jinja chat template file (default: the tokenizer's; chat requests get 400 when it has none).")
 @click.option("--device")
-@click.option("--dtype", type=click.Choice(["float32", "bfloat16", "float16", "int8", "int4"]))
+@click.option("--dtype", type=click.Choice(["float32", "bfloat16", "float16", "int8", "int4", "w4a8"]))
 @click.option("--backend", type=click.Choice(["hf", "fast", "compiled"]),
               help="hf (default; fast with --max-batch > 1 where the model has it): any transformers causal LM; fast: "
               "static-cache Llama-family backend; compiled: the fast backend with torch.compile'd steps (compiled at "

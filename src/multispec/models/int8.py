@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import functools
 import warnings
+from typing import Callable
 
 import torch
 
@@ -120,7 +121,7 @@ _FUSE = (("q_proj", "k_proj", "v_proj"), ("gate_proj", "up_proj"))  # siblings t
 class SharedProduct:
     """A packed weight [N, K] (`apply`: float [M, K] -> float [M, N], row-exact) and the last input it was applied
     to, so that siblings reading the same tensor (q/k/v, gate/up) share one product: their outputs are column ranges
-    of it. Subclasses: PackedInt8, PackedInt4."""
+    of it. Subclasses: PackedInt8, PackedInt4, w4a8.PackedW4A8."""
 
     _last: tuple | None = None  # (input, output, input's version) for the next sibling
     bias: torch.Tensor | None = None
@@ -236,7 +237,8 @@ class QuantLinear(torch.nn.Module):
 
     def extra_repr(self) -> str:
         kind = (f"int4 weights in groups of {INT4_GROUP}, bfloat16 rows" if isinstance(self.packed, PackedInt4)
-                else "int8 weights, row-exact int8 rows")
+                else "int8 weights, row-exact int8 rows" if isinstance(self.packed, PackedInt8)
+                else "int4 weights in groups of 32, row-exact int8 rows")
         return f"in_features={self.in_features}, out_features={self.out_features}, {kind}"
 
 
@@ -251,13 +253,14 @@ def fused(*layers: torch.nn.Module) -> SharedProduct | None:
     return packed if ok and stops[-1] == sum(m.out_features for m in layers) else None
 
 
-QUANT_DTYPES = ("int8", "int4")
+QUANT_DTYPES = ("int8", "int4", "w4a8")  # w4a8: models/w4a8.py
 
 
 def quantize_target(model: torch.nn.Module, dtype: str = "int8") -> torch.nn.Module:
     """Replace, in place, every nn.Linear of `model` (output layer included; the embedding stays float) by a
-    QuantLinear with `dtype` weights ("int8", or "int4": layers whose shape torch's int4 kernel does not take stay
-    int8); q/k/v and gate/up siblings share one packed product. CPU and float32 only, refused in one line otherwise.
+    QuantLinear with `dtype` weights ("int8"; "int4": layers whose shape torch's int4 kernel does not take stay
+    int8; "w4a8": models/w4a8.py, layers whose values float16 scales cannot hold stay int8); q/k/v and gate/up
+    siblings share one packed product. CPU and float32 only, refused in one line otherwise.
     Returns `model` (`weights_dtype(model)` then says `dtype`, read from its layers)."""
     check(dtype in QUANT_DTYPES, f"quantized dtype must be one of {', '.join(QUANT_DTYPES)}, got {dtype!r}")
     weight = model.get_input_embeddings().weight
@@ -267,6 +270,10 @@ def quantize_target(model: torch.nn.Module, dtype: str = "int8") -> torch.nn.Mod
     engines = torch.backends.quantized.supported_engines
     check(any(e in engines for e in ("x86", "fbgemm", "onednn")),
           f"this torch build has no int8 CPU kernels (quantized engines: {engines})")
+    if dtype == "w4a8":
+        from multispec.models.w4a8 import load_kernel
+
+        load_kernel()  # built on first use: a missing compiler is refused here, before any layer changes
     head = model.get_output_embeddings()
     source_rows = head.weight[:32].detach().clone() if isinstance(head, torch.nn.Linear) else None
     quantize_linears(model, dtype)
@@ -340,8 +347,14 @@ def first_rows(module: torch.nn.Module, n: int) -> torch.Tensor:
 
 
 def _replace(parent: torch.nn.Module, names: list[str], linears: list[torch.nn.Linear], dtype: str) -> None:
-    int4 = dtype == "int4" and all(PackedInt4.fits(m) for m in linears)
-    packed = (PackedInt4 if int4 else PackedInt8)([m.weight for m in linears], [m.bias for m in linears])
+    product: Callable[..., SharedProduct] = PackedInt8
+    if dtype == "int4" and all(PackedInt4.fits(m) for m in linears):
+        product = PackedInt4
+    elif dtype == "w4a8":
+        from multispec.models.w4a8 import PackedW4A8
+
+        product = PackedW4A8 if all(PackedW4A8.fits(m) for m in linears) else PackedInt8
+    packed = product([m.weight for m in linears], [m.bias for m in linears])
     start = 0
     for i, (name, m) in enumerate(zip(names, linears)):
         setattr(parent, name, QuantLinear(packed, start, start + m.out_features, m.in_features, i == len(names) - 1))
@@ -349,10 +362,11 @@ def _replace(parent: torch.nn.Module, names: list[str], linears: list[torch.nn.L
 
 
 def weights_dtype(model: torch.nn.Module) -> str:
-    """"int8" or "int4" for a model from quantize_target (read from its layers: "int4" where any holds int4
-    weights), else its parameters' dtype ("float32", "bfloat16", ...). A pair records what it asked for in the
+    """"int8", "int4" or "w4a8" for a model from quantize_target (read from its layers: "int4" / "w4a8" where any
+    holds such weights), else its parameters' dtype ("float32", "bfloat16", ...). A pair records what it asked for in the
     model's sidecar (models/sidecar.py)."""
     packs = {type(m.packed) for m in model.modules() if isinstance(m, QuantLinear)}
     if packs:
-        return "int4" if PackedInt4 in packs else "int8"
+        names = {p.__name__ for p in packs}
+        return "int4" if PackedInt4 in packs else "w4a8" if "PackedW4A8" in names else "int8"
     return str(next(model.parameters()).dtype).removeprefix("torch.")
