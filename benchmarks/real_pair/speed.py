@@ -64,6 +64,15 @@ def prompts(tokenizer, humaneval: int, spec_bench: int, data_dir: str | None) ->
     return out
 
 
+def with_backend(specs_text: str, backend: str) -> str:
+    """Each ';'-separated method spec with backend=BACKEND added where it names none."""
+    out = []
+    for spec in filter(None, (x.strip() for x in specs_text.split(";"))):
+        name, _, opts = spec.partition(":")
+        out.append(spec if "backend=" in opts else f"{name}:{opts + ',' if opts else ''}backend={backend}")
+    return ";".join(out)
+
+
 def multispec_runners(pair, specs_text: str, profile):
     from multispec.bench.runner import _make_runner
     from multispec.bench.specs import parse_method_specs
@@ -139,7 +148,8 @@ def summarize(records: list[dict], configs: list[str]) -> list[dict]:
             base[c] = row
             rows.append(row)
         for row in [r for r in rows if r["dataset"] == d and r["temperature"] == t]:
-            for ref, key in (("multispec ar", "vs_ar"), ("llama.cpp plain", "vs_llama_plain")):
+            ar = next((c for c in base if c.startswith("multispec ar")), None)
+            for ref, key in ((ar, "vs_ar"), ("llama.cpp plain", "vs_llama_plain")):
                 if ref in base:
                     row[key] = row["decode_tps"] / base[ref]["decode_tps"]
                     row[key + "_e2e"] = row["e2e_tps"] / base[ref]["e2e_tps"]
@@ -164,6 +174,7 @@ def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--dtype", default="int8")
     ap.add_argument("--methods", default="ar;sd:k=4;lookup;suffix;auto")
+    ap.add_argument("--backend", default="fast", help="added to every method spec that names none")
     ap.add_argument("--llama-cpp", default="plain,spec,lookup", help="comma-separated; '' for none")
     ap.add_argument("--humaneval", type=int, default=20)
     ap.add_argument("--spec-bench", type=int, default=2, help="prompts per category")
@@ -187,7 +198,7 @@ def main(argv=None) -> int:
     pair = load_pair(target=str(files[0]), draft=str(files[1]), dtype=args.dtype, device="cpu")
     load_s = time.perf_counter() - t0
     say(f"pair loaded as {args.dtype} in {load_s:.0f} s")
-    runners, _ = multispec_runners(pair, args.methods, args.profile)
+    runners, _ = multispec_runners(pair, with_backend(args.methods, args.backend), args.profile)
     llama = [k for k in args.llama_cpp.split(",") if k]
     import llama_cpp
 
@@ -208,7 +219,7 @@ def main(argv=None) -> int:
                 r = run_multispec(run, p["ids"], t, args.max_new_tokens, args.seed)
                 r.update(config=name, engine="multispec", dataset=p["dataset"], category=p["category"], id=p["id"],
                          temperature=t)
-                if spec.label == "ar":
+                if spec.name == "ar" and "multispec" not in plain:
                     plain["multispec"] = r["tokens"]
                 r["same_as_plain"] = (r["tokens"] == plain["multispec"]) if t == 0 and "multispec" in plain \
                     and spec.lossless else None
