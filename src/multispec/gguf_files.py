@@ -61,17 +61,20 @@ class GgufSource:
         return (self.folder / "config.json").is_file()
 
 
-def open_gguf(path: str, need_tokenizer: bool) -> GgufSource:
-    """Check `path` and read its config, before any weight is dequantized (one-line MultispecError otherwise)."""
+def open_gguf(path: str, need_tokenizer: bool, quant: str | None = None) -> GgufSource:
+    """Check `path` and read its config, before any weight is dequantized (one-line MultispecError otherwise).
+    quant: the quantized form ("int8" / "int4") the file is loaded as; the config is read from its cache folder
+    when that is there (reading it from the file's metadata takes tens of seconds for a large vocabulary)."""
     p = Path(path)
     check(p.exists(), f"model path not found: {path}")
     check(p.is_file(), f"{path} is a folder, not a GGUF file")
     digest = file_sha256(p)
     folder = cache_root() / "gguf" / digest
-    if (folder / "config.json").is_file():
-        from transformers import AutoConfig
+    for cached in ([quant_folder(digest, quant)] if quant else []) + [folder]:
+        if (cached / "config.json").is_file():
+            from transformers import AutoConfig
 
-        return GgufSource(p, digest, folder, AutoConfig.from_pretrained(folder))
+            return GgufSource(p, digest, folder, AutoConfig.from_pretrained(cached))
     check_extra()
     header = read_header(p)
     supported = _readable_architectures()
@@ -87,6 +90,11 @@ def open_gguf(path: str, need_tokenizer: bool) -> GgufSource:
     except (ValueError, KeyError, OSError, IndexError, TypeError) as e:
         raise MultispecError(f"cannot read a model config from {path}: {_one_line(e)}") from None
     return GgufSource(p, digest, folder, config)
+
+
+def quant_folder(sha256: str, dtype: str) -> Path:
+    """The cache folder of a GGUF file's int8 / int4 form (gguf_quant.py), beside its float32 one."""
+    return cache_root() / "gguf" / f"{sha256}-{dtype}"
 
 
 def materialize(source: GgufSource) -> Path:
@@ -179,6 +187,34 @@ def file_sha256(path: Path) -> str:
 def read_header(path: Path) -> GgufHeader:
     """Walk the header (metadata, then tensor descriptions) without reading any value it does not need, and check
     that the file holds every byte its tensors need. One-line MultispecError for anything but a whole GGUF file."""
+    meta, tensors = _walk(path)
+    arch = meta.get("general.architecture")
+    check(isinstance(arch, str), f"{path} is not a whole GGUF file (truncated or corrupt: no general.architecture)")
+    assert isinstance(arch, str)
+    return GgufHeader(architecture=arch, has_tokenizer="tokenizer.ggml.model" in meta, tensors=len(tensors))
+
+
+@dataclass
+class GgufTensor:
+    """One tensor of a GGUF file: its name, shape (torch's order: rows first), ggml type, and where its bytes are
+    (`start`: from the beginning of the file)."""
+
+    name: str
+    shape: tuple[int, ...]
+    kind: int
+    start: int
+    nbytes: int
+
+
+def read_tensors(path: Path) -> tuple[str, list[GgufTensor]]:
+    """The file's architecture and tensors, in file order, read from its header (no tensor data read); checked as
+    read_header checks the file."""
+    meta, tensors = _walk(path)
+    return str(meta.get("general.architecture")), tensors
+
+
+def _walk(path: Path) -> tuple[dict[str, object], list[GgufTensor]]:
+    """The header's metadata (arrays as their lengths) and tensor table, the file checked whole."""
     from gguf import GGML_QUANT_SIZES, GGMLQuantizationType
 
     bad = f"{path} is not a whole GGUF file (truncated or corrupt"
@@ -198,9 +234,9 @@ def read_header(path: Path) -> GgufHeader:
             align = meta.get("general.alignment", 32)
             check(isinstance(align, int) and align > 0, f"{bad}: alignment {align!r})")
             assert isinstance(align, int)
-            end = 0
+            table = []
             for _ in range(n_tensors):
-                walker.string()
+                name = walker.string()
                 n_dims, = walker.unpack("<I")
                 dims = walker.unpack(f"<{n_dims}Q")
                 kind, offset = walker.unpack("<IQ")
@@ -208,17 +244,16 @@ def read_header(path: Path) -> GgufHeader:
                 count = 1
                 for d in dims:
                     count *= d
-                end = max(end, offset + count // block * nbytes)
+                table.append((name, tuple(reversed(dims)), kind, offset, count // block * nbytes))
             data_start = -(-walker.pos // align) * align
         except (struct.error, ValueError, KeyError, UnicodeDecodeError, OverflowError, MemoryError) as e:
             if isinstance(e, MultispecError):
                 raise
             raise MultispecError(f"{bad}: {_one_line(e, 120)})") from None
+    end = max((offset + nbytes for _, _, _, offset, nbytes in table), default=0)
     check(data_start + end <= size, f"{bad}: its tensors need {data_start + end} bytes, the file has {size})")
-    arch = meta.get("general.architecture")
-    check(isinstance(arch, str), f"{bad}: no general.architecture)")
-    assert isinstance(arch, str)
-    return GgufHeader(architecture=arch, has_tokenizer="tokenizer.ggml.model" in meta, tensors=n_tensors)
+    return meta, [GgufTensor(name, shape, kind, data_start + offset, nbytes)
+                  for name, shape, kind, offset, nbytes in table]
 
 
 class _Walker:
