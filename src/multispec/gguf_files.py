@@ -10,6 +10,7 @@ GGUF files of its architecture; a target's file holds a tokenizer. `loading.load
 checks a folder's (a causal LM; recurrent architectures refused) before dequantizing anything."""
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import importlib.util
 import json
@@ -86,7 +87,8 @@ def open_gguf(path: str, need_tokenizer: bool, quant: str | None = None) -> Gguf
     from transformers import AutoConfig
 
     try:
-        config = AutoConfig.from_pretrained(p.parent, gguf_file=p.name)
+        with metadata_parsed_once():
+            config = AutoConfig.from_pretrained(p.parent, gguf_file=p.name)
     except (ValueError, KeyError, OSError, IndexError, TypeError) as e:
         raise MultispecError(f"cannot read a model config from {path}: {_one_line(e)}") from None
     return GgufSource(p, digest, folder, config)
@@ -102,7 +104,7 @@ def materialize(source: GgufSource) -> Path:
     by `open_gguf` reused), its tokenizer and generation config, under a temporary name renamed when whole."""
     if source.cached:
         return source.folder
-    from transformers import AutoModelForCausalLM, AutoTokenizer, GgufConfig
+    from transformers import AutoModelForCausalLM, GgufConfig
 
     print(f"multispec: dequantizing {source.path.name} to float32 once; cached in {source.folder} (later loads "
           "read it and take seconds)", file=sys.stderr, flush=True)
@@ -121,10 +123,7 @@ def materialize(source: GgufSource) -> Path:
                                                          dtype="float32", quantization_config=GgufConfig(dequantize=True))
         except (ValueError, KeyError, OSError, IndexError, RuntimeError, TypeError) as e:
             raise MultispecError(f"cannot load the weights of {source.path}: {_one_line(e)}") from None
-        try:
-            tokenizer = AutoTokenizer.from_pretrained(where, gguf_file=name)
-        except (ValueError, KeyError, OSError, IndexError, TypeError):
-            tokenizer = None  # a draft's file may hold none; a target's was checked by open_gguf
+        tokenizer = gguf_tokenizer(source.path)
         # A model loaded from GGUF is marked quantized and refuses save_pretrained; its weights are plain float32
         # tensors once dequantized, so the marks are dropped and it is saved as the ordinary model it now is.
         model.hf_quantizer = None
@@ -148,6 +147,55 @@ def materialize(source: GgufSource) -> Path:
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
     return source.folder
+
+
+def gguf_tokenizer(path: Path):
+    """The tokenizer in the file (with its chat template), or None when it holds none."""
+    from transformers import AutoTokenizer
+
+    try:
+        with metadata_parsed_once():
+            return AutoTokenizer.from_pretrained(path.parent, gguf_file=path.name)
+    except (ValueError, KeyError, OSError, IndexError, TypeError):
+        return None  # a draft's file may hold none; a target's was checked by open_gguf
+    finally:
+        _PARSED.pop(_file_key(path), None)  # read for the config and again for the tokenizer; no more
+
+
+_PARSED: dict[str, dict] = {}  # a file's config as transformers parses it, until its tokenizer is made
+
+
+@contextlib.contextmanager
+def metadata_parsed_once():
+    """Within: transformers' parse of a GGUF file's metadata (load_gguf_checkpoint without tensors; tens of
+    seconds for a vocabulary of 150,000 tokens), asked for again for the config alone (AutoTokenizer reads it so),
+    reuses the parse made for the file's config (open_gguf), until its tokenizer is made (`gguf_tokenizer`). Only
+    the config is kept: the vocabulary itself is read anew by the tokenizer, as transformers reads it."""
+    import copy
+
+    import transformers.modeling_gguf_pytorch_utils as gguf_utils
+
+    original = gguf_utils.load_gguf_checkpoint
+
+    def parse(path, return_tensors=False, model_to_load=None, torch_dtype=None):
+        key = _file_key(Path(path))
+        if return_tensors or key not in _PARSED:
+            parsed = original(path, return_tensors, model_to_load, torch_dtype)
+            if not return_tensors:
+                _PARSED[key] = {"config": copy.deepcopy(parsed["config"])}
+            return parsed
+        return copy.deepcopy(_PARSED[key])
+
+    gguf_utils.load_gguf_checkpoint = parse
+    try:
+        yield
+    finally:
+        gguf_utils.load_gguf_checkpoint = original
+
+
+def _file_key(path: Path) -> str:
+    st = path.stat()
+    return f"{path.resolve()}|{st.st_size}|{st.st_mtime_ns}"
 
 
 def check_extra() -> None:

@@ -15,6 +15,8 @@ Architectures transformers reads another way (its newer GGUF loader, or a model 
 own) are not read here: `load_quantized` returns None and the caller quantizes the float32 model instead."""
 from __future__ import annotations
 
+import contextlib
+import functools
 import json
 import os
 import shutil
@@ -24,7 +26,7 @@ from pathlib import Path
 import torch
 
 from multispec.errors import MultispecError, check
-from multispec.gguf_files import GgufSource, GgufTensor, quant_folder, read_tensors
+from multispec.gguf_files import GgufSource, GgufTensor, gguf_tokenizer, quant_folder, read_tensors
 from multispec.models.int8 import (PackedInt4, PackedInt8, check_quantizable, finish_target, install, linear_groups,
                                    pack)
 
@@ -165,7 +167,8 @@ def _build(source: GgufSource, dtype: str, folder: Path) -> torch.nn.Module | No
     print(f"multispec: quantizing {source.path.name} to {dtype} as it is read, once; cached in {folder} (later "
           "loads read it and take seconds)", file=sys.stderr, flush=True)
     processor = TENSOR_PROCESSORS.get(arch, TensorProcessor)(config=source.config.to_dict())
-    key_map = get_gguf_hf_weights_map(model, processor)
+    with _name_maps_once():
+        key_map = get_gguf_hf_weights_map(model, processor)
     slots = _Slots(model, dtype)
     parsed: dict = {"config": processor.config, "tensors": {}}
     try:
@@ -187,6 +190,20 @@ def _build(source: GgufSource, dtype: str, folder: Path) -> torch.nn.Module | No
                        f"({', '.join(missing[:3])}{', ...' if len(missing) > 3 else ''})")
     _write_cache(source, model, slots, dtype, folder)
     return finish_target(model, dtype)
+
+
+@contextlib.contextmanager
+def _name_maps_once():
+    """Within: gguf's name map of an architecture made once, not once per module (get_gguf_hf_weights_map asks for
+    it at every module; each takes tens of milliseconds, seconds in all)."""
+    import gguf
+
+    original = gguf.get_tensor_name_map
+    gguf.get_tensor_name_map = functools.lru_cache(maxsize=None)(original)
+    try:
+        yield
+    finally:
+        gguf.get_tensor_name_map = original
 
 
 def _dequantized(f, info: GgufTensor, kind):
@@ -230,7 +247,6 @@ def _layout(dtype: str) -> str:
 def _write_cache(source: GgufSource, model: torch.nn.Module, slots: _Slots, dtype: str, folder: Path) -> None:
     """Save the quantized model and the file's tokenizer into `folder`, under a temporary name renamed when whole."""
     from safetensors.torch import save_file
-    from transformers import AutoTokenizer
 
     import transformers
 
@@ -261,11 +277,9 @@ def _write_cache(source: GgufSource, model: torch.nn.Module, slots: _Slots, dtyp
         model.config.save_pretrained(tmp)
         if model.generation_config is not None:
             model.generation_config.save_pretrained(tmp)
-        try:
-            where, name = source.path.parent, source.path.name
-            AutoTokenizer.from_pretrained(where, gguf_file=name).save_pretrained(tmp)
-        except (ValueError, KeyError, OSError, IndexError, TypeError):
-            pass  # a draft's file may hold none; a target's was checked by open_gguf
+        tokenizer = gguf_tokenizer(source.path)
+        if tokenizer is not None:
+            tokenizer.save_pretrained(tmp)
         (tmp / MANIFEST).write_text(json.dumps({
             "format": FORMAT, "dtype": dtype, "layout": _layout(dtype), "gguf": str(source.path.resolve()),
             "sha256": source.sha256, "transformers": transformers.__version__, "groups": groups,

@@ -171,13 +171,14 @@ def _load_as(src: _FromPath | _InMemory, device: torch.device, dtype: torch.dtyp
     from its quantized cache: gguf_quant.py), anything else loaded in float32 and quantized (a model in memory:
     a copy)."""
     if quant and isinstance(src, _FromPath) and src.gguf is not None:
+        from multispec.gguf_files import quant_folder
         from multispec.gguf_quant import load_quantized
-        from multispec.models.probe import probe_model
 
         model = load_quantized(src.gguf, quant)
-        if model is not None:
-            probe_model(model, f"{src.label} ({quant})")
+        if model is not None:  # probed as quantize_target's model is, once for its cache folder (`_probe_stamp`)
             src.quant_ready = True
+            stamp = _probe_stamp(str(quant_folder(src.gguf.sha256, quant)), quant, device, QUANT_CODE)
+            check_supported(model, f"{src.label} ({quant})", stamp=stamp)
             return model
     model = src.load(device, dtype)
     return _quantized(model, src.label, quant, copy=isinstance(src, _InMemory)) if quant else model
@@ -458,11 +459,12 @@ def check_supported(model: torch.nn.Module, path: str, stamp: Path | None = None
             pass
 
 
-def _probe_stamp(path: str, dtype: torch.dtype, device: torch.device) -> Path | None:
+def _probe_stamp(path: str, dtype: torch.dtype | str, device: torch.device, code: tuple[str, ...] = ()
+                 ) -> Path | None:
     """The mark of a passed probe of the model in local folder `path`: keyed by the folder, each of its files' size
     and modification time, the dtype and device type, the torch and transformers versions and the source of the
-    code the probe checks (probe, hf backend, layout), so any change to any of them probes again. None (always
-    probe) for a hub id."""
+    code the probe checks (probe, hf backend, layout; `code`: more files of models/), so any change to any of them
+    probes again. None (always probe) for a hub id."""
     import hashlib
 
     import transformers
@@ -472,14 +474,15 @@ def _probe_stamp(path: str, dtype: torch.dtype, device: torch.device) -> Path | 
         return None
     import multispec.models as models_pkg
 
-    code = Path(models_pkg.__file__).parent
+    source = Path(models_pkg.__file__).parent
     parts = [str(folder.resolve()), str(dtype), device.type, torch.__version__, transformers.__version__]
-    parts += [hashlib.sha256((code / f).read_bytes()).hexdigest() for f in PROBED_CODE]
+    parts += [hashlib.sha256((source / f).read_bytes()).hexdigest() for f in PROBED_CODE + code]
     parts += [f"{f.name}:{f.stat().st_size}:{f.stat().st_mtime_ns}" for f in sorted(folder.iterdir()) if f.is_file()]
     return cache_root() / "probe" / hashlib.sha256("|".join(parts).encode()).hexdigest()[:32]
 
 
 PROBED_CODE = ("probe.py", "hf.py", "hf_compat.py", "layout.py", "base.py")  # models/: what a probe verdict rests on
+QUANT_CODE = ("int8.py",)  # and for an int8 / int4 model, its quantized layers
 
 
 def _one_line(e: BaseException, limit: int = 300) -> str:
