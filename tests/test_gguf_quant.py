@@ -147,7 +147,7 @@ def test_a_cache_that_cannot_be_written_is_one_line_and_leaves_nothing(tmp_path,
     def full(*args, **kwargs):
         raise OSError(28, "No space left on device")
 
-    monkeypatch.setattr("safetensors.torch.save_file", full)
+    monkeypatch.setattr(gguf_quant, "_save", full)
     with pytest.raises(MultispecError, match="cannot write the GGUF cache in .*No space left on device"):
         load_quantized(source, "int8")
     assert [p.name for p in (own_cache / "gguf").iterdir()] == []

@@ -20,7 +20,9 @@ import functools
 import json
 import os
 import shutil
+import struct
 import sys
+from collections.abc import Callable
 from pathlib import Path
 
 import torch
@@ -246,26 +248,20 @@ def _layout(dtype: str) -> str:
 
 def _write_cache(source: GgufSource, model: torch.nn.Module, slots: _Slots, dtype: str, folder: Path) -> None:
     """Save the quantized model and the file's tokenizer into `folder`, under a temporary name renamed when whole."""
-    from safetensors.torch import save_file
-
     import transformers
 
-    tensors: dict[str, torch.Tensor] = {}
+    parts: list[tuple[str, Callable[[], dict[str, torch.Tensor]]]] = []
     groups = []
     for i, group in enumerate(slots.groups):
         packed = group["packed"]
-        state = packed.state()
-        tensors.update({f"g{i}.{k}": v.contiguous() for k, v in state.items()})
-        if packed.first_rows is not None:
-            tensors[f"g{i}.first_rows"] = packed.first_rows.contiguous()
+        parts.append((f"g{i}.", functools.partial(_group_state, packed)))
         groups.append({"module": group["prefix"].rstrip("."), "names": group["names"],
-                       "kind": "int4" if isinstance(packed, PackedInt4) else "int8", "tensors": sorted(state),
-                       "first_rows": packed.first_rows is not None})
+                       "kind": "int4" if isinstance(packed, PackedInt4) else "int8"})
     params = {}
     for key, names in slots.plain.items():
         if names:
             t = model.get_parameter(names[0]) if _is_param(model, names[0]) else model.get_buffer(names[0])
-            tensors[f"p.{key}"] = t.detach().contiguous()
+            parts.append(("p.", functools.partial(dict, [(key, t.detach())])))
             params[key] = names
     root = folder.parent
     tmp = root / f".tmp-{folder.name[:24]}-{os.getpid()}"
@@ -273,7 +269,7 @@ def _write_cache(source: GgufSource, model: torch.nn.Module, slots: _Slots, dtyp
         root.mkdir(parents=True, exist_ok=True)
         shutil.rmtree(tmp, ignore_errors=True)
         tmp.mkdir()
-        save_file(tensors, str(tmp / WEIGHTS))
+        _save(tmp / WEIGHTS, parts)
         model.config.save_pretrained(tmp)
         if model.generation_config is not None:
             model.generation_config.save_pretrained(tmp)
@@ -300,14 +296,65 @@ def _write_cache(source: GgufSource, model: torch.nn.Module, slots: _Slots, dtyp
         shutil.rmtree(tmp, ignore_errors=True)
 
 
+def _group_state(packed) -> dict[str, torch.Tensor]:
+    state = packed.state()
+    return state if packed.first_rows is None else {**state, "first_rows": packed.first_rows}
+
+
 def _is_param(model: torch.nn.Module, name: str) -> bool:
     owner, _, leaf = name.rpartition(".")
     return leaf in model.get_submodule(owner)._parameters
 
 
+_ST_DTYPES = {torch.float32: "F32", torch.float64: "F64", torch.float16: "F16", torch.bfloat16: "BF16",
+              torch.int8: "I8", torch.uint8: "U8", torch.int32: "I32", torch.int64: "I64", torch.bool: "BOOL"}
+_TORCH_DTYPES = {v: k for k, v in _ST_DTYPES.items()}
+
+
+def _save(path: Path, parts: list[tuple[str, Callable[[], dict[str, torch.Tensor]]]]) -> None:
+    """A safetensors file of the tensors `parts` make (each name prefixed), each part made when it is written, so
+    that an int8 product's unpacked copy exists one group at a time (safetensors' save_file wants them all at once).
+    Each part is made twice: for the header (shapes and sizes), then to write."""
+    specs: dict[str, dict] = {}
+    offset = 0
+    for prefix, make in parts:
+        for name, t in make().items():
+            nbytes = t.numel() * t.element_size()
+            specs[prefix + name] = {"dtype": _ST_DTYPES[t.dtype], "shape": list(t.shape),
+                                    "data_offsets": [offset, offset + nbytes]}
+            offset += nbytes
+    header = json.dumps({"__metadata__": {"format": "pt"}, **specs}).encode()
+    header += b" " * (-len(header) % 8)
+    with open(path, "wb") as f:
+        f.write(struct.pack("<Q", len(header)) + header)
+        for _, make in parts:
+            for t in make().values():
+                f.write(memoryview(t.contiguous().reshape(-1).view(torch.uint8).numpy()))
+
+
+class _Tensors:
+    """The tensors of a safetensors file, each read into memory of its own when asked for (not mapped: an int8
+    weight is packed again and dropped, and a mapped file's pages would stay counted in the process's memory)."""
+
+    def __init__(self, path: Path):
+        self.file = open(path, "rb")
+        n, = struct.unpack("<Q", self.file.read(8))
+        self.specs = json.loads(self.file.read(n))
+        self.start = 8 + n
+
+    def get(self, name: str) -> torch.Tensor:
+        spec = self.specs[name]
+        a, b = spec["data_offsets"]
+        buf = torch.empty(b - a, dtype=torch.uint8)
+        self.file.seek(self.start + a)
+        if self.file.readinto(memoryview(buf.numpy())) != b - a:
+            raise OSError(f"{self.file.name} ends inside {name}")
+        return buf.view(_TORCH_DTYPES[spec["dtype"]]).reshape(spec["shape"])
+
+
 def _read_cache(folder: Path, dtype: str) -> torch.nn.Module | None:
-    """The quantized model saved in `folder`, or None when there is none made by this torch on this kind of CPU."""
-    from safetensors import safe_open
+    """The quantized model saved in `folder`, or None when there is none (whole, readable) made by this torch on
+    this kind of CPU."""
     from transformers import AutoConfig, GenerationConfig
 
     try:
@@ -320,23 +367,29 @@ def _read_cache(folder: Path, dtype: str) -> torch.nn.Module | None:
     if (folder / "generation_config.json").is_file():
         model.generation_config = GenerationConfig.from_pretrained(folder)
     kinds = {"int4": PackedInt4, "int8": PackedInt8}
-    with safe_open(str(folder / WEIGHTS), framework="pt") as f:
-        for i, group in enumerate(manifest["groups"]):
-            packed = kinds[group["kind"]].from_state({k: f.get_tensor(f"g{i}.{k}") for k in group["tensors"]})
-            if group["first_rows"]:
-                packed.first_rows = f.get_tensor(f"g{i}.first_rows")
-            install(model.get_submodule(group["module"]), group["names"], packed)
-        for key, names in manifest["params"].items():
-            value, param = f.get_tensor(f"p.{key}"), None
-            for name in names:
-                owner, _, leaf = name.rpartition(".")
-                module = model.get_submodule(owner)
-                if leaf in module._parameters:
-                    param = param if param is not None else torch.nn.Parameter(
-                        value, requires_grad=module._parameters[leaf].requires_grad)
-                    module._parameters[leaf] = param
-                else:
-                    module._buffers[leaf] = value
+    try:
+        tensors = _Tensors(folder / WEIGHTS)
+        with tensors.file:
+            for i, group in enumerate(manifest["groups"]):
+                prefix = f"g{i}."
+                state = {k[len(prefix):]: tensors.get(k) for k in tensors.specs if k.startswith(prefix)}
+                first = state.pop("first_rows", None)
+                packed = kinds[group["kind"]].from_state(state)
+                packed.first_rows = first
+                install(model.get_submodule(group["module"]), group["names"], packed)
+            for key, names in manifest["params"].items():
+                value, param = tensors.get(f"p.{key}"), None
+                for name in names:
+                    owner, _, leaf = name.rpartition(".")
+                    module = model.get_submodule(owner)
+                    if leaf in module._parameters:
+                        param = param if param is not None else torch.nn.Parameter(
+                            value, requires_grad=module._parameters[leaf].requires_grad)
+                        module._parameters[leaf] = param
+                    else:
+                        module._buffers[leaf] = value
+    except (OSError, ValueError, KeyError, RuntimeError, struct.error):  # a damaged folder: made again
+        return None
     missing = [n for n, t in [*model.named_parameters(), *model.named_buffers()] if t.is_meta]
     if missing:  # an incomplete folder: made again
         return None
