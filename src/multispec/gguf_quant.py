@@ -250,7 +250,7 @@ def _write_cache(source: GgufSource, model: torch.nn.Module, slots: _Slots, dtyp
     """Save the quantized model and the file's tokenizer into `folder`, under a temporary name renamed when whole."""
     import transformers
 
-    parts: list[tuple[str, Callable[[], dict[str, torch.Tensor]]]] = []
+    parts: list[tuple[str, Callable[[bool], dict[str, torch.Tensor]]]] = []
     groups = []
     for i, group in enumerate(slots.groups):
         packed = group["packed"]
@@ -261,7 +261,7 @@ def _write_cache(source: GgufSource, model: torch.nn.Module, slots: _Slots, dtyp
     for key, names in slots.plain.items():
         if names:
             t = model.get_parameter(names[0]) if _is_param(model, names[0]) else model.get_buffer(names[0])
-            parts.append(("p.", functools.partial(dict, [(key, t.detach())])))
+            parts.append(("p.", functools.partial(_one, key, t.detach())))
             params[key] = names
     root = folder.parent
     tmp = root / f".tmp-{folder.name[:24]}-{os.getpid()}"
@@ -296,9 +296,13 @@ def _write_cache(source: GgufSource, model: torch.nn.Module, slots: _Slots, dtyp
         shutil.rmtree(tmp, ignore_errors=True)
 
 
-def _group_state(packed) -> dict[str, torch.Tensor]:
-    state = packed.state()
+def _group_state(packed, meta: bool) -> dict[str, torch.Tensor]:
+    state = packed.state(meta)
     return state if packed.first_rows is None else {**state, "first_rows": packed.first_rows}
+
+
+def _one(name: str, value: torch.Tensor, meta: bool) -> dict[str, torch.Tensor]:
+    return {name: value}
 
 
 def _is_param(model: torch.nn.Module, name: str) -> bool:
@@ -311,14 +315,14 @@ _ST_DTYPES = {torch.float32: "F32", torch.float64: "F64", torch.float16: "F16", 
 _TORCH_DTYPES = {v: k for k, v in _ST_DTYPES.items()}
 
 
-def _save(path: Path, parts: list[tuple[str, Callable[[], dict[str, torch.Tensor]]]]) -> None:
+def _save(path: Path, parts: list[tuple[str, Callable[[bool], dict[str, torch.Tensor]]]]) -> None:
     """A safetensors file of the tensors `parts` make (each name prefixed), each part made when it is written, so
     that an int8 product's unpacked copy exists one group at a time (safetensors' save_file wants them all at once).
-    Each part is made twice: for the header (shapes and sizes), then to write."""
+    Each part is asked first for its tensors' shapes and dtypes alone (meta=True: the header), then for them."""
     specs: dict[str, dict] = {}
     offset = 0
     for prefix, make in parts:
-        for name, t in make().items():
+        for name, t in make(True).items():
             nbytes = t.numel() * t.element_size()
             specs[prefix + name] = {"dtype": _ST_DTYPES[t.dtype], "shape": list(t.shape),
                                     "data_offsets": [offset, offset + nbytes]}
@@ -328,7 +332,7 @@ def _save(path: Path, parts: list[tuple[str, Callable[[], dict[str, torch.Tensor
     with open(path, "wb") as f:
         f.write(struct.pack("<Q", len(header)) + header)
         for _, make in parts:
-            for t in make().values():
+            for t in make(False).values():
                 f.write(memoryview(t.contiguous().reshape(-1).view(torch.uint8).numpy()))
 
 

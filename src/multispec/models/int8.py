@@ -166,14 +166,20 @@ class PackedInt8(SharedProduct):
                                                                                      dtype=torch.long), 0)
         self.packed = torch.ops.quantized.linear_prepack(qw, None)
         self.bias = bias
+        self.shape = tuple(values.shape)
         self.anchor = torch.zeros(1, values.shape[1])
         self.anchor[0, 0], self.anchor[0, -1] = 1.0, -1.0
 
-    def state(self) -> dict[str, torch.Tensor]:
+    def state(self, meta: bool = False) -> dict[str, torch.Tensor]:
         """What rebuilds this product (`from_state`): the int8 values, their row scales, the bias. The kernel's
-        packed form itself cannot be saved; it is packed again from these."""
-        w, _ = torch.ops.quantized.linear_unpack(self.packed)
-        out = {"values": w.int_repr(), "scale": w.q_per_channel_scales().double()}
+        packed form itself cannot be saved; it is packed again from these. meta: their shapes and dtypes alone
+        (on the meta device), without unpacking."""
+        if meta:
+            out = {"values": torch.empty(self.shape, dtype=torch.int8, device="meta"),
+                   "scale": torch.empty(self.shape[0], dtype=torch.float64, device="meta")}
+        else:
+            w, _ = torch.ops.quantized.linear_unpack(self.packed)
+            out = {"values": w.int_repr(), "scale": w.q_per_channel_scales().double()}
         return out if self.bias is None else {**out, "bias": self.bias}
 
     @classmethod
@@ -214,9 +220,9 @@ class PackedInt4(SharedProduct):
         self.bias = _joined_bias(weights, biases)
         self.shape = (n, k)
 
-    def state(self) -> dict[str, torch.Tensor]:
+    def state(self, meta: bool = False) -> dict[str, torch.Tensor]:
         """What rebuilds this product (`from_state`): the packed weights (in the layout of this CPU's kernel:
-        `layout()`), the group scales and zeros, the bias."""
+        `layout()`), the group scales and zeros, the bias (meta: the same; nothing to unpack)."""
         out = {"packed": self.packed, "scales": self.scales, "shape": torch.tensor(self.shape)}
         return out if self.bias is None else {**out, "bias": self.bias}
 
