@@ -28,7 +28,7 @@ from pathlib import Path
 import torch
 
 from multispec.errors import MultispecError, check
-from multispec.gguf_files import GgufSource, GgufTensor, gguf_tokenizer, quant_folder, read_tensors
+from multispec.gguf_files import GgufSource, GgufTensor, check_extra, gguf_tokenizer, quant_folder, read_tensors
 from multispec.models.int8 import (PackedInt4, PackedInt8, check_quantizable, finish_target, install, linear_groups,
                                    pack)
 
@@ -42,6 +42,7 @@ def load_quantized(source: GgufSource, dtype: str, folder: Path | None = None) -
     form: read from its cache folder (`folder`, default gguf_files.quant_folder) when that was made here, else
     built from the file tensor by tensor and cached there. None when this file is not read this way (see above)."""
     check_quantizable(dtype, torch.device("cpu"), torch.float32)
+    check_extra()
     folder = folder or quant_folder(source.sha256, dtype)
     model = _read_cache(folder, dtype)
     return model if model is not None else _build(source, dtype, folder)
@@ -154,11 +155,9 @@ class _Slots:
 def _build(source: GgufSource, dtype: str, folder: Path) -> torch.nn.Module | None:
     """The quantized model read from the file tensor by tensor (see the module's docstring), then cached."""
     from gguf import GGMLQuantizationType
-    from transformers.modeling_gguf_pytorch_utils import (TENSOR_PROCESSORS, TensorProcessor,
-                                                          get_gguf_hf_weights_map)
-
     from transformers.integrations.gguf import GGUF_ARCHS
-    from transformers.modeling_gguf_pytorch_utils import GGUF_SUPPORTED_ARCHITECTURES
+    from transformers.modeling_gguf_pytorch_utils import (GGUF_SUPPORTED_ARCHITECTURES, TENSOR_PROCESSORS,
+                                                          TensorProcessor, get_gguf_hf_weights_map)
 
     arch, infos = read_tensors(source.path)
     if arch not in GGUF_SUPPORTED_ARCHITECTURES or arch in GGUF_ARCHS:  # transformers' newer reader
@@ -315,44 +314,63 @@ _ST_DTYPES = {torch.float32: "F32", torch.float64: "F64", torch.float16: "F16", 
 _TORCH_DTYPES = {v: k for k, v in _ST_DTYPES.items()}
 
 
+_ALIGN = 64  # every tensor's bytes start at a multiple of this in the file (a mapped tensor's elements aligned)
+
+
 def _save(path: Path, parts: list[tuple[str, Callable[[bool], dict[str, torch.Tensor]]]]) -> None:
     """A safetensors file of the tensors `parts` make (each name prefixed), each part made when it is written, so
     that an int8 product's unpacked copy exists one group at a time (safetensors' save_file wants them all at once).
-    Each part is asked first for its tensors' shapes and dtypes alone (meta=True: the header), then for them."""
+    Each part is asked first for its tensors' shapes and dtypes alone (meta=True: the header), then for them. Each
+    tensor starts at a multiple of _ALIGN bytes (padding between them is a tensor too, `pad.N`: no byte unnamed)."""
     specs: dict[str, dict] = {}
+    pads: list[int] = []  # bytes of padding before each tensor, in write order
     offset = 0
     for prefix, make in parts:
         for name, t in make(True).items():
+            pad = -offset % _ALIGN
+            if pad:
+                specs[f"pad.{len(specs)}"] = {"dtype": "U8", "shape": [pad], "data_offsets": [offset, offset + pad]}
+                offset += pad
+            pads.append(pad)
             nbytes = t.numel() * t.element_size()
             specs[prefix + name] = {"dtype": _ST_DTYPES[t.dtype], "shape": list(t.shape),
                                     "data_offsets": [offset, offset + nbytes]}
             offset += nbytes
     header = json.dumps({"__metadata__": {"format": "pt"}, **specs}).encode()
-    header += b" " * (-len(header) % 8)
+    header += b" " * (-(8 + len(header)) % _ALIGN)
     with open(path, "wb") as f:
         f.write(struct.pack("<Q", len(header)) + header)
+        written = iter(pads)
         for _, make in parts:
             for t in make(False).values():
+                f.write(bytes(next(written)))
                 f.write(memoryview(t.contiguous().reshape(-1).view(torch.uint8).numpy()))
 
 
 class _Tensors:
-    """The tensors of a safetensors file, each read into memory of its own when asked for (not mapped: an int8
-    weight is packed again and dropped, and a mapped file's pages would stay counted in the process's memory)."""
+    """The tensors of a safetensors file written by `_save`: mapped (read when first used; an embedding's unused
+    rows never), or read into memory of their own (an int8 weight, packed again for the kernel and dropped: mapped,
+    its pages would stay counted in the process's memory)."""
 
     def __init__(self, path: Path):
+        import numpy as np
+
         self.file = open(path, "rb")
         n, = struct.unpack("<Q", self.file.read(8))
         self.specs = json.loads(self.file.read(n))
         self.start = 8 + n
+        self.mapped = np.memmap(path, dtype=np.uint8, mode="c")  # private: the file is never written through it
 
-    def get(self, name: str) -> torch.Tensor:
+    def get(self, name: str, mapped: bool = True) -> torch.Tensor:
         spec = self.specs[name]
-        a, b = spec["data_offsets"]
-        buf = torch.empty(b - a, dtype=torch.uint8)
-        self.file.seek(self.start + a)
-        if self.file.readinto(memoryview(buf.numpy())) != b - a:
-            raise OSError(f"{self.file.name} ends inside {name}")
+        a, b = (self.start + x for x in spec["data_offsets"])
+        if mapped:
+            buf = torch.from_numpy(self.mapped[a:b])
+        else:
+            buf = torch.empty(b - a, dtype=torch.uint8)
+            self.file.seek(a)
+            if self.file.readinto(memoryview(buf.numpy())) != b - a:
+                raise OSError(f"{self.file.name} ends inside {name}")
         return buf.view(_TORCH_DTYPES[spec["dtype"]]).reshape(spec["shape"])
 
 
@@ -376,7 +394,8 @@ def _read_cache(folder: Path, dtype: str) -> torch.nn.Module | None:
         with tensors.file:
             for i, group in enumerate(manifest["groups"]):
                 prefix = f"g{i}."
-                state = {k[len(prefix):]: tensors.get(k) for k in tensors.specs if k.startswith(prefix)}
+                state = {k[len(prefix):]: tensors.get(k, mapped=group["kind"] == "int4")
+                         for k in tensors.specs if k.startswith(prefix)}
                 first = state.pop("first_rows", None)
                 packed = kinds[group["kind"]].from_state(state)
                 packed.first_rows = first
