@@ -4,7 +4,9 @@
 For each dtype: a first load (a cache folder of its own, emptied first: as a new user's first load, the files'
 SHA-256 included) and a second load (the quantized cache written by the first), each in a fresh subprocess.
 Reported per load: the subprocess's wall seconds (Python and torch imports included), load_pair's own seconds,
-and the subprocess's peak resident memory (getrusage ru_maxrss: target and draft together).
+its CPU seconds (user + system: what other jobs on a shared machine do not inflate), the load average, and the
+subprocess's peak resident memory (getrusage ru_maxrss: target and draft together). A second load maps the cached
+float and int4 tensors (read when first used), so its peak is below what decoding then holds.
 
     PYTHONPATH=src python benchmarks/pretrained/load_quantized.py --out benchmarks/results/pretrained/load_quantized.json
 """
@@ -38,9 +40,11 @@ def child(args) -> None:
     t0 = time.perf_counter()
     pair = multispec.load_pair(target=str(args.target), draft=str(args.draft), dtype=args.dtype)
     seconds = time.perf_counter() - t0
-    print(json.dumps({"load_pair_s": round(seconds, 2),
-                      "peak_rss_mb": round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, 1),
-                      "weights": [weights_dtype(pair.target), weights_dtype(pair.draft)]}), flush=True)
+    usage = resource.getrusage(resource.RUSAGE_SELF)
+    print(json.dumps({"load_pair_s": round(seconds, 2), "cpu_s": round(usage.ru_utime + usage.ru_stime, 2),
+                      "peak_rss_mb": round(usage.ru_maxrss / 1024, 1),
+                      "weights": [weights_dtype(pair.target), weights_dtype(pair.draft)],
+                      "load_average_1_5_15": list(os.getloadavg())}), flush=True)
 
 
 def run_once(args, dtype: str, cache: Path) -> dict:
