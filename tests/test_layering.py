@@ -17,6 +17,7 @@ LAYERS = [
     {"paths", "validate", "sampling", "structured", "tree", "data"},
     {"text", "verify", "token_freq", "params", "profile"},
     {"models", "gguf_files"},
+    {"gguf_quant"},
     {"loading"},
     {"drafting", "heads"},
     {"decoding"},

@@ -10,6 +10,7 @@ GGUF files of its architecture; a target's file holds a tokenizer. `loading.load
 checks a folder's (a causal LM; recurrent architectures refused) before dequantizing anything."""
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import importlib.util
 import json
@@ -61,17 +62,20 @@ class GgufSource:
         return (self.folder / "config.json").is_file()
 
 
-def open_gguf(path: str, need_tokenizer: bool) -> GgufSource:
-    """Check `path` and read its config, before any weight is dequantized (one-line MultispecError otherwise)."""
+def open_gguf(path: str, need_tokenizer: bool, quant: str | None = None) -> GgufSource:
+    """Check `path` and read its config, before any weight is dequantized (one-line MultispecError otherwise).
+    quant: the quantized form ("int8" / "int4") the file is loaded as; the config is read from its cache folder
+    when that is there (reading it from the file's metadata takes tens of seconds for a large vocabulary)."""
     p = Path(path)
     check(p.exists(), f"model path not found: {path}")
     check(p.is_file(), f"{path} is a folder, not a GGUF file")
     digest = file_sha256(p)
     folder = cache_root() / "gguf" / digest
-    if (folder / "config.json").is_file():
-        from transformers import AutoConfig
+    for cached in ([quant_folder(digest, quant)] if quant else []) + [folder]:
+        if (cached / "config.json").is_file():
+            from transformers import AutoConfig
 
-        return GgufSource(p, digest, folder, AutoConfig.from_pretrained(folder))
+            return GgufSource(p, digest, folder, AutoConfig.from_pretrained(cached))
     check_extra()
     header = read_header(p)
     supported = _readable_architectures()
@@ -83,10 +87,16 @@ def open_gguf(path: str, need_tokenizer: bool) -> GgufSource:
     from transformers import AutoConfig
 
     try:
-        config = AutoConfig.from_pretrained(p.parent, gguf_file=p.name)
+        with metadata_parsed_once():
+            config = AutoConfig.from_pretrained(p.parent, gguf_file=p.name)
     except (ValueError, KeyError, OSError, IndexError, TypeError) as e:
         raise MultispecError(f"cannot read a model config from {path}: {_one_line(e)}") from None
     return GgufSource(p, digest, folder, config)
+
+
+def quant_folder(sha256: str, dtype: str) -> Path:
+    """The cache folder of a GGUF file's int8 / int4 form (gguf_quant.py), beside its float32 one."""
+    return cache_root() / "gguf" / f"{sha256}-{dtype}"
 
 
 def materialize(source: GgufSource) -> Path:
@@ -94,7 +104,7 @@ def materialize(source: GgufSource) -> Path:
     by `open_gguf` reused), its tokenizer and generation config, under a temporary name renamed when whole."""
     if source.cached:
         return source.folder
-    from transformers import AutoModelForCausalLM, AutoTokenizer, GgufConfig
+    from transformers import AutoModelForCausalLM, GgufConfig
 
     print(f"multispec: dequantizing {source.path.name} to float32 once; cached in {source.folder} (later loads "
           "read it and take seconds)", file=sys.stderr, flush=True)
@@ -113,10 +123,7 @@ def materialize(source: GgufSource) -> Path:
                                                          dtype="float32", quantization_config=GgufConfig(dequantize=True))
         except (ValueError, KeyError, OSError, IndexError, RuntimeError, TypeError) as e:
             raise MultispecError(f"cannot load the weights of {source.path}: {_one_line(e)}") from None
-        try:
-            tokenizer = AutoTokenizer.from_pretrained(where, gguf_file=name)
-        except (ValueError, KeyError, OSError, IndexError, TypeError):
-            tokenizer = None  # a draft's file may hold none; a target's was checked by open_gguf
+        tokenizer = gguf_tokenizer(source.path)
         # A model loaded from GGUF is marked quantized and refuses save_pretrained; its weights are plain float32
         # tensors once dequantized, so the marks are dropped and it is saved as the ordinary model it now is.
         model.hf_quantizer = None
@@ -140,6 +147,55 @@ def materialize(source: GgufSource) -> Path:
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
     return source.folder
+
+
+def gguf_tokenizer(path: Path):
+    """The tokenizer in the file (with its chat template), or None when it holds none."""
+    from transformers import AutoTokenizer
+
+    try:
+        with metadata_parsed_once():
+            return AutoTokenizer.from_pretrained(path.parent, gguf_file=path.name)
+    except (ValueError, KeyError, OSError, IndexError, TypeError):
+        return None  # a draft's file may hold none; a target's was checked by open_gguf
+    finally:
+        _PARSED.pop(_file_key(path), None)  # read for the config and again for the tokenizer; no more
+
+
+_PARSED: dict[str, dict] = {}  # a file's config as transformers parses it, until its tokenizer is made
+
+
+@contextlib.contextmanager
+def metadata_parsed_once():
+    """Within: transformers' parse of a GGUF file's metadata (load_gguf_checkpoint without tensors; tens of
+    seconds for a vocabulary of 150,000 tokens), asked for again for the config alone (AutoTokenizer reads it so),
+    reuses the parse made for the file's config (open_gguf), until its tokenizer is made (`gguf_tokenizer`). Only
+    the config is kept: the vocabulary itself is read anew by the tokenizer, as transformers reads it."""
+    import copy
+
+    import transformers.modeling_gguf_pytorch_utils as gguf_utils
+
+    original = gguf_utils.load_gguf_checkpoint
+
+    def parse(path, return_tensors=False, model_to_load=None, torch_dtype=None):
+        key = _file_key(Path(path))
+        if return_tensors or key not in _PARSED:
+            parsed = original(path, return_tensors, model_to_load, torch_dtype)
+            if not return_tensors:
+                _PARSED[key] = {"config": copy.deepcopy(parsed["config"])}
+            return parsed
+        return copy.deepcopy(_PARSED[key])
+
+    gguf_utils.load_gguf_checkpoint = parse
+    try:
+        yield
+    finally:
+        gguf_utils.load_gguf_checkpoint = original
+
+
+def _file_key(path: Path) -> str:
+    st = path.stat()
+    return f"{path.resolve()}|{st.st_size}|{st.st_mtime_ns}"
 
 
 def check_extra() -> None:
@@ -179,6 +235,34 @@ def file_sha256(path: Path) -> str:
 def read_header(path: Path) -> GgufHeader:
     """Walk the header (metadata, then tensor descriptions) without reading any value it does not need, and check
     that the file holds every byte its tensors need. One-line MultispecError for anything but a whole GGUF file."""
+    meta, tensors = _walk(path)
+    arch = meta.get("general.architecture")
+    check(isinstance(arch, str), f"{path} is not a whole GGUF file (truncated or corrupt: no general.architecture)")
+    assert isinstance(arch, str)
+    return GgufHeader(architecture=arch, has_tokenizer="tokenizer.ggml.model" in meta, tensors=len(tensors))
+
+
+@dataclass
+class GgufTensor:
+    """One tensor of a GGUF file: its name, shape (torch's order: rows first), ggml type, and where its bytes are
+    (`start`: from the beginning of the file)."""
+
+    name: str
+    shape: tuple[int, ...]
+    kind: int
+    start: int
+    nbytes: int
+
+
+def read_tensors(path: Path) -> tuple[str, list[GgufTensor]]:
+    """The file's architecture and tensors, in file order, read from its header (no tensor data read); checked as
+    read_header checks the file."""
+    meta, tensors = _walk(path)
+    return str(meta.get("general.architecture")), tensors
+
+
+def _walk(path: Path) -> tuple[dict[str, object], list[GgufTensor]]:
+    """The header's metadata (arrays as their lengths) and tensor table, the file checked whole."""
     from gguf import GGML_QUANT_SIZES, GGMLQuantizationType
 
     bad = f"{path} is not a whole GGUF file (truncated or corrupt"
@@ -198,9 +282,9 @@ def read_header(path: Path) -> GgufHeader:
             align = meta.get("general.alignment", 32)
             check(isinstance(align, int) and align > 0, f"{bad}: alignment {align!r})")
             assert isinstance(align, int)
-            end = 0
+            table = []
             for _ in range(n_tensors):
-                walker.string()
+                name = walker.string()
                 n_dims, = walker.unpack("<I")
                 dims = walker.unpack(f"<{n_dims}Q")
                 kind, offset = walker.unpack("<IQ")
@@ -208,17 +292,16 @@ def read_header(path: Path) -> GgufHeader:
                 count = 1
                 for d in dims:
                     count *= d
-                end = max(end, offset + count // block * nbytes)
+                table.append((name, tuple(reversed(dims)), kind, offset, count // block * nbytes))
             data_start = -(-walker.pos // align) * align
         except (struct.error, ValueError, KeyError, UnicodeDecodeError, OverflowError, MemoryError) as e:
             if isinstance(e, MultispecError):
                 raise
             raise MultispecError(f"{bad}: {_one_line(e, 120)})") from None
+    end = max((offset + nbytes for _, _, _, offset, nbytes in table), default=0)
     check(data_start + end <= size, f"{bad}: its tensors need {data_start + end} bytes, the file has {size})")
-    arch = meta.get("general.architecture")
-    check(isinstance(arch, str), f"{bad}: no general.architecture)")
-    assert isinstance(arch, str)
-    return GgufHeader(architecture=arch, has_tokenizer="tokenizer.ggml.model" in meta, tensors=n_tensors)
+    return meta, [GgufTensor(name, shape, kind, data_start + offset, nbytes)
+                  for name, shape, kind, offset, nbytes in table]
 
 
 class _Walker:

@@ -84,7 +84,9 @@ def load_pair(target: str | os.PathLike | torch.nn.Module | None = None,
     (models/int8.py quantize_target: a different model from the float32 one, decoded exactly; a model in memory is
     copied first, not changed). "int4" (CPU): int4 weights in groups of 32 and bfloat16 rows instead, where torch's
     int4 kernel takes a layer's shape (else int8). "w4a8" (CPU): int4 weights in groups of 32 and int8 rows, by
-    multispec's own kernel (models/w4a8.py, compiled once with the system C++ compiler); docs/quantized.md.
+    multispec's own kernel (models/w4a8.py, compiled once with the system C++ compiler); docs/quantized.md. A GGUF
+    file is quantized as it is read, with no float32 copy of the whole model (the same bits; gguf_quant.py), and its
+    quantized form cached (gguf/<its SHA-256>-<dtype>/: later loads take seconds).
     compile=True: `generate` runs on the compiled fast backend unless told otherwise (backend="compiled": the
     static-cache backend with its steps torch.compile'd; Llama-family models only, checked here). Every step size
     is compiled here, at load, with a line on stderr each (minutes the first time on a CPU; torch caches the
@@ -128,16 +130,14 @@ def load_pair(target: str | os.PathLike | torch.nn.Module | None = None,
         _same(device, given_draft.device, "device", given_draft.label)
         _same(dtype, next(given_draft.model.parameters()).dtype, "dtype", given_draft.label)
     # every source is checked before any weights load
-    t_src = given or _check_path(str(target), role="target")
-    d_src = None if draft is None else given_draft or _check_path(str(draft), role="draft")
+    t_src = given or _check_path(str(target), role="target", quant=quant)
+    d_src = None if draft is None else given_draft or _check_path(str(draft), role="draft", quant=quant)
     apply_library_default()
-    t_model = t_src.load(device, dtype)
-    t_model = _quantized(t_model, t_src.label, quant, copy=given is not None) if quant else t_model
+    t_model = _load_as(t_src, device, dtype, quant)
     tokenizer = t_src.tokenizer()
     d_model = d_tok = bridge = None
     if d_src is not None:
-        d_model = d_src.load(device, dtype)
-        d_model = _quantized(d_model, d_src.label, quant, copy=given_draft is not None) if quant else d_model
+        d_model = _load_as(d_src, device, dtype, quant)
         tv, dv = vocab_rows(t_model), vocab_rows(d_model)
         d_tok = d_src.tokenizer(required=False)
         shared = tv == dv and (d_tok is None or d_tok.get_vocab() == tokenizer.get_vocab())
@@ -166,6 +166,25 @@ def load_pair(target: str | os.PathLike | torch.nn.Module | None = None,
     return pair
 
 
+def _load_as(src: _FromPath | _InMemory, device: torch.device, dtype: torch.dtype, quant: str | None
+             ) -> torch.nn.Module:
+    """The model of `src`, given `quant` weights when asked for: a GGUF file is quantized as it is read (or read
+    from its quantized cache: gguf_quant.py), anything else loaded in float32 and quantized (a model in memory:
+    a copy)."""
+    if quant and isinstance(src, _FromPath) and src.gguf is not None:
+        from multispec.gguf_files import quant_folder
+        from multispec.gguf_quant import load_quantized
+
+        model = load_quantized(src.gguf, quant)
+        if model is not None:  # probed as quantize_target's model is, once for its cache folder (`_probe_stamp`)
+            src.quant_ready = True
+            stamp = _probe_stamp(str(quant_folder(src.gguf.sha256, quant)), quant, device, QUANT_CODE)
+            check_supported(model, f"{src.label} ({quant})", stamp=stamp)
+            return model
+    model = src.load(device, dtype)
+    return _quantized(model, src.label, quant, copy=isinstance(src, _InMemory)) if quant else model
+
+
 def _quantized(model: torch.nn.Module, label: str, dtype: str, copy: bool) -> torch.nn.Module:
     """The model with int8 (int4) weights, row-exact (models/int8.py), probed again: the probe checks
     that the backend's cached forwards reproduce the quantized model's own full forward. copy: a model the caller
@@ -188,6 +207,8 @@ class _FromPath:
     label: str
     hub: dict
     gguf: GgufSource | None = None
+    quant_ready: bool = False  # a GGUF file loaded as int8 / int4: its quantized cache folder holds the tokenizer
+    quant: str | None = None
 
     @property
     def tokenizer_hint(self) -> str:
@@ -195,9 +216,13 @@ class _FromPath:
                 f"files to map one to the other; put the draft's tokenizer files beside its weights in {self.label}")
 
     def folder(self) -> str:
-        from multispec.gguf_files import materialize
+        from multispec.gguf_files import materialize, quant_folder
 
-        return self.label if self.gguf is None else str(materialize(self.gguf))
+        if self.gguf is None:
+            return self.label
+        if self.quant_ready and self.quant:
+            return str(quant_folder(self.gguf.sha256, self.quant))
+        return str(materialize(self.gguf))
 
     def load(self, device: torch.device, dtype: torch.dtype) -> torch.nn.Module:
         return _load_model(self.folder(), device, dtype, self.hub, self.label)
@@ -228,14 +253,15 @@ class _InMemory:
         return self.given_tokenizer
 
 
-def _check_path(path: str, role: str) -> _FromPath:
-    """Everything about a path that can be checked before its weights load (one line each)."""
+def _check_path(path: str, role: str, quant: str | None = None) -> _FromPath:
+    """Everything about a path that can be checked before its weights load (one line each). quant: the int8 /
+    int4 form it is to be loaded as."""
     from multispec.gguf_files import is_gguf, open_gguf
 
     if is_gguf(path):
-        source = open_gguf(path, need_tokenizer=role == "target")
+        source = open_gguf(path, need_tokenizer=role == "target", quant=quant)
         _check_config(source.config, path)
-        return _FromPath(path, {}, source)
+        return _FromPath(path, {}, source, quant=quant)
     hub = _hub_access(path)
     _check_config(_read_config(path, hub), path)
     if role == "target":
@@ -434,11 +460,12 @@ def check_supported(model: torch.nn.Module, path: str, stamp: Path | None = None
             pass
 
 
-def _probe_stamp(path: str, dtype: torch.dtype, device: torch.device) -> Path | None:
+def _probe_stamp(path: str, dtype: torch.dtype | str, device: torch.device, code: tuple[str, ...] = ()
+                 ) -> Path | None:
     """The mark of a passed probe of the model in local folder `path`: keyed by the folder, each of its files' size
     and modification time, the dtype and device type, the torch and transformers versions and the source of the
-    code the probe checks (probe, hf backend, layout), so any change to any of them probes again. None (always
-    probe) for a hub id."""
+    code the probe checks (probe, hf backend, layout; `code`: more files of models/), so any change to any of them
+    probes again. None (always probe) for a hub id."""
     import hashlib
 
     import transformers
@@ -448,14 +475,15 @@ def _probe_stamp(path: str, dtype: torch.dtype, device: torch.device) -> Path | 
         return None
     import multispec.models as models_pkg
 
-    code = Path(models_pkg.__file__).parent
+    source = Path(models_pkg.__file__).parent
     parts = [str(folder.resolve()), str(dtype), device.type, torch.__version__, transformers.__version__]
-    parts += [hashlib.sha256((code / f).read_bytes()).hexdigest() for f in PROBED_CODE]
+    parts += [hashlib.sha256((source / f).read_bytes()).hexdigest() for f in PROBED_CODE + code]
     parts += [f"{f.name}:{f.stat().st_size}:{f.stat().st_mtime_ns}" for f in sorted(folder.iterdir()) if f.is_file()]
     return cache_root() / "probe" / hashlib.sha256("|".join(parts).encode()).hexdigest()[:32]
 
 
 PROBED_CODE = ("probe.py", "hf.py", "hf_compat.py", "layout.py", "base.py")  # models/: what a probe verdict rests on
+QUANT_CODE = ("int8.py", "w4a8.py", "w4a8.cpp")  # and for a quantized model, its quantized layers
 
 
 def _one_line(e: BaseException, limit: int = 300) -> str:

@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import functools
 import warnings
-from typing import Callable
 
 import torch
 
@@ -147,16 +146,47 @@ class PackedInt8(SharedProduct):
     """int8 weights, one scale per output row; each input row quantized by its own max |x| (see above)."""
 
     def __init__(self, weights: list[torch.Tensor], biases: list[torch.Tensor | None]):
-        w = torch.cat([x.detach().float() for x in weights])  # [N, K]
-        scale = (w.abs().amax(1) / 127).clamp_min(1e-12).double()
+        w = _joined(weights)  # [N, K]
+        rows = []  # int8 values, quantized QUANT_ROWS rows at a time: the same values, less memory at once
+        scale = torch.empty(w.shape[0], dtype=torch.float64)
+        for i in range(0, w.shape[0], QUANT_ROWS):
+            part = w[i:i + QUANT_ROWS]
+            s = scale[i:i + QUANT_ROWS] = (part.abs().amax(1) / 127).clamp_min(1e-12).double()
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore")  # torch's deprecation notice for quantized tensors
+                rows.append(torch.quantize_per_channel(part, s, torch.zeros(part.shape[0], dtype=torch.long), 0,
+                                                       torch.qint8).int_repr())
+        self._set(rows[0] if len(rows) == 1 else torch.cat(rows), scale, _joined_bias(weights, biases))
+
+    def _set(self, values: torch.Tensor, scale: torch.Tensor, bias: torch.Tensor | None) -> None:
+        """Pack int8 `values` [N, K] with their row `scale` [N] (float64) for the kernel."""
         with warnings.catch_warnings():
-            warnings.simplefilter("ignore")  # torch's deprecation notice for quantized tensors
-            qw = torch.quantize_per_channel(w, scale, torch.zeros(w.shape[0], dtype=torch.long), 0, torch.qint8)
+            warnings.simplefilter("ignore")
+            qw = torch._make_per_channel_quantized_tensor(values, scale, torch.zeros(values.shape[0],
+                                                                                     dtype=torch.long), 0)
         self.packed = torch.ops.quantized.linear_prepack(qw, None)
-        self.bias = None if all(b is None for b in biases) else torch.cat(
-            [torch.zeros(x.shape[0]) if b is None else b.detach().float() for x, b in zip(weights, biases)])
-        self.anchor = torch.zeros(1, w.shape[1])
+        self.bias = bias
+        self.shape = tuple(values.shape)
+        self.anchor = torch.zeros(1, values.shape[1])
         self.anchor[0, 0], self.anchor[0, -1] = 1.0, -1.0
+
+    def state(self, meta: bool = False) -> dict[str, torch.Tensor]:
+        """What rebuilds this product (`from_state`): the int8 values, their row scales, the bias. The kernel's
+        packed form itself cannot be saved; it is packed again from these. meta: their shapes and dtypes alone
+        (on the meta device), without unpacking."""
+        if meta:
+            out = {"values": torch.empty(self.shape, dtype=torch.int8, device="meta"),
+                   "scale": torch.empty(self.shape[0], dtype=torch.float64, device="meta")}
+        else:
+            w, _ = torch.ops.quantized.linear_unpack(self.packed)
+            out = {"values": w.int_repr(), "scale": w.q_per_channel_scales().double()}
+        return out if self.bias is None else {**out, "bias": self.bias}
+
+    @classmethod
+    def from_state(cls, state: dict[str, torch.Tensor]) -> PackedInt8:
+        product = cls.__new__(cls)
+        product._set(state["values"], state["scale"], state.get("bias"))
+        return product
 
     def apply(self, x: torch.Tensor) -> torch.Tensor:
         """float [M, K] -> float [M, N], no sharing (the fast backend calls this directly)."""
@@ -175,17 +205,39 @@ class PackedInt4(SharedProduct):
     the kernel sums each row alone (tests/test_quantized.py)."""
 
     def __init__(self, weights: list[torch.Tensor], biases: list[torch.Tensor | None]):
-        w = torch.cat([x.detach().float() for x in weights])  # [N, K]
+        w = _joined(weights)  # [N, K]
         n, k = w.shape
-        wg = w.reshape(n, k // INT4_GROUP, INT4_GROUP)
-        low, high = wg.amin(-1, keepdim=True), wg.amax(-1, keepdim=True)
-        scale = ((high - low) / 15).clamp_min(1e-12)
-        q = torch.round((wg - low) / scale).clamp(0, 15).to(torch.int32).reshape(n, k)
-        self.scales = torch.cat([scale, low + 8 * scale], -1).transpose(0, 1).contiguous().to(torch.bfloat16)
-        self.packed = torch.ops.aten._convert_weight_to_int4pack_for_cpu(q, 2)
-        self.bias = None if all(b is None for b in biases) else torch.cat(
-            [torch.zeros(x.shape[0]) if b is None else b.detach().float() for x, b in zip(weights, biases)])
+        scales, packs = [], []  # QUANT_ROWS rows at a time (a multiple of the kernel's row blocks): the same
+        for i in range(0, n, QUANT_ROWS):  # bytes as one call, less memory at once
+            wg = w[i:i + QUANT_ROWS].reshape(-1, k // INT4_GROUP, INT4_GROUP)
+            low, high = wg.amin(-1, keepdim=True), wg.amax(-1, keepdim=True)
+            scale = ((high - low) / 15).clamp_min(1e-12)
+            q = torch.round((wg - low) / scale).clamp(0, 15).to(torch.int32).reshape(-1, k)
+            scales.append(torch.cat([scale, low + 8 * scale], -1).transpose(0, 1).to(torch.bfloat16))
+            packs.append(torch.ops.aten._convert_weight_to_int4pack_for_cpu(q, 2))
+        self.scales = (scales[0] if len(scales) == 1 else torch.cat(scales, 1)).contiguous()
+        self.packed = packs[0] if len(packs) == 1 else torch.cat(packs)
+        self.bias = _joined_bias(weights, biases)
         self.shape = (n, k)
+
+    def state(self, meta: bool = False) -> dict[str, torch.Tensor]:
+        """What rebuilds this product (`from_state`): the packed weights (in the layout of this CPU's kernel:
+        `layout()`), the group scales and zeros, the bias (meta: the same; nothing to unpack)."""
+        out = {"packed": self.packed, "scales": self.scales, "shape": torch.tensor(self.shape)}
+        return out if self.bias is None else {**out, "bias": self.bias}
+
+    @classmethod
+    def from_state(cls, state: dict[str, torch.Tensor]) -> PackedInt4:
+        product = cls.__new__(cls)
+        product.packed, product.scales, product.bias = state["packed"], state["scales"], state.get("bias")
+        n, k = (int(v) for v in state["shape"])
+        product.shape = (n, k)
+        return product
+
+    @staticmethod
+    def layout() -> str:
+        """What the packed bytes depend on: torch's int4 CPU kernel blocks rows by its vector width."""
+        return f"torch {torch.__version__.split('+')[0]}, {torch.backends.cpu.get_cpu_capability()}"
 
     def apply(self, x: torch.Tensor) -> torch.Tensor:
         y = torch.ops.aten._weight_int4pack_mm_for_cpu(x.to(torch.bfloat16), self.packed, INT4_GROUP, self.scales)
@@ -201,6 +253,19 @@ class PackedInt4(SharedProduct):
 
 
 INT4_GROUP = 32
+QUANT_ROWS = 4096  # rows quantized at once (a multiple of 64, the int4 kernel's widest row block)
+
+
+def _joined(weights: list[torch.Tensor]) -> torch.Tensor:
+    """float [N, K]: the weights one above the other (one weight: itself, not a copy)."""
+    return weights[0].detach().float() if len(weights) == 1 else torch.cat([x.detach().float() for x in weights])
+
+
+def _joined_bias(weights: list[torch.Tensor], biases: list[torch.Tensor | None]) -> torch.Tensor | None:
+    """float [N] or None: the biases one after the other, zeros for a weight without one."""
+    if all(b is None for b in biases):
+        return None
+    return torch.cat([torch.zeros(x.shape[0]) if b is None else b.detach().float() for x, b in zip(weights, biases)])
 
 
 def _version(x: torch.Tensor) -> int:
@@ -261,12 +326,24 @@ def quantize_target(model: torch.nn.Module, dtype: str = "int8") -> torch.nn.Mod
     QuantLinear with `dtype` weights ("int8"; "int4": layers whose shape torch's int4 kernel does not take stay
     int8; "w4a8": models/w4a8.py, layers whose values float16 scales cannot hold stay int8); q/k/v and gate/up
     siblings share one packed product. CPU and float32 only, refused in one line otherwise.
-    Returns `model` (`weights_dtype(model)` then says `dtype`, read from its layers)."""
-    check(dtype in QUANT_DTYPES, f"quantized dtype must be one of {', '.join(QUANT_DTYPES)}, got {dtype!r}")
+    Returns `model` (`weights_dtype(model)` then says `dtype`, read from its layers). A GGUF file is quantized as it
+    is read instead (gguf_quant.py), to the same bits."""
     weight = model.get_input_embeddings().weight
-    check(weight.device.type == "cpu",
-          f"{dtype} models run on CPU only (torch's {dtype} kernels); this one is on {weight.device}; use --device cpu")
-    check(weight.dtype == torch.float32, f"{dtype} weights are made from a float32 model, not {weight.dtype}")
+    check_quantizable(dtype, weight.device, weight.dtype)
+    head = model.get_output_embeddings()
+    source_rows = head.weight[:32].detach().clone() if isinstance(head, torch.nn.Linear) else None
+    quantize_linears(model, dtype)
+    if source_rows is not None and isinstance(model.get_output_embeddings(), QuantLinear):
+        model.get_output_embeddings().packed.first_rows = source_rows  # what the shipped head's key is read from
+    return finish_target(model, dtype)
+
+
+def check_quantizable(dtype: str, device: torch.device, weights: torch.dtype) -> None:
+    """One line unless a model on `device` with `weights` float weights can be given `dtype` weights here."""
+    check(dtype in QUANT_DTYPES, f"quantized dtype must be one of {', '.join(QUANT_DTYPES)}, got {dtype!r}")
+    check(device.type == "cpu",
+          f"{dtype} models run on CPU only (torch's {dtype} kernels); this one is on {device}; use --device cpu")
+    check(weights == torch.float32, f"{dtype} weights are made from a float32 model, not {weights}")
     engines = torch.backends.quantized.supported_engines
     check(any(e in engines for e in ("x86", "fbgemm", "onednn")),
           f"this torch build has no int8 CPU kernels (quantized engines: {engines})")
@@ -274,11 +351,10 @@ def quantize_target(model: torch.nn.Module, dtype: str = "int8") -> torch.nn.Mod
         from multispec.models.w4a8 import load_kernel
 
         load_kernel()  # built on first use: a missing compiler is refused here, before any layer changes
-    head = model.get_output_embeddings()
-    source_rows = head.weight[:32].detach().clone() if isinstance(head, torch.nn.Linear) else None
-    quantize_linears(model, dtype)
-    if source_rows is not None and isinstance(model.get_output_embeddings(), QuantLinear):
-        model.get_output_embeddings().packed.first_rows = source_rows  # what the shipped head's key is read from
+
+
+def finish_target(model: torch.nn.Module, dtype: str) -> torch.nn.Module:
+    """A model whose linears are quantized, made ready to decode: attention in float64 (see above), eval mode."""
     _attend_in_float64(model, dtype)
     return model.eval()
 
@@ -286,18 +362,52 @@ def quantize_target(model: torch.nn.Module, dtype: str = "int8") -> torch.nn.Mod
 def quantize_linears(module: torch.nn.Module, dtype: str = "int8") -> torch.nn.Module:
     """Replace, in place, every nn.Linear under `module` by a QuantLinear (q/k/v and gate/up siblings sharing one
     packed product) with `dtype` weights. Returns `module`."""
+    for parent, names, linears in linear_groups(module):
+        install(parent, names, pack([m.weight for m in linears], [m.bias for m in linears], dtype,
+                                    all(PackedInt4.fits(m) for m in linears)))
+    return module
+
+
+def linear_groups(module: torch.nn.Module) -> list[tuple[torch.nn.Module, list[str], list[torch.nn.Linear]]]:
+    """(parent, child names, linears) for every nn.Linear under `module`, in the order quantize_linears replaces
+    them: q/k/v and gate/up siblings reading the same input as one group, every other linear alone. Read from the
+    modules alone (their weights may still be on the meta device)."""
+    groups = []
     for parent in list(module.modules()):
         children = dict(parent.named_children())
         done: set[str] = set()
         for names in _FUSE:
             group = [children.get(n) for n in names]
             if all(isinstance(c, torch.nn.Linear) for c in group) and len({c.in_features for c in group}) == 1:
-                _replace(parent, list(names), group, dtype)
+                groups.append((parent, list(names), group))
                 done.update(names)
         for name, child in children.items():
             if name not in done and type(child) is torch.nn.Linear:
-                _replace(parent, [name], [child], dtype)
-    return module
+                groups.append((parent, [name], [child]))
+    return groups
+
+
+def pack(weights: list[torch.Tensor], biases: list[torch.Tensor | None], dtype: str, int4_fits: bool
+         ) -> SharedProduct:
+    """The packed product of a group's weights (and biases): int4 when asked for and the kernel takes the shape
+    (int4_fits: PackedInt4.fits of each linear); w4a8 when asked for and float16 holds its group scales; else
+    int8."""
+    if dtype == "w4a8":
+        from multispec.models.w4a8 import PackedW4A8
+
+        if all(PackedW4A8.fits_weight(w) for w in weights):
+            return PackedW4A8(weights, biases)
+    return (PackedInt4 if dtype == "int4" and int4_fits else PackedInt8)(weights, biases)
+
+
+def install(parent: torch.nn.Module, names: list[str], packed: SharedProduct) -> None:
+    """Put QuantLinears over `packed` in place of `parent`'s children `names` (in that order, sharing it)."""
+    start = 0
+    for i, name in enumerate(names):
+        old = getattr(parent, name)
+        setattr(parent, name, QuantLinear(packed, start, start + old.out_features, old.in_features,
+                                          i == len(names) - 1))
+        start += old.out_features
 
 
 ATTENTION_64 = "multispec_float64"  # the transformers attention implementation of an int8 model (over sdpa;
@@ -344,21 +454,6 @@ def first_rows(module: torch.nn.Module, n: int) -> torch.Tensor:
     if isinstance(module, QuantLinear) and module.start == 0 and module.packed.first_rows is not None:
         return module.packed.first_rows[:n]
     return float_weight(module)[:n]
-
-
-def _replace(parent: torch.nn.Module, names: list[str], linears: list[torch.nn.Linear], dtype: str) -> None:
-    product: Callable[..., SharedProduct] = PackedInt8
-    if dtype == "int4" and all(PackedInt4.fits(m) for m in linears):
-        product = PackedInt4
-    elif dtype == "w4a8":
-        from multispec.models.w4a8 import PackedW4A8
-
-        product = PackedW4A8 if all(PackedW4A8.fits(m) for m in linears) else PackedInt8
-    packed = product([m.weight for m in linears], [m.bias for m in linears])
-    start = 0
-    for i, (name, m) in enumerate(zip(names, linears)):
-        setattr(parent, name, QuantLinear(packed, start, start + m.out_features, m.in_features, i == len(names) - 1))
-        start += m.out_features
 
 
 def weights_dtype(model: torch.nn.Module) -> str:

@@ -42,6 +42,7 @@ from multispec.errors import MultispecError, check
 from multispec.models.int8 import SharedProduct
 
 W4A8_GROUP = 32
+LAYOUT = "w4a8 v1: blocks of 8 outputs x 32 inputs, nibbles then float16 scales and offsets"  # `pack`'s; cached
 _OUT = 8  # outputs per block (the kernel's layout)
 _SOURCE = Path(__file__).with_name("w4a8.cpp")
 _AVX2_FLAGS = ("avx2", "fma", "f16c")
@@ -194,8 +195,27 @@ class PackedW4A8(SharedProduct):
         w = q.float().reshape(q.shape[0], -1, W4A8_GROUP) * s.float()[..., None] + o.float()[..., None]
         return w.reshape(q.shape)[:self.shape[0], :self.shape[1]]
 
+    def state(self, meta: bool = False) -> dict[str, torch.Tensor]:
+        """What rebuilds this product (`from_state`): the packed weights with their group scales and offsets (the
+        kernel's layout, the same on every CPU), the shape, the bias."""
+        out = {"packed": self.packed, "shape": torch.tensor(self.shape)}
+        return out if self.bias is None else {**out, "bias": self.bias}
+
+    @classmethod
+    def from_state(cls, state: dict[str, torch.Tensor]) -> PackedW4A8:
+        product = cls.__new__(cls)
+        product.ops = load_kernel()
+        product.packed, product.bias = state["packed"], state.get("bias")
+        n, k = (int(v) for v in state["shape"])
+        product.shape = (n, k)
+        return product
+
     @staticmethod
     def fits(linear: torch.nn.Linear) -> bool:
         """Whether float16 holds the layer's group scales and offsets (any shape is padded to whole blocks)."""
-        w = linear.weight.detach()
+        return PackedW4A8.fits_weight(linear.weight)
+
+    @staticmethod
+    def fits_weight(weight: torch.Tensor) -> bool:
+        w = weight.detach()
         return bool(w.isfinite().all()) and float(w.abs().max()) < 30000.0
