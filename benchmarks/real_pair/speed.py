@@ -179,6 +179,7 @@ def main(argv=None) -> int:
     ap.add_argument("--humaneval", type=int, default=20)
     ap.add_argument("--spec-bench", type=int, default=2, help="prompts per category")
     ap.add_argument("--temperatures", default="0", help="comma-separated; llama.cpp runs at 0 only")
+    ap.add_argument("--sampled-on", default="spec-bench", help="the data sets the temperatures > 0 run on")
     ap.add_argument("--max-new-tokens", type=int, default=128)
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--profile", default=None, help="machine profile file auto plans from")
@@ -210,10 +211,11 @@ def main(argv=None) -> int:
         run(items[0]["ids"], SamplingConfig(temperature=0.0), 8, 0, None)
     configs = [name for name, _, _ in runners] + [f"llama.cpp {k}" for k in llama]
     records: list[dict] = []
-    total = len(items) * len(temps)
+    cells = [(t, p) for t in temps for p in items if t == 0 or p["dataset"] in args.sampled_on.split(",")]
+    total = len(cells)
     done = 0
-    for t in temps:
-        for p in items:
+    for t, p in cells:
+        if True:
             plain: dict[str, object] = {}
             for name, spec, run in runners:
                 r = run_multispec(run, p["ids"], t, args.max_new_tokens, args.seed)

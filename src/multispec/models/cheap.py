@@ -132,7 +132,10 @@ def choose_cheap_draft(draft: torch.nn.Module, tokenizer, kind: str, sidecar=Non
             pass
     weight = draft.get_input_embeddings().weight
     candidates = [CheapDraft()]
-    int8 = weight.device.type == "cpu" and weight.dtype == torch.float32
+    from multispec.models.int8 import QUANT_DTYPES, weights_dtype
+
+    # an int8 copy is made from float32 weights: a draft quantized already (int8 / int4 / w4a8) has none
+    int8 = weight.device.type == "cpu" and weight.dtype == torch.float32 and weights_dtype(draft) not in QUANT_DTYPES
     if int8:
         candidates.append(CheapDraft(dtype="int8"))
     vocab = linear_shape(draft.get_output_embeddings())[0]
@@ -194,6 +197,8 @@ def _choice_key(draft, kind: str) -> str:
     cfg = getattr(draft, "config", None)
     name = getattr(cfg, "_name_or_path", "") or type(draft).__name__
     weight = draft.get_input_embeddings().weight
+    from multispec.models.int8 import weights_dtype
+
     return "|".join(str(x) for x in (name, sum(p.numel() for p in draft.parameters()), kind, weight.device,
-                                      weight.dtype, torch.get_num_threads(),
+                                      weights_dtype(draft), torch.get_num_threads(),
                                       platform.processor() or platform.machine()))
