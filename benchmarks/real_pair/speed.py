@@ -215,31 +215,30 @@ def main(argv=None) -> int:
     total = len(cells)
     done = 0
     for t, p in cells:
-        if True:
-            plain: dict[str, object] = {}
-            for name, spec, run in runners:
-                r = run_multispec(run, p["ids"], t, args.max_new_tokens, args.seed)
-                r.update(config=name, engine="multispec", dataset=p["dataset"], category=p["category"], id=p["id"],
-                         temperature=t)
-                if spec.name == "ar" and "multispec" not in plain:
-                    plain["multispec"] = r["tokens"]
-                r["same_as_plain"] = (r["tokens"] == plain["multispec"]) if t == 0 and "multispec" in plain \
-                    and spec.lossless else None
+        plain: dict[str, object] = {}
+        for name, spec, run in runners:
+            r = run_multispec(run, p["ids"], t, args.max_new_tokens, args.seed)
+            r.update(config=name, engine="multispec", dataset=p["dataset"], category=p["category"], id=p["id"],
+                     temperature=t)
+            if spec.name == "ar" and "multispec" not in plain:
+                plain["multispec"] = r["tokens"]
+            r["same_as_plain"] = (r["tokens"] == plain["multispec"]) if t == 0 and "multispec" in plain \
+                and spec.lossless else None
+            records.append(r)
+        if t == 0:
+            for k in llama:
+                r = run_llama(k, files, p, args.max_new_tokens)
+                r.update(config=f"llama.cpp {k}", engine="llama.cpp", dataset=p["dataset"],
+                         category=p["category"], id=p["id"], temperature=t)
+                if k == "plain":
+                    plain["llama"] = r
+                r["same_as_plain"] = llama_cpp.same_output(r, plain["llama"]) if "llama" in plain else None
                 records.append(r)
-            if t == 0:
-                for k in llama:
-                    r = run_llama(k, files, p, args.max_new_tokens)
-                    r.update(config=f"llama.cpp {k}", engine="llama.cpp", dataset=p["dataset"],
-                             category=p["category"], id=p["id"], temperature=t)
-                    if k == "plain":
-                        plain["llama"] = r
-                    r["same_as_plain"] = llama_cpp.same_output(r, plain["llama"]) if "llama" in plain else None
-                    records.append(r)
-            done += 1
-            row = {r["config"]: r["new_tokens"] / r["decode_s"] for r in records[-len(configs):] if r.get("decode_s")}
-            say(f"{done}/{total} {p['dataset']} {p['id']} T={t:g}: " +
-                ", ".join(f"{c} {v:.1f}" for c, v in row.items()))
-            write(args, records, configs, load_s)
+        done += 1
+        row = {r["config"]: r["new_tokens"] / r["decode_s"] for r in records[-len(configs):] if r.get("decode_s")}
+        say(f"{done}/{total} {p['dataset']} {p['id']} T={t:g}: " +
+            ", ".join(f"{c} {v:.1f}" for c, v in row.items()))
+        write(args, records, configs, load_s)
     write(args, records, configs, load_s)
     return 0
 
