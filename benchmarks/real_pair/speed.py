@@ -46,22 +46,25 @@ def pair_files() -> tuple[Path, Path]:
     return found
 
 
-def prompts(tokenizer, humaneval: int, spec_bench: int, data_dir: str | None) -> list[dict]:
-    """[{dataset, id, messages, text (rendered), ids}]"""
+def raw_prompts(humaneval: int, spec_bench: int, data_dir: str | None) -> list[dict]:
+    """[{dataset, category, id, messages}]: read (and checked) before any model loads."""
     from multispec.data import load_prompts
 
     out = []
-    sets = [("humaneval", humaneval), ("spec-bench", spec_bench)]
-    for name, n in sets:
-        if n <= 0:
-            continue
-        for p in load_prompts(name, data_dir, limit=n):
+    for name, n in (("humaneval", humaneval), ("spec-bench", spec_bench)):
+        for p in load_prompts(name, data_dir, limit=n) if n > 0 else []:
             msg = HUMANEVAL_ASK.format(prompt=p.text) if name == "humaneval" else p.message
-            messages = [{"role": "user", "content": msg}]
-            text = tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
-            ids = tokenizer(text, add_special_tokens=False)["input_ids"]
-            out.append({"dataset": name, "category": p.category, "id": p.id, "text": text, "ids": ids})
+            out.append({"dataset": name, "category": p.category, "id": p.id,
+                        "messages": [{"role": "user", "content": msg}]})
     return out
+
+
+def rendered(tokenizer, items: list[dict]) -> list[dict]:
+    """Each prompt with its text through the chat template (generation prompt on) and that text's token ids."""
+    for p in items:
+        p["text"] = tokenizer.apply_chat_template(p["messages"], tokenize=False, add_generation_prompt=True)
+        p["ids"] = tokenizer(p["text"], add_special_tokens=False)["input_ids"]
+    return items
 
 
 def with_backend(specs_text: str, backend: str) -> str:
@@ -194,6 +197,7 @@ def main(argv=None) -> int:
     from multispec.sampling import SamplingConfig
 
     files = pair_files()
+    items = raw_prompts(args.humaneval, args.spec_bench, args.data_dir)
     args.out.mkdir(parents=True, exist_ok=True)
     t0 = time.perf_counter()
     pair = load_pair(target=str(files[0]), draft=str(files[1]), dtype=args.dtype, device="cpu")
@@ -205,7 +209,7 @@ def main(argv=None) -> int:
 
     if llama:
         llama_cpp.build()
-    items = prompts(pair.tokenizer, args.humaneval, args.spec_bench, args.data_dir)
+    items = rendered(pair.tokenizer, items)
     temps = [float(t) for t in args.temperatures.split(",")]
     for _, _, run in runners:  # warm-up: one short untimed run each
         run(items[0]["ids"], SamplingConfig(temperature=0.0), 8, 0, None)
