@@ -124,7 +124,8 @@ def markdown(data: dict) -> str:
                   f"Planned: HumanEval 0-{plan['humaneval'] - 1} x {plan['max_new_tokens']} new tokens, backends "
                   f"{', '.join(plan['backends'])}. " + ("Complete." if full else
                   f"**Partial**: {len(covered)} of {plan['humaneval']} prompts reached ({', '.join(covered) or '-'}); "
-                  "counts below are per method over the prompts it ran."), "",
+                  "counts below are per method over the prompts it ran; the same command resumes where it "
+                  "stopped."), "",
                   "| method | backend | equal / total | mismatches (prompt: first diff, top-2 gap, near-tie) |",
                   "|---|---|---|---|"]
         for row in sec["rows"].values():
@@ -135,6 +136,9 @@ def markdown(data: dict) -> str:
                 count = f"the reference ({row['total']} prompts)"
             lines.append(f"| {row['method']} | {row['backend']} | {count} | {mm} |")
         lines.append("")
+    missing = [d for d in PLANS if d not in data["dtypes"]]
+    if missing:
+        lines += [f"Not run yet: {', '.join(missing)}.", ""]
     lines.append("Commits and versions: each dtype's `meta` in the JSON.")
     return "\n".join(lines) + "\n"
 
