@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # The three papers' measurements on the Qwen2.5-Coder 1.5B/0.5B pair, int8, one thread (CPU only):
-#   optimal  P3: optimal multi-draft acceptance vs each verifier (HumanEval 8 x 32 tokens, T 0.7/1.0, n 2-4)
+#   optimal  P3: optimal multi-draft acceptance vs each verifier (HumanEval 8 x 32 tokens, T 0.7/1.0, n 2-4;
+#            tokens below 1e-6 in both p and q dropped: at 1e-9 a 151,936-token position takes seconds)
 #   p1       P1: tree vs chain acceptance, Spec-Bench one prompt per category x 64 tokens, T 0.7, chat template
 #   head     P2: the SpecDec++ acceptance head trained from the int8 pair (48 prompts x 96 tokens, T 1)
 #   p2       P2: specdecpp against fixed k, HumanEval 0-7 x 96 tokens, T 1, top-k 50 (as the head was trained, as P2)
@@ -17,7 +18,7 @@ for step in "${@:-optimal p1 head p2}"; do
     echo "== $s $(date -u +%H:%M:%S)" >&2
     case $s in
       optimal) python -m multispec optimal --target "$T" --draft "$D" --dtype int8 --dataset humaneval --limit 8 \
-                 --max-new-tokens 32 --temperatures 0.7,1.0 --drafts 2,3,4 --out "$OUT/optimal.json" ;;
+                 --max-new-tokens 32 --temperatures 0.7,1.0 --drafts 2,3,4 --support-eps 1e-6 --out "$OUT/optimal.json" ;;
       p1) python -m multispec bench --target "$T" --draft "$D" --dtype int8 --threads 1 --dataset spec-bench \
             --chat-template on --limit 1 --max-new-tokens 64 --temperatures 0.7 --quiet \
             --methods 'sd:k=4,backend=fast;mcsd:tree=4-2-2-1,backend=fast;ti-mcsd:tree=2-4-3-1-1,backend=fast' \
