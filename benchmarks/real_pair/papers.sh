@@ -4,8 +4,10 @@
 #            tokens below 1e-6 in both p and q dropped: at 1e-9 a 151,936-token position takes seconds)
 #   p1       P1: tree vs chain acceptance, Spec-Bench one prompt per category x 64 tokens, T 0.7, chat template
 #   head     P2: the SpecDec++ acceptance head trained from the int8 pair (48 prompts x 96 tokens, T 1)
-#   p2       P2: specdecpp against fixed k, HumanEval 0-7 x 96 tokens, T 1, top-k 50 (as the head was trained, as P2)
-# Usage: benchmarks/real_pair/papers.sh [STEP...]   (default: all four, in this order). Results under
+#   p2       P2: specdecpp against fixed k, HumanEval 100-107 x 96 tokens, T 1, top-k 50
+#            (as the head was trained, as P2; the head trains on HumanEval 0-99)
+#   p2-small the same at HumanEval 100-103 x 48 tokens without a warm-up run (the committed run)
+# Usage: benchmarks/real_pair/papers.sh [STEP...]   (default: the first four, in this order). Results under
 # benchmarks/results/real_pair/; the head under $HEAD_DIR (default ~/.cache/multispec/heads/qwen-coder-int8).
 set -euo pipefail
 cd "$(dirname "$0")/../.."
@@ -27,7 +29,12 @@ for step in "${@:-optimal p1 head p2}"; do
               --dataset humaneval-train --n-prompts 48 --max-new-tokens 96 --temperature 1 \
               --cache "$HEAD_DIR-data" --out "$HEAD_DIR" ;;
       p2) python -m multispec bench --target "$T" --draft "$D" --dtype int8 --threads 1 --dataset humaneval \
-            --limit 8 --max-new-tokens 96 --temperatures 1 --top-k 50 --quiet \
+            --offset 100 --limit 8 --max-new-tokens 96 --temperatures 1 --top-k 50 --quiet \
+            --methods "ar:backend=fast;sd:k=2,backend=fast;sd:k=4,backend=fast;sd:k=6,backend=fast;specdecpp:head=$HEAD_DIR,threshold=0.7,backend=fast" \
+            --out "$OUT/p2_specdecpp" ;;
+      p2-small)  # what fitted the time box on a loaded machine: HumanEval 0-3 x 48 tokens, no warm-up run
+        python -m multispec bench --target "$T" --draft "$D" --dtype int8 --threads 1 --dataset humaneval \
+            --offset 100 --limit 4 --max-new-tokens 48 --warmup 0 --temperatures 1 --top-k 50 --quiet \
             --methods "ar:backend=fast;sd:k=2,backend=fast;sd:k=4,backend=fast;sd:k=6,backend=fast;specdecpp:head=$HEAD_DIR,threshold=0.7,backend=fast" \
             --out "$OUT/p2_specdecpp" ;;
       *) echo "unknown step $s" >&2; exit 2 ;;
