@@ -213,3 +213,26 @@ def test_train_config_is_validated():
         DataConfig(target="t", draft="d", sources=("stdlib",), mix=1.5)
     with pytest.raises(MultispecError, match="unknown prompt source"):
         DataConfig(target="t", draft="d", sources=("nope",))
+
+
+def test_feature_cache_is_keyed_by_the_dtype(tmp_path):
+    """Features built from an int8 pair are not reused for float32 (or back); a cache written before the dtype was
+    recorded counts as float32."""
+    from multispec.training.acceptance_data import DataConfig, load_cached, save_data
+
+    f32 = DataConfig(target="t", draft="d", sources=("stdlib",))
+    i8 = DataConfig(target="t", draft="d", sources=("stdlib",), dtype="int8")
+    data = AcceptanceData(features=torch.zeros(2, H), labels=torch.zeros(2), prompt=torch.zeros(2, dtype=torch.long),
+                          meta={"config": {k: v for k, v in f32.__dict__.items() if k != "dtype"}})
+    save_data(data, tmp_path)
+    assert load_cached(tmp_path, f32) is not None
+    assert load_cached(tmp_path, i8) is None
+
+
+def test_cli_train_acceptance_takes_a_dtype():
+    from click.testing import CliRunner
+
+    from multispec.cli import cli
+
+    out = CliRunner().invoke(cli, ["heads", "train-acceptance", "--help"]).output
+    assert "--dtype" in out and "int8" in out

@@ -461,7 +461,8 @@ def environment(pair, command: list[str] | None) -> dict:
     dev = pair.device
     return {
         "device": torch.cuda.get_device_name(dev) if dev.type == "cuda" else "cpu",
-        "dtype": str(next(pair.target.parameters()).dtype).removeprefix("torch."),
+        # a quantized pair keeps float32 parameters beside its int8/int4 weights: name the weights
+        "dtype": pair.sidecar(pair.target).weights_dtype or str(next(pair.target.parameters()).dtype).removeprefix("torch."),
         "cpu": cpu_name(),
         "cpu_count": os.cpu_count(),
         "torch": torch.__version__,

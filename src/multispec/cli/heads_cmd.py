@@ -10,8 +10,9 @@ def heads() -> None:
 
 
 @heads.command("train-acceptance")
-@click.option("--target", required=True, type=click.Path(), help="Target model directory (Hugging Face format).")
-@click.option("--draft", required=True, type=click.Path(), help="Draft model directory; the head reads its hidden states.")
+@click.option("--target", required=True, type=click.Path(), help="Target model (Hugging Face directory or GGUF file).")
+@click.option("--draft", required=True, type=click.Path(),
+              help="Draft model (Hugging Face directory or GGUF file); the head reads its hidden states.")
 @click.option("--prompts", "prompt_files", multiple=True, type=click.Path(),
               help="JSONL file of prompts (field `prompt`, else `text`); repeatable.")
 @click.option("--dataset", "datasets", multiple=True, type=click.Choice(["humaneval-train", "stdlib", "gsm8k"]),
@@ -35,9 +36,12 @@ def heads() -> None:
 @click.option("--seed", default=0, show_default=True)
 @click.option("--gen-batch", default=16, show_default=True, help="Prompts per batched target-sampling call.")
 @click.option("--threads", type=int, help="torch CPU threads (default: torch's choice).")
+@click.option("--dtype", default="float32", show_default=True, type=click.Choice(["float32", "int8", "int4"]),
+              help="Weights of both models while the data is built (int8/int4: a quantized pair, e.g. from GGUF "
+                   "files; train the head with the dtype it will serve).")
 def train_acceptance_command(target, draft, prompt_files, datasets, data_dir, n_prompts, max_new_tokens, temperature,
                              top_k, mix, cache, out, epochs, lr, batch_size, w_rej, depth, share_blocks, seed,
-                             gen_batch, threads) -> None:
+                             gen_batch, threads, dtype) -> None:
     """Generate training data with the target, label it with both models, train the acceptance head."""
     import torch
 
@@ -46,7 +50,7 @@ def train_acceptance_command(target, draft, prompt_files, datasets, data_dir, n_
 
     data_config = DataConfig(target=str(target), draft=str(draft), sources=tuple(datasets) + tuple(prompt_files),
                              n_prompts=n_prompts, max_new_tokens=max_new_tokens, temperature=temperature,
-                             top_k=top_k or None, mix=mix, seed=seed)
+                             top_k=top_k or None, mix=mix, seed=seed, dtype=dtype)
     train_config = TrainConfig(out=str(out), epochs=epochs, lr=lr, batch_size=batch_size, w_rej=w_rej, depth=depth,
                                share_blocks=share_blocks, seed=seed)
     if threads:

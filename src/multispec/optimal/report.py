@@ -305,7 +305,9 @@ def cell(row: dict, key: str) -> str:
 def markdown(rows: list[dict], config: OptimalRunConfig) -> str:
     head = "| T | n | " + " | ".join(label for _, label in COLUMNS) + " | w/o ≥ iid | greedy > w/o |"
     sep = "|" + "---|" * (len(COLUMNS) + 4)
-    lines = [f"# multispec optimal: {Path(config.target).parent.name} on {config.dataset}", "",
+    target = Path(config.target)
+    name = target.stem if target.suffix.lower() == ".gguf" else target.parent.name  # a GGUF file names itself
+    lines = [f"# multispec optimal: {name}{f' ({config.dtype})' if config.dtype else ''} on {config.dataset}", "",
              f"{config.limit} prompts, {config.max_new_tokens} new tokens, "
              f"{'sampled at T=1' if config.sample else 'greedy'} target generation, seed {config.seed}. "
              "Mean acceptance over positions; a verifier's gap to the optimum of its own draft law in parentheses; "

@@ -51,6 +51,7 @@ class DataConfig:
     top_k: int | None = 50
     mix: float = 0.15
     seed: int = 0
+    dtype: str = "float32"  # the weights both models are loaded with (labels and features depend on it)
 
     def __post_init__(self) -> None:
         check(len(self.sources) >= 1, "give --prompts FILE or --dataset NAME (at least one prompt source)")
@@ -209,7 +210,9 @@ def load_cached(path: str | Path, config: DataConfig) -> AcceptanceData | None:
     if not (path / FEATURES_FILE).is_file() or not (path / META_FILE).is_file():
         return None
     meta = json.loads((path / META_FILE).read_text())
-    if meta.get("config") != json.loads(json.dumps(asdict(config))):
+    saved = dict(meta.get("config") or {})
+    saved.setdefault("dtype", "float32")  # caches written before the dtype was recorded are float32
+    if saved != json.loads(json.dumps(asdict(config))):
         return None
     t = load_file(str(path / FEATURES_FILE))
     return AcceptanceData(features=t["features"], labels=t["labels"], prompt=t["prompt"], meta=meta)

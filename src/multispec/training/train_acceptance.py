@@ -150,7 +150,8 @@ def train_acceptance(data_config: DataConfig, config: TrainConfig, data_dir: str
 
     data = load_cached(cache, data_config) if cache else None
     if data is None:
-        pair = load_pair(target=data_config.target, draft=data_config.draft, device="cpu", dtype="float32")
+        pair = load_pair(target=data_config.target, draft=data_config.draft, device="cpu",
+                         dtype=data_config.dtype)
         prompts = load_prompts(data_config.sources, data_config.n_prompts, data_dir, data_config.seed)
         log(f"{len(prompts)} prompts; sampling target responses of up to {data_config.max_new_tokens} tokens")
         eos = pair.target.generation_config.eos_token_id if pair.target.generation_config else None
