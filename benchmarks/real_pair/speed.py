@@ -77,12 +77,12 @@ def with_backend(specs_text: str, backend: str) -> str:
 
 
 def multispec_runners(pair, specs_text: str, profile):
-    from multispec.bench.runner import _make_runner
+    from multispec.bench.runner import make_runner
     from multispec.bench.specs import parse_method_specs
 
     eos = _eos(pair)
     specs = parse_method_specs(specs_text)
-    return [(f"multispec {s.label}", s, _make_runner(s, pair, eos, None, profile)) for s in specs], eos
+    return [(f"multispec {s.label}", s, make_runner(s, pair, eos, None, profile)) for s in specs], eos
 
 
 def _eos(pair) -> set[int]:
@@ -125,6 +125,20 @@ def run_llama(kind: str, files, prompt: dict, max_new: int) -> dict:
     return {"raw": {k: v for k, v in r.items() if k not in ("text", "cmd")}, "text": r["text"], "eos": r["eos"],
             "n_generated": n, "new_tokens": n, "decode_s": n / r["decode_tok_s"], "e2e_s": n / r["e2e_tok_s"],
             "accepted": r.get("n_accepted"), "drafted": r.get("n_drafted"), "cmd": r["cmd"]}
+
+
+def interleaved(items: list[dict], temps: list[float], sampled_on: list[str]) -> list[tuple[float, dict]]:
+    """(temperature, prompt) cells in an order that covers every data set and temperature early, so that a run cut
+    short is balanced: the i-th prompt of each data set in turn, each at every temperature it runs at."""
+    by_set: dict[str, list[dict]] = {}
+    for p in items:
+        by_set.setdefault(p["dataset"], []).append(p)
+    cells = []
+    for i in range(max((len(v) for v in by_set.values()), default=0)):
+        for ps in by_set.values():
+            if i < len(ps):
+                cells += [(t, ps[i]) for t in temps if t == 0 or ps[i]["dataset"] in sampled_on]
+    return cells
 
 
 def summarize(records: list[dict], configs: list[str]) -> list[dict]:
@@ -188,6 +202,7 @@ def main(argv=None) -> int:
     ap.add_argument("--profile", default=None, help="machine profile file auto plans from")
     ap.add_argument("--data-dir", default=os.environ.get("MULTISPEC_DATA"))
     ap.add_argument("--out", type=Path, required=True)
+    ap.add_argument("--resume", action="store_true", help="keep the cells --out's results.json holds; run the rest")
     args = ap.parse_args(argv)
 
     import torch
@@ -214,8 +229,13 @@ def main(argv=None) -> int:
     for _, _, run in runners:  # warm-up: one short untimed run each
         run(items[0]["ids"], SamplingConfig(temperature=0.0), 8, 0, None)
     configs = [name for name, _, _ in runners] + [f"llama.cpp {k}" for k in llama]
+    cells = interleaved(items, temps, args.sampled_on.split(","))
     records: list[dict] = []
-    cells = [(t, p) for t in temps for p in items if t == 0 or p["dataset"] in args.sampled_on.split(",")]
+    if args.resume and (args.out / "results.json").is_file():  # cells already measured are kept, not run again
+        records = json.loads((args.out / "results.json").read_text())["records"]
+        have = {(r["dataset"], r["id"], r["temperature"]) for r in records}
+        say(f"resuming: {len(have)} cells already measured")
+        cells = [(t, p) for t, p in cells if (p["dataset"], p["id"], t) not in have]
     total = len(cells)
     done = 0
     for t, p in cells:

@@ -123,7 +123,7 @@ def run_bench(target: str | None = None, draft: str | None = None, datasets: lis
     kinds = ["hf", *dict.fromkeys(s.backend for s in specs if s.backend != "hf")]
     cost = step_costs(pair, shadow=shadow, kinds=kinds) if pair.draft is not None else {
         "target_step_s": None, "draft_step_s": None, "cost_ratio": None}
-    runners = {s.label: _make_runner(s, pair, eos, shadow, profile) for s in specs}
+    runners = {s.label: make_runner(s, pair, eos, shadow, profile) for s in specs}
     rss_base = _maxrss_mb()
 
     # 4. warm-up (untimed) and the hf-assisted:best sweep. The warm-up's outputs are then dropped from the methods'
@@ -307,7 +307,7 @@ class _Shadow:
                 "label": shadow_label(self.shape)}
 
 
-def _make_runner(spec: MethodSpec, pair, eos: set[int], shadow: _Shadow | None = None, profile=None):
+def make_runner(spec: MethodSpec, pair, eos: set[int], shadow: _Shadow | None = None, profile=None):
     """A function (ids, sampling, max_new, seed, knob) -> (new ids, stats dict) for one method; backends and the
     method's policy (trained heads included) are built once here. With `shadow`, the target's every forward also
     runs the shadow model."""

@@ -39,7 +39,7 @@ from pathlib import Path
 import torch
 
 from multispec.errors import MultispecError, check
-from multispec.models.int8 import SharedProduct
+from multispec.models.products import SharedProduct
 
 W4A8_GROUP = 32
 LAYOUT = "w4a8 v1: blocks of 8 outputs x 32 inputs, nibbles then float16 scales and offsets"  # `pack`'s; cached
