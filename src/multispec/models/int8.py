@@ -35,8 +35,6 @@ def quantize_draft(model: torch.nn.Module) -> torch.nn.Module:
           f"int8 draft weights run on CPU only (torch's dynamic int8 kernels); this draft is on {weight.device}")
     check(weight.dtype == torch.float32,
           f"int8 draft weights are made from a float32 draft, not {weight.dtype}; load the draft in float32")
-    check(weights_dtype(model) not in QUANT_DTYPES,
-          f"int8 draft weights are made from a float32 draft; this one has {weights_dtype(model)} weights already")
     engines = torch.backends.quantized.supported_engines
     check(any(e in engines for e in ("x86", "fbgemm", "onednn", "qnnpack")),
           f"this torch build has no int8 CPU kernels (quantized engines: {engines})")

@@ -179,7 +179,7 @@ class PackedW4A8(SharedProduct):
     (each by its own max |x|), int32 sums per group (see above). Row-exact."""
 
     def __init__(self, weights: list[torch.Tensor], biases: list[torch.Tensor | None]):
-        self.ops = load_kernel()
+        load_kernel()  # built (or refused in one line) before any weight is packed
         w = torch.cat([x.detach().float() for x in weights])  # [N, K]
         self.shape = tuple(w.shape)
         self.packed = pack(*quantize_weights(w))
@@ -188,7 +188,8 @@ class PackedW4A8(SharedProduct):
 
     def apply(self, x: torch.Tensor) -> torch.Tensor:
         """float [M, K] -> float [M, N], no sharing (the fast backend calls this directly)."""
-        return self.ops.linear(x.float(), self.packed, self.shape[0], self.bias)
+        # the op namespace is looked up per call (cached), not held: a product must deepcopy and pickle
+        return load_kernel().linear(x.float(), self.packed, self.shape[0], self.bias)
 
     def dequantized(self) -> torch.Tensor:
         q, s, o = unpack(self.packed)
@@ -204,7 +205,7 @@ class PackedW4A8(SharedProduct):
     @classmethod
     def from_state(cls, state: dict[str, torch.Tensor]) -> PackedW4A8:
         product = cls.__new__(cls)
-        product.ops = load_kernel()
+        load_kernel()
         product.packed, product.bias = state["packed"], state.get("bias")
         n, k = (int(v) for v in state["shape"])
         product.shape = (n, k)
