@@ -109,7 +109,7 @@ def own_cache(tmp_path, monkeypatch):
     return tmp_path / "cache"
 
 
-@pytest.mark.parametrize("dtype", ["int4", "int8"])
+@pytest.mark.parametrize("dtype", ["int4", "int8", "w4a8"])
 @pytest.mark.parametrize("arch,tied", [("llama", True), ("qwen2", False)])
 def test_a_tiny_file_quantized_as_read_is_quantize_target_bit_for_bit(tmp_path, own_cache, arch, tied, dtype):
     source = open_gguf(str(write_tiny_gguf(tmp_path / "tiny.gguf", arch, tied)), need_tokenizer=False)

@@ -13,12 +13,13 @@ rendered text with special tokens parsed and no template of its own (benchmarks/
 For every cell (data set x temperature) and every prompt, every configuration runs once, in the order given, so a
 change in machine load hits all alike. llama.cpp runs greedy cells only. Each record: new tokens, decode-only and
 end-to-end seconds (prefill included; model loading excluded for every engine), target calls, accepted draft tokens,
-and whether the output equals the same engine's plain greedy output on that prompt. Written: results.json and
+and whether the output equals the same engine's plain greedy output on that prompt. Written: results.json.gz and
 results.md in --out; progress on stderr.
 """
 from __future__ import annotations
 
 import argparse
+import gzip
 import json
 import os
 import platform
@@ -29,6 +30,7 @@ from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
+RESULTS = "results.json.gz"  # every record with its token ids: large, so gzipped as benchmarks/results keeps them
 HUMANEVAL_ASK = "Complete the following Python function:\n\n```python\n{prompt}\n```"
 
 
@@ -202,7 +204,7 @@ def main(argv=None) -> int:
     ap.add_argument("--profile", default=None, help="machine profile file auto plans from")
     ap.add_argument("--data-dir", default=os.environ.get("MULTISPEC_DATA"))
     ap.add_argument("--out", type=Path, required=True)
-    ap.add_argument("--resume", action="store_true", help="keep the cells --out's results.json holds; run the rest")
+    ap.add_argument("--resume", action="store_true", help="keep the cells --out's results.json.gz holds; run the rest")
     args = ap.parse_args(argv)
 
     import torch
@@ -231,8 +233,8 @@ def main(argv=None) -> int:
     configs = [name for name, _, _ in runners] + [f"llama.cpp {k}" for k in llama]
     cells = interleaved(items, temps, args.sampled_on.split(","))
     records: list[dict] = []
-    if args.resume and (args.out / "results.json").is_file():  # cells already measured are kept, not run again
-        records = json.loads((args.out / "results.json").read_text())["records"]
+    if args.resume and (args.out / RESULTS).is_file():  # cells already measured are kept, not run again
+        records = json.loads(gzip.decompress((args.out / RESULTS).read_bytes()))["records"]
         have = {(r["dataset"], r["id"], r["temperature"]) for r in records}
         say(f"resuming: {len(have)} cells already measured")
         cells = [(t, p) for t, p in cells if (p["dataset"], p["id"], t) not in have]
@@ -284,8 +286,10 @@ def write(args, records, configs, load_s) -> None:
                          "python": platform.python_version()},
             "dtype": args.dtype, "load_s": load_s, "max_new_tokens": args.max_new_tokens,
             "humaneval_ask": HUMANEVAL_ASK}
-    (args.out / "results.json").write_text(json.dumps({"settings": meta, "summary": rows, "records": records},
-                                                      indent=1, default=str))
+    data = json.dumps({"settings": meta, "summary": rows, "records": records}, indent=1, default=str)
+    tmp = args.out / (RESULTS + ".tmp")
+    tmp.write_bytes(gzip.compress(data.encode(), mtime=0))
+    tmp.replace(args.out / RESULTS)  # whole or not at all: --resume reads it
     (args.out / "results.md").write_text(f"# The real pair: speed\n\n`{meta['command']}`\n\n" + markdown(rows))
 
 

@@ -1,13 +1,14 @@
-"""GGUF files straight to int8 / int4 weights (`load_pair(..., dtype="int4"|"int8")`): the model's skeleton is made
-without float weights (accelerate's init_empty_weights), the file is read tensor by tensor, each tensor dequantized
-to float32 as transformers' GGUF reader does it (gguf's dequantize, transformers' name map and tensor processors),
-and each linear (q/k/v and gate/up: each group) quantized as soon as its weights are there. No float32 copy of the
-whole model is ever held, and the result is the bits models/int8.quantize_target gives the float32 model
-(tests/test_gguf_quant.py).
+"""GGUF files straight to int8 / int4 / w4a8 weights (`load_pair(..., dtype="int4"|"int8"|"w4a8")`): the model's
+skeleton is made without float weights (accelerate's init_empty_weights), the file is read tensor by tensor, each
+tensor dequantized to float32 as transformers' GGUF reader does it (gguf's dequantize, transformers' name map and
+tensor processors), and each linear (q/k/v and gate/up: each group) quantized as soon as its weights are there. No
+float32 copy of the whole model is ever held, and the result is the bits models/int8.quantize_target gives the
+float32 model (tests/test_gguf_quant.py).
 
 The quantized form is cached under `cache_root()/gguf/<SHA-256 of the file>-<dtype>/` (config, generation config,
 tokenizer, and the packed products in one safetensors file: int4 weights in the layout of this CPU's kernel with
-their group scales, int8 weights with their row scales, packed again for the kernel at load, the float parameters),
+their group scales, w4a8 weights in their kernel's layout, int8 weights with their row scales, packed again for the
+kernel at load, the float parameters),
 written under a temporary name and renamed when whole, so that later loads read it and take seconds. A cache made
 by another torch (or, for int4, a CPU with other vector registers) is made again.
 
