@@ -75,6 +75,19 @@ def save_tiny_pair(root: Path, vocab_text: str = "def return if else for in rang
     return paths
 
 
+def forward_rows(backend, ids: torch.Tensor, ctx: int, n: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """(logits of an n-row forward after ctx cached tokens, logits of the same rows as n one-row forwards)."""
+    from multispec.models import causal_mask
+
+    backend.reset()
+    backend.forward(ids[:ctx], torch.arange(ctx), causal_mask(0, ctx))
+    many = backend.forward(ids[ctx:ctx + n], torch.arange(ctx, ctx + n), causal_mask(ctx, n)).logits[-n:]
+    backend.keep(torch.arange(ctx))
+    one = [backend.forward(ids[ctx + i:ctx + i + 1], torch.tensor([ctx + i]), causal_mask(ctx + i, 1)).logits[-1]
+           for i in range(n)]
+    return many, torch.stack(one)
+
+
 def run_cli(capsys, *args) -> tuple[int, str, str]:
     """(exit code, stdout, stderr) of `multispec ARGS`, run in-process."""
     from multispec.cli import main

@@ -17,12 +17,12 @@ import pytest
 import torch
 
 from engine_utils import chi_square_pvalue, exact_joint, greedy_reference, tiny_pair
-from helpers import assert_one_line_error, run_cli, save_tiny_pair, tiny_llama
+from helpers import assert_one_line_error, forward_rows, run_cli, save_tiny_pair, tiny_llama
 from multispec.decoding.decoder import Decoder
 from multispec.drafting import grow
 from multispec.errors import MultispecError
 from multispec.loading import Pair, load_pair
-from multispec.models import causal_mask, make_backend
+from multispec.models import make_backend
 from multispec.models.int8 import PackedInt4, PackedInt8, QuantLinear, quantize_draft, quantize_target, weights_dtype
 from multispec.sampling import SamplingConfig
 
@@ -66,17 +66,6 @@ def test_torch_dynamic_int8_is_the_broken_variant_the_same_check_catches():
 
         dyn = quantize_dynamic(model, {torch.nn.Linear: per_channel_dynamic_qconfig}, dtype=torch.qint8)
     assert not rows_in_company(dyn, x)
-
-
-def forward_rows(backend, ids: torch.Tensor, ctx: int, n: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """(logits of an n-row forward after ctx cached tokens, logits of the same rows as n one-row forwards)."""
-    backend.reset()
-    backend.forward(ids[:ctx], torch.arange(ctx), causal_mask(0, ctx))
-    many = backend.forward(ids[ctx:ctx + n], torch.arange(ctx, ctx + n), causal_mask(ctx, n)).logits[-n:]
-    backend.keep(torch.arange(ctx))
-    one = [backend.forward(ids[ctx + i:ctx + i + 1], torch.tensor([ctx + i]), causal_mask(ctx + i, 1)).logits[-1]
-           for i in range(n)]
-    return many, torch.stack(one)
 
 
 def small_model(seed: int = 3) -> torch.nn.Module:

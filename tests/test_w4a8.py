@@ -13,11 +13,11 @@ import pytest
 import torch
 
 from engine_utils import greedy_reference, tiny_pair
-from helpers import tiny_llama
+from helpers import forward_rows, tiny_llama
 from multispec.decoding.decoder import Decoder
 from multispec.errors import MultispecError
 from multispec.loading import Pair
-from multispec.models import causal_mask, make_backend
+from multispec.models import make_backend
 from multispec.models.int8 import QuantLinear, quantize_target, weights_dtype
 from multispec.models.w4a8 import PackedW4A8, build, load_kernel, pack, quantize_weights, unpack
 from multispec.sampling import SamplingConfig
@@ -111,17 +111,6 @@ def test_the_int16_sums_cannot_saturate():
         xq = torch.full((1, 64), 127 * sign, dtype=torch.int8)
         y = ops.mm_quantized(xq, torch.ones(1, 2), torch.full((1, 2), 32.0 * 127 * sign), packed, 8, None)
         assert torch.equal(y, torch.full((1, 8), 2 * 32 * 15 * 127.0 * sign))
-
-
-def forward_rows(backend, ids: torch.Tensor, ctx: int, n: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """(logits of an n-row forward after ctx cached tokens, logits of the same rows as n one-row forwards)."""
-    backend.reset()
-    backend.forward(ids[:ctx], torch.arange(ctx), causal_mask(0, ctx))
-    many = backend.forward(ids[ctx:ctx + n], torch.arange(ctx, ctx + n), causal_mask(ctx, n)).logits[-n:]
-    backend.keep(torch.arange(ctx))
-    one = [backend.forward(ids[ctx + i:ctx + i + 1], torch.tensor([ctx + i]), causal_mask(ctx + i, 1)).logits[-1]
-           for i in range(n)]
-    return many, torch.stack(one)
 
 
 @pytest.mark.parametrize("kind", ["fast", "hf"])
