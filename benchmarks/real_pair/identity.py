@@ -37,7 +37,7 @@ sys.path.insert(0, str(HERE))
 sys.path.insert(0, str(ROOT / "benchmarks" / "pretrained"))
 
 import real_greedy_identity as rgi  # noqa: E402  (reference, tie_check, load_done)
-from speed import pair_files, prompts  # noqa: E402
+from speed import pair_files, raw_prompts, rendered  # noqa: E402
 
 # (label, method, options); every one lossless (checked against the registry at start)
 METHODS = [("ar", "ar", {}), ("sd:k=4", "sd", {"k": 4}), ("mcsd", "mcsd", {}),
@@ -164,11 +164,12 @@ def run(dtype: str, humaneval: int, max_new: int, until: str | None, data_dir: s
     resume.parent.mkdir(parents=True, exist_ok=True)
     done = rgi.load_done(resume)
     target, draft = pair_files()
+    raw = raw_prompts(humaneval, 0, data_dir)  # read (and checked) before the pair loads
     t0 = time.time()
     pair = multispec.load_pair(target=str(target), draft=str(draft), device="cpu", dtype=dtype)
     print(f"identity: {dtype} pair loaded in {time.time() - t0:.0f} s", flush=True)
     backends = PLANS[dtype][2]
-    items = prompts(pair.tokenizer, humaneval, 0, data_dir)
+    items = rendered(pair.tokenizer, raw)
 
     def record(rec: dict) -> None:
         done[rec["key"]] = rec
