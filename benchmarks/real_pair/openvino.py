@@ -188,17 +188,32 @@ def summarize(records: list[dict], names: list[str]) -> list[dict]:
     return rows
 
 
-def versus_multispec(rows: list[dict], speed_file: Path) -> tuple[str, dict]:
+def matched(records: list[dict], dataset: str, ids: set) -> list[dict]:
+    """speed.py's greedy rows for `dataset` recomputed on the prompts OpenVINO ran (a run cut short has fewer)."""
+    out = []
+    rs = [r for r in records if r["dataset"] == dataset and r["temperature"] == 0 and r["id"] in ids]
+    for c in dict.fromkeys(r["config"] for r in rs):
+        mine = [r for r in rs if r["config"] == c]
+        toks = sum(r["new_tokens"] for r in mine)
+        same = [r["same_as_plain"] for r in mine if r.get("same_as_plain") is not None]
+        out.append({"config": c, "prompts": len(mine), "e2e_tps": toks / sum(r["e2e_s"] for r in mine),
+                    "decode_tps": toks / sum(r["decode_s"] for r in mine),
+                    "same_as_plain": f"{sum(same)}/{len(same)}" if same else None})
+    return out
+
+
+def versus_multispec(rows: list[dict], speed_file: Path, ids: dict) -> tuple[str, dict]:
     """The best OpenVINO configuration of each data set (tokens per CPU-second) beside speed.py's greedy figures."""
     import gzip
 
     if not speed_file.is_file():
         return f"({speed_file} absent: no comparison)\n", {}
     speed = json.loads(gzip.decompress(speed_file.read_bytes()))
-    root = HERE.parents[1]
-    where = speed_file.relative_to(root) if speed_file.is_relative_to(root) else speed_file
+    parts = speed_file.resolve().parts  # named from the repository root, whichever checkout it was read in
+    where = Path(*parts[parts.index("benchmarks"):]) if "benchmarks" in parts else speed_file
     lines = [f"multispec and llama.cpp: `{where}` (dtype {speed['settings'].get('dtype')}, greedy, one thread on a "
-             "machine otherwise near idle, so their wall tok/s is about their tok/s per CPU-second). OpenVINO: its "
+             "machine otherwise near idle, so their wall tok/s is about their tok/s per CPU-second), on the prompts "
+             "OpenVINO ran. OpenVINO: its "
              "best configuration on the data set by tokens per CPU-second, here on a shared machine; its decode "
              "figure is (new tokens − 1) / (wall − TTFT) scaled by its wall/CPU ratio.\n",
              "| data set | configuration | prompts | tok/s end to end | tok/s decode | × best OpenVINO (end to end / "
@@ -212,7 +227,7 @@ def versus_multispec(rows: list[dict], speed_file: Path) -> tuple[str, dict]:
         ov_dec = best["decode_tps"] / best["cpu_per_wall"] if best["decode_tps"] else None
         picks = [(f"OpenVINO {best['config']} (per CPU-second)", best["prompts"], best["cpu_tps"], ov_dec,
                   best["same_as_plain"])]
-        cell = [r for r in speed["summary"] if r["dataset"] == d and r["temperature"] == 0]
+        cell = matched(speed["records"], d, ids.get(d, set()))
         ms = [r for r in cell if r["config"].startswith("multispec")]
         if ms:
             top = max(ms, key=lambda r: r["e2e_tps"])
@@ -334,7 +349,10 @@ def worker(args) -> int:
 
 def write(args, meta: dict, records: list[dict], names: list[str]) -> None:
     rows = summarize(records, names)
-    versus, vs = versus_multispec(rows, args.speed)
+    ids: dict[str, set] = {}
+    for r in records:
+        ids.setdefault(r["dataset"], set()).add(r["id"])
+    versus, vs = versus_multispec(rows, args.speed, ids)
     meta = meta if args.report else {**meta, "loadavg_at_end": os.getloadavg()}
     tmp = args.out / "results.json.tmp"
     tmp.write_text(json.dumps({"settings": meta, "summary": rows, "versus_multispec": vs, "records": records},
