@@ -74,7 +74,8 @@ def with_backend(specs_text: str, backend: str) -> str:
     out = []
     for spec in filter(None, (x.strip() for x in specs_text.split(";"))):
         name, _, opts = spec.partition(":")
-        out.append(spec if "backend=" in opts else f"{name}:{opts + ',' if opts else ''}backend={backend}")
+        out.append(spec if "backend=" in opts or name == "hf-assisted"  # transformers' own generate: no backend
+                   else f"{name}:{opts + ',' if opts else ''}backend={backend}")
     return ";".join(out)
 
 
