@@ -13,7 +13,7 @@ inside a generation; runs report observations, and only an explicit save of `upd
 """
 from __future__ import annotations
 
-from dataclasses import fields
+from dataclasses import dataclass, fields
 from typing import Callable
 
 from multispec.decoding.engine import generate_ids
@@ -107,14 +107,14 @@ class Decoder:
             refuse_where_retokenizing(self.config, self.entry, self.policy)
 
     def _start(self, parts: DecoderParts, warm_up: bool = True) -> None:
-        """Take the shared, read-only parts (a new Decoder's own, a spawned twin's or a batch lane's) and make this
+        """Take the shared, read-only parts (a new Decoder's own or a spawned twin's) and make this
         decoder's own state: a fresh draft policy, no backends yet (warm_up: compile a compiled backend's steps
-        now; a batch lane runs on its group's slots instead)."""
+        now)."""
         self.parts = parts
         for f in fields(parts):
             setattr(self, f.name, getattr(parts, f.name))
         self.policy = parts.entry.make_policy(parts.config, parts.pair, parts.loaded)  # its own adaptive state
-        if self.machine.auto_view is not None:  # a spawned twin or a batch lane: the view it shares
+        if self.machine.auto_view is not None:  # a spawned twin: the view it shares
             self.policy.use_profile(self.machine.auto_view)
         self._target: Backend | None = None
         self._draft: Backend | None = None
@@ -240,31 +240,49 @@ class Decoder:
                      stream_chunks: bool = False) -> GenerationResult:
         """Decode a request `prepare` checked (nothing is checked again); see `generate` for stream, stream_chunks
         and the partial result of a failure."""
-        params, sampling, seed, warnings = prepared.params, prepared.sampling, prepared.seed, list(prepared.warnings)
+        job = self.begin(prepared, stream, stream_chunks)
+        try:
+            new, metrics = self.run(job.ids, job.sampling, prepared.max_new_tokens, job.seed, job.stop,
+                                    job.streamer.on_tokens, prepared.reproducible, set(prepared.eos_ids),
+                                    job.recorder)
+        except BaseException as e:  # keep what was committed: the caller gets it as e.partial, then the error
+            attach_partial(e, self.partial(job))
+            raise
+        return self.finish(job, new, metrics)
+
+    def begin(self, prepared: PreparedRequest, stream: Callable | None = None, stream_chunks: bool = False) -> "Job":
+        """What decoding `prepared` reads and fills beside the token ids: its stop strings, stream and logprob
+        recorder (`run_prepared`; a batch engine's `add`)."""
+        params, sampling = prepared.params, prepared.sampling
         recorder = None
         if params.wants_logprobs:
             recorder = LogprobRecorder(top=0 if params.logprobs is None else params.logprobs,
                                        mode=params.logprobs_mode, prompt=params.prompt_logprobs)
         stops = StopStrings(self.pair.tokenizer, list(prepared.stop), after_tokens=sampling.min_tokens)
-        ids = list(prepared.prompt_ids)
         streamer = Streamer(stops, stream, tokens=stream_chunks,
                             recorder=recorder if params.logprobs is not None else None)
-        try:
-            new, metrics = self.run(ids, sampling, prepared.max_new_tokens, seed, stops.cut_ids if stops else None,
-                                    streamer.on_tokens, prepared.reproducible, set(prepared.eos_ids), recorder)
-        except BaseException as e:  # keep what was committed: the caller gets it as e.partial, then the error
-            new = list(streamer.latest)
-            attach_partial(e, GenerationResult(token_ids=new, text=stops.decode(new),
-                                               stats={"seed": seed, "new_tokens": len(new), "warnings": warnings},
-                                               finish_reason="abort"))
-            raise
-        text, new_ids = stops.final(new)
-        streamer.flush(text, new_ids)
+        return Job(prepared, list(prepared.prompt_ids), recorder, stops, streamer)
+
+    def partial(self, job: "Job") -> GenerationResult:
+        """The result of a job stopped part-way: the tokens streamed so far (finish_reason "abort")."""
+        new = list(job.streamer.latest)
+        return GenerationResult(token_ids=new, text=job.stops.decode(new),
+                                stats={"seed": job.seed, "new_tokens": len(new),
+                                       "warnings": list(job.prepared.warnings)}, finish_reason="abort")
+
+    def finish(self, job: "Job", new: list[int], metrics: Metrics) -> GenerationResult:
+        """A finished job's GenerationResult: its text cut at a stop string, the stream flushed, its stats."""
+        prepared, sampling, recorder = job.prepared, job.sampling, job.recorder
+        warnings = list(prepared.warnings)
+        text, new_ids = job.stops.final(new)
+        job.streamer.flush(text, new_ids)
         stats = self.stats(metrics, sampling, prepared.reproducible)
-        stats.update(seed=seed, prompt_tokens=len(ids), max_new_tokens=prepared.max_new_tokens, warnings=warnings)
+        stats.update(seed=job.seed, prompt_tokens=len(job.ids), max_new_tokens=prepared.max_new_tokens,
+                     warnings=warnings)
         stats.update(grammar_stats(sampling.grammar, new_ids, metrics, warnings))
         if recorder is not None:
             stats["logprobs_mode"] = recorder.mode
+        params = prepared.params
         return GenerationResult(
             token_ids=new_ids, text=text, stats=stats, finish_reason=metrics.finish_reason,
             logprobs=recorder.tokens[:len(new_ids)] if recorder is not None and params.logprobs is not None else None,
@@ -298,3 +316,19 @@ class Decoder:
         if extra is not None:
             stats[c.name] = extra
         return stats
+
+
+@dataclass
+class Job:
+    """One request as it decodes (Decoder.begin): the prepared request, its prompt ids, its logprob recorder (None
+    when it asks for none), its stop strings and its stream."""
+
+    prepared: PreparedRequest
+    ids: list[int]
+    recorder: LogprobRecorder | None
+    stops: StopStrings
+    streamer: Streamer
+
+    sampling = property(lambda self: self.prepared.sampling)
+    seed = property(lambda self: self.prepared.seed)
+    stop = property(lambda self: self.stops.cut_ids if self.stops else None)

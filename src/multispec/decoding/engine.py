@@ -1,17 +1,36 @@
-"""The generation loop: one round = plan -> propose -> verify forward -> verify -> keep -> observe.
+"""The engine: rounds of one or many sequences, one round of every live sequence per `step`.
+
+    engine = Engine()
+    i = engine.add(target, draft, prompt_ids, method, sampling, max_new_tokens, seed, eos_ids)   # -> an id
+    while engine.live:
+        engine.step()                 # one round of every live sequence (a newcomer's first step: its prefill)
+    new_ids, metrics = engine.pop(i)  # or engine.cancel(i) between steps
+
+One round of one sequence = plan -> propose -> verify forward -> verify -> keep -> observe:
 
     policy.plan_round(history, pending) ─► RoundPlan(tree, proposer)       drafting/protocol.py (a policy chooses)
         ▼
-    get_proposer(plan.proposer).propose(inputs, plan, max_tree) ─► Proposal: tokens [N], q [N, V]
+    proposal_steps(get_proposer(plan.proposer), inputs, plan, max_tree) ─► Proposal: tokens [N], q [N, V]
         │                                                                 drafting/proposers.py (one class a source)
         ▼
-    target.forward(tokens, positions, tree mask) ─► logits [N, V]        models/ (the one cache owner)
+    Forward(target, tokens, positions, tree mask) ─► logits [N, V]       models/ (the one cache owner)
         ▼
     verifier.verify(tree, tokens, p, q, generator) ─► (path, next token)  verify/ (pure; `choose_verifier`)
         ▼
     keep_path(target / draft, tree, path) ─► both caches hold prompt + committed tokens
         ▼
     RoundOutcome ─► policy.observe(outcome), Metrics.count(outcome)       decoding/metrics.py
+
+A sequence's generation is a generator (`_generation`) that yields the forwards it needs as values
+(models/base.Forward) and None when its round is over. `step` advances every live sequence until each has yielded
+a forward or ended its round, runs the waiting forwards — the draft's first, so that drafting sequences reach the
+target forward together with the others — the requests on slots of one batched cache as one forward
+(models/batched.forward_all: one draft forward per depth across all drafting sequences, one target forward over
+the round batch), sends each sequence its output, and goes on until every sequence has ended its round. `generate`
+with one prompt is this engine with one sequence: there is one round implementation. A newcomer's first step is
+its prefill (on a batched cache, one chunk of PREFILL_CHUNK tokens per step), so a joining prompt holds up the
+running sequences' steps by one chunk at most. Forwards a method makes itself (target-initialized rounds, dynamic
+trees, feature heads, another tokenizer's draft) run alone, as they come.
 
 Two round shapes share the loop: draft-initialized (`_round` here: ar, sd, mcsd, dynamic, specdecpp, lookup,
 suffix, auto — the root is the newest committed token, which the target has not consumed; the walk commits the
@@ -27,6 +46,9 @@ Log-probabilities (decoding/logprobs.py) are read from the verification forward 
 from __future__ import annotations
 
 import time
+from collections import Counter
+from dataclasses import dataclass, field
+from typing import Callable
 
 import torch
 
@@ -34,16 +56,152 @@ from multispec.decoding.logprobs import LogprobRecorder
 from multispec.decoding.methods import MethodConfig
 from multispec.decoding.metrics import Metrics
 from multispec.decoding.node_history import CommittedHistory
-from multispec.decoding.state import (Run, State, adjusted_logits, cap_tree, choose_verifier, cut, keep_path, prefill,
-                                      round_limit)
+from multispec.decoding.state import (Run, State, adjusted_logits, cap_tree, chain_steps, choose_verifier, cut,
+                                      keep_path, prefill, round_limit)
 from multispec.decoding.ti_round import ti_round
-from multispec.drafting.proposers import Proposal, RoundInputs, get_proposer
+from multispec.drafting.proposers import Proposal, RoundInputs, get_proposer, proposal_steps
 from multispec.drafting.protocol import DraftPolicy, RoundOutcome, RoundTimes
 from multispec.errors import check
-from multispec.models.base import Backend, ForwardOut, forward_chain, has_vocab_subset
+from multispec.models.base import Backend, Forward, ForwardOut, Steps, has_vocab_subset
+from multispec.models.batched import Role, forward_all
 from multispec.sampling import SamplingConfig, greedy_argmax, process_logits, sample
 from multispec.verify.keyed import node_keys
 from multispec.verify.tree_walk import walk_tree_greedy
+
+
+class Cancelled(Exception):
+    """A sequence's error once it is cancelled (`Engine.cancel`): it stopped between rounds, its tokens so far kept."""
+
+
+@dataclass(eq=False)
+class Sequence:
+    """One generation in an engine: its fixed parts (`run`), what it was asked, and what it has committed so far
+    (`new`, before the final cut). done: it ended (finished, failed or cancelled); error: why it failed."""
+
+    id: int
+    run: Run
+    prompt: list[int]
+    max_new_tokens: int
+    eos_ids: set[int]
+    stop: Callable | None
+    on_tokens: Callable | None
+    logprobs: LogprobRecorder | None
+    new: list[int] = field(default_factory=list)
+    metrics: Metrics = field(default_factory=Metrics)
+    result: tuple[list[int], Metrics] | None = None
+    error: BaseException | None = None
+    done: bool = False
+    steps: Steps | None = None
+
+
+class Engine:
+    """See the module docstring. forwards / sequences: batched forwards so far and the sequences they carried,
+    per Role; timed[role]: (that role's forwards so far, sequences, tokens, longest step, seconds) of its latest
+    forward (what `auto` in a batch learns costs from); on_batch(role, sequences, tokens) after each forward."""
+
+    def __init__(self):
+        self._seqs: dict[int, Sequence] = {}
+        self._next = 0
+        self.forwards: Counter = Counter()
+        self.sequences: Counter = Counter()
+        self.timed: dict[Role, tuple] = {}
+        self.on_batch: Callable | None = None
+
+    @property
+    def live(self) -> int:
+        """Sequences decoding now (added, not ended)."""
+        return sum(not s.done for s in self._seqs.values())
+
+    def add(self, target: Backend, draft: Backend | None, prompt: list[int], method: MethodConfig,
+            sampling: SamplingConfig, max_new_tokens: int, seed: int | None, eos_ids: set[int], stop=None,
+            on_tokens=None, policy: DraftPolicy | None = None, reproducible: bool = False,
+            logprobs: LogprobRecorder | None = None) -> int:
+        """Add one generation on backends the caller built (the Decoder does; each sequence its own caches or cache
+        slots); it starts at the next `step`. prompt: token ids (>= 1). stop(new_ids) -> int | None returns a cut
+        length when a stop string completed. on_tokens(new_ids_so_far) is called after each round (streaming).
+        policy: the method's draft policy (default: built from the registry without trained models).
+        reproducible (T > 0): drafter-invariant verification (`gls`, verify/gumbel.py) with noise keyed by (seed,
+        absolute position): the text then depends on the target, the prompt, the sampling settings and the seed
+        only, whatever the method, its plans or the batch. eos_ids: the tokens that end the output (and that
+        sampling.min_tokens holds back). logprobs: filled with the committed tokens' (and, if it asks, the
+        prompt's) log-probabilities, cut with the output. max_new_tokens may be 0 (a prefill only: prompt
+        logprobs). Returns the sequence's id."""
+        run = _make_run(target, draft, method, sampling, seed, policy, reproducible)
+        s = Sequence(self._next, run, list(prompt), max_new_tokens, set(eos_ids), stop, on_tokens, logprobs)
+        s.steps = _generation(s)
+        self._seqs[s.id] = s
+        self._next += 1
+        return s.id
+
+    def cancel(self, seq_id: int, error: BaseException | None = None) -> None:
+        """End a sequence between steps (its error: `error`, default Cancelled); its tokens so far stay in
+        `sequence(seq_id).new`."""
+        s = self._seqs[seq_id]
+        if not s.done:
+            if s.steps is not None:
+                s.steps.close()
+            s.done, s.error = True, error if error is not None else Cancelled("the sequence was cancelled")
+
+    def sequence(self, seq_id: int) -> Sequence:
+        return self._seqs[seq_id]
+
+    def pop(self, seq_id: int) -> tuple[list[int], Metrics]:
+        """An ended sequence's (new ids, metrics), which the engine then forgets; its error is raised instead."""
+        s = self._seqs.pop(seq_id)
+        check(s.done, f"sequence {seq_id} has not ended")
+        if s.error is not None:
+            raise s.error
+        assert s.result is not None
+        return s.result
+
+    def step(self) -> list[int]:
+        """One round of every live sequence (a newcomer: its prefill, or one chunk of it). Returns the ids of the
+        sequences that ended in this step (finished, or failed: `pop` raises their error). A forward's error goes
+        to every sequence of that forward; an interrupt (KeyboardInterrupt) propagates, its sequence ended."""
+        ended: list[int] = []
+        waiting: dict[int, Forward] = {}
+        for s in [s for s in self._seqs.values() if not s.done]:
+            self._advance(s, None, waiting, ended)
+        while waiting:
+            # the draft's forwards first: drafting sequences then verify in one target forward with the others
+            drafts = [i for i, r in waiting.items() if r.backend is not self._seqs[i].run.target]
+            ids = drafts or list(waiting)
+            role = Role.DRAFT if drafts else Role.TARGET
+            requests = [waiting.pop(i) for i in ids]
+            t0 = time.perf_counter()
+            outs = forward_all(requests)
+            self._count(role, requests, time.perf_counter() - t0)
+            for i, out in zip(ids, outs):
+                self._advance(self._seqs[i], out, waiting, ended)
+        return ended
+
+    def _advance(self, s: Sequence, value, waiting: dict, ended: list) -> None:
+        """Run sequence s until it asks for a forward (into `waiting`) or ends its round; value: the output of its
+        last request (an exception: that forward's error, raised in the sequence)."""
+        assert s.steps is not None
+        try:
+            request = s.steps.throw(value) if isinstance(value, BaseException) else s.steps.send(value)
+        except StopIteration as finished:
+            s.done, s.result = True, finished.value
+            ended.append(s.id)
+        except Exception as e:  # noqa: BLE001 - this sequence fails; the others go on
+            s.done, s.error = True, e
+            ended.append(s.id)
+        except BaseException as e:  # an interrupt: this sequence ends with it, and it propagates
+            s.done, s.error = True, e
+            ended.append(s.id)
+            raise
+        else:
+            if request is not None:
+                waiting[s.id] = request
+
+    def _count(self, role: Role, requests: list[Forward], seconds: float) -> None:
+        sizes = [r.tokens.shape[0] for r in requests]
+        self.forwards[role] += 1
+        self.sequences[role] += len(requests)
+        self.timed[role] = (self.forwards[role], len(requests), sum(sizes), max(sizes), seconds)
+        if self.on_batch is not None:
+            self.on_batch(role, len(requests), sum(sizes))
 
 
 def generate_ids(
@@ -51,32 +209,38 @@ def generate_ids(
     max_new_tokens: int, seed: int | None, eos_ids: set[int], stop=None, on_tokens=None,
     policy: DraftPolicy | None = None, reproducible: bool = False, logprobs: LogprobRecorder | None = None,
 ) -> tuple[list[int], Metrics]:
-    """Run one generation on backends the caller built (the Decoder does). prompt: token ids (>= 1).
-    stop(new_ids) -> int | None returns a cut length when a stop string completed. on_tokens(new_ids_so_far) is
-    called after each round (streaming). policy: the method's draft policy (default: built from the registry
-    without trained models). reproducible (T > 0): drafter-invariant verification (`gls`, verify/gumbel.py) with
-    noise keyed by (seed, absolute position): the text then depends on the target, the prompt, the sampling
-    settings and the seed only, whatever the method, its plans or the batch. eos_ids: the tokens that end the
-    output (and that sampling.min_tokens holds back). logprobs: filled with the committed tokens' (and, if it asks,
-    the prompt's) log-probabilities, cut with the output. max_new_tokens may be 0 (a prefill only: prompt
-    logprobs). Returns the new token ids and the metrics record."""
-    run = _make_run(target, draft, method, sampling, seed, policy, reproducible)
-    c = Metrics()
+    """One generation: the engine with one sequence (see `Engine.add` for the arguments). Returns the new token ids
+    and the metrics record."""
+    engine = Engine()
+    i = engine.add(target, draft, prompt, method, sampling, max_new_tokens, seed, eos_ids, stop, on_tokens, policy,
+                   reproducible, logprobs)
+    while engine.live:
+        engine.step()
+    return engine.pop(i)
+
+
+def _generation(s: Sequence) -> Steps[tuple[list[int], Metrics]]:
+    """Sequence s from its prefill to its end, one round per engine step (see the module docstring)."""
+    run, c, new, logprobs = s.run, s.metrics, s.new, s.logprobs
+    max_new_tokens, eos_ids, stop, on_tokens = s.max_new_tokens, s.eos_ids, s.stop, s.on_tokens
+    method, target = run.method, run.target
     start = time.perf_counter()
-    state = _start(run, prompt, eos_ids, logprobs)
+    state = yield from _start(run, s.prompt, eos_ids, logprobs)
     c.t_prefill = time.perf_counter() - start
-    new: list[int] = []
     jump = _jumps(run, logprobs)
     if jump:  # tokens the grammar forces before the first round
         _commit_forced(run, state, new, c, max_new_tokens)
     end = cut(new, max_new_tokens, eos_ids, stop)
     while end is None:
+        yield None  # one round per step
         limit = round_limit(target, max_new_tokens - len(new), method.target_init, len(state.ahead))
         if limit is None:  # the context is full: nothing more can be decoded
             break
         if method.target_init:
             _grow_draft_vocab(run, state, new)
-        outcome = ti_round(run, state, limit) if method.target_init else _round(run, state, limit, new)
+            outcome = ti_round(run, state, limit)
+        else:
+            outcome = yield from _round(run, state, limit, new)
         run.policy.observe(outcome)
         c.count(outcome)
         new.extend(outcome.committed)
@@ -88,16 +252,17 @@ def generate_ids(
         end = cut(new, max_new_tokens, eos_ids, stop)
         if end is None and on_tokens is not None:
             on_tokens(new)
+    out = new
     if end is not None:
-        new, c.finish_reason = new[:end[0]], end[1]
+        out, c.finish_reason = new[:end[0]], end[1]
     if on_tokens is not None:
-        on_tokens(new)
+        on_tokens(out)
     run.policy.finish(state.history)
     if logprobs is not None:
-        del logprobs.tokens[len(new):]
-    c.new_tokens = len(new)
+        del logprobs.tokens[len(out):]
+    c.new_tokens = len(out)
     c.seconds = time.perf_counter() - start
-    return new, c
+    return out, c
 
 
 def _make_run(target, draft, method, sampling, seed, policy, reproducible) -> Run:
@@ -115,7 +280,7 @@ def _make_run(target, draft, method, sampling, seed, policy, reproducible) -> Ru
                seed if keyed else None)
 
 
-def _start(run: Run, prompt: list[int], eos_ids: set[int], logprobs: LogprobRecorder | None) -> State:
+def _start(run: Run, prompt: list[int], eos_ids: set[int], logprobs: LogprobRecorder | None) -> Steps[State]:
     """Reset both models and the policy, prefill. A policy that may never draft (auto) defers the draft's prefill
     to its first drafting round: the prompt then stays pending, and that round's first draft forward feeds it."""
     target, draft = run.target, run.draft
@@ -125,19 +290,19 @@ def _start(run: Run, prompt: list[int], eos_ids: set[int], logprobs: LogprobReco
     if draft is not None:
         draft.reset()
         if len(prompt) > 1 and not defer:
-            forward_chain(draft, torch.tensor(prompt[:-1], dtype=torch.long), last_only=True)
+            yield from chain_steps(draft, torch.tensor(prompt[:-1], dtype=torch.long), last_only=True)
     committed = None
     if run.sampling.reads_history:
         vocab = max(target.vocab_size, draft.vocab_size if draft is not None else 0)
         committed = CommittedHistory(prompt, vocab, eos_ids, run.sampling.grammar, run.sampling.penalised)
-    state = prefill(target, prompt, run.method.target_init, run.sampling, logprobs, committed)
+    state = yield from prefill(target, prompt, run.method.target_init, run.sampling, logprobs, committed)
     if defer:
         state.pending = list(prompt)
     run.policy.prepare(target, draft, target.cache_len, run.sampling.temperature)
     return state
 
 
-def _round(run: Run, state: State, limit: tuple[int, int], new: list[int]) -> RoundOutcome:
+def _round(run: Run, state: State, limit: tuple[int, int], new: list[int]) -> Steps[RoundOutcome]:
     """One draft-initialized round, as named steps. new: the output so far."""
     t0 = time.perf_counter()
     plan = run.policy.plan_round(state.history, len(state.pending))
@@ -146,9 +311,9 @@ def _round(run: Run, state: State, limit: tuple[int, int], new: list[int]) -> Ro
     if getattr(proposer, "uses_draft", False):
         _grow_draft_vocab(run, state, new)
     n_pending, lt = len(state.pending), run.target.cache_len + len(state.ahead)  # lt: the root's position
-    proposal = proposer.propose(_inputs(run, state, lt), plan, max_tree)
+    proposal = yield from proposal_steps(proposer, _inputs(run, state, lt), plan, max_tree)
     t1 = time.perf_counter()
-    out = _verify_forward(run.target, proposal, lt, state.ahead)
+    out = yield from _verify_forward(run.target, proposal, lt, state.ahead)
     state.ahead = []
     t_fwd = time.perf_counter() - t1
     path, nxt = _verify(run, state, proposal, out, lt)
@@ -170,7 +335,7 @@ def _inputs(run: Run, state: State, lt: int) -> RoundInputs:
                        policy=run.policy, key=run.key, node_history=state.draft_history)
 
 
-def _verify_forward(target: Backend, proposal: Proposal, lt: int, ahead: list[int]):
+def _verify_forward(target: Backend, proposal: Proposal, lt: int, ahead: list[int]) -> Steps[ForwardOut]:
     """The target scores [root, tree] in one call: positions and mask sliced from the max tree (N_d nodes). ahead:
     committed tokens before the root the target has not consumed (a grammar's forced tokens), fed first as a chain
     in the same call; their rows are dropped from the output."""
@@ -178,12 +343,12 @@ def _verify_forward(target: Backend, proposal: Proposal, lt: int, ahead: list[in
     tokens, positions = proposal.tokens, proposal.max_tree.position_ids(lt)[:n]
     mask = proposal.max_tree.attention_mask(lt, rows=range(n), cols=n)
     if not k:
-        return target.forward(tokens, positions, mask)
+        return (yield Forward(target, tokens, positions, mask))
     chain = torch.ones(k, lt + n, dtype=torch.bool)  # ahead token i reads the cache and ahead tokens 0..i
     chain[:, lt - k:] = False
     chain[:, lt - k:lt] = torch.ones(k, k, dtype=torch.bool).tril()
-    out = target.forward(torch.cat([torch.tensor(ahead, dtype=torch.long), tokens.to(torch.long)]),
-                         torch.cat([torch.arange(lt - k, lt), positions]), torch.cat([chain, mask]))
+    out = yield Forward(target, torch.cat([torch.tensor(ahead, dtype=torch.long), tokens.to(torch.long)]),
+                        torch.cat([torch.arange(lt - k, lt), positions]), torch.cat([chain, mask]))
     return ForwardOut(logits=out.logits[k:], hidden=None if out.hidden is None else out.hidden[k:],
                       argmax=None if out.argmax is None else out.argmax[k:])
 

@@ -63,7 +63,7 @@ class AutoPolicy(DraftPolicyBase):
         self.suffix_store = suffix_store  # "suffix": the store of past requests shared by the Decoder family
         self.memory = memory  # acceptance statistics kept across generations (drafting/auto/memory.py)
         self.view: AutoView | None = None
-        # (StepBatcher, BatchCosts, sampling) while this policy plans one sequence of a batch
+        # (Engine, BatchCosts, sampling) while this policy plans one sequence of a batch
         self._batch: tuple[Any, BatchCosts, bool] | None = None
         self.reset()
 
