@@ -28,7 +28,8 @@ from __future__ import annotations
 
 from typing import Callable
 
-from multispec.decoding.decoder import Decoder, GenerationResult, Job
+from multispec.decoding.decoder import Decoder, GenerationResult
+from multispec.decoding.job import Job
 from multispec.decoding.engine import Cancelled, Engine
 from multispec.decoding.request import PreparedRequest
 from multispec.errors import MultispecError, attach_partial, check
@@ -88,7 +89,7 @@ class BatchEngine:
             if decoder.machine.auto_view is not None:
                 policy.use_profile(decoder.machine.auto_view)
         self._free = list(range(slots))[::-1]
-        self._jobs: dict[int, tuple[int, Job]] = {}  # sequence id -> (slot, job)
+        self._jobs: dict[int, tuple[int, Job | None]] = {}  # sequence id -> (slot, job; None: add_ids)
 
     @property
     def live(self) -> int:
@@ -103,7 +104,7 @@ class BatchEngine:
     def add(self, prepared: PreparedRequest, stream: Callable | None = None, stream_chunks: bool = False) -> int:
         """Start a request `Decoder.prepare` checked on a free slot (at the next `step`); its id. stream,
         stream_chunks: as Decoder.generate's. `step` reports its GenerationResult."""
-        job = self.decoder.begin(prepared, stream, stream_chunks)
+        job = Job.begin(self.decoder.pair.tokenizer, prepared, stream, stream_chunks)
         return self._add(job.ids, job.sampling, prepared.max_new_tokens, job.seed, set(prepared.eos_ids), job.stop,
                          job.streamer.on_tokens, prepared.reproducible, job.recorder, job)
 
@@ -159,7 +160,7 @@ class BatchEngine:
         out = self._end(seq_id)
         return getattr(out, "partial", None) if isinstance(out, BaseException) else out
 
-    def cancel_all(self) -> dict[int, GenerationResult]:
+    def cancel_all(self) -> dict[int, GenerationResult | None]:
         """Stop every live sequence (after an interrupt): each one's result so far."""
         return {i: self.cancel(i) for i in list(self._jobs)}
 
@@ -172,9 +173,9 @@ class BatchEngine:
             new, metrics = self.engine.pop(seq_id)
         except BaseException as e:  # noqa: BLE001 - handed to the caller with the sequence's result so far
             if job is not None:
-                attach_partial(e, d.partial(job))
+                attach_partial(e, job.partial())
             return e
-        return d.finish(job, new, metrics) if job is not None else (new, metrics)
+        return job.finish(d.stats, new, metrics) if job is not None else (new, metrics)
 
     def release(self) -> None:
         """Once the batch is done: the caches' buffers go to the next batch over these models and shapes

@@ -121,7 +121,7 @@ def _decode_batched(batch: BatchEngine, prepared: list, results: list, errors: l
     """Every prompt through the batch engine, in this thread (a slot that frees takes the next prompt); results are
     reported as they finish. An exception here (an interrupt, an on_result error) stops every running sequence
     where it is, with its tokens so far; the waiting prompts never start."""
-    waiting, running = deque(range(len(prepared))), {}  # running: sequence id -> prompt index
+    waiting, running = deque(range(len(prepared))), dict[int, int]()  # running: sequence id -> prompt index
     try:
         while waiting or running:
             while waiting and batch.free:
@@ -134,7 +134,7 @@ def _decode_batched(batch: BatchEngine, prepared: list, results: list, errors: l
                 i = running.pop(seq_id)
                 if isinstance(out, BaseException):
                     errors[i], results[i] = out, getattr(out, "partial", None) or _empty(prepared[i].seed)
-                else:
+                elif isinstance(out, GenerationResult):  # (add, not add_ids: always)
                     results[i] = out
                     out.stats["warnings"].extend(notes)
                 done(i)

@@ -13,10 +13,11 @@ inside a generation; runs report observations, and only an explicit save of `upd
 """
 from __future__ import annotations
 
-from dataclasses import dataclass, fields
+from dataclasses import fields
 from typing import Callable
 
 from multispec.decoding.engine import generate_ids
+from multispec.decoding.job import Job
 from multispec.decoding.logprobs import LogprobRecorder
 from multispec.decoding.methods import MethodConfig, build_method, get_method
 from multispec.decoding.metrics import Metrics
@@ -33,8 +34,6 @@ from multispec.models.base import Backend
 from multispec.params import SamplingParams
 from multispec.profile import MachineProfile
 from multispec.sampling import SamplingConfig
-from multispec.decoding.grammar import grammar_stats
-from multispec.text import StopStrings, Streamer
 
 
 class Decoder:
@@ -240,53 +239,15 @@ class Decoder:
                      stream_chunks: bool = False) -> GenerationResult:
         """Decode a request `prepare` checked (nothing is checked again); see `generate` for stream, stream_chunks
         and the partial result of a failure."""
-        job = self.begin(prepared, stream, stream_chunks)
+        job = Job.begin(self.pair.tokenizer, prepared, stream, stream_chunks)
         try:
             new, metrics = self.run(job.ids, job.sampling, prepared.max_new_tokens, job.seed, job.stop,
                                     job.streamer.on_tokens, prepared.reproducible, set(prepared.eos_ids),
                                     job.recorder)
         except BaseException as e:  # keep what was committed: the caller gets it as e.partial, then the error
-            attach_partial(e, self.partial(job))
+            attach_partial(e, job.partial())
             raise
-        return self.finish(job, new, metrics)
-
-    def begin(self, prepared: PreparedRequest, stream: Callable | None = None, stream_chunks: bool = False) -> "Job":
-        """What decoding `prepared` reads and fills beside the token ids: its stop strings, stream and logprob
-        recorder (`run_prepared`; a batch engine's `add`)."""
-        params, sampling = prepared.params, prepared.sampling
-        recorder = None
-        if params.wants_logprobs:
-            recorder = LogprobRecorder(top=0 if params.logprobs is None else params.logprobs,
-                                       mode=params.logprobs_mode, prompt=params.prompt_logprobs)
-        stops = StopStrings(self.pair.tokenizer, list(prepared.stop), after_tokens=sampling.min_tokens)
-        streamer = Streamer(stops, stream, tokens=stream_chunks,
-                            recorder=recorder if params.logprobs is not None else None)
-        return Job(prepared, list(prepared.prompt_ids), recorder, stops, streamer)
-
-    def partial(self, job: "Job") -> GenerationResult:
-        """The result of a job stopped part-way: the tokens streamed so far (finish_reason "abort")."""
-        new = list(job.streamer.latest)
-        return GenerationResult(token_ids=new, text=job.stops.decode(new),
-                                stats={"seed": job.seed, "new_tokens": len(new),
-                                       "warnings": list(job.prepared.warnings)}, finish_reason="abort")
-
-    def finish(self, job: "Job", new: list[int], metrics: Metrics) -> GenerationResult:
-        """A finished job's GenerationResult: its text cut at a stop string, the stream flushed, its stats."""
-        prepared, sampling, recorder = job.prepared, job.sampling, job.recorder
-        warnings = list(prepared.warnings)
-        text, new_ids = job.stops.final(new)
-        job.streamer.flush(text, new_ids)
-        stats = self.stats(metrics, sampling, prepared.reproducible)
-        stats.update(seed=job.seed, prompt_tokens=len(job.ids), max_new_tokens=prepared.max_new_tokens,
-                     warnings=warnings)
-        stats.update(grammar_stats(sampling.grammar, new_ids, metrics, warnings))
-        if recorder is not None:
-            stats["logprobs_mode"] = recorder.mode
-        params = prepared.params
-        return GenerationResult(
-            token_ids=new_ids, text=text, stats=stats, finish_reason=metrics.finish_reason,
-            logprobs=recorder.tokens[:len(new_ids)] if recorder is not None and params.logprobs is not None else None,
-            prompt_logprobs=recorder.prompt_tokens if recorder is not None and params.prompt_logprobs else None)
+        return job.finish(self.stats, new, metrics)
 
     def reproducible_mode(self, reproducible: bool | None, seed, sampling: SamplingConfig) -> bool:
         """Whether a run verifies with position-keyed noise (request.reproducible_mode)."""
@@ -317,18 +278,3 @@ class Decoder:
             stats[c.name] = extra
         return stats
 
-
-@dataclass
-class Job:
-    """One request as it decodes (Decoder.begin): the prepared request, its prompt ids, its logprob recorder (None
-    when it asks for none), its stop strings and its stream."""
-
-    prepared: PreparedRequest
-    ids: list[int]
-    recorder: LogprobRecorder | None
-    stops: StopStrings
-    streamer: Streamer
-
-    sampling = property(lambda self: self.prepared.sampling)
-    seed = property(lambda self: self.prepared.seed)
-    stop = property(lambda self: self.stops.cut_ids if self.stops else None)

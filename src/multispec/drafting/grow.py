@@ -67,31 +67,18 @@ def grow_tree(draft: Backend, pending: list[int], max_tree: Tree, known_tokens: 
                             want_hidden, keys, history))
 
 
-def grow_steps(
-    draft: Backend,
-    pending: list[int],
-    max_tree: Tree,
-    known_tokens: list[int],
-    known_depth: int,
-    sampling: SamplingConfig,
-    draw: DrawFn,
-    generator: torch.Generator,
-    policy: StopPolicy | None = None,
-    want_hidden: bool = False,
-    keys: PositionKeys | None = None,
-    history: Callable | None = None,
-) -> Steps[Draft]:
+def grow_steps(draft: Backend, pending: list[int], max_tree: Tree, known_tokens: list[int], known_depth: int,
+               sampling: SamplingConfig, draw: DrawFn, generator: torch.Generator, policy: StopPolicy | None = None,
+               want_hidden: bool = False, keys: PositionKeys | None = None, history: Callable | None = None) -> Steps[Draft]:
     """Draft `max_tree` (or a depth-truncation of it chosen by `policy`), as a generator of its draft forwards
     (models/base.Steps: the engine runs them with other sequences' forwards of the same depth).
-
     pending: committed tokens the draft has not consumed; pending[-1] is the root (node 0).
     known_tokens: tokens of nodes 1..level_end(known_depth)-1, already chosen (e.g. by the target); [] if none.
     draw: the verifier's draft law. The drafted depth is at least known_depth + 1 when the max tree is deeper.
     keys: position keys of max_tree's nodes (keyed.node_keys) for a keyed verifier (gumbel, gls): the children of
     node u are then the top-n of log q + the noise of their position (coupled_draw), and `draw` is not used.
     history(rows, tokens, logits) -> sampling.History: the processors' history of those max_tree nodes (penalties,
-    min_tokens: each node's own path; engine._draft_history), or None when the sampling reads none.
-    """
+    min_tokens: each node's own path; engine._draft_history), or None when the sampling reads none."""
     n_nodes, alone = len(max_tree), len(pending) > CATCH_UP_ALONE and takes_last_only(draft)
     if alone:  # a long catch-up (a deferred prefill) as a chain of its own, whose rows' laws are not needed
         yield _catch_up(draft, pending)
@@ -110,7 +97,7 @@ def grow_steps(
     out = yield _first_forward(draft, pending, max_tree, tokens[:n_known], base, root_index, want)
     m, calls = len(pending) - 1, 1 + int(alone)  # m: pending tokens before the root
     rows = range(known_depth and max_tree.level(known_depth).start, n_known)  # nodes whose children come next
-    logits, hidden = out.logits[m:][rows.start:], (out.hidden[m:][rows.start:] if want else None)
+    logits, hidden = out.logits[m:][rows.start:], out.hidden[m:][rows.start:] if want and out.hidden is not None else None
     depth, fed = known_depth, n_known
     while True:
         parent_q = _draft_dists(logits, sampling, None if history is None else history(rows, tokens, logits))

@@ -115,7 +115,7 @@ class Forward:
 
 # a round or a part of one, as a generator: yields the forwards it needs (None: its turn of the step is over),
 # is sent each one's ForwardOut, returns its result
-Steps = Generator[Forward | None, ForwardOut | None, T]
+Steps = Generator[Forward | None, ForwardOut, T]  # (sent None after a None: the turn's end)
 
 
 def drive(steps: Steps[T]) -> T:

@@ -116,7 +116,7 @@ class AutoPolicy(DraftPolicyBase):
         costs, planner = self._costs(), self.planner
         batched = costs.live > 1
         if isinstance(costs, BatchShareCosts) and costs.sampling and costs.live >= BATCH_PLAIN_FROM:
-            # Measured (docs/batching.md): sampling in a batch of 4 or more, speculation of any kind lost 11-28 %
+            # Measured (docs/batching_results.md): sampling in a batch of 4 or more, speculation of any kind lost 11-28 %
             # to plain batched steps on every configuration tried (each speculating sequence lengthens every
             # step, its planning runs in turn with everyone else's, and the batch ends with its slowest sequence).
             self.current = planner.ar(costs)
