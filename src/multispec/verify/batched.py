@@ -244,10 +244,14 @@ def chain_plan(batch: RoundBatch, p: torch.Tensor, q: torch.Tensor | None, kind:
         return ChainPlan(px, qx, "first", lambda node, bonus: torch.where(
             bonus[:, None], p[node], _sd_residual(p[node], q[node])))
     w = _block_weights(batch, px, qx)  # [N]
-    leaf = torch.arange(tok.shape[0], device=tok.device) == batch.cu_num_tokens[1:][batch.seq] - 1  # [N]
-    diff = w.to(p.dtype)[:, None] * p - q  # [N, V]
-    num = torch.where(leaf, w, diff.clamp_min(0).sum(-1).double())
-    den = torch.where(leaf, torch.ones_like(w), (-diff).clamp_min(0).sum(-1).double())
+    # a leaf's coin stops with probability w (num = w, den = 1); an inner draft's is R / S from its own row
+    idx = torch.arange(tok.shape[0], device=tok.device)
+    is_inner = (batch.depth > 0) & (idx < batch.cu_num_tokens[1:][batch.seq] - 1)  # [N]
+    m = sum(max(n - 2, 0) for n in batch.sizes)  # their number, known on the host: no sync to gather them
+    inner = torch.argsort((~is_inner).int(), stable=True)[:m]  # [M], in flat order
+    diff = w[inner].to(p.dtype)[:, None] * p[inner] - q[inner]  # [M, V]
+    num = w.index_copy(0, inner, diff.clamp_min(0).sum(-1).double())  # [N]
+    den = torch.ones_like(w).index_copy(0, inner, (-diff).clamp_min(0).sum(-1).double())
     return ChainPlan(num, den, "last", lambda node, bonus: torch.where(
         bonus[:, None], p[node], _block_residual(w[node], p[node], q[node])))
 
