@@ -388,6 +388,30 @@ def test_batched_sampling_keeps_the_target_law():
     assert min(pvalues) > 1e-3, pvalues
 
 
+@pytest.mark.slow
+@pytest.mark.parametrize("method,options,broken", [("sd", {"k": 2, "verifier": "sd"}, False),
+                                                   ("sd", {"k": 2}, False), ("lookup", {"k": 2}, False),
+                                                   ("sd", {"k": 2, "verifier": "sd"}, True)])
+def test_batched_chain_verification_keeps_the_target_law(monkeypatch, method, options, broken):
+    """T = 1 with the step's sampled chains verified together in tensor operations (verify/batched.py; on a GPU by
+    default, forced here on the CPU): sd's node walk, block (sd's default) and naive (lookup's point masses), six
+    slots, sequences joining and leaving: the joint law of each prompt's tokens 2 and 3 is the target's. The broken
+    variant (sd's residual drawn from p instead of (p - q)+) is caught."""
+    from multispec.decoding import engine, rounds
+    from multispec.verify import batched as vb
+
+    monkeypatch.setattr(rounds, "BATCH_VERIFY_ON_CPU", True)
+    sizes, real = [], engine.verify_chains
+    monkeypatch.setattr(engine, "verify_chains", lambda requests: sizes.append(len(requests)) or real(requests))
+    if broken:
+        monkeypatch.setattr(vb, "_sd_residual", lambda p_rows, q_rows: p_rows)
+    target, draft = context_pair()
+    decoder = Decoder(_pair(target, draft), method, "fast", **options)
+    pvalues = _law_pvalues(decoder, target, PROMPTS_LAW, 2500, 6)
+    assert max(sizes) > 2  # several sequences verified at once
+    assert (min(pvalues) < 1e-6) if broken else (min(pvalues) > 1e-3), pvalues
+
+
 def _mask_misses_last_row(real):
     def run(cache, steps):
         for s in steps:

@@ -23,15 +23,18 @@ import time
 from collections import Counter
 from typing import Callable
 
+import torch
+
 from multispec.decoding.logprobs import LogprobRecorder
 from multispec.decoding.methods import MethodConfig
 from multispec.decoding.metrics import Metrics
-from multispec.decoding.rounds import Cancelled, Sequence, generation, make_run
+from multispec.decoding.rounds import Cancelled, ChainVerify, Sequence, generation, make_run
 from multispec.drafting.protocol import DraftPolicy
 from multispec.errors import check
 from multispec.models.base import Backend, Forward
 from multispec.models.batched import Role, forward_all
 from multispec.sampling import SamplingConfig
+from multispec.verify.batched import RoundBatch, chain_batch
 
 __all__ = ["Cancelled", "Engine", "Sequence", "generate_ids"]
 
@@ -105,9 +108,15 @@ class Engine:
         for s in [s for s in self._seqs.values() if not s.done]:
             self._advance(s, None, waiting, ended)
         while waiting:
+            forwards = [i for i, r in waiting.items() if isinstance(r, Forward)]
+            if not forwards:  # every waiting sequence verifies a sampled chain: all of them at once
+                ids = list(waiting)
+                for i, out in zip(ids, verify_chains([waiting.pop(i) for i in ids])):
+                    self._advance(self._seqs[i], out, waiting, ended)
+                continue
             # the draft's forwards first: drafting sequences then verify in one target forward with the others
-            drafts = [i for i, r in waiting.items() if r.backend is not self._seqs[i].run.target]
-            ids = drafts or list(waiting)
+            drafts = [i for i in forwards if waiting[i].backend is not self._seqs[i].run.target]
+            ids = drafts or forwards
             role = Role.DRAFT if drafts else Role.TARGET
             requests = [waiting.pop(i) for i in ids]
             t0 = time.perf_counter()
@@ -159,3 +168,25 @@ def generate_ids(
     while engine.live:
         engine.step()
     return engine.pop(i)
+
+
+def verify_chains(requests: list[ChainVerify]) -> list:
+    """Each request's (path, next token), the requests of one kind and vocabulary verified as one batch in tensor
+    operations (verify/batched.chain_batch, p and q where the forward left them, one host copy); a sequence whose
+    law has no mass gets that error (sent into it), the others their outcomes."""
+    out: list = [None] * len(requests)
+    groups: dict[tuple, list[int]] = {}
+    for j, r in enumerate(requests):
+        groups.setdefault((r.kind, r.p.shape[-1], r.p.device), []).append(j)
+    for (kind, _, device), members in groups.items():
+        rs = [requests[j] for j in members]
+        try:
+            batch = RoundBatch.of([r.tree for r in rs], [r.tokens for r in rs], device)
+            p = torch.cat([r.p for r in rs])
+            q = None if kind == "naive" else torch.cat([r.q if r.q is not None else torch.zeros_like(r.p) for r in rs])
+            results: list = chain_batch(batch, p, q, [r.generator for r in rs], kind).outcomes(errors=True)
+        except Exception as e:  # noqa: BLE001 - each sequence of this batch gets the error
+            results = [e] * len(rs)
+        for j, res in zip(members, results):
+            out[j] = res
+    return out

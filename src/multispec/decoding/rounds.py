@@ -50,6 +50,7 @@ from multispec.drafting.protocol import RoundOutcome, RoundTimes
 from multispec.errors import check
 from multispec.models.base import Backend, Forward, ForwardOut, Steps, has_vocab_subset
 from multispec.sampling import greedy_argmax, process_logits, sample
+from multispec.tree import Tree
 from multispec.verify.keyed import node_keys
 from multispec.verify.tree_walk import walk_tree_greedy
 
@@ -176,7 +177,7 @@ def _round(run: Run, state: State, limit: tuple[int, int], new: list[int]) -> St
     out = yield from _verify_forward(run.target, proposal, lt, state.ahead)
     state.ahead = []
     t_fwd = time.perf_counter() - t1
-    path, nxt = _verify(run, state, proposal, out, lt)
+    path, nxt = yield from _verify(run, state, proposal, out, lt)
     t2 = time.perf_counter()
     tok = proposal.tokens.tolist()
     keep_path(run.target, proposal.tree, path, lt)
@@ -244,8 +245,10 @@ def _commit_forced(run: Run, state: State, new: list[int], c: Metrics, max_new_t
     c.forced_tokens += len(forced)
 
 
-def _verify(run: Run, state: State, proposal: Proposal, out, lt: int) -> tuple[list[int], int]:
-    """The accepted path (node indices from the root) and the next token; records logprobs when asked."""
+def _verify(run: Run, state: State, proposal: Proposal, out, lt: int) -> Steps[tuple[list[int], int]]:
+    """The accepted path (node indices from the root) and the next token; records logprobs when asked. A sampled
+    chain (sd, naive, block; a plain step too) on a device other than the CPU is verified with the step's others
+    in tensor operations (`ChainVerify`); on the CPU the per-sequence walk is faster (verify/batched.py)."""
     tree, tokens, sampling = proposal.tree, proposal.tokens, run.sampling
     rows_history = state.node_history(tree, tokens, range(len(tree)), out.logits)
     # the adjusted logits are read greedy and for logprobs; sampling, process_logits adjusts them itself
@@ -261,7 +264,10 @@ def _verify(run: Run, state: State, proposal: Proposal, out, lt: int) -> tuple[l
         rng = node_keys(tree, run.key, lt) if run.key is not None else run.gen_verify
         verifier = run.verifier if run.key is not None or proposal.verifier is None else \
             choose_verifier(run.method, sampling, False, proposal.verifier)
-        if len(tree) == 1 and run.key is None and verifier.lossless:  # a plain step: every lossless verifier
+        kind = _batch_kind(run, tree, verifier)
+        if kind is not None and (p.device.type != "cpu" or BATCH_VERIFY_ON_CPU):
+            path, nxt = yield ChainVerify(tree, tokens, p, proposal.q, kind, run.gen_verify)
+        elif len(tree) == 1 and run.key is None and verifier.lossless:  # a plain step: every lossless verifier
             path, nxt = (0,), int(sample(p[0], run.gen_verify))  # draws the next token from p (as walk_tree does at a leaf)
         else:
             q = torch.zeros_like(p) if proposal.q is None else proposal.q
@@ -273,6 +279,33 @@ def _verify(run: Run, state: State, proposal: Proposal, out, lt: int) -> tuple[l
                                  None if p is None else p[rows])
         state.logprobs.add(lp, [int(tokens[u]) for u in path[1:]] + [nxt])
     return list(path), nxt
+
+
+BATCH_VERIFY_ON_CPU = False  # tests set it: the batched kernels' exactness on the CPU
+
+
+@dataclass(frozen=True)
+class ChainVerify:
+    """A sampled chain's verification, which the engine runs with the step's others (verify/batched.chain_batch):
+    tree a chain (or the root alone), tokens long [N], p float [N, V] (processed), q float [N, V] or None (point
+    masses: naive), kind "sd" | "naive" | "block", generator the sequence's own verification stream."""
+
+    tree: Tree
+    tokens: torch.Tensor
+    p: torch.Tensor
+    q: torch.Tensor | None
+    kind: str
+    generator: torch.Generator
+
+
+def _batch_kind(run: Run, tree: Tree, verifier) -> str | None:
+    """The batched kernel that verifies this round's tree (verify/batched.KINDS), or None: a chain under sd, naive
+    or block, or the root alone under any lossless verifier (a plain step: one draw from p); never keyed."""
+    if run.key is not None or any(len(c) > 1 for c in tree.children):
+        return None
+    if len(tree) == 1:
+        return "naive" if verifier.lossless else None
+    return verifier.name if verifier.name in ("sd", "naive", "block") else None
 
 
 def _pending_after(run: Run, state: State, proposal: Proposal, path: list[int], tok: list[int],

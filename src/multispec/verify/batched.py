@@ -110,16 +110,21 @@ class Verified:
     next_token: torch.Tensor
     bad: torch.Tensor
 
-    def outcomes(self) -> list[Outcome]:
+    def outcomes(self, errors: bool = False) -> list:
         """[(path, next token)] per sequence, as the per-sequence verifiers return it: one host copy for the batch.
-        MultispecError if a sequence drew from a law with no mass (as sampling.sample_rows raises)."""
+        MultispecError if a sequence drew from a law with no mass (as sampling.sample_rows raises); errors: that
+        sequence's entry is the error instead (the others' outcomes stand)."""
         rows = torch.cat([self.path, self.path_len[:, None], self.next_token[:, None], self.bad[:, None]], 1).tolist()
-        out = []
+        out: list = []
         for row in rows:
             *path, n, nxt, bad = row
             if bad:
-                raise MultispecError(NAN_LOGITS if bad == 2 else
-                                     "internal: a sampling law has no finite positive mass (a row of zeros or infinities)")
+                error = MultispecError(NAN_LOGITS if bad == 2 else "internal: a sampling law has no finite positive "
+                                                                   "mass (a row of zeros or infinities)")
+                if not errors:
+                    raise error
+                out.append(error)
+                continue
             out.append((tuple(path[:n]), nxt))
         return out
 
