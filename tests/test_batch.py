@@ -300,7 +300,7 @@ def test_batched_greedy_verification_reads_the_batchs_argmax(monkeypatch, method
     """A greedy lane's verification reads each row's argmax from the batched forward (one argmax and one copy to
     the CPU for the batch) instead of taking its own: with the engine's own greedy_argmax made unusable, a batch
     still decodes every prompt's batch-1 tokens. Argmaxes deliberately wrong (the broken variant) are caught."""
-    from multispec.decoding import engine
+    from multispec.decoding import round_verify
     from multispec.models import batched
 
     target, draft = tiny_pair(vocab=16, seed=3, noise=0.3)
@@ -312,7 +312,7 @@ def test_batched_greedy_verification_reads_the_batchs_argmax(monkeypatch, method
     def unusable(logits):
         raise AssertionError("a batched greedy lane took its own argmax")
 
-    monkeypatch.setattr(engine, "greedy_argmax", unusable)
+    monkeypatch.setattr(round_verify, "greedy_argmax", unusable)
     assert run_batched(decoder, prompts, 3, GREEDY, 12, [0] * len(prompts))[0] == alone
     real = batched._argmax_rows
 
@@ -397,10 +397,10 @@ def test_batched_chain_verification_keeps_the_target_law(monkeypatch, method, op
     default, forced here on the CPU): sd's node walk, block (sd's default) and naive (lookup's point masses), six
     slots, sequences joining and leaving: the joint law of each prompt's tokens 2 and 3 is the target's. The broken
     variant (sd's residual drawn from p instead of (p - q)+) is caught."""
-    from multispec.decoding import engine, rounds
+    from multispec.decoding import engine, round_verify
     from multispec.verify import batched as vb
 
-    monkeypatch.setattr(rounds, "BATCH_VERIFY_ON_CPU", True)
+    monkeypatch.setattr(round_verify, "BATCH_VERIFY_ON_CPU", True)
     sizes, real = [], engine.verify_chains
     monkeypatch.setattr(engine, "verify_chains", lambda requests: sizes.append(len(requests)) or real(requests))
     if broken:

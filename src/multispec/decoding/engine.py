@@ -28,7 +28,8 @@ import torch
 from multispec.decoding.logprobs import LogprobRecorder
 from multispec.decoding.methods import MethodConfig
 from multispec.decoding.metrics import Metrics
-from multispec.decoding.rounds import Cancelled, ChainVerify, Sequence, generation, make_run
+from multispec.decoding.round_verify import ChainVerify
+from multispec.decoding.rounds import Cancelled, Sequence, generation, make_run
 from multispec.drafting.protocol import DraftPolicy
 from multispec.errors import check
 from multispec.models.base import Backend, Forward

@@ -42,17 +42,14 @@ import torch
 from multispec.decoding.logprobs import LogprobRecorder
 from multispec.decoding.metrics import Metrics
 from multispec.decoding.node_history import CommittedHistory
-from multispec.decoding.state import (Run, State, adjusted_logits, cap_tree, chain_steps, choose_verifier, cut,
+from multispec.decoding.state import (Run, State, cap_tree, chain_steps, choose_verifier, cut,
                                       keep_path, prefill, round_limit)
+from multispec.decoding.round_verify import verify_round
 from multispec.decoding.ti_round import ti_round
 from multispec.drafting.proposers import Proposal, RoundInputs, get_proposer, proposal_steps
 from multispec.drafting.protocol import RoundOutcome, RoundTimes
 from multispec.errors import check
 from multispec.models.base import Backend, Forward, ForwardOut, Steps, has_vocab_subset
-from multispec.sampling import greedy_argmax, process_logits, sample
-from multispec.tree import Tree
-from multispec.verify.keyed import node_keys
-from multispec.verify.tree_walk import walk_tree_greedy
 
 
 class Cancelled(Exception):
@@ -177,7 +174,7 @@ def _round(run: Run, state: State, limit: tuple[int, int], new: list[int]) -> St
     out = yield from _verify_forward(run.target, proposal, lt, state.ahead)
     state.ahead = []
     t_fwd = time.perf_counter() - t1
-    path, nxt = yield from _verify(run, state, proposal, out, lt)
+    path, nxt = yield from verify_round(run, state, proposal, out, lt)
     t2 = time.perf_counter()
     tok = proposal.tokens.tolist()
     keep_path(run.target, proposal.tree, path, lt)
@@ -243,69 +240,6 @@ def _commit_forced(run: Run, state: State, new: list[int], c: Metrics, max_new_t
     state.ahead.extend(state.pending[-1:] + forced[:-1])  # the old root and all but the last forced token
     state.pending = state.pending + forced if run.draft is not None else [forced[-1]]
     c.forced_tokens += len(forced)
-
-
-def _verify(run: Run, state: State, proposal: Proposal, out, lt: int) -> Steps[tuple[list[int], int]]:
-    """The accepted path (node indices from the root) and the next token; records logprobs when asked. A sampled
-    chain (sd, naive, block; a plain step too) on a device other than the CPU is verified with the step's others
-    in tensor operations (`ChainVerify`); on the CPU the per-sequence walk is faster (verify/batched.py)."""
-    tree, tokens, sampling = proposal.tree, proposal.tokens, run.sampling
-    rows_history = state.node_history(tree, tokens, range(len(tree)), out.logits)
-    # the adjusted logits are read greedy and for logprobs; sampling, process_logits adjusts them itself
-    adjusted = adjusted_logits(out.logits, sampling, rows_history) if sampling.greedy or state.logprobs is not None \
-        else None
-    p = None
-    if sampling.greedy:  # each row's argmax is all the greedy walk needs: no p, no q
-        best = out.argmax if adjusted is None and out.argmax is not None else \
-            greedy_argmax(adjusted if adjusted is not None else out.logits)  # (taken by the batch, else here)
-        path, nxt = walk_tree_greedy(tree, tokens.tolist(), best.tolist())
-    else:
-        p = process_logits(out.logits, sampling, rows_history)
-        rng = node_keys(tree, run.key, lt) if run.key is not None else run.gen_verify
-        verifier = run.verifier if run.key is not None or proposal.verifier is None else \
-            choose_verifier(run.method, sampling, False, proposal.verifier)
-        kind = _batch_kind(run, tree, verifier)
-        if kind is not None and (p.device.type != "cpu" or BATCH_VERIFY_ON_CPU):
-            path, nxt = yield ChainVerify(tree, tokens, p, proposal.q, kind, run.gen_verify)
-        elif len(tree) == 1 and run.key is None and verifier.lossless:  # a plain step: every lossless verifier
-            path, nxt = (0,), int(sample(p[0], run.gen_verify))  # draws the next token from p (as walk_tree does at a leaf)
-        else:
-            q = torch.zeros_like(p) if proposal.q is None else proposal.q
-            # verify/ runs on the CPU with its CPU generators (a no-op there; on a GPU one copy of the tree's rows)
-            path, nxt = verifier.verify(tree, tokens.cpu(), p.cpu(), q.cpu(), rng)
-    if state.logprobs is not None:  # committed token i is scored by the row of path[i], the node above it
-        rows = list(path)
-        lp = state.logprobs.rows(sampling, out.logits[rows], None if adjusted is None else adjusted[rows],
-                                 None if p is None else p[rows])
-        state.logprobs.add(lp, [int(tokens[u]) for u in path[1:]] + [nxt])
-    return list(path), nxt
-
-
-BATCH_VERIFY_ON_CPU = False  # tests set it: the batched kernels' exactness on the CPU
-
-
-@dataclass(frozen=True)
-class ChainVerify:
-    """A sampled chain's verification, which the engine runs with the step's others (verify/batched.chain_batch):
-    tree a chain (or the root alone), tokens long [N], p float [N, V] (processed), q float [N, V] or None (point
-    masses: naive), kind "sd" | "naive" | "block", generator the sequence's own verification stream."""
-
-    tree: Tree
-    tokens: torch.Tensor
-    p: torch.Tensor
-    q: torch.Tensor | None
-    kind: str
-    generator: torch.Generator
-
-
-def _batch_kind(run: Run, tree: Tree, verifier) -> str | None:
-    """The batched kernel that verifies this round's tree (verify/batched.KINDS), or None: a chain under sd, naive
-    or block, or the root alone under any lossless verifier (a plain step: one draw from p); never keyed."""
-    if run.key is not None or any(len(c) > 1 for c in tree.children):
-        return None
-    if len(tree) == 1:
-        return "naive" if verifier.lossless else None
-    return verifier.name if verifier.name in ("sd", "naive", "block") else None
 
 
 def _pending_after(run: Run, state: State, proposal: Proposal, path: list[int], tok: list[int],
