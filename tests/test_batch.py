@@ -3,8 +3,6 @@ forward, a batched sequence's output equals its batch-1 output (greedy) and keep
 other sequences join and leave, and a deliberately broken batch (one row's mask shifted by one) is caught."""
 from __future__ import annotations
 
-import concurrent.futures
-import threading
 from types import SimpleNamespace
 
 import numpy as np
@@ -15,7 +13,7 @@ from compat_archs import build
 from engine_utils import chi_square_pvalue, exact_joint, tiny_pair
 from helpers import assert_one_line_error, run_cli, save_tiny_pair, tiny_llama
 from multispec import generate, load_pair
-from multispec.decoding.batch import BatchGroup
+from multispec.decoding.batch import BatchEngine
 from multispec.decoding.decoder import Decoder
 from multispec.errors import MultispecError
 from multispec.loading import Pair
@@ -34,27 +32,21 @@ def _pair(target, draft) -> Pair:
 
 
 def run_batched(decoder: Decoder, prompts, slots: int, sampling, max_new, seeds, rows: int = 96):
-    """Every prompt through a BatchGroup of `slots` lanes on its loop, each lane taking the next prompt when its
-    sequence ends (sequences join and leave between rounds). max_new: one int or one per prompt."""
-    group = BatchGroup(decoder, slots, rows)
-    free = list(group.lanes)  # touched on the loop's thread only
+    """Every prompt through a BatchEngine of `slots` slots, a slot taking the next prompt when its sequence ends
+    (sequences join and leave between rounds). max_new: one int or one per prompt."""
+    batch = BatchEngine(decoder, slots, rows)
     max_new = max_new if isinstance(max_new, list) else [max_new] * len(prompts)
     out = [None] * len(prompts)
-
-    def one(i):
-        lane = free.pop()
-        try:
-            out[i] = lane.run(prompts[i], sampling, max_new[i], seeds[i])[0]
-        finally:
-            free.append(lane)
-
-    futures = [group.submit(one, i) for i in range(len(prompts))]
-    try:
-        for f in futures:
-            f.result()
-    finally:
-        group.close()
-    return out, group
+    waiting, running = list(range(len(prompts)))[::-1], {}
+    while waiting or running:
+        while waiting and batch.free:
+            i = waiting.pop()
+            running[batch.add_ids(prompts[i], sampling, max_new[i], seeds[i])] = i
+        for seq_id, result in batch.step():
+            if isinstance(result, BaseException):
+                raise result
+            out[running.pop(seq_id)] = result[0]
+    return out, batch
 
 
 # ---------------------------------------------------------------------------------------------------- the forward
@@ -298,9 +290,9 @@ def test_a_batch_reuses_the_last_batchs_buffers_and_keeps_every_output():
     assert second.target_cache.k[0].data_ptr() == buffers[0][0].data_ptr()
     assert second.target_cache.k[0].shape[0] == 3 and second.target_cache.k[0].shape[2] == 80
     second.release()
-    third = BatchGroup(decoder, 3, 200)  # more rows than the spare holds: new buffers
+    third = BatchEngine(decoder, 3, 200)  # more rows than the spare holds: new buffers
     assert third.target_cache.k[0].data_ptr() != buffers[0][0].data_ptr()
-    third.close()
+    third.release()
 
 
 @pytest.mark.parametrize("method,options", [("ar", {}), ("sd", {"k": 3})])
@@ -308,7 +300,7 @@ def test_batched_greedy_verification_reads_the_batchs_argmax(monkeypatch, method
     """A greedy lane's verification reads each row's argmax from the batched forward (one argmax and one copy to
     the CPU for the batch) instead of taking its own: with the engine's own greedy_argmax made unusable, a batch
     still decodes every prompt's batch-1 tokens. Argmaxes deliberately wrong (the broken variant) are caught."""
-    from multispec.decoding import engine
+    from multispec.decoding import round_verify
     from multispec.models import batched
 
     target, draft = tiny_pair(vocab=16, seed=3, noise=0.3)
@@ -320,7 +312,7 @@ def test_batched_greedy_verification_reads_the_batchs_argmax(monkeypatch, method
     def unusable(logits):
         raise AssertionError("a batched greedy lane took its own argmax")
 
-    monkeypatch.setattr(engine, "greedy_argmax", unusable)
+    monkeypatch.setattr(round_verify, "greedy_argmax", unusable)
     assert run_batched(decoder, prompts, 3, GREEDY, 12, [0] * len(prompts))[0] == alone
     real = batched._argmax_rows
 
@@ -396,6 +388,30 @@ def test_batched_sampling_keeps_the_target_law():
     assert min(pvalues) > 1e-3, pvalues
 
 
+@pytest.mark.slow
+@pytest.mark.parametrize("method,options,broken", [("sd", {"k": 2, "verifier": "sd"}, False),
+                                                   ("sd", {"k": 2}, False), ("lookup", {"k": 2}, False),
+                                                   ("sd", {"k": 2, "verifier": "sd"}, True)])
+def test_batched_chain_verification_keeps_the_target_law(monkeypatch, method, options, broken):
+    """T = 1 with the step's sampled chains verified together in tensor operations (verify/batched.py; on a GPU by
+    default, forced here on the CPU): sd's node walk, block (sd's default) and naive (lookup's point masses), six
+    slots, sequences joining and leaving: the joint law of each prompt's tokens 2 and 3 is the target's. The broken
+    variant (sd's residual drawn from p instead of (p - q)+) is caught."""
+    from multispec.decoding import engine, round_verify
+    from multispec.verify import batched as vb
+
+    monkeypatch.setattr(round_verify, "BATCH_VERIFY_ON_CPU", True)
+    sizes, real = [], engine.verify_chains
+    monkeypatch.setattr(engine, "verify_chains", lambda requests: sizes.append(len(requests)) or real(requests))
+    if broken:
+        monkeypatch.setattr(vb, "_sd_residual", lambda p_rows, q_rows: p_rows)
+    target, draft = context_pair()
+    decoder = Decoder(_pair(target, draft), method, "fast", **options)
+    pvalues = _law_pvalues(decoder, target, PROMPTS_LAW, 2500, 6)
+    assert max(sizes) > 2  # several sequences verified at once
+    assert (min(pvalues) < 1e-6) if broken else (min(pvalues) > 1e-3), pvalues
+
+
 def _mask_misses_last_row(real):
     def run(cache, steps):
         for s in steps:
@@ -469,16 +485,16 @@ def test_a_batch_takes_the_reproducible_mode_from_the_seed_it_was_given(pair):
 
 
 def test_batch_size_one_decodes_each_prompt_on_the_decoder_itself(pair, monkeypatch):
-    """batch_size=1 builds no BatchGroup (a lane only adds cost): each prompt decodes on the Decoder, the same
+    """batch_size=1 builds no BatchEngine (a slot only adds cost): each prompt decodes on the Decoder, the same
     tokens as alone, batch stats of size 1 with no batched forwards."""
     import multispec.decoding.batch_offline as offline
 
     p, _ = pair
 
     def no_group(*a, **k):
-        raise AssertionError("a BatchGroup was built for batch_size=1")
+        raise AssertionError("a BatchEngine was built for batch_size=1")
 
-    monkeypatch.setattr(offline, "BatchGroup", no_group)
+    monkeypatch.setattr(offline, "BatchEngine", no_group)
     prompts = ["def f(x):", "x = 1"]
     out = generate(p, prompts, method="auto", max_new_tokens=8, temperature=0, seed=1, batch_size=1)
     for prompt, r in zip(prompts, out):
@@ -553,83 +569,75 @@ def test_batch_size_without_several_prompts_is_refused(capsys):
     assert_one_line_error(code, err, "--batch-size applies to several prompts")
 
 
-def test_a_lane_refuses_a_run_that_does_not_fit_its_rows():
+def test_a_batch_refuses_a_run_that_does_not_fit_its_rows():
     target = tiny_llama(vocab=16, hidden=16, layers=1, heads=2, kv_heads=1)
     decoder = Decoder(_pair(target, None), "ar", "fast")
-    lane = BatchGroup(decoder, 2, 20).lanes[0]
+    batch = BatchEngine(decoder, 2, 20)
     with pytest.raises(MultispecError, match="cache rows"):
-        lane.run(list(range(10)), GREEDY, 12, 0)
-    assert lane.group.batcher.live == 0  # nothing joined
+        batch.add_ids(list(range(10)), GREEDY, 12, 0)
+    assert batch.live == 0 and batch.free == 2  # nothing joined, no slot taken
 
 
-def test_the_batch_loop_runs_every_generation_on_one_thread_a_slot_at_a_time():
-    """Ten generations on four slots: every forward runs on the group's one loop thread (no thread per sequence),
-    at most four run at once, they share forwards, the same requests give the same batches (nothing depends on
-    thread timing), an error in one reaches its own Future and the others finish; a lane's forward outside the
-    loop is refused in one sentence."""
+def test_the_engine_runs_every_generation_in_the_callers_thread_a_slot_at_a_time():
+    """Ten generations on four slots: every forward runs in the caller's thread (no thread, no coroutine library
+    per sequence), at most four run at once, they share forwards, the same requests give the same batches, an error
+    in one sequence ends that one only (the others finish) and a full batch refuses another in one sentence."""
     target, draft = tiny_pair(vocab=16, seed=3, noise=0.3)
     decoder = Decoder(_pair(target, draft), "sd", "fast", k=3)
     prompts = [[1 + i % 5, 2, 3 + i % 7] for i in range(10)]
 
+    def fails(new):
+        if len(new) >= 4:
+            raise ValueError("request 7 fails")
+
     def run_all():
-        group = BatchGroup(decoder, 4, 64)
-        free, threads, running, most = list(group.lanes), set(), [0], [0]
-
-        def one(i):
-            lane = free.pop()
-            running[0] += 1
-            most[0] = max(most[0], running[0])
-            try:
-                threads.add(threading.get_ident())
-                if i == 7:
-                    raise ValueError("request 7 fails")
-                return lane.run(prompts[i], GREEDY, 12, 0)[0]
-            finally:
-                running[0] -= 1
-                free.append(lane)
-
-        futures = [group.submit(one, i) for i in range(len(prompts))]
-        concurrent.futures.wait(futures)
-        group.close()
-        assert threads and threading.get_ident() not in threads and len(threads) == 1 and most[0] == 4
-        with pytest.raises(ValueError, match="request 7"):
-            futures[7].result()
-        return [f.result() for i, f in enumerate(futures) if i != 7], group.stats()["target"]
+        batch = BatchEngine(decoder, 4, 64)
+        out, errors, most = {}, {}, 0
+        waiting, running = list(range(len(prompts)))[::-1], {}
+        while waiting or running:
+            while waiting and batch.free:
+                i = waiting.pop()
+                running[batch.add_ids(prompts[i], GREEDY, 12, 0, on_tokens=fails if i == 7 else None)] = i
+            most = max(most, batch.live)
+            for seq_id, result in batch.step():
+                i = running.pop(seq_id)
+                if isinstance(result, BaseException):
+                    errors[i] = result
+                else:
+                    out[i] = result[0]
+        assert most == 4 and list(errors) == [7] and "request 7" in str(errors[7]) and len(out) == 9
+        full = BatchEngine(decoder, 1, 64)
+        full.add_ids([1, 2], GREEDY, 4, 0)
+        with pytest.raises(MultispecError, match="slots is busy"):
+            full.add_ids([1, 2], GREEDY, 4, 0)
+        return [out[i] for i in sorted(out)], batch.stats()["target"]
 
     first, stats = run_all()
     assert (first, stats) == run_all() and stats["mean_batch"] > 2, stats
-    lane = BatchGroup(decoder, 2, 64).lanes[0]
-    with pytest.raises(RuntimeError, match="runs on its batch's loop"):
-        lane.run([1, 2, 3], GREEDY, 4, 0)
 
 
-def test_a_failure_of_the_batch_loop_itself_fails_every_request_and_hangs_none(monkeypatch):
-    """If the loop itself fails (a bug: here its batch step raises), every submitted request — running, waiting on a
-    forward, or not started — gets the error instead of waiting forever, and later submissions are refused."""
-    from multispec.models.batched import StepBatcher
+def test_a_failed_batched_forward_fails_its_sequences_and_hangs_none(monkeypatch):
+    """If a batched forward itself fails (a bug: here every forward raises), each sequence in it gets the error as
+    its result instead of waiting forever, the slots free, and the engine takes new requests."""
+    from multispec.decoding import engine
 
     target, draft = tiny_pair(vocab=16, seed=3, noise=0.3)
     decoder = Decoder(_pair(target, draft), "sd", "fast", k=3)
-    group = BatchGroup(decoder, 4, 64)
-    free = list(group.lanes)
+    batch = BatchEngine(decoder, 4, 64)
+    ids = [batch.add_ids([1, 2, 3 + i], GREEDY, 12, 0) for i in range(4)]
 
-    def one(i):
-        lane = free.pop()
-        try:
-            return lane.run([1, 2, 3 + i], GREEDY, 12, 0)[0]
-        finally:
-            free.append(lane)
+    def broken(requests):
+        return [RuntimeError("a bug in the forward")] * len(requests)
 
-    def broken(self):
-        raise RuntimeError("a bug in the loop")
-
-    monkeypatch.setattr(StepBatcher, "_run_ready", broken)
-    futures = [group.submit(one, i) for i in range(7)]
-    done, pending = concurrent.futures.wait(futures, timeout=60)
-    assert not pending
-    assert all("a bug in the loop" in str(f.exception()) for f in futures)
-    with pytest.raises(RuntimeError, match="loop failed"):
-        group.submit(one, 0)
+    monkeypatch.setattr(engine, "forward_all", broken)
+    ended = batch.step()
+    assert sorted(i for i, _ in ended) == ids and all("a bug in the forward" in str(r) for _, r in ended)
+    assert batch.live == 0 and batch.free == 4
+    monkeypatch.undo()
+    i = batch.add_ids([1, 2, 3], GREEDY, 4, 0)
+    while batch.live:
+        ended = batch.step()
+    assert ended[0][0] == i and len(ended[0][1][0]) == 4
 
 
 def test_bench_batch_size_measures_every_method_and_transformers_batched_generate(pair, tmp_path, capsys):
@@ -702,13 +710,16 @@ def test_chunked_prefill_keeps_every_output(monkeypatch):
     alone = [multispec.generate(pair, p, method=m, backend="fast", max_new_tokens=16, temperature=0).token_ids
              for m in ("ar", "sd") for p in prompts]
     scored = multispec.generate(pair, prompts[0], method="ar", backend="fast", max_new_tokens=0, prompt_logprobs=True)
-    calls = []
-    chunked = batched.SlotBackend._chunked
+    from multispec.decoding import engine
+
+    sizes = []
+    forward_all = batched.forward_all
     monkeypatch.setattr(batched, "PREFILL_CHUNK", 8)
-    monkeypatch.setattr(batched.SlotBackend, "_chunked", lambda self, *a: calls.append(1) or chunked(self, *a))
+    monkeypatch.setattr(engine, "forward_all", lambda requests: sizes.extend(r.tokens.shape[0] for r in requests)
+                        or forward_all(requests))
     got = [r.token_ids for m in ("ar", "sd") for r in multispec.generate(pair, prompts, method=m, batch_size=3,
                                                                          max_new_tokens=16, temperature=0)]
-    assert got == alone and calls
+    assert got == alone and max(sizes) == 8  # the long prompt went in chunks of 8, one per step
     rescored = multispec.generate(pair, [prompts[0], prompts[1]], method="ar", batch_size=2, max_new_tokens=0,
                                   prompt_logprobs=True)[0]
     assert [x.logprob for x in rescored.prompt_logprobs[1:]] == pytest.approx(

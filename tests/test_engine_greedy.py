@@ -42,11 +42,11 @@ def test_ti_mcsd_wide_is_reported_lossy():
 
 def test_greedy_uses_the_greedy_verifier(monkeypatch):
     """At temperature 0 the verifier name does not matter: drafting takes the top-n and verification is greedy."""
-    import multispec.decoding.engine as engine
+    import multispec.decoding.round_verify as round_verify
     import multispec.decoding.state as state
 
     seen = []
-    real, real_greedy = state.get_sequence_verifier, engine.walk_tree_greedy
+    real, real_greedy = state.get_sequence_verifier, round_verify.walk_tree_greedy
 
     def spy(name):
         seen.append(name)
@@ -57,7 +57,7 @@ def test_greedy_uses_the_greedy_verifier(monkeypatch):
         return real_greedy(tree, tokens, best)
 
     monkeypatch.setattr(state, "get_sequence_verifier", spy)
-    monkeypatch.setattr(engine, "walk_tree_greedy", greedy_spy)
+    monkeypatch.setattr(round_verify, "walk_tree_greedy", greedy_spy)
     target, draft = tiny_pair(vocab=12, seed=1)
     for verifier in ("rrs", "rrs-wor", "kseq", "greedy-md", "mcns", "traversal"):
         run(target, draft, [1, 2], "mcsd", GREEDY, 6, tree=(3, 1), verifier=verifier)

@@ -63,10 +63,10 @@ def test_every_method_gives_the_keyed_target_sample():
 
 def test_noise_keyed_by_round_is_caught(monkeypatch):
     """Broken: the noise of a round's nodes keyed by (seed, round-relative depth) instead of absolute position."""
-    import multispec.decoding.engine as engine
+    import multispec.decoding.round_verify as round_verify
     from multispec.verify.keyed import node_keys
 
-    monkeypatch.setattr(engine, "node_keys", lambda tree, seed, root: node_keys(tree, seed, 0))
+    monkeypatch.setattr(round_verify, "node_keys", lambda tree, seed, root: node_keys(tree, seed, 0))
     target, draft = tiny_pair(vocab=16, seed=5, noise=0.4)
     broken = 0
     for seed in range(6):

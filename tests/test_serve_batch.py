@@ -53,8 +53,8 @@ def test_concurrent_requests_share_forwards_and_each_equals_the_library(server, 
         t.join(120)
     for prompt, text in zip(PROMPTS, texts):
         assert text == generate(pair, prompt, method="sd", max_new_tokens=24, temperature=0, backend="fast").text
-    batcher = server.app.state.scheduler.group.batcher
-    assert batcher.sequences[1] / batcher.forwards[1] > 1.2
+    engine = server.app.state.scheduler.batch.engine
+    assert engine.sequences[1] / engine.forwards[1] > 1.2
     metrics = httpx.get(server.url + "/metrics").text
     for name in ("multispec:batch_size_count", "multispec:iteration_tokens_total_count",
                  "multispec:request_queue_time_seconds_count"):
@@ -73,7 +73,7 @@ def test_streams_cancelled_mid_run_free_their_slots(pair):
                                                                        "max_tokens": 200}) as r:
                 assert next(r.iter_lines()).startswith("data: ")
         assert _eventually(lambda: sched.cancelled == 2 and sched.running == 0)
-        assert sched.group.batcher.live == 0
+        assert sched.batch.live == 0
         t0 = time.perf_counter()
         r = httpx.post(s.url + "/v1/completions", json={"prompt": "x", "max_tokens": 4}, timeout=60)
         assert r.status_code == 200 and time.perf_counter() - t0 < 10
@@ -94,8 +94,8 @@ def test_max_model_len_sizes_the_batch_slots_and_refuses_longer_requests(pair):
     try:
         sched = s.app.state.scheduler
         rows = sched.decoder.cache_rows(48)
-        assert sched.group.rows == rows and sched.group.target_cache.k[0].shape[:3] == (2, 1, rows)
-        size = sched.group.target_cache.nbytes + sched.group.draft_cache.nbytes
+        assert sched.batch.rows == rows and sched.batch.target_cache.k[0].shape[:3] == (2, 1, rows)
+        size = sched.batch.target_cache.nbytes + sched.batch.draft_cache.nbytes
         assert s.app.state.cache_report == (f"KV caches: 2 batch slots x {rows} rows = {size / 1e9:.2f} GB, "
                                             "allocated now (--max-model-len 48, as given)")
         assert httpx.get(s.url + "/v1/models").json()["data"][0]["max_model_len"] == 48
@@ -130,12 +130,12 @@ def test_default_max_model_len_fits_the_memory_budget(long_pair, monkeypatch, av
     monkeypatch.setattr(memory, "available_bytes", lambda device: int(available))
     app = create_app(long_pair, ServeSettings(model_name=NAME, method="sd", backend="fast", max_batch=4))
     sched = app.state.scheduler
-    n, caches = sched.max_model_len, (sched.group.target_cache, sched.group.draft_cache)
-    per_token = sum(c.nbytes for c in caches) / sched.group.rows  # both models, every slot
+    n, caches = sched.max_model_len, (sched.batch.target_cache, sched.batch.draft_cache)
+    per_token = sum(c.nbytes for c in caches) / sched.batch.rows  # both models, every slot
     assert n % memory.ROUND_TO == 0 and 256 <= n <= 32768
-    assert sched.group.rows == sched.decoder.cache_rows(n)
+    assert sched.batch.rows == sched.decoder.cache_rows(n)
     if n < 32768:
-        assert per_token * sched.group.rows <= 0.05 * available < per_token * (sched.group.rows + memory.ROUND_TO)
+        assert per_token * sched.batch.rows <= 0.05 * available < per_token * (sched.batch.rows + memory.ROUND_TO)
         assert "what fits 5% of the" in app.state.cache_report
     else:
         assert available == 1e12 and "the model's positions" in app.state.cache_report

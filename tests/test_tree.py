@@ -175,7 +175,7 @@ def test_a_long_catch_up_is_fed_alone_and_drafts_the_same(broken, monkeypatch):
     for split in (0, 10**6):  # 0: every catch-up fed alone; 10**6: never (one first forward)
         monkeypatch.setattr(grow, "CATCH_UP_ALONE", split)
         if broken and split == 0:
-            monkeypatch.setattr(grow, "forward_chain", lambda *a, **k: None)
+            monkeypatch.setattr(grow, "_catch_up", lambda *a, **k: None)
         backend, seen = FastBackend(model, max_len=96), []
         forward = backend.forward
 

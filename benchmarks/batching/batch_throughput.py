@@ -116,7 +116,41 @@ def main() -> None:
     out.with_suffix(".json").write_text(json.dumps(record_json, indent=1))
     text = table(rows, sizes, len(prompts), args.max_new_tokens, args.label, model, device_name(pair))
     out.with_suffix(".md").write_text(text)
+    plot(record_json, out.with_suffix(".png"))
     print(text)
+
+
+def plot(record: dict, path: Path) -> None:
+    """Total tokens/s against the batch size, one panel per temperature (one thread's rows): batched auto, batched ar,
+    transformers' batched generate, and the batch-1 auto loop as a line."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    rows = [r for r in record["rows"] if r["threads"] == record["rows"][0]["threads"]]
+    temps = list(dict.fromkeys(r["temperature"] for r in rows))
+    fig, axes = plt.subplots(1, len(temps), figsize=(5 * len(temps), 3.6), squeeze=False)
+    for ax, t in zip(axes[0], temps):
+        for system, style in (("auto", "o-"), ("ar", "s--"), ("hf generate", "^:")):
+            pts = sorted((r["batch_size"], r["tokens_per_s"]) for r in rows
+                         if r["temperature"] == t and r["system"] == system)
+            if pts:
+                ax.plot(*zip(*pts), style, label=f"batched {system}" if system != "hf generate" else
+                        "transformers generate")
+        loop = [r["tokens_per_s"] for r in rows if r["temperature"] == t and r["system"] == "auto loop"]
+        if loop:
+            ax.axhline(loop[0], color="gray", lw=0.8, label="batch-1 auto loop")
+        ax.set_xscale("log", base=2)
+        sizes = sorted({r["batch_size"] for r in rows})
+        ax.set_xticks(sizes, [str(b) for b in sizes])
+        ax.set_xlabel("batch size")
+        ax.set_ylabel("total tokens/s")
+        ax.set_title(f"{record['model']}, T = {t:g}")
+        ax.legend(fontsize=7)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
 
 
 def _rate(rows, threads, temperature, system, b):

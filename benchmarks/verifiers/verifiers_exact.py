@@ -21,7 +21,7 @@ import numpy as np
 import torch
 
 import multispec
-import multispec.decoding.engine as engine
+import multispec.decoding.state as engine_state  # choose_verifier reads get_sequence_verifier from here
 from multispec.bench.runner import environment
 from multispec.data import load_prompts
 from multispec.verify.sequence import get_sequence_verifier
@@ -38,7 +38,7 @@ def expected_accepted(law: dict) -> float:
 
 def run(pair, prompts, method, options, sequence, temperature, max_new, seed) -> dict:
     rounds: list[tuple[float, float]] = []
-    real = engine.get_sequence_verifier
+    real = engine_state.get_sequence_verifier
     seq = get_sequence_verifier(sequence)
 
     def recording(name):
@@ -55,13 +55,13 @@ def run(pair, prompts, method, options, sequence, temperature, max_new, seed) ->
 
         return dataclasses.replace(base, verify_fn=verify)
 
-    engine.get_sequence_verifier = recording
+    engine_state.get_sequence_verifier = recording
     try:
         for i, prompt in enumerate(prompts):
             multispec.generate(pair, prompt, method=method, max_new_tokens=max_new, temperature=temperature,
                                seed=seed + i, **options)
     finally:
-        engine.get_sequence_verifier = real
+        engine_state.get_sequence_verifier = real
     x = np.array(rounds)  # [R, 2]
     diff = x[:, 1] - x[:, 0]
     return {"method": method, "options": {k: list(v) if isinstance(v, tuple) else v for k, v in options.items()},

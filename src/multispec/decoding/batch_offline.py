@@ -1,15 +1,14 @@
 """The offline entry point of batches (`multispec.generate` with a list of prompts, `generate --batch-size`, the
-batched bench): every prompt checked first, then decoded `batch_size` at a time on the lanes of one BatchGroup
+batched bench): every prompt checked first, then decoded `batch_size` at a time by one BatchEngine
 (decoding/batch.py; a finished sequence's slot takes the next prompt at once), each result reported as it
 finishes, and an interrupt keeping every prompt's result so far."""
 from __future__ import annotations
 
 import time
-from concurrent.futures import as_completed, wait
+from collections import deque
 from typing import Callable
 
-from multispec.decoding.batch import (CROSS_VOCAB_NOTE, MAX_BATCH, SEQUENTIAL_NOTE, BatchGroup, Cancelled,
-                                      batchable)
+from multispec.decoding.batch import CROSS_VOCAB_NOTE, MAX_BATCH, SEQUENTIAL_NOTE, BatchEngine, batchable
 from multispec.decoding.decoder import Decoder, GenerationResult
 from multispec.errors import MultispecError, attach_partial, check
 from multispec.params import SamplingParams
@@ -55,19 +54,9 @@ def generate_batch(decoder: Decoder, prompts, params: SamplingParams | None = No
     prepared = decoder.prepare_many(list(prompts), params, seeds_for(seed if seed is not None else params.seed,
                                                                      len(prompts)))
     _check_one_kind(prompts)
-    group, notes = _batch_group(decoder, [p.prompt_ids for p in prepared], size, params.max_new_tokens)
+    batch, notes = _batch_engine(decoder, [p.prompt_ids for p in prepared], size, params.max_new_tokens)
     results: list = [None] * len(prompts)
     errors: list = [None] * len(prompts)
-
-    def one(lane: Decoder, i: int) -> None:
-        try:
-            results[i] = lane.run_prepared(prepared[i])
-            results[i].stats["warnings"].extend(notes)
-        except Cancelled as e:  # the batch was interrupted: keep this sequence's tokens so far
-            results[i] = e.partial
-        except Exception as e:  # noqa: BLE001 - kept, raised after the others finish
-            errors[i] = e
-            results[i] = getattr(e, "partial", None) or _empty(prepared[i].seed)
 
     def done(i: int) -> None:
         if on_result is not None and errors[i] is None:
@@ -75,31 +64,31 @@ def generate_batch(decoder: Decoder, prompts, params: SamplingParams | None = No
 
     start = time.perf_counter()
     try:
-        if group is None:
-            _decode_in_turn(decoder, len(prompts), one, done, results)
+        if batch is None:
+            _decode_in_turn(decoder, prepared, results, errors, notes, done)
         else:
-            _decode_in_lanes(group, len(prompts), one, done)
+            _decode_batched(batch, prepared, results, errors, notes, done)
     except BaseException as e:  # an interrupt or an on_result error: every prompt's result goes with it
         attach_partial(e, [r if r is not None else _empty(p.seed) for r, p in zip(results, prepared)])
         raise
-    _add_batch_stats(results, group, size, time.perf_counter() - start)
+    _add_batch_stats(results, batch, size, time.perf_counter() - start)
     _raise_first_error(errors, results)
     return results
 
 
-def _batch_group(decoder: Decoder, encoded: list[tuple[int, ...]], size: int,
-                 max_new_tokens: int) -> tuple[BatchGroup | None, list[str]]:
-    """The group of `size` lanes the prompts decode on (None: one at a time, on the decoder itself, at batch size 1
-    or where the decoder cannot batch), and the notes every result's stats then carry. At batch size 1 a lane only
-    adds cost: the loop's switches, the slot cache's forward and `auto` planning with the batched table instead of
-    its own learned costs (pycode-v1, HumanEval 132-163, greedy: 230 tok/s on a lane against 254 alone)."""
+def _batch_engine(decoder: Decoder, encoded: list[tuple[int, ...]], size: int,
+                  max_new_tokens: int) -> tuple[BatchEngine | None, list[str]]:
+    """The batch engine of `size` slots the prompts decode on (None: one at a time, on the decoder itself, at batch
+    size 1 or where the decoder cannot batch), and the notes every result's stats then carry. At batch size 1 a
+    slot only adds cost: the slot cache's forward and `auto` planning with the batched table instead of its own
+    learned costs (pycode-v1, HumanEval 132-163, greedy: 230 tok/s on a slot against 254 alone)."""
     if size == 1:
         return None, []
     if not batchable(decoder):
         return None, [CROSS_VOCAB_NOTE if decoder.pair.cross_vocab is not None else SEQUENTIAL_NOTE]
     longest = max(len(ids) for ids in encoded)
     rows = decoder.cache_rows(min(longest + max_new_tokens, decoder.context or 1 << 30))
-    return BatchGroup(decoder, size, rows), []
+    return BatchEngine(decoder, size, rows), []
 
 
 def _check_one_kind(prompts) -> None:
@@ -111,44 +100,50 @@ def _check_one_kind(prompts) -> None:
                          f"{'a str' if first else 'token ids'}, prompts[{other}] is not); give one kind")
 
 
-def _decode_in_turn(decoder: Decoder, count: int, one, done, results: list) -> None:
+def _decode_in_turn(decoder: Decoder, prepared: list, results: list, errors: list, notes: list[str],
+                    done) -> None:
     """One sequence at a time, in this thread: an interrupt stops the running sequence where it is."""
-    for i in range(count):
+    for i, request in enumerate(prepared):
         try:
-            one(decoder, i)
-        except BaseException as e:  # KeyboardInterrupt: Decoder.generate put the tokens so far on it
+            results[i] = decoder.run_prepared(request)
+            results[i].stats["warnings"].extend(notes)
+        except Exception as e:  # noqa: BLE001 - kept, raised after the others finish
+            errors[i] = e
+            results[i] = getattr(e, "partial", None) or _empty(request.seed)
+        except BaseException as e:  # KeyboardInterrupt: Decoder.run_prepared put the tokens so far on it
             results[i] = getattr(e, "partial", None)
             raise
         done(i)
 
 
-def _decode_in_lanes(group: BatchGroup, count: int, one, done) -> None:
-    """Every sequence on the group's lanes, on its loop (a slot that frees takes the next prompt); results are
-    reported here as they finish. An exception here (an interrupt: signals reach this thread only) cancels the
-    batch: the running lanes stop after their current round (Lane.run), the waiting prompts never start."""
-    free = list(group.lanes)  # touched on the loop's thread only
-
-    def task(i: int) -> None:
-        if group.cancelled.is_set():
-            return
-        lane = free.pop()
-        try:
-            one(lane, i)
-        finally:
-            free.append(lane)
-
-    futures = {group.submit(task, i): i for i in range(count)}
+def _decode_batched(batch: BatchEngine, prepared: list, results: list, errors: list, notes: list[str],
+                    done) -> None:
+    """Every prompt through the batch engine, in this thread (a slot that frees takes the next prompt); results are
+    reported as they finish. An exception here (an interrupt, an on_result error) stops every running sequence
+    where it is, with its tokens so far; the waiting prompts never start."""
+    waiting, running = deque(range(len(prepared))), dict[int, int]()  # running: sequence id -> prompt index
     try:
-        for future in as_completed(futures):
-            future.result()  # one() keeps its errors: only a bug of the loop's own surfaces here
-            done(futures[future])
+        while waiting or running:
+            while waiting and batch.free:
+                i = waiting.popleft()
+                try:
+                    running[batch.add(prepared[i])] = i
+                except Exception as e:  # noqa: BLE001 - kept, raised after the others finish
+                    errors[i], results[i] = e, getattr(e, "partial", None) or _empty(prepared[i].seed)
+            for seq_id, out in batch.step():
+                i = running.pop(seq_id)
+                if isinstance(out, BaseException):
+                    errors[i], results[i] = out, getattr(out, "partial", None) or _empty(prepared[i].seed)
+                elif isinstance(out, GenerationResult):  # (add, not add_ids: always)
+                    results[i] = out
+                    out.stats["warnings"].extend(notes)
+                done(i)
     except BaseException:
-        group.cancelled.set()
+        for seq_id, partial in batch.cancel_all().items():
+            results[running[seq_id]] = partial
         raise
     finally:
-        wait(futures)
-        group.close()
-        group.release()  # its loop has ended
+        batch.release()
 
 
 def _empty(seed: int) -> GenerationResult:
@@ -156,7 +151,7 @@ def _empty(seed: int) -> GenerationResult:
     return GenerationResult([], "", {"seed": seed, "new_tokens": 0, "warnings": []}, "abort")
 
 
-def _add_batch_stats(results: list, group: BatchGroup | None, size: int, wall: float) -> None:
+def _add_batch_stats(results: list, group: BatchEngine | None, size: int, wall: float) -> None:
     tokens = sum(len(r.token_ids) for r in results)
     batch = {"size": size if group is not None else 1, "prompts": len(results), "seconds": wall,
              "new_tokens": tokens, "tokens_per_s": tokens / wall if wall > 0 else None,

@@ -17,6 +17,7 @@ from dataclasses import fields
 from typing import Callable
 
 from multispec.decoding.engine import generate_ids
+from multispec.decoding.job import Job
 from multispec.decoding.logprobs import LogprobRecorder
 from multispec.decoding.methods import MethodConfig, build_method, get_method
 from multispec.decoding.metrics import Metrics
@@ -33,8 +34,6 @@ from multispec.models.base import Backend
 from multispec.params import SamplingParams
 from multispec.profile import MachineProfile
 from multispec.sampling import SamplingConfig
-from multispec.decoding.grammar import grammar_stats
-from multispec.text import StopStrings, Streamer
 
 
 class Decoder:
@@ -107,14 +106,14 @@ class Decoder:
             refuse_where_retokenizing(self.config, self.entry, self.policy)
 
     def _start(self, parts: DecoderParts, warm_up: bool = True) -> None:
-        """Take the shared, read-only parts (a new Decoder's own, a spawned twin's or a batch lane's) and make this
+        """Take the shared, read-only parts (a new Decoder's own or a spawned twin's) and make this
         decoder's own state: a fresh draft policy, no backends yet (warm_up: compile a compiled backend's steps
-        now; a batch lane runs on its group's slots instead)."""
+        now)."""
         self.parts = parts
         for f in fields(parts):
             setattr(self, f.name, getattr(parts, f.name))
         self.policy = parts.entry.make_policy(parts.config, parts.pair, parts.loaded)  # its own adaptive state
-        if self.machine.auto_view is not None:  # a spawned twin or a batch lane: the view it shares
+        if self.machine.auto_view is not None:  # a spawned twin: the view it shares
             self.policy.use_profile(self.machine.auto_view)
         self._target: Backend | None = None
         self._draft: Backend | None = None
@@ -240,35 +239,15 @@ class Decoder:
                      stream_chunks: bool = False) -> GenerationResult:
         """Decode a request `prepare` checked (nothing is checked again); see `generate` for stream, stream_chunks
         and the partial result of a failure."""
-        params, sampling, seed, warnings = prepared.params, prepared.sampling, prepared.seed, list(prepared.warnings)
-        recorder = None
-        if params.wants_logprobs:
-            recorder = LogprobRecorder(top=0 if params.logprobs is None else params.logprobs,
-                                       mode=params.logprobs_mode, prompt=params.prompt_logprobs)
-        stops = StopStrings(self.pair.tokenizer, list(prepared.stop), after_tokens=sampling.min_tokens)
-        ids = list(prepared.prompt_ids)
-        streamer = Streamer(stops, stream, tokens=stream_chunks,
-                            recorder=recorder if params.logprobs is not None else None)
+        job = Job.begin(self.pair.tokenizer, prepared, stream, stream_chunks)
         try:
-            new, metrics = self.run(ids, sampling, prepared.max_new_tokens, seed, stops.cut_ids if stops else None,
-                                    streamer.on_tokens, prepared.reproducible, set(prepared.eos_ids), recorder)
+            new, metrics = self.run(job.ids, job.sampling, prepared.max_new_tokens, job.seed, job.stop,
+                                    job.streamer.on_tokens, prepared.reproducible, set(prepared.eos_ids),
+                                    job.recorder)
         except BaseException as e:  # keep what was committed: the caller gets it as e.partial, then the error
-            new = list(streamer.latest)
-            attach_partial(e, GenerationResult(token_ids=new, text=stops.decode(new),
-                                               stats={"seed": seed, "new_tokens": len(new), "warnings": warnings},
-                                               finish_reason="abort"))
+            attach_partial(e, job.partial())
             raise
-        text, new_ids = stops.final(new)
-        streamer.flush(text, new_ids)
-        stats = self.stats(metrics, sampling, prepared.reproducible)
-        stats.update(seed=seed, prompt_tokens=len(ids), max_new_tokens=prepared.max_new_tokens, warnings=warnings)
-        stats.update(grammar_stats(sampling.grammar, new_ids, metrics, warnings))
-        if recorder is not None:
-            stats["logprobs_mode"] = recorder.mode
-        return GenerationResult(
-            token_ids=new_ids, text=text, stats=stats, finish_reason=metrics.finish_reason,
-            logprobs=recorder.tokens[:len(new_ids)] if recorder is not None and params.logprobs is not None else None,
-            prompt_logprobs=recorder.prompt_tokens if recorder is not None and params.prompt_logprobs else None)
+        return job.finish(self.stats, new, metrics)
 
     def reproducible_mode(self, reproducible: bool | None, seed, sampling: SamplingConfig) -> bool:
         """Whether a run verifies with position-keyed noise (request.reproducible_mode)."""
@@ -298,3 +277,4 @@ class Decoder:
         if extra is not None:
             stats[c.name] = extra
         return stats
+

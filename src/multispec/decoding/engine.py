@@ -1,49 +1,159 @@
-"""The generation loop: one round = plan -> propose -> verify forward -> verify -> keep -> observe.
+"""The engine: rounds of one or many sequences, one round of every live sequence per `step`.
 
-    policy.plan_round(history, pending) ─► RoundPlan(tree, proposer)       drafting/protocol.py (a policy chooses)
-        ▼
-    get_proposer(plan.proposer).propose(inputs, plan, max_tree) ─► Proposal: tokens [N], q [N, V]
-        │                                                                 drafting/proposers.py (one class a source)
-        ▼
-    target.forward(tokens, positions, tree mask) ─► logits [N, V]        models/ (the one cache owner)
-        ▼
-    verifier.verify(tree, tokens, p, q, generator) ─► (path, next token)  verify/ (pure; `choose_verifier`)
-        ▼
-    keep_path(target / draft, tree, path) ─► both caches hold prompt + committed tokens
-        ▼
-    RoundOutcome ─► policy.observe(outcome), Metrics.count(outcome)       decoding/metrics.py
+    engine = Engine()
+    i = engine.add(target, draft, prompt_ids, method, sampling, max_new_tokens, seed, eos_ids)   # -> an id
+    while engine.live:
+        engine.step()                 # one round of every live sequence (a newcomer's first step: its prefill)
+    new_ids, metrics = engine.pop(i)  # or engine.cancel(i) between steps
 
-Two round shapes share the loop: draft-initialized (`_round` here: ar, sd, mcsd, dynamic, specdecpp, lookup,
-suffix, auto — the root is the newest committed token, which the target has not consumed; the walk commits the
-accepted path plus one bonus/residual token) and target-initialized (decoding/ti_round.py: ti-mcsd and dynamic with
-target_init, the one lossy shape, P1's longest accepted chain). Only `models/` touches caches (style §2.4).
-
-History-dependent processors (penalties, min_tokens, a grammar's mask) give every tree node its own processed law:
-node u's row is processed with the committed history plus u's own path (decoding/node_history.py, structured.py), in
-verification and in drafting. Tokens a grammar forces (the one token it allows) are committed between rounds
-without a target call (`_commit_forced`) and fed ahead of the next root in the next verification forward.
-Log-probabilities (decoding/logprobs.py) are read from the verification forward that committed each token.
+A sequence's generation (decoding/rounds.py) is a generator that yields the forwards it needs as values
+(models/base.Forward) and None when its round is over. `step` advances every live sequence until each has yielded
+a forward or ended its round, runs the waiting forwards — the draft's first, so that drafting sequences reach the
+target forward together with the others — the requests on slots of one batched cache as one forward
+(models/batched.forward_all: one draft forward per depth across all drafting sequences, one target forward over
+the round batch), sends each sequence its output, and goes on until every sequence has ended its round. `generate`
+with one prompt is this engine with one sequence: there is one round implementation. A newcomer's first step is
+its prefill (on a batched cache, one chunk of PREFILL_CHUNK tokens per step), so a joining prompt holds up the
+running sequences' steps by one chunk at most. Forwards a method makes itself (target-initialized rounds, dynamic
+trees, feature heads, another tokenizer's draft) run alone, as they come.
 """
 from __future__ import annotations
 
 import time
+from collections import Counter
+from typing import Callable
 
 import torch
 
 from multispec.decoding.logprobs import LogprobRecorder
 from multispec.decoding.methods import MethodConfig
 from multispec.decoding.metrics import Metrics
-from multispec.decoding.node_history import CommittedHistory
-from multispec.decoding.state import (Run, State, adjusted_logits, cap_tree, choose_verifier, cut, keep_path, prefill,
-                                      round_limit)
-from multispec.decoding.ti_round import ti_round
-from multispec.drafting.proposers import Proposal, RoundInputs, get_proposer
-from multispec.drafting.protocol import DraftPolicy, RoundOutcome, RoundTimes
+from multispec.decoding.round_verify import ChainVerify
+from multispec.decoding.rounds import Cancelled, Sequence, generation, make_run
+from multispec.drafting.protocol import DraftPolicy
 from multispec.errors import check
-from multispec.models.base import Backend, ForwardOut, forward_chain, has_vocab_subset
-from multispec.sampling import SamplingConfig, greedy_argmax, process_logits, sample
-from multispec.verify.keyed import node_keys
-from multispec.verify.tree_walk import walk_tree_greedy
+from multispec.models.base import Backend, Forward
+from multispec.models.batched import Role, forward_all
+from multispec.sampling import SamplingConfig
+from multispec.verify.batched import RoundBatch, chain_batch
+
+__all__ = ["Cancelled", "Engine", "Sequence", "generate_ids"]
+
+
+class Engine:
+    """See the module docstring. forwards / sequences: batched forwards so far and the sequences they carried,
+    per Role; timed[role]: (that role's forwards so far, sequences, tokens, longest step, seconds) of its latest
+    forward (what `auto` in a batch learns costs from); on_batch(role, sequences, tokens) after each forward."""
+
+    def __init__(self):
+        self._seqs: dict[int, Sequence] = {}
+        self._next = 0
+        self.forwards: Counter = Counter()
+        self.sequences: Counter = Counter()
+        self.timed: dict[Role, tuple] = {}
+        self.on_batch: Callable | None = None
+
+    @property
+    def live(self) -> int:
+        """Sequences decoding now (added, not ended)."""
+        return sum(not s.done for s in self._seqs.values())
+
+    def add(self, target: Backend, draft: Backend | None, prompt: list[int], method: MethodConfig,
+            sampling: SamplingConfig, max_new_tokens: int, seed: int | None, eos_ids: set[int], stop=None,
+            on_tokens=None, policy: DraftPolicy | None = None, reproducible: bool = False,
+            logprobs: LogprobRecorder | None = None) -> int:
+        """Add one generation on backends the caller built (the Decoder does; each sequence its own caches or cache
+        slots); it starts at the next `step`. prompt: token ids (>= 1). stop(new_ids) -> int | None returns a cut
+        length when a stop string completed. on_tokens(new_ids_so_far) is called after each round (streaming).
+        policy: the method's draft policy (default: built from the registry without trained models).
+        reproducible (T > 0): drafter-invariant verification (`gls`, verify/gumbel.py) with noise keyed by (seed,
+        absolute position): the text then depends on the target, the prompt, the sampling settings and the seed
+        only, whatever the method, its plans or the batch. eos_ids: the tokens that end the output (and that
+        sampling.min_tokens holds back). logprobs: filled with the committed tokens' (and, if it asks, the
+        prompt's) log-probabilities, cut with the output. max_new_tokens may be 0 (a prefill only: prompt
+        logprobs). Returns the sequence's id."""
+        run = make_run(target, draft, method, sampling, seed, policy, reproducible)
+        s = Sequence(self._next, run, list(prompt), max_new_tokens, set(eos_ids), stop, on_tokens, logprobs)
+        s.steps = generation(s)
+        self._seqs[s.id] = s
+        self._next += 1
+        return s.id
+
+    def cancel(self, seq_id: int, error: BaseException | None = None) -> None:
+        """End a sequence between steps (its error: `error`, default Cancelled); its tokens so far stay in
+        `sequence(seq_id).new`."""
+        s = self._seqs[seq_id]
+        if not s.done:
+            if s.steps is not None:
+                s.steps.close()
+            s.done, s.error = True, error if error is not None else Cancelled("the sequence was cancelled")
+
+    def sequence(self, seq_id: int) -> Sequence:
+        return self._seqs[seq_id]
+
+    def pop(self, seq_id: int) -> tuple[list[int], Metrics]:
+        """An ended sequence's (new ids, metrics), which the engine then forgets; its error is raised instead."""
+        s = self._seqs.pop(seq_id)
+        check(s.done, f"sequence {seq_id} has not ended")
+        if s.error is not None:
+            raise s.error
+        assert s.result is not None
+        return s.result
+
+    def step(self) -> list[int]:
+        """One round of every live sequence (a newcomer: its prefill, or one chunk of it). Returns the ids of the
+        sequences that ended in this step (finished, or failed: `pop` raises their error). A forward's error goes
+        to every sequence of that forward; an interrupt (KeyboardInterrupt) propagates, its sequence ended."""
+        ended: list[int] = []
+        waiting: dict[int, Forward] = {}
+        for s in [s for s in self._seqs.values() if not s.done]:
+            self._advance(s, None, waiting, ended)
+        while waiting:
+            forwards = [i for i, r in waiting.items() if isinstance(r, Forward)]
+            if not forwards:  # every waiting sequence verifies a sampled chain: all of them at once
+                ids = list(waiting)
+                for i, out in zip(ids, verify_chains([waiting.pop(i) for i in ids])):
+                    self._advance(self._seqs[i], out, waiting, ended)
+                continue
+            # the draft's forwards first: drafting sequences then verify in one target forward with the others
+            drafts = [i for i in forwards if waiting[i].backend is not self._seqs[i].run.target]
+            ids = drafts or forwards
+            role = Role.DRAFT if drafts else Role.TARGET
+            requests = [waiting.pop(i) for i in ids]
+            t0 = time.perf_counter()
+            outs = forward_all(requests)
+            self._count(role, requests, time.perf_counter() - t0)
+            for i, out in zip(ids, outs):
+                self._advance(self._seqs[i], out, waiting, ended)
+        return ended
+
+    def _advance(self, s: Sequence, value, waiting: dict, ended: list) -> None:
+        """Run sequence s until it asks for a forward (into `waiting`) or ends its round; value: the output of its
+        last request (an exception: that forward's error, raised in the sequence)."""
+        assert s.steps is not None
+        try:
+            request = s.steps.throw(value) if isinstance(value, BaseException) else s.steps.send(value)
+        except StopIteration as finished:
+            s.done, s.result = True, finished.value
+            ended.append(s.id)
+        except Exception as e:  # noqa: BLE001 - this sequence fails; the others go on
+            s.done, s.error = True, e
+            ended.append(s.id)
+        except BaseException as e:  # an interrupt: this sequence ends with it, and it propagates
+            s.done, s.error = True, e
+            ended.append(s.id)
+            raise
+        else:
+            if request is not None:
+                waiting[s.id] = request
+
+    def _count(self, role: Role, requests: list[Forward], seconds: float) -> None:
+        sizes = [r.tokens.shape[0] for r in requests]
+        self.forwards[role] += 1
+        self.sequences[role] += len(requests)
+        self.timed[role] = (self.forwards[role], len(requests), sum(sizes), max(sizes), seconds)
+        if self.on_batch is not None:
+            self.on_batch(role, len(requests), sum(sizes))
 
 
 def generate_ids(
@@ -51,215 +161,33 @@ def generate_ids(
     max_new_tokens: int, seed: int | None, eos_ids: set[int], stop=None, on_tokens=None,
     policy: DraftPolicy | None = None, reproducible: bool = False, logprobs: LogprobRecorder | None = None,
 ) -> tuple[list[int], Metrics]:
-    """Run one generation on backends the caller built (the Decoder does). prompt: token ids (>= 1).
-    stop(new_ids) -> int | None returns a cut length when a stop string completed. on_tokens(new_ids_so_far) is
-    called after each round (streaming). policy: the method's draft policy (default: built from the registry
-    without trained models). reproducible (T > 0): drafter-invariant verification (`gls`, verify/gumbel.py) with
-    noise keyed by (seed, absolute position): the text then depends on the target, the prompt, the sampling
-    settings and the seed only, whatever the method, its plans or the batch. eos_ids: the tokens that end the
-    output (and that sampling.min_tokens holds back). logprobs: filled with the committed tokens' (and, if it asks,
-    the prompt's) log-probabilities, cut with the output. max_new_tokens may be 0 (a prefill only: prompt
-    logprobs). Returns the new token ids and the metrics record."""
-    run = _make_run(target, draft, method, sampling, seed, policy, reproducible)
-    c = Metrics()
-    start = time.perf_counter()
-    state = _start(run, prompt, eos_ids, logprobs)
-    c.t_prefill = time.perf_counter() - start
-    new: list[int] = []
-    jump = _jumps(run, logprobs)
-    if jump:  # tokens the grammar forces before the first round
-        _commit_forced(run, state, new, c, max_new_tokens)
-    end = cut(new, max_new_tokens, eos_ids, stop)
-    while end is None:
-        limit = round_limit(target, max_new_tokens - len(new), method.target_init, len(state.ahead))
-        if limit is None:  # the context is full: nothing more can be decoded
-            break
-        if method.target_init:
-            _grow_draft_vocab(run, state, new)
-        outcome = ti_round(run, state, limit) if method.target_init else _round(run, state, limit, new)
-        run.policy.observe(outcome)
-        c.count(outcome)
-        new.extend(outcome.committed)
-        state.history.extend(outcome.committed)
-        if state.committed is not None:
-            state.committed.commit(outcome.committed)
-            if jump:
-                _commit_forced(run, state, new, c, max_new_tokens)
-        end = cut(new, max_new_tokens, eos_ids, stop)
-        if end is None and on_tokens is not None:
-            on_tokens(new)
-    if end is not None:
-        new, c.finish_reason = new[:end[0]], end[1]
-    if on_tokens is not None:
-        on_tokens(new)
-    run.policy.finish(state.history)
-    if logprobs is not None:
-        del logprobs.tokens[len(new):]
-    c.new_tokens = len(new)
-    c.seconds = time.perf_counter() - start
-    return new, c
+    """One generation: the engine with one sequence (see `Engine.add` for the arguments). Returns the new token ids
+    and the metrics record."""
+    engine = Engine()
+    i = engine.add(target, draft, prompt, method, sampling, max_new_tokens, seed, eos_ids, stop, on_tokens, policy,
+                   reproducible, logprobs)
+    while engine.live:
+        engine.step()
+    return engine.pop(i)
 
 
-def _make_run(target, draft, method, sampling, seed, policy, reproducible) -> Run:
-    seed = 0 if seed is None else seed
-    if policy is None:
-        from multispec.decoding.methods import build_policy
-
-        policy = build_policy(method)
-    keyed = reproducible and not sampling.greedy
-    check(not (keyed and method.target_init), f"method {method.name!r} draws level 1 from the target (P1's longest "
-                                              "chain): it has no reproducible mode; use sd, mcsd, dynamic, lookup, "
-                                              "suffix or auto")
-    return Run(target, draft, method, sampling, policy, choose_verifier(method, sampling, keyed),
-               torch.Generator().manual_seed(seed), torch.Generator().manual_seed(seed + 1_000_003),
-               seed if keyed else None)
-
-
-def _start(run: Run, prompt: list[int], eos_ids: set[int], logprobs: LogprobRecorder | None) -> State:
-    """Reset both models and the policy, prefill. A policy that may never draft (auto) defers the draft's prefill
-    to its first drafting round: the prompt then stays pending, and that round's first draft forward feeds it."""
-    target, draft = run.target, run.draft
-    run.policy.reset()
-    target.reset()
-    defer = draft is not None and run.policy.defers_draft_prefill and not run.method.target_init
-    if draft is not None:
-        draft.reset()
-        if len(prompt) > 1 and not defer:
-            forward_chain(draft, torch.tensor(prompt[:-1], dtype=torch.long), last_only=True)
-    committed = None
-    if run.sampling.reads_history:
-        vocab = max(target.vocab_size, draft.vocab_size if draft is not None else 0)
-        committed = CommittedHistory(prompt, vocab, eos_ids, run.sampling.grammar, run.sampling.penalised)
-    state = prefill(target, prompt, run.method.target_init, run.sampling, logprobs, committed)
-    if defer:
-        state.pending = list(prompt)
-    run.policy.prepare(target, draft, target.cache_len, run.sampling.temperature)
-    return state
-
-
-def _round(run: Run, state: State, limit: tuple[int, int], new: list[int]) -> RoundOutcome:
-    """One draft-initialized round, as named steps. new: the output so far."""
-    t0 = time.perf_counter()
-    plan = run.policy.plan_round(state.history, len(state.pending))
-    max_tree = cap_tree(plan.tree, limit)
-    proposer = get_proposer(plan.proposer if max_tree.max_depth > 0 else "none")
-    if getattr(proposer, "uses_draft", False):
-        _grow_draft_vocab(run, state, new)
-    n_pending, lt = len(state.pending), run.target.cache_len + len(state.ahead)  # lt: the root's position
-    proposal = proposer.propose(_inputs(run, state, lt), plan, max_tree)
-    t1 = time.perf_counter()
-    out = _verify_forward(run.target, proposal, lt, state.ahead)
-    state.ahead = []
-    t_fwd = time.perf_counter() - t1
-    path, nxt = _verify(run, state, proposal, out, lt)
-    t2 = time.perf_counter()
-    tok = proposal.tokens.tolist()
-    keep_path(run.target, proposal.tree, path, lt)
-    state.pending = _pending_after(run, state, proposal, path, tok, nxt)
-    t3 = time.perf_counter()
-    times = RoundTimes(round_s=t3 - t0, draft_s=t1 - t0, target_fwd_s=t_fwd, verify_s=t2 - t1, cache_s=t3 - t2,
-                       pending=n_pending, proposer=proposer.name)
-    return RoundOutcome(plan=plan, tree=proposal.tree, path=tuple(path), committed=[tok[u] for u in path[1:]] + [nxt],
-                        accepted=len(path) - 1, depth=proposal.tree.max_depth, drafted=proposal.drafted,
-                        draft_calls=proposal.draft_calls, times=times)
-
-
-def _inputs(run: Run, state: State, lt: int) -> RoundInputs:
-    return RoundInputs(history=state.history, pending=state.pending, root_position=lt, vocab=run.target.vocab_size,
-                       sampling=run.sampling, draft=run.draft, draw=run.verifier.draw, generator=run.gen_draft,
-                       policy=run.policy, key=run.key, node_history=state.draft_history)
-
-
-def _verify_forward(target: Backend, proposal: Proposal, lt: int, ahead: list[int]):
-    """The target scores [root, tree] in one call: positions and mask sliced from the max tree (N_d nodes). ahead:
-    committed tokens before the root the target has not consumed (a grammar's forced tokens), fed first as a chain
-    in the same call; their rows are dropped from the output."""
-    n, k = len(proposal.tree), len(ahead)
-    tokens, positions = proposal.tokens, proposal.max_tree.position_ids(lt)[:n]
-    mask = proposal.max_tree.attention_mask(lt, rows=range(n), cols=n)
-    if not k:
-        return target.forward(tokens, positions, mask)
-    chain = torch.ones(k, lt + n, dtype=torch.bool)  # ahead token i reads the cache and ahead tokens 0..i
-    chain[:, lt - k:] = False
-    chain[:, lt - k:lt] = torch.ones(k, k, dtype=torch.bool).tril()
-    out = target.forward(torch.cat([torch.tensor(ahead, dtype=torch.long), tokens.to(torch.long)]),
-                         torch.cat([torch.arange(lt - k, lt), positions]), torch.cat([chain, mask]))
-    return ForwardOut(logits=out.logits[k:], hidden=None if out.hidden is None else out.hidden[k:],
-                      argmax=None if out.argmax is None else out.argmax[k:])
-
-
-def _grow_draft_vocab(run: Run, state: State, new: list[int]) -> None:
-    """A reduced draft vocabulary takes in the output's tokens before the draft next drafts (between rounds: q is the
-    law the drafts came from), all since its last drafting round at once: rounds that do not draft pay nothing."""
-    if run.draft is not None and has_vocab_subset(run.draft) and state.vocab_seen < len(new):
-        run.draft.extend_vocab_subset(new[state.vocab_seen:])
-        state.vocab_seen = len(new)
-
-
-def _jumps(run: Run, logprobs) -> bool:
-    """Whether a grammar's forced tokens are committed without a target call (jump-forward): not in
-    target-initialized rounds (their root is already in the target's cache), not when logprobs are recorded (each
-    token's row comes from the forward that committed it). A feature head reads its own features for the forced
-    tokens the target has not seen yet (HeadBackend.forward feeds them one at a time)."""
-    return run.sampling.grammar is not None and not run.method.target_init and logprobs is None
-
-
-def _commit_forced(run: Run, state: State, new: list[int], c: Metrics, max_new_tokens: int) -> None:
-    """Commit what the grammar forces after the committed text: each has probability 1 under the constrained law.
-    The target consumes them in its next forward (state.ahead), the draft as pending tokens."""
-    if state.committed is None:  # a grammar always reads the history; kept for a caller without one
-        return
-    forced = state.committed.forced(max_new_tokens - len(new))
-    if not forced:
-        return
-    new.extend(forced)
-    state.history.extend(forced)
-    state.ahead.extend(state.pending[-1:] + forced[:-1])  # the old root and all but the last forced token
-    state.pending = state.pending + forced if run.draft is not None else [forced[-1]]
-    c.forced_tokens += len(forced)
-
-
-def _verify(run: Run, state: State, proposal: Proposal, out, lt: int) -> tuple[list[int], int]:
-    """The accepted path (node indices from the root) and the next token; records logprobs when asked."""
-    tree, tokens, sampling = proposal.tree, proposal.tokens, run.sampling
-    rows_history = state.node_history(tree, tokens, range(len(tree)), out.logits)
-    # the adjusted logits are read greedy and for logprobs; sampling, process_logits adjusts them itself
-    adjusted = adjusted_logits(out.logits, sampling, rows_history) if sampling.greedy or state.logprobs is not None \
-        else None
-    p = None
-    if sampling.greedy:  # each row's argmax is all the greedy walk needs: no p, no q
-        best = out.argmax if adjusted is None and out.argmax is not None else \
-            greedy_argmax(adjusted if adjusted is not None else out.logits)  # (taken by the batch, else here)
-        path, nxt = walk_tree_greedy(tree, tokens.tolist(), best.tolist())
-    else:
-        p = process_logits(out.logits, sampling, rows_history)
-        rng = node_keys(tree, run.key, lt) if run.key is not None else run.gen_verify
-        verifier = run.verifier if run.key is not None or proposal.verifier is None else \
-            choose_verifier(run.method, sampling, False, proposal.verifier)
-        if len(tree) == 1 and run.key is None and verifier.lossless:  # a plain step: every lossless verifier
-            path, nxt = (0,), int(sample(p[0], run.gen_verify))  # draws the next token from p (as walk_tree does at a leaf)
-        else:
-            q = torch.zeros_like(p) if proposal.q is None else proposal.q
-            # verify/ runs on the CPU with its CPU generators (a no-op there; on a GPU one copy of the tree's rows)
-            path, nxt = verifier.verify(tree, tokens.cpu(), p.cpu(), q.cpu(), rng)
-    if state.logprobs is not None:  # committed token i is scored by the row of path[i], the node above it
-        rows = list(path)
-        lp = state.logprobs.rows(sampling, out.logits[rows], None if adjusted is None else adjusted[rows],
-                                 None if p is None else p[rows])
-        state.logprobs.add(lp, [int(tokens[u]) for u in path[1:]] + [nxt])
-    return list(path), nxt
-
-
-def _pending_after(run: Run, state: State, proposal: Proposal, path: list[int], tok: list[int],
-                   nxt: int) -> list[int]:
-    """What the draft has yet to consume after this round: what it was not fed of the accepted path, and nxt.
-    A proposal that fed the draft keeps the draft's rows of the accepted path it consumed."""
-    if proposal.draft_fed:
-        draft, draft_root = run.draft, proposal.draft_root
-        if draft is None or draft_root is None:  # a proposal that fed the draft model says where its rows start
-            raise RuntimeError("a proposal fed a draft model the run does not have, or gave no draft_root")
-        keep_path(draft, proposal.tree, [u for u in path if u < proposal.draft_fed], draft_root)
-        return [tok[u] for u in path if u >= proposal.draft_fed] + [nxt]
-    if run.draft is not None:  # the draft consumed nothing this round: it catches up when it next drafts
-        return state.pending[:-1] + [tok[u] for u in path] + [nxt]
-    return [nxt]
+def verify_chains(requests: list[ChainVerify]) -> list:
+    """Each request's (path, next token), the requests of one kind and vocabulary verified as one batch in tensor
+    operations (verify/batched.chain_batch, p and q where the forward left them, one host copy); a sequence whose
+    law has no mass gets that error (sent into it), the others their outcomes."""
+    out: list = [None] * len(requests)
+    groups: dict[tuple, list[int]] = {}
+    for j, r in enumerate(requests):
+        groups.setdefault((r.kind, r.p.shape[-1], r.p.device), []).append(j)
+    for (kind, _, device), members in groups.items():
+        rs = [requests[j] for j in members]
+        try:
+            batch = RoundBatch.of([r.tree for r in rs], [r.tokens for r in rs], device)
+            p = torch.cat([r.p for r in rs])
+            q = None if kind == "naive" else torch.cat([r.q if r.q is not None else torch.zeros_like(r.p) for r in rs])
+            results: list = chain_batch(batch, p, q, [r.generator for r in rs], kind).outcomes(errors=True)
+        except Exception as e:  # noqa: BLE001 - each sequence of this batch gets the error
+            results = [e] * len(rs)
+        for j, res in zip(members, results):
+            out[j] = res
+    return out

@@ -1,4 +1,4 @@
-"""The parts of a Decoder resolved once and shared, read-only, with the decoders it spawns and with batch lanes."""
+"""The parts of a Decoder resolved once and shared, read-only, with the decoders it spawns and with batch engines."""
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -13,7 +13,7 @@ if TYPE_CHECKING:
 
 @dataclass(frozen=True)
 class DecoderParts:
-    """What a Decoder resolves once, read-only, and shares with the decoders it spawns and with batch lanes: the
+    """What a Decoder resolves once, read-only, and shares with the decoders it spawns and with batch engines: the
     method (config, registry entry, trained models `loaded`), the pair and backend kind, the draft as it drafts
     (`draft_model`: the cheap form's copy; `token_freq`), EOS ids, the target's vocabulary rows and the context."""
 

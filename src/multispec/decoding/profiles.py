@@ -77,7 +77,7 @@ class Observations:
         self.timed: dict[str, dict[str, list[float]]] = {}  # key -> model -> [Σ n·log(ratio), Σ n]
         self.overheads: dict[str, list[dict]] = {}
         self.runs = 0
-        self._lock = threading.Lock()  # a server's lanes report from its loop thread; a save reads from another
+        self._lock = threading.Lock()  # a server's batch reports from its loop thread; a save reads from another
 
     def add(self, observation: dict | None, base: MachineProfile) -> None:
         if not observation:
@@ -118,7 +118,7 @@ class Observations:
 
 
 class MachineState:
-    """A Decoder family's machine profile (shared by the decoders it spawns and its batch lanes): the profile it
+    """A Decoder family's machine profile (shared by the decoders it spawns and its batch engines): the profile it
     plans from (what it lacked measured at construction), auto's view of it, and what its runs observed."""
 
     def __init__(self, profile: MachineProfile | str | None):

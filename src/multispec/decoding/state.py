@@ -18,7 +18,7 @@ from multispec.decoding.logprobs import LogprobRecorder
 from multispec.decoding.methods import MethodConfig
 from multispec.decoding.node_history import CommittedHistory
 from multispec.drafting.protocol import DraftPolicy
-from multispec.models.base import Backend, forward_chain
+from multispec.models.base import Backend, ForwardOut, Steps, chain
 from multispec.sampling import SamplingConfig, adjust_logits, process_logits
 from multispec.tree import Tree
 from multispec.verify.sequence import SequenceVerifierSpec, get_sequence_verifier
@@ -86,16 +86,33 @@ class State:
         return self.committed.at_root(logits.shape[-1]) if self.committed is not None else None
 
 
+def chain_steps(backend: Backend, tokens: torch.Tensor, last_only: bool = False) -> Steps[ForwardOut]:
+    """A chain of tokens (long [N]: a prefill) as forwards: one, or on a backend that prefills in chunks
+    (models/batched.SlotBackend.prefill_chunk) one chunk per engine step, so that a joining prompt holds up the
+    running sequences' steps by one chunk at most. Returns the last row's output (last_only) or every row's."""
+    size = getattr(backend, "prefill_chunk", None)
+    if size is None or tokens.shape[0] <= size:
+        return (yield chain(backend, tokens, last_only=last_only))
+    outs = []
+    for a in range(0, tokens.shape[0], size):
+        if a:
+            yield None  # this sequence's turn of the step is over: the next chunk goes in the next step
+        outs.append((yield chain(backend, tokens[a:a + size], last_only=last_only)))
+    if last_only:
+        return outs[-1]
+    return ForwardOut(logits=torch.cat([o.logits for o in outs]), hidden=None)
+
+
 def prefill(target: Backend, prompt: list[int], target_init: bool, sampling: SamplingConfig,
-            logprobs: LogprobRecorder | None, committed: CommittedHistory | None) -> State:
-    """Feed the prompt (all of it for target-initialized methods, all but the root otherwise); with
-    logprobs.prompt, every row's logits are kept to score the prompt's tokens (raw)."""
+            logprobs: LogprobRecorder | None, committed: CommittedHistory | None) -> Steps[State]:
+    """Feed the prompt (all of it for target-initialized methods, all but the root otherwise), as forwards
+    (`chain_steps`); with logprobs.prompt, every row's logits are kept to score the prompt's tokens (raw)."""
     ids = torch.tensor(prompt, dtype=torch.long)
     scorer = logprobs if logprobs is not None and logprobs.prompt else None  # scores the prompt's tokens
     if scorer is not None:
         scorer.prompt_tokens.append(None)
     fed = ids if target_init else ids[:-1]
-    out = forward_chain(target, fed, last_only=scorer is None) if len(fed) else None
+    out = (yield from chain_steps(target, fed, last_only=scorer is None)) if len(fed) else None
     if scorer is not None and len(prompt) > 1:
         if out is None:  # unreachable: a prompt of 2 or more tokens feeds at least one
             raise RuntimeError("prefill: nothing was fed")

@@ -17,7 +17,7 @@ BATCH_TOKENS = (1, 2, 4, 8, 16)  # tokens per sequence measured; BUCKETS beyond 
 BATCH_BUDGET_S = 4.0
 LEARN_RATE = 0.1  # how fast a batch's measured target forwards correct the table (drafting/auto/costs.SCALE_RATE: 0.2
 # for a sequence alone; a batch's forwards vary more with who is in it)
-LEARN_STEP = 0.05  # a correction that moved this much (relative) remakes the lanes' cached plans
+LEARN_STEP = 0.05  # a correction that moved this much (relative) remakes the sequences' cached plans
 LEARN_LONGEST = 64  # a forward with a longer step (a prefill chunk) is not learned from
 TN_DECAY = 0.95  # "tn" is a ratio of decayed sums over the forwards with drafted tokens: about the last 20 carry it
 TN_PRIOR = 0.5  # and of a prior, added to both sums: this fraction of the table's one-token forward (ratio 1)
@@ -31,10 +31,10 @@ class BatchCosts:
     seconds: dict
     key: str = ""
     source: str = "calibrated"
-    _memo: dict = field(default_factory=dict, repr=False)  # every lane of a batch asks the same few questions
+    _memo: dict = field(default_factory=dict, repr=False)  # every sequence of a batch asks the same few questions
     # corrections of the table by the batch's own forwards (learn): "t1" scales the target's forward of one token per
-    # sequence, "tn" what more tokens add to it, "d" the draft's forwards; shared by the batch's lanes. version:
-    # bumped when one moved by LEARN_STEP (the lanes' cached plans are remade)
+    # sequence, "tn" what more tokens add to it, "d" the draft's forwards; shared by the batch's sequences. version:
+    # bumped when one moved by LEARN_STEP (the sequences' cached plans are remade)
     scale: dict = field(default_factory=lambda: {"t1": 1.0, "tn": 1.0, "d": 1.0})
     version: int = 0
     _learned: dict = field(default_factory=dict, repr=False)  # model -> the forward learned from last
@@ -65,8 +65,8 @@ class BatchCosts:
         return self.scale["t1"] * base + self.scale["tn"] * (self.forward("target", sequences, n) - base)
 
     def learn(self, timed: tuple | None, model: str = "target") -> None:
-        """Correct the costs by one batched forward's own time (models/batched.StepBatcher.timed: its forwards so
-        far, sequences, tokens, longest step, seconds), once per forward whichever lane asks. A target forward of
+        """Correct the costs by one batched forward's own time (decoding/engine.Engine.timed: its forwards so
+        far, sequences, tokens, longest step, seconds), once per forward whichever sequence asks. A target forward of
         one token per sequence corrects "t1", one with more tokens "tn" (its time past the corrected one-token
         forward, against the table's); a draft forward corrects "d". The table is measured at a 128-row context
         with every sequence drafting alike; long prompts, and a few sequences drafting many tokens in a padded

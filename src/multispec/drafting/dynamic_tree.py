@@ -40,7 +40,7 @@ def grow_dynamic(draft, pending: list[int], max_tree: Tree, width: int, sampling
     nodes, depth = len(max_tree) - 1, max_tree.max_depth
     base = draft.cache_len
     root = base + len(pending) - 1  # the root's row in the head's cache
-    out = _first_forward(draft, pending, max_tree, torch.tensor(pending[-1:]), base, root, False)
+    out = _first_forward(draft, pending, max_tree, torch.tensor(pending[-1:]), base, root, False).run()
     # candidates: (log path probability, parent candidate index (-1: the root), token, depth)
     cands: list[tuple[float, int, int, int]] = []
     rows = {-1: root}  # candidate index -> its head-cache row, for the expanded ones

@@ -14,7 +14,7 @@ from typing import Callable, Protocol
 import torch
 
 from multispec.drafting.coupled import coupled_draw
-from multispec.models.base import Backend, forward_chain, takes_last_only
+from multispec.models.base import Backend, Forward, Steps, chain, drive, takes_last_only
 from multispec.sampling import SamplingConfig, adjust_logits, process_logits
 from multispec.tree import Tree
 from multispec.verify.keyed import PositionKeys
@@ -59,31 +59,30 @@ class Draft:
     draft_calls: int
 
 
-def grow_tree(
-    draft: Backend,
-    pending: list[int],
-    max_tree: Tree,
-    known_tokens: list[int],
-    known_depth: int,
-    sampling: SamplingConfig,
-    draw: DrawFn,
-    generator: torch.Generator,
-    policy: StopPolicy | None = None,
-    want_hidden: bool = False,
-    keys: PositionKeys | None = None,
-    history: Callable | None = None,
-) -> Draft:
-    """Draft `max_tree` (or a depth-truncation of it chosen by `policy`).
+def grow_tree(draft: Backend, pending: list[int], max_tree: Tree, known_tokens: list[int], known_depth: int,
+              sampling: SamplingConfig, draw: DrawFn, generator: torch.Generator, policy: StopPolicy | None = None,
+              want_hidden: bool = False, keys: PositionKeys | None = None, history: Callable | None = None) -> Draft:
+    """`grow_steps` run alone (same arguments): each draft forward as it comes."""
+    return drive(grow_steps(draft, pending, max_tree, known_tokens, known_depth, sampling, draw, generator, policy,
+                            want_hidden, keys, history))
 
+
+def grow_steps(draft: Backend, pending: list[int], max_tree: Tree, known_tokens: list[int], known_depth: int,
+               sampling: SamplingConfig, draw: DrawFn, generator: torch.Generator, policy: StopPolicy | None = None,
+               want_hidden: bool = False, keys: PositionKeys | None = None, history: Callable | None = None) -> Steps[Draft]:
+    """Draft `max_tree` (or a depth-truncation of it chosen by `policy`), as a generator of its draft forwards
+    (models/base.Steps: the engine runs them with other sequences' forwards of the same depth).
     pending: committed tokens the draft has not consumed; pending[-1] is the root (node 0).
     known_tokens: tokens of nodes 1..level_end(known_depth)-1, already chosen (e.g. by the target); [] if none.
     draw: the verifier's draft law. The drafted depth is at least known_depth + 1 when the max tree is deeper.
     keys: position keys of max_tree's nodes (keyed.node_keys) for a keyed verifier (gumbel, gls): the children of
     node u are then the top-n of log q + the noise of their position (coupled_draw), and `draw` is not used.
     history(rows, tokens, logits) -> sampling.History: the processors' history of those max_tree nodes (penalties,
-    min_tokens: each node's own path; engine._draft_history), or None when the sampling reads none.
-    """
-    n_nodes, (pending, alone) = len(max_tree), _catch_up(draft, pending)
+    min_tokens: each node's own path; engine._draft_history), or None when the sampling reads none."""
+    n_nodes, alone = len(max_tree), len(pending) > CATCH_UP_ALONE and takes_last_only(draft)
+    if alone:  # a long catch-up (a deferred prefill) as a chain of its own, whose rows' laws are not needed
+        yield _catch_up(draft, pending)
+        pending = pending[-1:]
     tokens = torch.zeros(n_nodes, dtype=torch.long)
     tokens[0] = pending[-1]
     n_known = max_tree.level_end(known_depth)
@@ -95,10 +94,10 @@ def grow_tree(
     if policy is not None:
         policy.start_round()
     want = want_hidden or (policy is not None and policy.needs_hidden)
-    out = _first_forward(draft, pending, max_tree, tokens[:n_known], base, root_index, want)
-    m, calls = len(pending) - 1, 1 + alone  # m: pending tokens before the root
+    out = yield _first_forward(draft, pending, max_tree, tokens[:n_known], base, root_index, want)
+    m, calls = len(pending) - 1, 1 + int(alone)  # m: pending tokens before the root
     rows = range(known_depth and max_tree.level(known_depth).start, n_known)  # nodes whose children come next
-    logits, hidden = out.logits[m:][rows.start:], (out.hidden[m:][rows.start:] if want else None)
+    logits, hidden = out.logits[m:][rows.start:], out.hidden[m:][rows.start:] if want and out.hidden is not None else None
     depth, fed = known_depth, n_known
     while True:
         parent_q = _draft_dists(logits, sampling, None if history is None else history(rows, tokens, logits))
@@ -111,8 +110,8 @@ def grow_tree(
             break
         rows = child_level
         mask = max_tree.attention_mask(root_index, rows=rows, cols=rows.stop)
-        out = draft.forward(tokens[rows.start:rows.stop], root_index + max_tree.depth_tensor[rows.start:rows.stop],
-                            mask, want_hidden=want)
+        out = yield Forward(draft, tokens[rows.start:rows.stop],
+                            root_index + max_tree.depth_tensor[rows.start:rows.stop], mask, want_hidden=want)
         calls += 1
         logits, hidden = out.logits, out.hidden
         fed = rows.stop
@@ -121,13 +120,9 @@ def grow_tree(
                  draft_calls=calls)
 
 
-def _catch_up(draft: Backend, pending: list[int]) -> tuple[list[int], bool]:
-    """Feed a long catch-up (a deferred prefill: more than CATCH_UP_ALONE pending tokens) as a chain of its own,
-    whose rows' laws are not needed. Returns (what is left pending: the root, or all of it; whether it ran)."""
-    if len(pending) <= CATCH_UP_ALONE or not takes_last_only(draft):
-        return pending, False
-    forward_chain(draft, torch.tensor(pending[:-1], dtype=torch.long), last_only=True)
-    return pending[-1:], True
+def _catch_up(draft: Backend, pending: list[int]) -> Forward:
+    """The pending tokens before the root as a chain of their own (last_only: their rows' laws are not needed)."""
+    return chain(draft, torch.tensor(pending[:-1], dtype=torch.long), last_only=True)
 
 
 def _draw_children(max_tree: Tree, rows: range, q: torch.Tensor, tokens: torch.Tensor, draw: DrawFn,
@@ -143,7 +138,7 @@ def _draw_children(max_tree: Tree, rows: range, q: torch.Tensor, tokens: torch.T
 
 
 def _first_forward(draft: Backend, pending: list[int], max_tree: Tree, known: torch.Tensor, base: int,
-                   root_index: int, want_hidden: bool):
+                   root_index: int, want_hidden: bool) -> Forward:
     """The round's first draft forward: the pending chain (causal) and the known nodes (the root and any levels
     already chosen; known: long [n_known]) under the tree mask below the root."""
     n_known = len(known)
@@ -156,7 +151,7 @@ def _first_forward(draft: Backend, pending: list[int], max_tree: Tree, known: to
     mask[m:, base + m:] = max_tree.ancestor_mask[:n_known, :n_known]
     positions = torch.cat([torch.arange(base, base + m), root_index + max_tree.depth_tensor[:n_known]])
     feed = torch.cat([torch.tensor(pending[:-1], dtype=torch.long), known])
-    return draft.forward(feed, positions, mask, want_hidden=want_hidden)
+    return Forward(draft, feed, positions, mask, want_hidden=want_hidden)
 
 
 def _draft_dists(logits: torch.Tensor, sampling: SamplingConfig, history=None) -> torch.Tensor:

@@ -23,12 +23,12 @@ from typing import Callable, Protocol
 import torch
 
 from multispec.drafting.dynamic_tree import grow_dynamic
-from multispec.drafting.grow import DrawFn, StopPolicy, grow_tree
+from multispec.drafting.grow import DrawFn, StopPolicy, grow_steps
 from multispec.drafting.lookup import one_hot_law
 from multispec.drafting.protocol import RoundPlan
 from multispec.drafting.suffix import first_child_law
 from multispec.errors import MultispecError, check
-from multispec.models.base import Backend
+from multispec.models.base import Backend, Steps, drive
 from multispec.sampling import SamplingConfig
 from multispec.tree import Tree
 from multispec.verify.keyed import node_keys
@@ -89,6 +89,16 @@ class Proposer(Protocol):
     def propose(self, inputs: RoundInputs, plan: RoundPlan, max_tree: Tree) -> Proposal: ...
 
 
+def proposal_steps(proposer: Proposer, inputs: RoundInputs, plan: RoundPlan, max_tree: Tree) -> Steps[Proposal]:
+    """The proposal as a generator of its draft forwards (models/base.Steps), which the engine runs with the other
+    sequences' forwards of the same depth: a proposer's own `propose_steps` where it has one (the draft model's),
+    else its `propose` (no forward, or forwards it makes itself, run alone)."""
+    steps = getattr(proposer, "propose_steps", None)
+    if steps is not None:
+        return (yield from steps(inputs, plan, max_tree))
+    return proposer.propose(inputs, plan, max_tree)
+
+
 def _root_only(inputs: RoundInputs, max_tree: Tree) -> Proposal:
     return Proposal(max_tree.truncate(0), max_tree, torch.tensor(inputs.pending[-1:], dtype=torch.long), None)
 
@@ -146,12 +156,15 @@ class DraftModelProposer:
     uses_draft = True  # drafts with the run's draft backend (a reduced vocabulary grows before it does)
 
     def propose(self, inputs: RoundInputs, plan: RoundPlan, max_tree: Tree) -> Proposal:
+        return drive(self.propose_steps(inputs, plan, max_tree))
+
+    def propose_steps(self, inputs: RoundInputs, plan: RoundPlan, max_tree: Tree) -> Steps[Proposal]:
         draft = inputs.draft
         if draft is None:
             raise MultispecError("this round drafts with the draft model, but the pair has none")
         keys = node_keys(max_tree, inputs.key, inputs.root_position) if inputs.key is not None else None
-        d = grow_tree(draft, inputs.pending, max_tree, [], 0, inputs.sampling, inputs.draw, inputs.generator,
-                      inputs.policy, keys=keys, history=inputs.node_history(max_tree))
+        d = yield from grow_steps(draft, inputs.pending, max_tree, [], 0, inputs.sampling, inputs.draw,
+                                  inputs.generator, inputs.policy, keys=keys, history=inputs.node_history(max_tree))
         return Proposal(d.tree, max_tree, d.tokens, d.q, draft_fed=d.fed, draft_root=d.root_index,
                         draft_calls=d.draft_calls)
 
@@ -163,8 +176,8 @@ class HeadProposer(DraftModelProposer):
 
     name = "head"
 
-    def propose(self, inputs: RoundInputs, plan: RoundPlan, max_tree: Tree) -> Proposal:
-        proposal = super().propose(inputs, plan, max_tree)
+    def propose_steps(self, inputs: RoundInputs, plan: RoundPlan, max_tree: Tree) -> Steps[Proposal]:
+        proposal = yield from super().propose_steps(inputs, plan, max_tree)
         return replace(proposal, draft_fed=min(proposal.draft_fed, 1))
 
 
@@ -176,9 +189,15 @@ class DynamicHeadProposer(HeadProposer):
 
     name = "head-dynamic"
 
+    def propose_steps(self, inputs: RoundInputs, plan: RoundPlan, max_tree: Tree) -> Steps[Proposal]:
+        if inputs.key is not None or inputs.node_history(max_tree) is not None:
+            # the static tree: keyed draws, per-path processors
+            return (yield from super().propose_steps(inputs, plan, max_tree))
+        return self.propose(inputs, plan, max_tree)  # its forwards, run alone
+
     def propose(self, inputs: RoundInputs, plan: RoundPlan, max_tree: Tree) -> Proposal:
         if inputs.key is not None or inputs.node_history(max_tree) is not None:
-            return super().propose(inputs, plan, max_tree)  # the static tree: keyed draws, per-path processors
+            return drive(super().propose_steps(inputs, plan, max_tree))
         if inputs.draft is None:
             raise MultispecError("a dynamic tree drafts with a head, but this run has none")
         tree, tokens, root, calls = grow_dynamic(inputs.draft, inputs.pending, max_tree, max(1, plan.width),

@@ -2,7 +2,7 @@
 
 One generation, as the engine drives it (decoding/engine.py):
 
-    policy.join_batch(batcher, costs, sampling)  # only in a batch lane: plan with the batch's costs
+    policy.join_batch(engine, costs, sampling)   # only in a batch: plan with the batch's costs
     policy.reset()                               # adaptive state starts afresh (style §2.12)
     policy.prepare(target, draft, context_len, temperature)  # once, after the prefill (auto: costs, memory)
     every round:
@@ -91,7 +91,7 @@ class DraftPolicy(Protocol):
 
     def join_batch(self, batcher, batch_costs, sampling: bool) -> None:
         """This policy plans one sequence of a batch (decoding/batch.py) for the next generation: batcher the
-        StepBatcher (its live size), batch_costs the batched cost table, sampling whether the sequence samples."""
+        engine (decoding/engine.Engine: its live size and timed forwards), batch_costs the batched cost table, sampling whether the sequence samples."""
         ...
 
     def prepare(self, target, draft, context_len: int, temperature: float = 0.0) -> None: ...

@@ -18,9 +18,11 @@ from __future__ import annotations
 
 import inspect
 from dataclasses import dataclass
-from typing import Protocol, TypeGuard
+from typing import Generator, Protocol, TypeGuard, TypeVar
 
 import torch
+
+T = TypeVar("T")
 
 
 @dataclass
@@ -91,13 +93,51 @@ def has_vocab_subset(backend: Backend) -> TypeGuard[VocabSubsetBackend]:
     return getattr(backend, "vocab_subset", None) is not None
 
 
+@dataclass
+class Forward:
+    """One forward a round asks for: what `Backend.forward` takes, as a value. A round written as a generator yields
+    these and gets each ForwardOut back (decoding/engine.py runs a step's requests of many sequences together:
+    models/batched.forward_all); `drive` runs such a generator alone, each request as it comes.
+    tokens, positions: long [n]; mask: bool [n, cache_len + n] or None (a chain after every cached row)."""
+
+    backend: Backend
+    tokens: torch.Tensor
+    positions: torch.Tensor
+    mask: torch.Tensor | None = None
+    want_hidden: bool = False
+    last_only: bool = False  # only the last row's logits are read (a backend that can skip the others does)
+
+    def run(self) -> ForwardOut:
+        if self.last_only and self.tokens.shape[0] > 1 and takes_last_only(self.backend):
+            return self.backend.forward(self.tokens, self.positions, self.mask, self.want_hidden, last_only=True)
+        return self.backend.forward(self.tokens, self.positions, self.mask, self.want_hidden)
+
+
+# a round or a part of one, as a generator: yields the forwards it needs (None: its turn of the step is over),
+# is sent each one's ForwardOut, returns its result
+Steps = Generator[Forward | None, ForwardOut, T]  # (sent None after a None: the turn's end)
+
+
+def drive(steps: Steps[T]) -> T:
+    """Run a generator of forwards alone: each request as it comes, in order; its result."""
+    value: ForwardOut | None = None
+    while True:
+        try:
+            request = steps.send(value)  # type: ignore[arg-type]
+        except StopIteration as done:
+            return done.value
+        value = request.run() if request is not None else None
+
+
+def chain(backend: Backend, tokens: torch.Tensor, want_hidden: bool = False, last_only: bool = False) -> Forward:
+    """The request that appends a plain chain of tokens (long [N]) after the backend's cached rows: run it before
+    any other forward on that backend (its positions and mask are the cache's now)."""
+    start, n = backend.cache_len, tokens.shape[0]
+    return Forward(backend, tokens, torch.arange(start, start + n), causal_mask(start, n), want_hidden, last_only)
+
+
 def forward_chain(backend: Backend, tokens: torch.Tensor, want_hidden: bool = False,
                   last_only: bool = False) -> ForwardOut:
     """Append a plain chain of tokens (prefill or decode). tokens: long [N]. last_only: only the last row's logits
     are read (logits[-1]); a backend that can skip the others' output layer does ([1, V]), others return all."""
-    start = backend.cache_len
-    n = tokens.shape[0]
-    positions = torch.arange(start, start + n)
-    if last_only and n > 1 and takes_last_only(backend):
-        return backend.forward(tokens, positions, causal_mask(start, n), want_hidden, last_only=True)
-    return backend.forward(tokens, positions, causal_mask(start, n), want_hidden)
+    return chain(backend, tokens, want_hidden, last_only).run()

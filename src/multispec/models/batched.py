@@ -14,33 +14,25 @@ A row attends only to its own slot's rows, so a sequence's output does not depen
 arithmetic can differ from a batch-1 step in the last bits (a matmul over more rows may sum in another order),
 which moves a greedy choice only at a near-tie (benchmarks/batching/batch_identity.py counts them).
 
-`StepBatcher` is the batch's one loop: many sequences, each decoded by the ordinary generation loop as a greenlet
-in the loop's thread (no thread per sequence), run until every one waits on a forward; then the waiting calls of one
-model run as one batch. `SlotBackend` is the backend protocol (models/base.py) over one slot, so every method runs
-batched unchanged.
+`forward_all` is what the engine (decoding/engine.py) calls once a step's sequences have each asked for a forward:
+the requests on slots of one cache run as one `run_batch`. `SlotBackend` is the backend protocol (models/base.py)
+over one slot, so every method runs batched unchanged (a forward it makes outside the engine's requests runs as a
+batch of one).
 """
 from __future__ import annotations
 
-import functools
-import logging
-import queue
-import threading
-import time
-from collections import Counter, deque
-from concurrent.futures import Future
 from dataclasses import dataclass
 from enum import IntEnum
 
-import greenlet
 import torch
 
 from multispec.errors import MultispecError
-from multispec.models.base import ForwardOut
+from multispec.models.base import Forward, ForwardOut
 from multispec.models.reduced_vocab import VocabSubset
 
 class Role(IntEnum):
-    """Which model a cache holds. When both models have calls waiting, the lower value runs first (the draft), so
-    that drafting sequences reach the target forward and verify together with the others."""
+    """Which model a forward runs. When both models have requests waiting, the lower value runs first (the draft),
+    so that drafting sequences reach the target forward and verify together with the others."""
 
     DRAFT = 0
     TARGET = 1
@@ -49,7 +41,6 @@ class Role(IntEnum):
 PAD_LIMIT = 64  # steps of more tokens (prefills) attend alone: padding every row to a prefill's length would cost more
 PREFILL_CHUNK = 256  # a longer step (a prefill) goes in chunks of this many tokens, one batched forward each, so that
 # a joining prompt adds at most this much to the running sequences' steps (chunked prefill)
-MAX_TASKS = 1 << 30  # StepBatcher's default capacity: no limit
 SLIDE_SLACK = 3 * PREFILL_CHUNK  # rows a sliding-window layer holds past its window: a step's new rows, a round's
 # uncommitted ones and a margin (SlotCache)
 
@@ -423,205 +414,15 @@ def _argmax_rows(steps: list[Step], logits: list) -> list:
     return best
 
 
-class _Call:
-    __slots__ = ("cache", "step", "out", "error", "caller")
-
-    def __init__(self, cache: SlotCache, step: Step, caller):
-        self.cache, self.step, self.out, self.error, self.caller = cache, step, None, None, caller
-
-
-class StepBatcher:
-    """The batch's one loop: the generations of many sequences run as greenlets (lightweight coroutines that switch
-    at a forward call) in one thread, and their forward calls run as batched forwards.
-
-        future = batcher.submit_task(fn, *args)   # from any thread: fn(*args) runs on the loop, at most
-                                                  # `capacity` at once (one per slot), the rest in order after
-
-    Each turn of the loop runs every runnable generation until it calls a forward (`submit`: the call is queued and
-    the generation waits) or ends; when none is runnable, every live sequence waits on a forward, and the calls of
-    one model (the lowest Role first: the draft, so that drafting sequences catch up and every sequence verifies in
-    the same target forward) run as one `run_batch`, whose outputs make their generations runnable again, in order.
-    Nothing here depends on thread timing: the same requests give the same batches. A sequence `join`s before its
-    first forward and `leave`s after its last (what `auto` plans for: `live`); sequences start and end between
-    forwards, so a batch changes at round boundaries and a newcomer's prefill rides with the others' steps.
-    `forwards` counts batched forwards by Role, `sequences` the calls they carried.
-
-    Measured against the thread-per-sequence barrier it replaced (pycode-v1, HumanEval 100-131, 128 tokens, one
-    thread, quiet machine, two runs each): batched `auto` 1.09-1.27x at batch 16 greedy, 1.05-1.10x at batch 4 and
-    1.14x at batch 32 (T = 1), `ar` 1.07-1.25x at batch 16: waking every sequence's thread after every forward cost
-    more than a switch."""
-
-    def __init__(self, capacity: int = MAX_TASKS):
-        self.capacity = capacity
-        self._inbox: queue.SimpleQueue = queue.SimpleQueue()  # (fn, args, Future) from any thread; None: close
-        self._waiting: deque = deque()  # submitted, not started: every slot busy
-        self._runnable: deque = deque()  # greenlets to switch into, in order
-        self._pending: list[_Call] = []
-        self._tasks = 0  # started and not ended
-        self._live = 0
-        self._closing = False
-        self._broken: BaseException | None = None  # the loop's own failure (a bug): every request got it
-        self._future_of: dict = {}  # started greenlet -> its Future, until it ends
-        self._hub = None  # the loop's own greenlet
-        self._thread: threading.Thread | None = None
-        self._start_lock = threading.Lock()
-        self.forwards: Counter = Counter()
-        self.sequences: Counter = Counter()
-        self.on_batch = None  # (role, sequences, tokens) after each batched forward: the server's metrics
-        self.timed: dict[Role, tuple] = {}  # role -> (its forwards so far, sequences, tokens, longest step, seconds)
-        # of the latest batched forward of that model: the sequences it shared, and its own time, which `auto` in a
-        # batch learns costs from
-
-    @property
-    def live(self) -> int:
-        """Sequences decoding now (what `auto` plans for)."""
-        return self._live
-
-    def join(self) -> None:
-        self._live += 1
-
-    def leave(self) -> None:
-        self._live -= 1
-
-    # ---------------------------------------------------------------- from any thread
-    def submit_task(self, fn, *args) -> Future:
-        """Run fn(*args) on the loop (starting its thread the first time); its Future gets the result or error."""
-        future: Future = Future()
-        with self._start_lock:
-            if self._broken is not None:
-                raise RuntimeError(f"this batch's loop failed: {self._broken!r}")
-            if self._closing:
-                raise RuntimeError("this batch's loop is closed")
-            if self._thread is None:
-                self._thread = threading.Thread(target=self._serve, name="multispec-batch-loop", daemon=True)
-                self._thread.start()
-        self._inbox.put((fn, args, future))
-        return future
-
-    def close(self, wait: bool = True) -> None:
-        """Stop the loop once its tasks end (those not started are cancelled); wait: for that (not on the loop)."""
-        with self._start_lock:
-            self._closing = True
-            thread = self._thread
-        if thread is not None:
-            self._inbox.put(None)
-            if wait and thread is not threading.current_thread():
-                thread.join()
-
-    # ---------------------------------------------------------------- on the loop
-    def submit(self, cache: SlotCache, step: Step) -> ForwardOut:
-        """A generation's forward call: waits (its greenlet switches to the loop) until its batch has run."""
-        me = greenlet.getcurrent()
-        if self._hub is None or me is self._hub or threading.current_thread() is not self._thread:
-            raise RuntimeError("a batch lane's forward runs on its batch's loop: start the generation with "
-                               "StepBatcher.submit_task (BatchGroup.submit)")
-        call = _Call(cache, step, me)
-        self._pending.append(call)
-        self._hub.switch()
-        if call.error is not None:
-            raise call.error
-        return call.out
-
-    def _serve(self) -> None:
-        self._hub = greenlet.getcurrent()
-        try:
-            while self._take_inbox(block=not (self._runnable or self._pending or self._tasks or self._waiting)):
-                while self._waiting and self._tasks < self.capacity:
-                    fn, args, future = self._waiting.popleft()
-                    if future.set_running_or_notify_cancel():
-                        self._tasks += 1
-                        g = greenlet.greenlet(functools.partial(self._task, fn, args, future))
-                        self._future_of[g] = future
-                        self._runnable.append(g)
-                if self._runnable:
-                    self._runnable.popleft().switch()  # back here at its next forward call or its end
-                elif self._pending:
-                    self._run_ready()
-        except BaseException as e:  # noqa: BLE001 - a bug here must fail every request, not hang them
-            logging.getLogger("multispec").exception("the batch loop failed; every request in it gets the error")
-            self._fail_all(e)
-
-    def _take_inbox(self, block: bool) -> bool:
-        """Move submitted tasks to the waiting line (blocking for the first when idle); False once closed and idle."""
-        while True:
-            try:
-                item = self._inbox.get(block=block and not self._closing)
-            except queue.Empty:
-                break
-            block = False
-            if item is None:
-                self._closing = True
-            else:
-                self._waiting.append(item)
-        if self._closing and not (self._tasks or self._runnable or self._pending):
-            for _, _, future in self._waiting:
-                future.cancel()
-            return False
-        return True
-
-    def _task(self, fn, args, future: Future) -> None:
-        try:
-            result = fn(*args)
-        except BaseException as e:  # noqa: BLE001 - handed to whoever waits on the future
-            future.set_exception(e)
-        else:
-            future.set_result(result)
-        finally:
-            self._tasks -= 1
-            self._future_of.pop(greenlet.getcurrent(), None)
-
-    def _run_ready(self) -> None:
-        """Every live sequence waits on a forward: run one model's calls (the lowest Role first) as one batch."""
-        first = min(self._pending, key=lambda c: c.cache.role).cache
-        calls = [c for c in self._pending if c.cache is first]
-        self._pending = [c for c in self._pending if c.cache is not first]
-        t0 = time.perf_counter()
-        try:
-            outs, error = run_batch(first, [c.step for c in calls]), None
-        except Exception as e:  # noqa: BLE001 - every waiting call gets the error
-            outs, error = [None] * len(calls), e
-        seconds = time.perf_counter() - t0
-        self.forwards[first.role] += 1
-        self.sequences[first.role] += len(calls)
-        sizes = [c.step.tokens.shape[0] for c in calls]
-        self.timed[first.role] = (self.forwards[first.role], len(calls), sum(sizes), max(sizes), seconds)
-        if self.on_batch is not None:
-            self.on_batch(first.role, len(calls), sum(sizes))
-        for c, out in zip(calls, outs):
-            c.out, c.error = out, error
-            self._runnable.append(c.caller)
-
-    def _fail_all(self, error: BaseException) -> None:
-        """The loop itself failed: every request gets the error (none hangs), and later submissions are refused."""
-        with self._start_lock:
-            self._broken = error
-        waiting = list(self._waiting)
-        while True:
-            try:
-                item = self._inbox.get_nowait()
-            except queue.Empty:
-                break
-            if item is not None:
-                waiting.append(item)
-        for _, _, future in waiting:
-            if future.set_running_or_notify_cancel():
-                future.set_exception(error)
-        for g in [*self._runnable, *(c.caller for c in self._pending)]:
-            if g:  # started: unwinds through _task, which hands the error to its future
-                g.throw(error)
-            elif (future := self._future_of.pop(g, None)) is not None:
-                future.set_exception(error)
-
-
 class SlotBackend(VocabSubset):
-    """The backend protocol (models/base.py) over one slot of a SlotCache, its forwards run by a StepBatcher.
-    name "fast": `auto`'s cost calibration of the fast backend applies (batched costs come from the batcher's
-    cost table, drafting/costs.py)."""
+    """The backend protocol (models/base.py) over one slot of a SlotCache. Its own `forward` runs a batch of one;
+    the engine runs a step's requests of many slots as one forward (`forward_all`). name "fast": `auto`'s cost
+    calibration of the fast backend applies (batched costs come from the batch's cost table, drafting/costs.py)."""
 
     name = "fast"
 
-    def __init__(self, batcher: StepBatcher, cache: SlotCache, slot: int, model):
-        self.batcher, self.cache, self.slot, self.model = batcher, cache, slot, model
+    def __init__(self, cache: SlotCache, slot: int, model):
+        self.cache, self.slot, self.model = cache, slot, model
         net = cache.net
         self.vocab_size, self.hidden_size, self.device, self.dtype = net.vocab_size, net.hidden_size, net.device, \
             net.dtype
@@ -631,11 +432,17 @@ class SlotBackend(VocabSubset):
         limit = net.layout.max_positions
         self.max_len = cache.rows
         self.max_positions = min(cache.rows, limit) if limit else cache.rows
-        self.argmax = False  # set by a greedy sequence's lane: its forwards also return each row's argmax
+        self.argmax = False  # set for a greedy sequence: its forwards also return each row's argmax
 
     @property
     def cache_len(self) -> int:
         return self.cache.lens[self.slot]
+
+    @property
+    def prefill_chunk(self) -> int:
+        """A prefill goes in chunks of this many tokens, one per engine step (chunked prefill: a joining prompt adds
+        at most this much to the running sequences' steps)."""
+        return PREFILL_CHUNK
 
     def reset(self) -> None:
         self.cache.reset(self.slot)
@@ -643,8 +450,9 @@ class SlotBackend(VocabSubset):
     def _full_head(self):
         return self.cache.net.head
 
-    def forward(self, tokens: torch.Tensor, positions: torch.Tensor, mask: torch.Tensor | None = None,
-                want_hidden: bool = False, last_only: bool = False) -> ForwardOut:
+    def step(self, tokens: torch.Tensor, positions: torch.Tensor, mask: torch.Tensor | None = None,
+             want_hidden: bool = False, last_only: bool = False) -> Step:
+        """This slot's part of a batched forward (checked: it fits the slot's rows and the model's positions)."""
         n, start = tokens.shape[0], self.cache_len
         if start + n > self.max_len:
             raise MultispecError(f"sequence of {start + n} tokens exceeds the batch's cache of {self.max_len} rows")
@@ -652,11 +460,14 @@ class SlotBackend(VocabSubset):
         if limit is not None and int(positions.max()) >= limit:
             raise MultispecError(f"position {int(positions.max())} is past the model's limit of {limit} positions "
                                  "(max_position_embeddings)")
-        if n > PREFILL_CHUNK:
-            return self._chunked(tokens, positions, mask, want_hidden, last_only)
-        step = Step(self.slot, tokens, positions, mask, want_hidden, last_only and n > 1, self.vocab_subset,
+        return Step(self.slot, tokens, positions, mask, want_hidden, last_only and n > 1, self.vocab_subset,
                     self.argmax)
-        return self.batcher.submit(self.cache, step)
+
+    def forward(self, tokens: torch.Tensor, positions: torch.Tensor, mask: torch.Tensor | None = None,
+                want_hidden: bool = False, last_only: bool = False) -> ForwardOut:
+        if tokens.shape[0] > PREFILL_CHUNK:
+            return self._chunked(tokens, positions, mask, want_hidden, last_only)
+        return run_batch(self.cache, [self.step(tokens, positions, mask, want_hidden, last_only)])[0]
 
     def _chunked(self, tokens, positions, mask, want_hidden: bool, last_only: bool) -> ForwardOut:
         """A long step (a prefill) in chunks of PREFILL_CHUNK tokens, each one batched forward with the others'
@@ -674,3 +485,37 @@ class SlotBackend(VocabSubset):
 
     def keep(self, indices: torch.Tensor) -> None:
         self.cache.keep(self.slot, indices)
+
+
+def forward_all(requests: list[Forward]) -> list[ForwardOut | BaseException]:
+    """Run a step's forward requests (models/base.Forward, one per sequence, each on its own backend): the requests
+    on slots of one SlotCache as one batched forward (`run_batch`), any other alone (a backend of its own, a
+    wrapper, a step longer than PREFILL_CHUNK, which its slot runs in chunks). Each request's ForwardOut, or the
+    error its forward raised (a batched forward's error is every one of its requests')."""
+    out: list[ForwardOut | BaseException | None] = [None] * len(requests)
+    groups: dict[int, list[int]] = {}
+    for i, r in enumerate(requests):
+        b = r.backend
+        if isinstance(b, SlotBackend) and r.tokens.shape[0] <= PREFILL_CHUNK:
+            groups.setdefault(id(b.cache), []).append(i)
+        else:
+            try:
+                out[i] = r.run()
+            except Exception as e:  # noqa: BLE001 - the requesting sequence gets it
+                out[i] = e
+    for members in groups.values():
+        try:
+            steps = [_slot_step(requests[i]) for i in members]
+            cache = requests[members[0]].backend.cache  # type: ignore[attr-defined]
+            outs: list = run_batch(cache, steps)
+        except Exception as e:  # noqa: BLE001 - every request of this forward gets the error
+            outs = [e] * len(members)
+        for i, o in zip(members, outs):
+            out[i] = o
+    return out  # type: ignore[return-value]
+
+
+def _slot_step(r: Forward) -> Step:
+    b = r.backend
+    assert isinstance(b, SlotBackend)
+    return b.step(r.tokens, r.positions, r.mask, r.want_hidden, r.last_only)

@@ -74,7 +74,7 @@ class ModelSidecar:
 
     def tree_refusal(self) -> str | None:
         """Why tree methods cannot run on this model, or None (models.tree_refusal); ~4 ms of config reads, asked
-        by every auto lane, so read once per config."""
+        by every auto sequence of a batch, so read once per config."""
         cached = self._tree_refusal
         if cached is None or cached[0] is not self.model.config:
             from multispec.models.layout import attention_layout

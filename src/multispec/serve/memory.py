@@ -83,10 +83,10 @@ def choose_max_model_len(decoder, generations: int, requested: int | None) -> tu
 def cache_report(scheduler, why: str) -> str:
     """One line for start-up: the caches' memory, how long a sequence they hold and why."""
     n, gen = scheduler.max_model_len, scheduler.max_concurrent
-    if scheduler.group is not None:  # batch slots: allocated now
-        caches = [c for c in (scheduler.group.target_cache, scheduler.group.draft_cache) if c is not None]
+    if scheduler.batch is not None:  # batch slots: allocated now
+        caches = [c for c in (scheduler.batch.target_cache, scheduler.batch.draft_cache) if c is not None]
         size = sum(c.nbytes for c in caches)
-        return (f"KV caches: {gen} batch slots x {scheduler.group.rows} rows = {size / 1e9:.2f} GB, allocated now "
+        return (f"KV caches: {gen} batch slots x {scheduler.batch.rows} rows = {size / 1e9:.2f} GB, allocated now "
                 f"(--max-model-len {n}, {why})")
     per_row = [row_bytes(m) for m in cache_models(scheduler.decoder)]
     rows = scheduler.decoder.cache_rows(n)

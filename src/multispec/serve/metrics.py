@@ -40,14 +40,14 @@ class ServerMetrics:
         self.queue_time = Histogram("multispec:request_queue_time_seconds", "Arrival to the start of generation.",
                                     buckets=_LATENCY_BUCKETS, registry=r)
         scheduler.on_start = self.queue_time.observe
-        if getattr(scheduler, "group", None) is not None:  # continuous batching: sequences per batched forward
+        if getattr(scheduler, "batch", None) is not None:  # continuous batching: sequences per batched forward
             self.batch_size = Histogram("multispec:batch_size", "Sequences per batched target forward.",
                                         buckets=(1, 2, 4, 8, 16, 32, 64, 128, 256), registry=r)
             self.iteration_tokens = Histogram("multispec:iteration_tokens_total", "Tokens per batched target "
                                               "forward (vLLM's name): steps, trees and prefills of every sequence.",
                                               buckets=(1, 8, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096, 8192),
                                               registry=r)
-            scheduler.group.batcher.on_batch = self._on_batch
+            scheduler.batch.engine.on_batch = self._on_batch
         Gauge("multispec:num_requests_running", "Generations in flight.", registry=r).set_function(
             lambda: scheduler.running)
         Gauge("multispec:num_requests_waiting", "Admitted requests waiting for a worker.", registry=r).set_function(

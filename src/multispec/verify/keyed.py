@@ -94,7 +94,7 @@ def keyed_gumbel(seed: int | Sequence[int], positions: Sequence[int], vocab: int
 
 _MEMO: OrderedDict = OrderedDict()  # (seed, position, vocab, slot) -> a Gumbel row: the 32 latest
 _MEMO_SIZE = 32
-_MEMO_LOCK = threading.Lock()  # the lanes of a batch and the server's workers draw at once
+_MEMO_LOCK = threading.Lock()  # the server's workers draw at once
 
 
 def _gumbel_row(seed: int, position: int, vocab: int, slot: int) -> torch.Tensor:

@@ -104,8 +104,8 @@ class BatchShareCosts:
     """One sequence of a batch (decoding/batch.py): a plan of n target tokens is charged its share of the
     one-token-per-sequence forward, C(B, 1) / B, plus what its n - 1 more tokens add to it; a draft forward is
     shared by as many sequences as drafted together last time. The table is corrected by the batch's own forwards
-    (BatchCosts.learn: the loop times each batched forward; a lane's round time would include waiting for the
-    others, so it is not used). sampling: the lane samples (T > 0)."""
+    (BatchCosts.learn: the engine times each batched forward; a sequence's round time would include waiting for the
+    others, so it is not used). sampling: the sequence samples (T > 0)."""
 
     def __init__(self, batcher, table: BatchCosts, model: CostModel, sampling: bool):
         self.batcher, self.table, self.model, self.sampling = batcher, table, model, sampling

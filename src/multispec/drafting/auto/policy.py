@@ -63,7 +63,7 @@ class AutoPolicy(DraftPolicyBase):
         self.suffix_store = suffix_store  # "suffix": the store of past requests shared by the Decoder family
         self.memory = memory  # acceptance statistics kept across generations (drafting/auto/memory.py)
         self.view: AutoView | None = None
-        # (StepBatcher, BatchCosts, sampling) while this policy plans one sequence of a batch
+        # (Engine, BatchCosts, sampling) while this policy plans one sequence of a batch
         self._batch: tuple[Any, BatchCosts, bool] | None = None
         self.reset()
 
@@ -116,7 +116,7 @@ class AutoPolicy(DraftPolicyBase):
         costs, planner = self._costs(), self.planner
         batched = costs.live > 1
         if isinstance(costs, BatchShareCosts) and costs.sampling and costs.live >= BATCH_PLAIN_FROM:
-            # Measured (docs/batching.md): sampling in a batch of 4 or more, speculation of any kind lost 11-28 %
+            # Measured (docs/batching_results.md): sampling in a batch of 4 or more, speculation of any kind lost 11-28 %
             # to plain batched steps on every configuration tried (each speculating sequence lengthens every
             # step, its planning runs in turn with everyone else's, and the batch ends with its slowest sequence).
             self.current = planner.ar(costs)
