@@ -105,7 +105,7 @@ class Engine:
         sequences that ended in this step (finished, or failed: `pop` raises their error). A forward's error goes
         to every sequence of that forward; an interrupt (KeyboardInterrupt) propagates, its sequence ended."""
         ended: list[int] = []
-        waiting: dict[int, Forward] = {}
+        waiting: dict = {}  # sequence id -> what it asks for next: a Forward, or a ChainVerify
         for s in [s for s in self._seqs.values() if not s.done]:
             self._advance(s, None, waiting, ended)
         while waiting:
@@ -119,7 +119,7 @@ class Engine:
             drafts = [i for i in forwards if waiting[i].backend is not self._seqs[i].run.target]
             ids = drafts or forwards
             role = Role.DRAFT if drafts else Role.TARGET
-            requests = [waiting.pop(i) for i in ids]
+            requests: list = [waiting.pop(i) for i in ids]
             t0 = time.perf_counter()
             outs = forward_all(requests)
             self._count(role, requests, time.perf_counter() - t0)

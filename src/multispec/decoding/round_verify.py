@@ -39,7 +39,9 @@ def verify_round(run: Run, state: State, proposal: Proposal, out, lt: int) -> St
             choose_verifier(run.method, sampling, False, proposal.verifier)
         kind = _batch_kind(run, tree, verifier)
         if kind is not None and (p.device.type != "cpu" or BATCH_VERIFY_ON_CPU):
-            path, nxt = yield ChainVerify(tree, tokens, p, proposal.q, kind, run.gen_verify)
+            # the engine answers a ChainVerify with (path, next token), not a ForwardOut
+            outcome = yield ChainVerify(tree, tokens, p, proposal.q, kind, run.gen_verify)  # type: ignore[misc]
+            path, nxt = outcome  # type: ignore[misc]
         elif len(tree) == 1 and run.key is None and verifier.lossless:  # a plain step: every lossless verifier
             path, nxt = (0,), int(sample(p[0], run.gen_verify))  # draws the next token from p (as walk_tree does at a leaf)
         else:
