@@ -90,9 +90,6 @@ class ScriptedPolicy:
         self.rounds += 1
         return self.script(history, self.rounds - 1)
 
-    def join_batch(self, batcher, batch_costs, sampling) -> None:
-        pass
-
     def prepare(self, target, draft, context_len, temperature=0.0) -> None:
         pass
 

@@ -166,7 +166,6 @@ def test_suffix_calibration_is_learned_per_matched_length(monkeypatch, broken):
     a long match (a past request repeated) is still valued at the prior. The broken variant (one calibration for
     every match length) values it as low as the failures, below a plain step."""
     import multispec.drafting.auto.plans as plans_mod
-    from multispec.drafting.protocol import RoundOutcome
     from multispec.drafting.suffix import SuffixStore
 
     if broken:
@@ -215,7 +214,7 @@ def test_a_catch_up_round_does_not_count_as_draft_drift(monkeypatch):
     not when its first forward caught up on a whole prompt (a size the curve extrapolates); the broken variant (no
     limit) counts it there too. Either way the generation's own plans keep the profile's costs."""
     import multispec.drafting.auto.costs as auto_costs
-    from multispec.drafting.protocol import RoundOutcome, RoundTimes
+    from multispec.drafting.protocol import RoundTimes
 
     model = _costs(0.010, 0.001, 0.002)
 
@@ -252,147 +251,6 @@ def test_auto_does_not_probe_a_draft_through_a_long_catch_up(monkeypatch):
     assert kinds(256).count("draft") == 0
     monkeypatch.setattr(auto_policy, "PROBE_CATCH_UP", 1e9)
     assert kinds(256).count("draft") >= 1
-
-
-def test_auto_in_a_batch_does_not_draft_through_a_long_catch_up(monkeypatch):
-    """In a batch every sequence waits on a draft forward: a sequence whose draft has a long catch-up pending (a
-    long prompt it never drafted over) takes plain steps, though the catch-up spread over rounds would look cheap;
-    with little pending it drafts. Without the limit (the broken variant) it drafts through the catch-up."""
-    from types import SimpleNamespace
-
-    from multispec.drafting.auto import policy as auto_policy
-    from multispec.drafting.batch_costs import BATCH_SIZES, BatchCosts
-
-    table = BatchCosts({"target": [[0.02 + 0.0005 * b * n for n in BUCKETS] for b in BATCH_SIZES],
-                        "draft": [[0.0005 + 0.0001 * b * n for n in BUCKETS] for b in BATCH_SIZES]})
-
-    def first_plan(pending: int) -> str:
-        policy = _policy(_costs(0.010, 0.001, 0.001), accept=0.8)
-        policy.memory = False
-        policy.join_batch(SimpleNamespace(live=8, timed={}), table, False)
-        policy.prepare(None, object(), 16)
-        policy.has_draft = True
-        return policy.plan_round([1, 2, 3], pending).proposer
-
-    assert first_plan(1) == "draft" and first_plan(256) == "none"
-    monkeypatch.setattr(auto_policy, "PROBE_CATCH_UP", 1e9)
-    assert first_plan(256) == "draft"
-
-
-def test_a_batch_learns_its_forward_costs_from_its_own_forwards():
-    """The batch's table is corrected by the loop's timed target forwards, each once whichever lane reports it:
-    a plain forward (one token per sequence) corrects "t1", a forward with drafted tokens what they add ("tn"); a
-    forward carrying a prefill chunk teaches nothing. A lane that drafted where extra tokens were priced cheap
-    stops once they prove dear (a long context); with learning off (the broken variant) it drafts on."""
-    from types import SimpleNamespace
-
-    from multispec.drafting.auto.costs import BatchShareCosts
-    from multispec.drafting.batch_costs import BATCH_SIZES, TN_PRIOR, BatchCosts
-    from multispec.models.batched import Role
-
-    def table():
-        return BatchCosts({"target": [[0.02 + 0.0005 * b * n for n in BUCKETS] for b in BATCH_SIZES],
-                           "draft": [[0.0005 + 0.0001 * b * n for n in BUCKETS] for b in BATCH_SIZES]})
-
-    t = table()
-    plain, extra = t.forward("target", 8, 1), t.forward("target", 8, 2) - t.forward("target", 8, 1)
-    t.learn((1, 8, 8, 1, 2 * plain))
-    t.learn((1, 8, 8, 1, 2 * plain))  # the same forward, reported by another lane: learned once
-    assert t.scale["t1"] == pytest.approx(1.1) and t.scale["tn"] == 1.0 and t.version == 1
-    t.learn((2, 8, 16, 2, t.scale["t1"] * plain + 3 * extra))  # with a prior of TN_PRIOR plain forwards at ratio 1
-    assert t.scale["tn"] == pytest.approx((3 * extra + TN_PRIOR * plain) / (extra + TN_PRIOR * plain))
-    before = dict(t.scale)
-    t.learn((3, 8, 8 + 255, 256, 100.0))  # a prefill chunk rides along
-    assert t.scale == before
-    assert t.target(8, 2) == pytest.approx(t.scale["t1"] * plain + t.scale["tn"] * extra)
-    t.learn((1, 4, 4, 1, 2 * t.forward("draft", 4, 1)), "draft")  # the draft's forwards: "d"
-    assert t.scale["d"] == pytest.approx(1.1) and t.scale["t1"] == before["t1"]
-
-    def plans(learn: bool) -> list[str]:
-        shared = table()
-        batcher = SimpleNamespace(live=8, timed={})
-        policy = _policy(_costs(0.010, 0.001, 0.001), accept=0.8)
-        policy.memory = False
-        policy.join_batch(batcher, shared, False)
-        policy.prepare(None, object(), 16)
-        policy.has_draft = True
-        assert isinstance(policy.costs, BatchShareCosts)
-        if not learn:
-            shared.learn = lambda timed: None
-        out = []
-        for r in range(60):
-            plan = policy.plan_round([1, 2, 3], 1)
-            out.append(plan.proposer)
-            tree = plan.tree
-            n = len(tree)
-            base = shared.forward("target", 8, 1)  # a long context: plain forwards as priced, drafted tokens 8x dearer
-            seconds = base + 8 * (shared.forward("target", 8, 1 + (n - 1) / 8) - base)
-            batcher.timed[Role.TARGET] = (r + 1, 8, 8 + n - 1, n, seconds)
-            policy.costs.observe(RoundOutcome(plan, tree, (0,), [1], accepted=0, depth=tree.max_depth))
-        return out
-
-    learned, fixed = plans(True), plans(False)
-    assert learned[0] == "draft" and learned[-10:].count("draft") == 0
-    assert fixed[-10:].count("draft") == 10
-
-
-@pytest.mark.parametrize("broken", [False, True])
-def test_a_batch_learns_what_drafted_tokens_add_without_bias_from_noise(broken):
-    """What a few drafted tokens add to a batched forward is small beside the noise of the forward itself: each
-    forward's own ratio is mostly noise, often negative. Learned as a ratio of decayed sums, "tn" lands near the
-    truth (here 1.0); averaging the clamped ratios and skipping the negative ones (the old rule, the broken
-    variant) learned it several times too high, and the batch stopped speculating."""
-    from multispec.drafting.batch_costs import BATCH_SIZES, LEARN_RATE, BatchCosts
-
-    t = BatchCosts({"target": [[0.05 + 0.0006 * b * (n - 1) for n in BUCKETS] for b in BATCH_SIZES]})
-    plain = t.forward("target", 32, 1)
-    rng = np.random.default_rng(0)
-
-    def old_rule(timed, model="target"):
-        _, b, tokens, _, seconds = timed
-        base = t.forward(model, b, 1)
-        predicted = t.scale["tn"] * (t.forward(model, b, tokens / b) - base)
-        measured = seconds - t.scale["t1"] * base
-        if predicted > 0 and measured > 0:
-            t.scale["tn"] *= 1 + LEARN_RATE * (min(3.0, max(1 / 3, measured / predicted)) - 1)
-
-    learn = old_rule if broken else t.learn
-    for i in range(400):
-        tokens = 32 + int(rng.integers(1, 4))  # one lane drafted 1-3 tokens: ~0.6-1.8 ms
-        extra = t.forward("target", 32, tokens / 32) - plain
-        learn((i + 1, 32, tokens, tokens - 31, plain + extra + rng.normal(0, 0.003)))  # 6 % noise on 50 ms
-    assert (t.scale["tn"] > 1.5) if broken else (0.75 < t.scale["tn"] < 1.33)
-
-
-def test_a_batch_probes_lookup_plans_on_the_period_alone_and_draft_plans_b_times_more_rarely(monkeypatch):
-    """In a batch a lookup or suffix probe adds only its tokens to the batched forward, so it comes after 8, 16 ...
-    plain rounds as alone; a draft probe holds up every sequence and waits B times longer. Probing every plan B
-    times more rarely (the broken variant) never tried lookup in a 64-token request at batch 8 from the priors,
-    so its acceptance was never learned in a batch."""
-    from types import SimpleNamespace
-
-    from multispec.drafting.auto.policy import AutoPolicy
-    from multispec.drafting.batch_costs import BATCH_SIZES, BatchCosts
-
-    table = BatchCosts({"target": [[0.02 + 0.004 * b * (n - 1) for n in BUCKETS] for b in BATCH_SIZES],
-                        "draft": [[0.0005 + 0.0001 * b * n for n in BUCKETS] for b in BATCH_SIZES]})
-
-    def kinds(broken: bool) -> list[str]:
-        policy = _policy(_costs(0.010, 0.001, 0.001), accept=0.2)
-        policy.proposers = ("draft", "lookup")
-        policy.memory = False
-        policy.join_batch(SimpleNamespace(live=8, timed={}), table, False)
-        policy.prepare(None, object(), 16)
-        policy.has_draft = True
-        if broken:
-            monkeypatch.setattr(AutoPolicy, "_probe_period", lambda self, plan: 8 * self._costs().live)
-        history = [7, 1, 2, 3, 4, 5, 1, 2, 3]  # "1 2 3" repeats: lookup proposes 4 5 1 2 3
-        return [policy.plan_round(history, 1).label for _ in range(64)]
-
-    labels = kinds(False)
-    assert labels[0] == "ar" and any(x.startswith("lookup") and x.endswith("(probe)") for x in labels)
-    assert not any(x.startswith("draft") for x in labels[:63])
-    assert not any(x.startswith("lookup") for x in kinds(True))
 
 
 @pytest.mark.parametrize("method,options", [("auto", {}), ("lookup", {}), ("lookup", {"k": 2, "ngram": 1}),

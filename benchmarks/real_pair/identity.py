@@ -151,7 +151,8 @@ def past(until: str | None) -> bool:
     return now.tm_hour * 60 + now.tm_min >= h * 60 + m
 
 
-def run(dtype: str, humaneval: int, max_new: int, until: str | None, data_dir: str | None) -> None:
+def run(dtype: str, humaneval: int, max_new: int, until: str | None, data_dir: str | None,
+        start: int = 0) -> None:
     import torch
 
     import multispec
@@ -169,7 +170,7 @@ def run(dtype: str, humaneval: int, max_new: int, until: str | None, data_dir: s
     pair = multispec.load_pair(target=str(target), draft=str(draft), device="cpu", dtype=dtype)
     print(f"identity: {dtype} pair loaded in {time.time() - t0:.0f} s", flush=True)
     backends = PLANS[dtype][2]
-    items = rendered(pair.tokenizer, raw)
+    items = rendered(pair.tokenizer, raw)[start:]
 
     def record(rec: dict) -> None:
         done[rec["key"]] = rec
@@ -234,6 +235,8 @@ def main() -> None:
     ap.add_argument("--report", action="store_true", help="rewrite the JSON and .md from the resume files only")
     ap.add_argument("--humaneval", type=int, help="prompts (default: 10 for float32, 20 quantized)")
     ap.add_argument("--max-new-tokens", type=int, help="default: 64 for float32, 128 quantized")
+    ap.add_argument("--start", type=int, default=0,
+                    help="skip the first START prompts (two processes can share a dtype's prompts; one resume file)")
     ap.add_argument("--until", metavar="HH:MM", help="UTC: start no run after this time")
     ap.add_argument("--data-dir", default=os.environ.get("MULTISPEC_DATA", "/work/shared/data"))
     args = ap.parse_args()
@@ -243,7 +246,7 @@ def main() -> None:
     if args.dtype is None:
         ap.error("--dtype is required (or --report)")
     n, new, _ = PLANS[args.dtype]
-    run(args.dtype, args.humaneval or n, args.max_new_tokens or new, args.until, args.data_dir)
+    run(args.dtype, args.humaneval or n, args.max_new_tokens or new, args.until, args.data_dir, args.start)
 
 
 if __name__ == "__main__":

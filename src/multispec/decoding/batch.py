@@ -14,11 +14,10 @@ and frees it when it ends, so a server admits and frees sequences between steps 
 of a sequence does not depend on the others in the batch: same law at T > 0, same tokens greedy up to near-ties of
 the batched arithmetic.
 
-`auto` plans with the batch's costs: a forward of B sequences × n tokens each costs C(B, n) (drafting/costs.py,
-measured once per machine). A plan of n target tokens is charged its share of the one-token forward, C(B, 1) / B,
-plus what its n - 1 more tokens add to it; a draft forward is shared by as many sequences as drafted together last
-time. So each sequence speculates only where its extra tokens come cheaper than the batch's own rate, and with many
-sequences, where a wider forward costs nearly in proportion, speculation turns itself off.
+`auto`'s sequences plan alone; the engine prices each step whole with the batch's costs (a forward of B sequences ×
+n tokens each costs C(B, n), drafting/batch_costs.py, measured once per machine and corrected by the batch's own
+forwards) and keeps the speculation that raises the step's tokens per second (decoding/batch_plan.py): with many
+sequences, where a wider forward costs nearly in proportion, the batch decodes plainly.
 
 `generate_batch` (decoding/batch_offline.py) is the offline entry point: validates every prompt first, then decodes
 them `batch_size` at a time (a finished sequence's slot is taken by the next prompt at once), reporting each result
@@ -82,12 +81,10 @@ class BatchEngine:
         self.draft_cache = SlotCache(pair.sidecar(draft_model), slots, rows, Role.DRAFT) \
             if draft_model is not None else None
         self.batch_costs = _batch_costs(self) if decoder.config.name == "auto" else None
-        self.engine = Engine()
-        parts = decoder.parts
-        self._policies = [parts.entry.make_policy(parts.config, pair, parts.loaded) for _ in range(slots)]
-        for policy in self._policies:  # each slot's own adaptive state, planning from the family's profile view
-            if decoder.machine.auto_view is not None:
-                policy.use_profile(decoder.machine.auto_view)
+        view = decoder.machine.auto_view
+        self.engine = Engine(self.batch_costs, view.costs.overhead if view is not None and view.costs is not None
+                             else None)
+        self._policies = [decoder.new_policy() for _ in range(slots)]  # each slot's own adaptive state
         self._free = list(range(slots))[::-1]
         self._jobs: dict[int, tuple[int, Job | None]] = {}  # sequence id -> (slot, job; None: add_ids)
 
@@ -142,10 +139,7 @@ class BatchEngine:
         draft = SlotBackend(self.draft_cache, slot, d.draft_model) if self.draft_cache is not None else None
         if draft is not None and d.cheap.vocab is not None:
             draft.set_vocab_subset(d.cheap.subset(d.token_freq, ids))
-        policy = self._policies[slot]
-        if self.batch_costs is not None:
-            policy.join_batch(self.engine, self.batch_costs, not sampling.greedy)
-        return target, draft, policy
+        return target, draft, self._policies[slot]
 
     def step(self) -> list[tuple[int, GenerationResult | tuple | BaseException]]:
         """One round of every live sequence; the sequences that ended in it, each with its GenerationResult ((new
@@ -185,10 +179,15 @@ class BatchEngine:
                 cache.release()
 
     def stats(self) -> dict:
-        """Batched forwards so far and the mean sequences per forward, per model."""
+        """Batched forwards so far and the mean sequences per forward, per model; with a batch plan (auto), the
+        plans it kept and answered with a plain step, and the table's corrections."""
         e = self.engine
-        return {name: {"forwards": e.forwards[r], "mean_batch": e.sequences[r] / e.forwards[r] if e.forwards[r]
-                       else None} for name, r in (("target", Role.TARGET), ("draft", Role.DRAFT))}
+        out: dict = {name: {"forwards": e.forwards[r], "mean_batch": e.sequences[r] / e.forwards[r] if e.forwards[r]
+                            else None} for name, r in (("target", Role.TARGET), ("draft", Role.DRAFT))}
+        if self.batch_costs is not None:
+            out["plans"] = {"kept": e.plans["kept"], "plain": e.plans["plain"],
+                            "cost_correction": dict(self.batch_costs.scale)}
+        return out
 
 
 def _batch_costs(group: BatchEngine):

@@ -112,14 +112,20 @@ class Decoder:
         self.parts = parts
         for f in fields(parts):
             setattr(self, f.name, getattr(parts, f.name))
-        self.policy = parts.entry.make_policy(parts.config, parts.pair, parts.loaded)  # its own adaptive state
-        if self.machine.auto_view is not None:  # a spawned twin: the view it shares
-            self.policy.use_profile(self.machine.auto_view)
+        self.policy = self.new_policy()
         self._target: Backend | None = None
         self._draft: Backend | None = None
         self._rows = 0  # static-cache rows of the current fast/compiled backends
         if warm_up:
             self._warm_up()
+
+    def new_policy(self):
+        """A draft policy of this decoder's method with its own adaptive state, planning from the family's view of
+        the machine profile where it has one (a BatchEngine's slots take one each)."""
+        policy = self.parts.entry.make_policy(self.parts.config, self.parts.pair, self.parts.loaded)
+        if self.machine.auto_view is not None:
+            policy.use_profile(self.machine.auto_view)
+        return policy
 
     def _warm_up(self) -> None:
         """A compiled backend compiles every step size now, not mid-generation (once per pair: the sidecar keeps it)."""

@@ -21,10 +21,12 @@ from __future__ import annotations
 
 import time
 from collections import Counter
+from dataclasses import replace
 from typing import Callable
 
 import torch
 
+from multispec.decoding.batch_plan import OFF_MAX, PLAIN, PlanAsk, choose
 from multispec.decoding.logprobs import LogprobRecorder
 from multispec.decoding.methods import MethodConfig
 from multispec.decoding.metrics import Metrics
@@ -41,11 +43,16 @@ __all__ = ["Cancelled", "Engine", "Sequence", "generate_ids"]
 
 
 class Engine:
-    """See the module docstring. forwards / sequences: batched forwards so far and the sequences they carried,
-    per Role; timed[role]: (that role's forwards so far, sequences, tokens, longest step, seconds) of its latest
-    forward (what `auto` in a batch learns costs from); on_batch(role, sequences, tokens) after each forward."""
+    """See the module docstring. costs: the batched cost table (drafting/batch_costs.BatchCosts) a step's plans are
+    priced with (decoding/batch_plan.py), corrected by the engine's own timed forwards; None: every plan runs as its
+    policy made it. overhead: per-round and per-level Python seconds for that pricing (default: auto's).
+    forwards / sequences: batched forwards so far and the sequences they carried, per Role; timed[role]: (that
+    role's forwards so far, sequences, tokens, longest step, seconds) of its latest forward; on_batch(role,
+    sequences, tokens) after each forward. plans: asked plans answered as planned / with a plain step."""
 
-    def __init__(self):
+    def __init__(self, costs=None, overhead: dict | None = None):
+        self.costs, self.overhead = costs, overhead
+        self.plans: Counter = Counter()
         self._seqs: dict[int, Sequence] = {}
         self._next = 0
         self.forwards: Counter = Counter()
@@ -109,6 +116,9 @@ class Engine:
         for s in [s for s in self._seqs.values() if not s.done]:
             self._advance(s, None, waiting, ended)
         while waiting:
+            if any(isinstance(r, PlanAsk) for r in waiting.values()):  # (every asking sequence at once)
+                self._answer(waiting, ended)
+                continue
             forwards = [i for i, r in waiting.items() if isinstance(r, Forward)]
             if not forwards:  # every waiting sequence verifies a sampled chain: all of them at once
                 ids = list(waiting)
@@ -123,9 +133,31 @@ class Engine:
             t0 = time.perf_counter()
             outs = forward_all(requests)
             self._count(role, requests, time.perf_counter() - t0)
+            if len(requests) > 1:
+                outs = [o if isinstance(o, BaseException) else replace(o, shared=len(requests)) for o in outs]
             for i, out in zip(ids, outs):
                 self._advance(self._seqs[i], out, waiting, ended)
         return ended
+
+    def _answer(self, waiting: dict, ended: list) -> None:
+        """Answer every waiting PlanAsk: as planned, or a plain step (batch_plan.choose over the step); a sequence
+        left out takes plain steps for 1, 2, 4 ... OFF_MAX rounds without asking."""
+        ids = [i for i, r in waiting.items() if isinstance(r, PlanAsk)]
+        asks = [waiting.pop(i) for i in ids]
+        keep = [True] * len(asks)
+        if self.costs is not None:
+            other_tokens = sum(r.tokens.shape[0] if isinstance(r, Forward) and r.backend is self._seqs[i].run.target
+                               else 1 for i, r in waiting.items())
+            keep = choose(asks, len(waiting), other_tokens, self.costs, self.overhead)
+        for i, ask, kept in zip(ids, asks, keep):
+            s = self._seqs[i]
+            self.plans["kept" if kept else "plain"] += 1
+            if kept:
+                s.backoff = 0
+            else:
+                s.backoff = min(OFF_MAX, max(1, 2 * s.backoff))
+                s.plain = s.backoff - 1  # (this round is the first of them)
+            self._advance(s, ask.plan if kept else PLAIN, waiting, ended)
 
     def _advance(self, s: Sequence, value, waiting: dict, ended: list) -> None:
         """Run sequence s until it asks for a forward (into `waiting`) or ends its round; value: the output of its
@@ -154,6 +186,8 @@ class Engine:
         self.timed[role] = (self.forwards[role], len(requests), sum(sizes), max(sizes), seconds)
         if self.on_batch is not None:
             self.on_batch(role, len(requests), sum(sizes))
+        if self.costs is not None:
+            self.costs.learn(self.timed[role], "target" if role is Role.TARGET else "draft")
 
 
 def generate_ids(

@@ -3,7 +3,7 @@
 One round of one sequence = plan -> propose -> verify forward -> verify -> keep -> observe:
 
     policy.plan_round(history, pending) ─► RoundPlan(tree, proposer)       drafting/protocol.py (a policy chooses)
-        ▼
+        ▼ (a plan with `expected`: PlanAsk to the engine, which may answer PLAIN: decoding/batch_plan.py)
     proposal_steps(get_proposer(plan.proposer), inputs, plan, max_tree) ─► Proposal: tokens [N], q [N, V]
         │                                                                 drafting/proposers.py (one class a source)
         ▼
@@ -39,6 +39,7 @@ from typing import Callable
 
 import torch
 
+from multispec.decoding.batch_plan import PLAIN, PlanAsk
 from multispec.decoding.logprobs import LogprobRecorder
 from multispec.decoding.metrics import Metrics
 from multispec.decoding.node_history import CommittedHistory
@@ -75,6 +76,8 @@ class Sequence:
     error: BaseException | None = None
     done: bool = False
     steps: Steps | None = None
+    plain: int = 0  # rounds left to take plainly without asking the policy (the engine's batch plan: batch_plan.py)
+    backoff: int = 0  # the length of the latest such run
 
 
 def generation(s: Sequence) -> Steps[tuple[list[int], Metrics]]:
@@ -98,7 +101,9 @@ def generation(s: Sequence) -> Steps[tuple[list[int], Metrics]]:
             _grow_draft_vocab(run, state, new)
             outcome = ti_round(run, state, limit)
         else:
-            outcome = yield from _round(run, state, limit, new)
+            plain = s.plain > 0
+            s.plain -= plain
+            outcome = yield from _round(run, state, limit, new, plain)
         run.policy.observe(outcome)
         c.count(outcome)
         new.extend(outcome.committed)
@@ -160,10 +165,18 @@ def _start(run: Run, prompt: list[int], eos_ids: set[int], logprobs: LogprobReco
     return state
 
 
-def _round(run: Run, state: State, limit: tuple[int, int], new: list[int]) -> Steps[RoundOutcome]:
-    """One draft-initialized round, as named steps. new: the output so far."""
+def _round(run: Run, state: State, limit: tuple[int, int], new: list[int], plain: bool) -> Steps[RoundOutcome]:
+    """One draft-initialized round, as named steps. new: the output so far; plain: a plain step, the policy not
+    asked (the engine's batch plan). A plan that says what it expects goes to the engine first (PlanAsk), which
+    answers with the plan to run (in a batch it may be PLAIN)."""
     t0 = time.perf_counter()
-    plan = run.policy.plan_round(state.history, len(state.pending))
+    if plain:
+        plan = PLAIN
+    else:
+        plan = run.policy.plan_round(state.history, len(state.pending))
+        if plan.expected is not None and plan.tree.max_depth > 0:
+            # the engine answers a PlanAsk with the plan to run, not a ForwardOut
+            plan = yield PlanAsk(plan, len(state.pending))  # type: ignore[misc,assignment]
     max_tree = cap_tree(plan.tree, limit)
     proposer = get_proposer(plan.proposer if max_tree.max_depth > 0 else "none")
     if getattr(proposer, "uses_draft", False):
@@ -181,7 +194,7 @@ def _round(run: Run, state: State, limit: tuple[int, int], new: list[int]) -> St
     state.pending = _pending_after(run, state, proposal, path, tok, nxt)
     t3 = time.perf_counter()
     times = RoundTimes(round_s=t3 - t0, draft_s=t1 - t0, target_fwd_s=t_fwd, verify_s=t2 - t1, cache_s=t3 - t2,
-                       pending=n_pending, proposer=proposer.name)
+                       pending=n_pending, proposer=proposer.name, shared=out.shared)
     return RoundOutcome(plan=plan, tree=proposal.tree, path=tuple(path), committed=[tok[u] for u in path[1:]] + [nxt],
                         accepted=len(path) - 1, depth=proposal.tree.max_depth, drafted=proposal.drafted,
                         draft_calls=proposal.draft_calls, times=times)
@@ -208,7 +221,7 @@ def _verify_forward(target: Backend, proposal: Proposal, lt: int, ahead: list[in
     out = yield Forward(target, torch.cat([torch.tensor(ahead, dtype=torch.long), tokens.to(torch.long)]),
                         torch.cat([torch.arange(lt - k, lt), positions]), torch.cat([chain, mask]))
     return ForwardOut(logits=out.logits[k:], hidden=None if out.hidden is None else out.hidden[k:],
-                      argmax=None if out.argmax is None else out.argmax[k:])
+                      argmax=None if out.argmax is None else out.argmax[k:], shared=out.shared)
 
 
 def _grow_draft_vocab(run: Run, state: State, new: list[int]) -> None:

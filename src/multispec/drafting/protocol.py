@@ -2,7 +2,6 @@
 
 One generation, as the engine drives it (decoding/engine.py):
 
-    policy.join_batch(engine, costs, sampling)   # only in a batch: plan with the batch's costs
     policy.reset()                               # adaptive state starts afresh (style §2.12)
     policy.prepare(target, draft, context_len, temperature)  # once, after the prefill (auto: costs, memory)
     every round:
@@ -13,6 +12,9 @@ One generation, as the engine drives it (decoding/engine.py):
         policy.observe(outcome)                           # the round's outcome, once
     policy.finish(history)                       # the generation is over: prompt + committed tokens
     policy.report()                              # extra stats for this generation, or None
+
+A policy plans as if its sequence decoded alone: in a batch the engine weighs every sequence's plan against the
+step's cost (decoding/batch_plan.py) and may answer a plan that carries `expected` with a plain step instead.
 
 A policy reads draft-side state only (design §10.9): its decisions never depend on the target's accept coins of the
 round being drafted, so every lossless verifier stays lossless whatever the policy decides.
@@ -35,7 +37,11 @@ class RoundPlan:
     structures, node order, root excluded), "none", or any other registered one. tokens: what the policy already
     proposed (lookup, suffix: the root is not repeated). label: a short name for stats; predicted_tps: the
     planner's expected tokens/s (auto only); ngram: lookup's matched n-gram length. width: children per expanded
-    node and nodes expanded per level of a dynamic tree ("head-dynamic", drafting/dynamic_tree.py)."""
+    node and nodes expanded per level of a dynamic tree ("head-dynamic", drafting/dynamic_tree.py).
+    expected: the committed tokens the policy expects of the round (accepted + 1), size: the nodes it expects to
+    verify, root included (a chain stopped token by token is planned up to `tree`'s depth but expected shorter);
+    a plan with `expected` may be replaced by a plain step in a batch (decoding/batch_plan.py), one without never
+    is."""
 
     tree: Tree
     proposer: str = "draft"
@@ -44,6 +50,8 @@ class RoundPlan:
     predicted_tps: float | None = None
     ngram: int = 0
     width: int = 0
+    expected: float | None = None
+    size: int = 0
 
 
 @dataclass(frozen=True)
@@ -51,7 +59,8 @@ class RoundTimes:
     """Seconds of one round's phases (the names Metrics reports as draft_s / verify_s / cache_s summed).
     draft_s: planning and proposing; target_fwd_s: the verification forward alone; verify_s: that forward and
     the verifier; cache_s: keeping the accepted path; round_s: all of it. pending: committed tokens the draft had
-    not consumed when the round began. proposer: the proposer that drafted (after the round's budget cut)."""
+    not consumed when the round began. proposer: the proposer that drafted (after the round's budget cut). shared:
+    the sequences the verification forward carried (> 1 in a batch: its time is the batch's, not this sequence's)."""
 
     round_s: float = 0.0
     draft_s: float = 0.0
@@ -60,6 +69,7 @@ class RoundTimes:
     cache_s: float = 0.0
     pending: int = 0
     proposer: str = "none"
+    shared: int = 1
 
 
 @dataclass(frozen=True)
@@ -88,11 +98,6 @@ class DraftPolicy(Protocol):
     defers_draft_prefill: bool  # the engine leaves the prompt pending: the first drafting round feeds it
 
     def reset(self) -> None: ...
-
-    def join_batch(self, batcher, batch_costs, sampling: bool) -> None:
-        """This policy plans one sequence of a batch (decoding/batch.py) for the next generation: batcher the
-        engine (decoding/engine.Engine: its live size and timed forwards), batch_costs the batched cost table, sampling whether the sequence samples."""
-        ...
 
     def prepare(self, target, draft, context_len: int, temperature: float = 0.0) -> None: ...
 
@@ -141,9 +146,6 @@ class DraftPolicyBase:
         pass
 
     def reset(self) -> None:
-        pass
-
-    def join_batch(self, batcher, batch_costs, sampling: bool) -> None:
         pass
 
     def prepare(self, target, draft, context_len: int, temperature: float = 0.0) -> None:

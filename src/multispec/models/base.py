@@ -29,11 +29,13 @@ T = TypeVar("T")
 class ForwardOut:
     """logits: float32 [N, V]. hidden: float32 [N, H] last hidden state (after the final norm), or None. argmax:
     long [N] on the CPU, each row's argmax, where the backend took it for a whole batch at once (models/batched.py;
-    a greedy verifier reads it instead of taking its own), else None."""
+    a greedy verifier reads it instead of taking its own), else None. shared: the sequences the forward carried
+    (> 1: a batched forward, its time the batch's)."""
 
     logits: torch.Tensor
     hidden: torch.Tensor | None
     argmax: torch.Tensor | None = None
+    shared: int = 1
 
 
 class Backend(Protocol):

@@ -1,15 +1,12 @@
-"""What a plan costs, as auto sees it: one view for a sequence decoding alone, one for a sequence's share of a
-batch. Both answer t(n) (seconds of a target forward of n tokens), d(n) (a draft forward of n tokens), `overhead`
-(per-round and per-draft-level Python seconds) and `live` (sequences decoding together), so the planner never asks
-which one it has.
+"""What a plan costs, as auto sees it: a sequence decoding alone (in a batch the engine prices the whole step:
+decoding/batch_plan.py). t(n): seconds of a target forward of n tokens, d(n): a draft forward of n tokens,
+`overhead`: per-round and per-draft-level Python seconds.
 """
 from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
-from multispec.drafting.batch_costs import BatchCosts
-from multispec.models.batched import Role
 from multispec.drafting.costs import CostModel
 from multispec.drafting.protocol import RoundOutcome
 from multispec.tree import Tree
@@ -39,7 +36,6 @@ class AloneCosts:
     (`CostModel.observe`) and its overheads kept for `fitted_overhead`: what a new profile learns from
     (drafting/costs.updated_entry)."""
 
-    live = 1
     version = 0  # the costs never change within a generation (plans cached on it)
 
     def __init__(self, model: CostModel, max_nodes: int):
@@ -98,44 +94,3 @@ class AloneCosts:
             per = sorted(max(0.0, o - out["round_s"]) / lv for lv, o in spec)
             out["level_s"] = per[len(per) // 2]
         return out
-
-
-class BatchShareCosts:
-    """One sequence of a batch (decoding/batch.py): a plan of n target tokens is charged its share of the
-    one-token-per-sequence forward, C(B, 1) / B, plus what its n - 1 more tokens add to it; a draft forward is
-    shared by as many sequences as drafted together last time. The table is corrected by the batch's own forwards
-    (BatchCosts.learn: the engine times each batched forward; a sequence's round time would include waiting for the
-    others, so it is not used). sampling: the sequence samples (T > 0)."""
-
-    def __init__(self, batcher, table: BatchCosts, model: CostModel, sampling: bool):
-        self.batcher, self.table, self.model, self.sampling = batcher, table, model, sampling
-        self.overhead = dict(model.overhead) if model.overhead else dict(DEFAULT_OVERHEAD)
-
-    @property
-    def live(self) -> int:
-        return max(1, self.batcher.live)
-
-    @property
-    def version(self) -> int:
-        return self.table.version
-
-    @property
-    def scale(self) -> dict:
-        return self.table.scale
-
-    def t(self, n: int) -> float:
-        b = self.live
-        base = self.table.target(b, 1)
-        return base / b + (self.table.target(b, 1 + (n - 1) / b) - base if n > 1 else 0.0)
-
-    def d(self, n: int) -> float:
-        if self.model.draft is None:
-            return 0.0
-        last = self.batcher.timed.get(Role.DRAFT)  # the latest draft forward: the sequences that shared it
-        k = max(1, last[1] if last else 1)
-        return self.table.scale["d"] * self.table.forward("draft", k, n) / k
-
-    def observe(self, outcome: RoundOutcome) -> None:
-        self.table.learn(self.batcher.timed.get(Role.TARGET))
-        if outcome.draft_calls:
-            self.table.learn(self.batcher.timed.get(Role.DRAFT), "draft")

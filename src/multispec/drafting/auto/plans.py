@@ -64,14 +64,15 @@ class Planner:
             self.suffix_calib = [[float(a), float(b)] for a, b in calib]
 
     def ar(self, costs) -> RoundPlan:
-        return RoundPlan(ROOT, "none", label="ar", predicted_tps=1.0 / (costs.t(1) + costs.overhead["round_s"]))
+        return RoundPlan(ROOT, "none", label="ar", predicted_tps=1.0 / (costs.t(1) + costs.overhead["round_s"]),
+                         expected=1.0, size=1)
 
     def draft(self, costs, pending: int) -> RoundPlan:
         # pending counted to the next power of two: while auto decodes without its draft (the prompt and every
         # token since stay pending), the plan is recomputed when the catch-up cost doubles, not every round
         pending = 1 << max(0, pending - 1).bit_length()
         self.pending = pending
-        key = (self.draft_acc.version, pending, costs.version, costs.live)
+        key = (self.draft_acc.version, pending, costs.version)
         if self._cache.get("key") == key:
             return self._cache["plan"]
         if self._greedy is None or self._greedy[0] != self.draft_acc.version:  # changes with acceptance only
@@ -79,14 +80,14 @@ class Planner:
             self._greedy = (self.draft_acc.version,
                             *greedy_tree(lambda d, r: rates[d][r], self.max_nodes, self.max_depth, self.max_width))
         _, nodes, reach = self._greedy
-        best_n, best_tps = _best_draft_size(costs, nodes, reach, pending, self.max_nodes, self.max_depth)
+        best_n, best_tps, expected = _best_draft_size(costs, nodes, reach, pending, self.max_nodes, self.max_depth)
         tree = to_tree(nodes[:best_n])
         if tree.max_depth == len(tree) - 1:  # a chain: drafted up to max_depth, stopped token by token
             plan = RoundPlan(CHAINS[self.max_depth], self.draft_proposer, label=f"{self.draft_proposer} chain",
-                             predicted_tps=best_tps)
+                             predicted_tps=best_tps, expected=expected, size=len(tree))
         else:
             plan = RoundPlan(tree, self.draft_proposer, label=f"{self.draft_proposer} tree {len(tree) - 1}",
-                             predicted_tps=best_tps)
+                             predicted_tps=best_tps, expected=expected, size=len(tree))
         self._cache = {"key": key, "plan": plan}
         return plan
 
@@ -94,17 +95,17 @@ class Planner:
         tokens, n = self.ngrams.propose(history, self.lookup_tokens)
         if not tokens:
             return None
-        best_k, best_tps, expected, reach = 0, -1.0, 1.0, 1.0
+        best_k, best_tps, best_e, expected, reach = 0, -1.0, 1.0, 1.0, 1.0
         rates = self.lookup_acc.table(max(16, len(tokens)), 4)
         for k in range(1, len(tokens) + 1):
             reach *= rates[k][n]
             expected += reach
             tps = expected / (costs.t(k + 1) + costs.overhead["round_s"])
             if tps > best_tps:
-                best_k, best_tps = k, tps
+                best_k, best_tps, best_e = k, tps, expected
         tree = CHAINS[best_k] if best_k < len(CHAINS) else Tree.chain(best_k)
         return RoundPlan(tree, "lookup", tuple(tokens[:best_k]), label=f"lookup {best_k}", predicted_tps=best_tps,
-                         ngram=n)
+                         ngram=n, expected=best_e, size=best_k + 1)
 
     def suffix_tree(self, costs, history: list[int]) -> RoundPlan | None:
         """A suffix tree (drafting/suffix.py), truncated to the depth with the best predicted tokens/s. A node's
@@ -126,7 +127,7 @@ class Planner:
         self.suffix_bucket = bucket
         sub = tree if d == tree.max_depth else tree.truncate(d)
         return RoundPlan(sub, "suffix", tuple(prop.tokens[1:len(sub)]), label=f"suffix {len(sub) - 1}",
-                         predicted_tps=tps)
+                         predicted_tps=tps, expected=1 + calib * self.suffix_predicted, size=len(sub))
 
     def learn(self, outcome: RoundOutcome) -> None:
         """What a speculative round's accepted path says of its proposer's acceptance."""
@@ -154,8 +155,9 @@ class Planner:
                     break
 
 
-def _best_draft_size(costs, nodes, reach, pending: int, max_nodes: int, max_depth: int) -> tuple[int, float]:
-    """The number of greedy-order nodes with the best predicted tokens/s, and that rate. The first draft forward
+def _best_draft_size(costs, nodes, reach, pending: int, max_nodes: int,
+                     max_depth: int) -> tuple[int, float, float]:
+    """The number of greedy-order nodes with the best predicted tokens/s, that rate and its expected tokens. The first draft forward
     feeds the pending chain (the prompt, when the draft's prefill was deferred, and every token committed since the
     draft last ran); that catch-up is paid once and serves every later round, so it is charged spread over
     CATCH_UP_ROUNDS rounds: charged whole, it made the draft look dearer the longer auto went without it, and at
@@ -163,7 +165,7 @@ def _best_draft_size(costs, nodes, reach, pending: int, max_nodes: int, max_dept
     c_draft = [0.0] + [costs.d(n) for n in range(1, max_nodes + 1)]
     c_target = [0.0] + [costs.t(n) for n in range(1, max_nodes + 2)]
     base = costs.d(1) + (costs.d(pending) - costs.d(1)) / CATCH_UP_ROUNDS + costs.overhead["round_s"]
-    best_n, best_tps = 1, -1.0
+    best_n, best_tps, best_e = 1, -1.0, 1.0
     expected, fed_sum, deepest = 1.0, 0.0, 0
     sizes = [0] * (max_depth + 2)
     depth_of: list[int] = []
@@ -180,8 +182,8 @@ def _best_draft_size(costs, nodes, reach, pending: int, max_nodes: int, max_dept
         expected += r
         t = base + fed_sum + c_target[n + 1] + deepest * costs.overhead["level_s"]
         if expected / t > best_tps:
-            best_n, best_tps = n, expected / t
-    return best_n, best_tps
+            best_n, best_tps, best_e = n, expected / t, expected
+    return best_n, best_tps, best_e
 
 
 def predicted_tps(plan: RoundPlan) -> float:

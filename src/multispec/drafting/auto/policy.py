@@ -11,29 +11,23 @@ for a new profile (decoding/profiles.py). `report` only reads.
 from __future__ import annotations
 
 from collections import Counter, defaultdict
-from typing import Any
+from dataclasses import replace
 
 import multispec.drafting.auto.memory as acceptance_memory
 from multispec.drafting.auto.acceptance import ConfidenceRates, RealisedRates
-from multispec.drafting.auto.costs import AloneCosts, AutoView, BatchShareCosts
+from multispec.drafting.auto.costs import AloneCosts, AutoView
 from multispec.drafting.auto.plans import Planner
 from multispec.drafting.auto.plans import predicted_tps as _tps
-from multispec.drafting.batch_costs import BatchCosts
 from multispec.drafting.costs import CostModel, measure_costs
 from multispec.drafting.protocol import DraftPolicyBase, RoundOutcome, RoundPlan
 
 PROBE_PERIODS = (8, 16, 32, 64, 128, 256)
 MARGIN = 0.03  # speculate only when predicted to beat a plain step by this much
-BATCH_PLAIN_FROM = 4  # sampling (T > 0) in a batch of at least this many sequences: plain steps only
-BATCH_SKIP_BELOW = 0.8  # in a batch: plans predicted below this fraction of a plain step's rate start a back-off
-# In a batch a plan's cost also falls on the other sequences (each speculating sequence lengthens every step, while
-# the batch ends with its slowest sequence), which the share model does not see: speculate only for a clear gain.
-BATCH_MARGIN = 0.25
 QUIET_MAX = 8  # alone: at most this many plain steps in a row without weighing the plans
 # A probe of a draft plan runs only while the draft's catch-up (the deferred prompt and every plain step since it
 # last ran) costs at most this many plain target steps. Measured (Gemma 3 drafted by SmolLM2, T = 1, a long
 # Spec-Bench prompt): a probe whose forward fed the deferred draft prefill took 4.6 s for 2 tokens, ~45 plain steps.
-# Alone, a plan chosen on its merits still may; in a batch, where every sequence waits on that forward, none may.
+# A plan chosen on its merits still may (in a batch the engine weighs the catch-up against the step: batch_plan.py).
 PROBE_CATCH_UP = 4
 
 
@@ -63,13 +57,11 @@ class AutoPolicy(DraftPolicyBase):
         self.suffix_store = suffix_store  # "suffix": the store of past requests shared by the Decoder family
         self.memory = memory  # acceptance statistics kept across generations (drafting/auto/memory.py)
         self.view: AutoView | None = None
-        # (Engine, BatchCosts, sampling) while this policy plans one sequence of a batch
-        self._batch: tuple[Any, BatchCosts, bool] | None = None
         self.reset()
 
     def reset(self) -> None:
         self.planner = Planner(**self.shape, suffix_store=self.suffix_store, draft_proposer=self.draft_proposer)
-        self.costs: AloneCosts | BatchShareCosts | None = (
+        self.costs: AloneCosts | None = (
             AloneCosts(self.fixed_costs, self.shape["max_nodes"]) if self.fixed_costs is not None else None)
         self.confidence = ConfidenceRates()
         self.realised_rates = RealisedRates()
@@ -90,23 +82,17 @@ class AutoPolicy(DraftPolicyBase):
         """Plan from this view of the machine profile (the Decoder builds it once)."""
         self.view = view
 
-    def join_batch(self, batcher, batch_costs, sampling: bool) -> None:
-        self._batch = (batcher, batch_costs, sampling)
-
     def prepare(self, target, draft, context_len: int, temperature: float = 0.0) -> None:
         self.has_draft = draft is not None and "draft" in self.proposers
         if self.memory and self.view is not None:  # the profile's acceptance for this pair and temperature
             self.memory_key = acceptance_memory.recall(self, self.view, temperature, len(PROBE_PERIODS))
-        if self._batch is not None:
-            batcher, table, sampling = self._batch
-            self.costs = BatchShareCosts(batcher, table, self.fixed_costs or table.cost_model(), sampling)
-        elif self.fixed_costs is None:
+        if self.fixed_costs is None:
             model = self.view.costs.fresh() if self.view is not None and self.view.costs is not None else \
                 measure_costs(target, getattr(target, "model", target), draft if self.has_draft else None,
                               getattr(draft, "model", draft) if self.has_draft else None)[0]  # (no Decoder)
             self.costs = AloneCosts(model, self.shape["max_nodes"])
 
-    def _costs(self) -> AloneCosts | BatchShareCosts:  # set by reset with fixed costs, else by prepare
+    def _costs(self) -> AloneCosts:  # set by reset with fixed costs, else by prepare
         if self.costs is None:
             raise RuntimeError("auto: no costs yet (prepare() runs before the first round)")
         return self.costs
@@ -114,43 +100,27 @@ class AutoPolicy(DraftPolicyBase):
     # ------------------------------------------------------------------ planning
     def plan_round(self, history: list[int], pending: int) -> RoundPlan:
         costs, planner = self._costs(), self.planner
-        batched = costs.live > 1
-        if isinstance(costs, BatchShareCosts) and costs.sampling and costs.live >= BATCH_PLAIN_FROM:
-            # Measured (docs/batching_results.md): sampling in a batch of 4 or more, speculation of any kind lost 11-28 %
-            # to plain batched steps on every configuration tried (each speculating sequence lengthens every
-            # step, its planning runs in turn with everyone else's, and the batch ends with its slowest sequence).
-            self.current = planner.ar(costs)
-            return self.current
         if self._skip > 0:  # see below: a plain step without weighing the others
             self._skip -= 1
             self.ar_streak += 1  # towards the next probe, as an evaluated plain step
             self.current = planner.ar(costs)
             return self.current
         ar = planner.ar(costs)
-        draft_ok = self.has_draft and (not batched or self._short_catch_up(pending))  # a batch waits on it
-        candidates = [p for p in (planner.draft(costs, pending) if draft_ok else None,
+        candidates = [p for p in (planner.draft(costs, pending) if self.has_draft else None,
                                   planner.lookup(costs, history) if "lookup" in self.proposers else None,
                                   self._suffix_plan(history, ar)) if p is not None]
-        score = self._scorer(batched)
+        score = self._scorer()
         best = max(candidates, key=score, default=ar)
-        if batched:
-            # every sequence's planning runs in turn between two forwards, so it costs the whole batch: when the
-            # best speculative plan falls well short of a plain step, plain steps follow for 1, 2, 4 ... 16 rounds
-            if best is ar or score(best) < score(ar) * BATCH_SKIP_BELOW:
-                self._backoff = min(16, max(1, 2 * self._backoff))
-                self._skip = self._backoff
-            else:
-                self._backoff = 0
-        if score(best) < score(ar) * (1 + (BATCH_MARGIN if batched else MARGIN)):
+        if score(best) < score(ar) * (1 + MARGIN):
             best = ar
         self.current = self._probe_or(best, candidates, score)
-        if not batched:  # alone: after a plain step chosen on its merits, the next 1, 2, 4, 8 are taken unweighed
-            # (weighing costs ~0.3 ms of Python, 3 % of a pycode-v1 step, on every round of a back-off)
-            if self.current is ar:
-                self._backoff = min(QUIET_MAX, max(1, 2 * self._backoff))
-                self._skip = self._backoff
-            else:
-                self._backoff = 0
+        # after a plain step chosen on its merits, the next 1, 2, 4, 8 are taken unweighed (weighing costs ~0.3 ms
+        # of Python, 3 % of a pycode-v1 step, on every round of a back-off)
+        if self.current is ar:
+            self._backoff = min(QUIET_MAX, max(1, 2 * self._backoff))
+            self._skip = self._backoff
+        else:
+            self._backoff = 0
         return self.current
 
     def _suffix_plan(self, history: list[int], ar: RoundPlan) -> RoundPlan | None:
@@ -170,18 +140,16 @@ class AutoPolicy(DraftPolicyBase):
                 self._suffix_backoff = 0
         return plan
 
-    def _scorer(self, batched: bool):
-        """A plan's predicted tokens/s times its family's predicted / realised seconds: alone and with measured
-        costs (in a batch a round's seconds include waiting for the others; fixed costs are not this machine's)."""
-        if batched or self.fixed_costs is not None:
+    def _scorer(self):
+        """A plan's predicted tokens/s times its family's predicted / realised seconds, with measured costs (fixed
+        costs are not this machine's)."""
+        if self.fixed_costs is not None:
             return _tps
         return lambda plan: _tps(plan) * self.realised_prior.factor(family(plan))
 
     def _probe_or(self, best: RoundPlan, speculative: list[RoundPlan], score=_tps) -> RoundPlan:
         """`best`, or, after a streak of plain steps as long as the probe period, the best speculative plan, to
-        keep its estimates current. In a batch a draft probe's forwards hold up every sequence, so draft plans are
-        probed B times more rarely; a lookup or suffix probe only adds its tokens to the batched forward, so it
-        keeps the period alone (from the priors, a batch otherwise never tried them and never learned them)."""
+        keep its estimates current (in a batch the engine may answer a probe with a plain step, as any plan)."""
         if best.tree.max_depth > 0 or not speculative:  # (a lookup or suffix plan tells nothing of the draft)
             if not speculative or best.proposer == self.draft_proposer or not self.has_draft:
                 self.ar_streak = 0
@@ -195,22 +163,18 @@ class AutoPolicy(DraftPolicyBase):
         spec = max(due, key=score)
         self.ar_streak = 0
         self.probe_level += 1
-        return RoundPlan(spec.tree, spec.proposer, spec.tokens, spec.label + " (probe)", spec.predicted_tps,
-                         spec.ngram)
+        return replace(spec, label=spec.label + " (probe)")
 
     def _probe_period(self, plan: RoundPlan) -> int:
-        """Plain rounds in a row before `plan` is probed: the period of this level, B times that for a draft plan
-        in a batch of B."""
-        period = PROBE_PERIODS[min(self.probe_level, len(PROBE_PERIODS) - 1)]
-        return period * self._costs().live if plan.proposer == self.draft_proposer else period
+        """Plain rounds in a row before `plan` is probed: the period of this level."""
+        return PROBE_PERIODS[min(self.probe_level, len(PROBE_PERIODS) - 1)]
 
     def _cheap_probe(self, plan: RoundPlan) -> bool:
         """Whether probing `plan` costs at most a few plain steps: not a draft plan with a long catch-up."""
         return plan.proposer != self.draft_proposer or self._short_catch_up(self.planner.pending)
 
     def _short_catch_up(self, pending: int) -> bool:
-        """Whether the draft's forward over `pending` tokens costs at most PROBE_CATCH_UP plain steps (this
-        sequence's share of one, in a batch, where every sequence waits on that forward)."""
+        """Whether the draft's forward over `pending` tokens costs at most PROBE_CATCH_UP plain steps."""
         c = self._costs()
         return c.d(pending) - c.d(1) <= PROBE_CATCH_UP * c.t(1)
 
@@ -250,10 +214,10 @@ class AutoPolicy(DraftPolicyBase):
         row[2] += plan.predicted_tps or 0.0
         row[3] += 1
         costs = self._costs()
-        if isinstance(costs, AloneCosts):  # predicted before this round corrects the costs
+        if outcome.times.shared == 1:  # (a batched round's times are the batch's: decoding/batch_plan.py prices it)
             predicted = costs.round_time(tree, outcome.times.pending, outcome.draft_calls > 0)
             self.realised_rates.add(family(plan), predicted, outcome.times.round_s)
-        costs.observe(outcome)
+            costs.observe(outcome)
         if len(tree) == 1:
             return
         self.planner.learn(outcome)
@@ -267,7 +231,7 @@ class AutoPolicy(DraftPolicyBase):
         obs: dict = {}
         if self.memory_key is not None:
             obs["acceptance"] = {self.memory_key: acceptance_memory.seen(self, len(PROBE_PERIODS))}
-        if isinstance(self.costs, AloneCosts):
+        if isinstance(self.costs, AloneCosts) and self.costs.round_log:  # (rounds it decoded alone)
             self.stored_overhead = self.costs.fitted_overhead()
             model = self.costs.model
             if model.key:

@@ -1,0 +1,93 @@
+"""A batch's plan: which sequences speculate in this step, priced as one step.
+
+Each sequence's policy plans as if it decoded alone. A plan that says what it expects (`RoundPlan.expected` and
+`size`: auto's) reaches the engine as a PlanAsk before anything is drafted, and the engine answers with the plan to
+run: that one, or PLAIN. With every asking sequence's plan in hand it prices the step whole, from the batched cost
+table (drafting/batch_costs.py, corrected by the batch's own forwards):
+
+    T(S) = C_target(B, (base + Σ_{i∈S} (size_i - 1)) / B)         one target forward over the round batch
+         + Σ_ℓ C_draft(#{i ∈ S : depth_i ≥ ℓ}, fed at level ℓ)    one draft forward per level across sequences
+         + B · round_s + Σ_{i∈S} depth_i · level_s                 each sequence's Python, in turn
+    tokens(S) = B + Σ_{i∈S} (expected_i - 1)
+
+where base counts every sequence's one token (more for a prefill chunk), and the first draft level feeds each
+drafting sequence's pending tokens (its catch-up, paid in full: every sequence waits on that forward). S is the set
+of speculating sequences with the most tokens per second among the prefixes of the asks ordered by their own gain
+per cost (the empty prefix, all plain, among them); it must beat all-plain by MARGIN. With many sequences, where a
+wider forward costs nearly in proportion, the best S is empty and the batch decodes plainly. The engine keeps the
+answer per sequence: one left out takes plain steps for 1, 2, 4 ... OFF_MAX rounds without asking its policy (the
+per-request off switch, which also spares its planning); one kept is asked again next round. Plans depend on the
+policies' estimates and measured costs, never on a round's coins, so every lossless verifier stays lossless.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from multispec.drafting.auto.costs import DEFAULT_OVERHEAD
+from multispec.drafting.protocol import RoundPlan
+from multispec.tree import Tree
+
+__all__ = ["MARGIN", "OFF_MAX", "PLAIN", "PlanAsk", "choose"]
+
+MARGIN = 0.03  # speculation must beat all-plain by this much (the planner's margin alone)
+OFF_MAX = 16  # the longest run of plain steps a left-out sequence takes before it is asked again
+PLAIN = RoundPlan(Tree.chain(0), "none", label="ar (batch)", expected=1.0, size=1)
+NO_DRAFT = ("none", "lookup", "suffix")  # proposers whose tokens cost no draft forward
+
+
+@dataclass(frozen=True)
+class PlanAsk:
+    """A sequence's plan before anything is drafted (decoding/rounds._round yields it; the engine sends back the
+    plan to run). pending: tokens the draft has yet to consume (the first draft forward feeds them)."""
+
+    plan: RoundPlan
+    pending: int = 1
+
+
+def _shape(ask: PlanAsk) -> tuple[float, int, list[int]]:
+    """(expected tokens, verified nodes, tokens each draft forward feeds: [] for a plan without draft forwards)."""
+    plan = ask.plan
+    size = plan.size or len(plan.tree)
+    expected = plan.expected if plan.expected is not None else 1.0
+    if plan.proposer in NO_DRAFT or plan.tree.max_depth == 0:
+        return expected, size, []
+    depth = min(plan.tree.max_depth, size - 1)  # a chain stopped token by token: expected shorter than planned
+    feeds = [max(1, ask.pending)] + [len(plan.tree.level(d)) for d in range(1, depth)]
+    return expected, size, feeds
+
+
+def choose(asks: list[PlanAsk], others: int, other_tokens: int, table, overhead: dict | None = None) -> list[bool]:
+    """Which asks run as planned (True) and which take a plain step (False). others: the step's other sequences
+    (not asking: a method's fixed plan, a prefill); other_tokens: the target tokens they bring (at least one each).
+    table: drafting/batch_costs.BatchCosts. See the module docstring."""
+    batch = len(asks) + others
+    if batch <= 1 or not asks:
+        return [True] * len(asks)
+    o = overhead or DEFAULT_OVERHEAD
+    shapes = [_shape(a) for a in asks]
+    base = other_tokens + len(asks)
+    has_draft = "draft" in table.seconds
+
+    def seconds(members: list[int]) -> float:
+        t = table.target(batch, (base + sum(shapes[i][1] - 1 for i in members)) / batch) + batch * o["round_s"]
+        feeds = [shapes[i][2] for i in members if shapes[i][2]]
+        if feeds and has_draft:
+            for level in range(max(len(f) for f in feeds)):
+                fed = [f[level] for f in feeds if len(f) > level]
+                t += table.scale["d"] * table.forward("draft", len(fed), max(fed))
+            t += sum(len(f) for f in feeds) * o["level_s"]
+        return t
+
+    def rate(members: list[int]) -> float:
+        return (batch + sum(shapes[i][0] - 1 for i in members)) / seconds(members)
+
+    plain = seconds([])
+    gain = [(shapes[i][0] - 1) / max(seconds([i]) - plain, 1e-9) for i in range(len(asks))]
+    order = sorted(range(len(asks)), key=lambda i: -gain[i])
+    best_k, best = 0, rate([]) * (1 + MARGIN)
+    for k in range(1, len(order) + 1):
+        r = rate(order[:k])
+        if r > best:
+            best_k, best = k, r
+    keep = set(order[:best_k])
+    return [i in keep for i in range(len(asks))]
