@@ -160,3 +160,47 @@ def test_a_left_out_sequence_steps_plainly_without_asking_then_is_asked_again():
     outs, asked, plans = decode(None)
     assert outs == [greedy_reference(target, p, n_new) for p in prompts]
     assert plans["plain"] == 0 and min(asked) >= n_new // 4
+
+
+def test_realised_scales_a_sequence_by_what_its_kept_plans_delivered():
+    r = batch_plan.Realised()
+    assert r.factor() == 1.0
+    r.keep(2.0, 10)
+    r.settle(11)  # one token committed: nothing past the round's own
+    assert r.factor() == pytest.approx(0.9 / 2.9)
+    r.settle(30)  # nothing in flight: nothing learned
+    assert r.factor() == pytest.approx(0.9 / 2.9)
+    asks = [_chain(3.0) for _ in range(8)]
+    assert choose(asks, 0, 0, _table(*BOUND), factors=[0.0] * 4 + [1.0] * 4) == [False] * 4 + [True] * 4
+
+
+@pytest.mark.parametrize("broken", [False, True])
+def test_a_sequence_whose_kept_plans_deliver_little_is_left_out(monkeypatch, broken):
+    """Lookup plans that promise 4 tokens a round and are always rejected: the engine keeps them at first, then,
+    as the sequences' delivered-to-expected ratio falls, answers them with plain steps. Pricing the promise as made
+    (the broken variant) keeps every one. Either way the output is the target's greedy output."""
+    if broken:
+        monkeypatch.setattr(batch_plan.Realised, "factor", lambda self: 1.0)
+    target, draft = tiny_pair(vocab=12, seed=2, noise=0.3)
+    prompts = [[1, 5, 3, 1], [2, 7, 2], [4, 4, 9, 1, 3], [6, 1]]
+    n_new = 30
+    refs = [greedy_reference(target, p, n_new + 4) for p in prompts]
+
+    def script(history, r):
+        i = next(j for j, p in enumerate(prompts) if history[:len(p)] == p)
+        nxt = refs[i][len(history) - len(prompts[i])]
+        wrong = (nxt + 1) % 12  # never the target's next token: the first drafted token is always rejected
+        return RoundPlan(Tree.chain(3), "lookup", (wrong, wrong, wrong), label="lookup 3", expected=4.0, size=4)
+
+    middle = _table(lambda b, n: 0.004 + 0.0008 * b * n, lambda b, n: 0.0003 + 0.00005 * b * n)
+    engine, ids = Engine(middle), []
+    for p in prompts:
+        ids.append(engine.add(make_backend(target, "hf"), None, p, build_method("lookup"),
+                              SamplingConfig(temperature=0.0), n_new, 0, set(), policy=ScriptedPolicy(script)))
+    while engine.live:
+        engine.step()
+    assert [engine.pop(i)[0] for i in ids] == [r[:n_new] for r in refs]
+    if broken:
+        assert engine.plans["plain"] == 0
+    else:
+        assert 4 <= engine.plans["kept"] <= 12 and engine.plans["plain"] >= 4

@@ -114,6 +114,7 @@ class Engine:
         ended: list[int] = []
         waiting: dict = {}  # sequence id -> what it asks for next: a Forward, or a ChainVerify
         for s in [s for s in self._seqs.values() if not s.done]:
+            s.realised.settle(len(s.new))  # (its last round is over)
             self._advance(s, None, waiting, ended)
         while waiting:
             if any(isinstance(r, PlanAsk) for r in waiting.values()):  # (every asking sequence at once)
@@ -148,12 +149,14 @@ class Engine:
         if self.costs is not None:
             other_tokens = sum(r.tokens.shape[0] if isinstance(r, Forward) and r.backend is self._seqs[i].run.target
                                else 1 for i, r in waiting.items())
-            keep = choose(asks, len(waiting), other_tokens, self.costs, self.overhead)
+            keep = choose(asks, len(waiting), other_tokens, self.costs, self.overhead,
+                          [self._seqs[i].realised.factor() for i in ids])
         for i, ask, kept in zip(ids, asks, keep):
             s = self._seqs[i]
             self.plans["kept" if kept else "plain"] += 1
             if kept:
                 s.backoff = 0
+                s.realised.keep((ask.plan.expected or 1.0) - 1, len(s.new))
             else:
                 s.backoff = min(OFF_MAX, max(1, 2 * s.backoff))
                 s.plain = s.backoff - 1  # (this round is the first of them)

@@ -39,7 +39,7 @@ from typing import Callable
 
 import torch
 
-from multispec.decoding.batch_plan import PLAIN, PlanAsk
+from multispec.decoding.batch_plan import PLAIN, PlanAsk, Realised
 from multispec.decoding.logprobs import LogprobRecorder
 from multispec.decoding.metrics import Metrics
 from multispec.decoding.node_history import CommittedHistory
@@ -78,6 +78,7 @@ class Sequence:
     steps: Steps | None = None
     plain: int = 0  # rounds left to take plainly without asking the policy (the engine's batch plan: batch_plan.py)
     backoff: int = 0  # the length of the latest such run
+    realised: Realised = field(default_factory=Realised)  # what its kept plans delivered (the batch plan's)
 
 
 def generation(s: Sequence) -> Steps[tuple[list[int], Metrics]]:

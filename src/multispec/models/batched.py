@@ -472,7 +472,9 @@ class SlotBackend(VocabSubset):
     def _chunked(self, tokens, positions, mask, want_hidden: bool, last_only: bool) -> ForwardOut:
         """A long step (a prefill) in chunks of PREFILL_CHUNK tokens, each one batched forward with the others'
         steps. Exact for any mask whose rows read no later row (a chain, a tree in order): chunk [a, b) reads the
-        cache and rows before b. Outputs: the last row's (last_only), else every row's."""
+        cache and rows before b. Outputs: the last row's (last_only), else every row's. (A prefill through the
+        engine goes one chunk per step instead, decoding/state.chain_steps; this serves a long forward that must
+        finish in one step: a draft's catch-up, a forward a method makes itself.)"""
         n, start, outs = tokens.shape[0], self.cache_len, []
         for a in range(0, n, PREFILL_CHUNK):
             b = min(n, a + PREFILL_CHUNK)
