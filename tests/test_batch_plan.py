@@ -204,3 +204,23 @@ def test_a_sequence_whose_kept_plans_deliver_little_is_left_out(monkeypatch, bro
         assert engine.plans["plain"] == 0
     else:
         assert 4 <= engine.plans["kept"] <= 12 and engine.plans["plain"] >= 4
+
+
+@pytest.mark.parametrize("budget", [8, 10_000])
+def test_prefill_chunks_past_a_steps_budget_wait_a_step(budget):
+    """Four prompts join at once on backends that prefill in chunks of 4 tokens: with a budget of 8 prefill tokens
+    a step, no forward carries more than 8 prefill tokens (plus the decoding sequences' own), the oldest sequences'
+    chunks first; without one (the unbounded variant) a step carries all four chunks. Greedy output unchanged."""
+    target, _ = tiny_pair(vocab=12, seed=2, noise=0.3)
+    prompts = [[1, 5, 3, 1, 2, 7, 2, 4, 4], [2, 7, 2, 6, 1, 1, 5, 3, 9], [4, 4, 9, 1, 3, 6, 1, 2, 2],
+               [6, 1, 5, 5, 3, 1, 7, 2, 8]]
+    engine, ids, sizes = Engine(prefill_budget=budget), [], []
+    engine.on_batch = lambda role, sequences, tokens: sizes.append(tokens)
+    for p in prompts:
+        backend = make_backend(target, "hf")
+        backend.prefill_chunk = 4
+        ids.append(engine.add(backend, None, p, build_method("ar"), SamplingConfig(temperature=0.0), 6, 0, set()))
+    while engine.live:
+        engine.step()
+    assert [engine.pop(i)[0] for i in ids] == [greedy_reference(target, p, 6) for p in prompts]
+    assert max(sizes) == (16 if budget > 16 else 8 + 2)  # (two sequences decode while the last two prefill)

@@ -13,8 +13,9 @@ target forward together with the others — the requests on slots of one batched
 (models/batched.forward_all: one draft forward per depth across all drafting sequences, one target forward over
 the round batch), sends each sequence its output, and goes on until every sequence has ended its round. `generate`
 with one prompt is this engine with one sequence: there is one round implementation. A newcomer's first step is
-its prefill (on a batched cache, one chunk of PREFILL_CHUNK tokens per step), so a joining prompt holds up the
-running sequences' steps by one chunk at most. Forwards a method makes itself (target-initialized rounds, dynamic
+its prefill (on a batched cache, one chunk of PREFILL_CHUNK tokens per step, and at most PREFILL_BUDGET prefill
+tokens a step across newcomers, the oldest first), so joining prompts hold up the running sequences' steps by a
+bounded amount. Forwards a method makes itself (target-initialized rounds, dynamic
 trees, feature heads, another tokenizer's draft) run alone, as they come.
 """
 from __future__ import annotations
@@ -35,11 +36,13 @@ from multispec.decoding.rounds import Cancelled, Sequence, generation, make_run
 from multispec.drafting.protocol import DraftPolicy
 from multispec.errors import check
 from multispec.models.base import Backend, Forward
-from multispec.models.batched import Role, forward_all
+from multispec.models.batched import PREFILL_CHUNK, Role, forward_all
 from multispec.sampling import SamplingConfig
 from multispec.verify.batched import RoundBatch, chain_batch
 
-__all__ = ["Cancelled", "Engine", "Sequence", "generate_ids"]
+__all__ = ["Cancelled", "Engine", "PREFILL_BUDGET", "Sequence", "generate_ids"]
+
+PREFILL_BUDGET = 4 * PREFILL_CHUNK  # prefill tokens a step runs at most (chunks past it wait a step, oldest first)
 
 
 class Engine:
@@ -50,9 +53,10 @@ class Engine:
     role's forwards so far, sequences, tokens, longest step, seconds) of its latest forward; on_batch(role,
     sequences, tokens) after each forward. plans: asked plans answered as planned / with a plain step."""
 
-    def __init__(self, costs=None, overhead: dict | None = None):
-        self.costs, self.overhead = costs, overhead
+    def __init__(self, costs=None, overhead: dict | None = None, prefill_budget: int = PREFILL_BUDGET):
+        self.costs, self.overhead, self.prefill_budget = costs, overhead, prefill_budget
         self.plans: Counter = Counter()
+        self._held: dict[int, Forward] = {}  # prefill chunks over a step's budget: run first in the next step
         self._seqs: dict[int, Sequence] = {}
         self._next = 0
         self.forwards: Counter = Counter()
@@ -90,6 +94,7 @@ class Engine:
         """End a sequence between steps (its error: `error`, default Cancelled); its tokens so far stay in
         `sequence(seq_id).new`."""
         s = self._seqs[seq_id]
+        self._held.pop(seq_id, None)
         if not s.done:
             if s.steps is not None:
                 s.steps.close()
@@ -114,6 +119,9 @@ class Engine:
         ended: list[int] = []
         waiting: dict = {}  # sequence id -> what it asks for next: a Forward, or a ChainVerify
         for s in [s for s in self._seqs.values() if not s.done]:
+            if s.id in self._held:  # a prefill chunk held back by the last step's budget
+                waiting[s.id] = self._held.pop(s.id)
+                continue
             s.realised.settle(len(s.new))  # (its last round is over)
             self._advance(s, None, waiting, ended)
         while waiting:
@@ -128,7 +136,7 @@ class Engine:
                 continue
             # the draft's forwards first: drafting sequences then verify in one target forward with the others
             drafts = [i for i in forwards if waiting[i].backend is not self._seqs[i].run.target]
-            ids = drafts or forwards
+            ids = self._budget(drafts or forwards, waiting)
             role = Role.DRAFT if drafts else Role.TARGET
             requests: list = [waiting.pop(i) for i in ids]
             t0 = time.perf_counter()
@@ -139,6 +147,18 @@ class Engine:
             for i, out in zip(ids, outs):
                 self._advance(self._seqs[i], out, waiting, ended)
         return ended
+
+    def _budget(self, ids: list[int], waiting: dict) -> list[int]:
+        """The requests of `ids` to run now: all but the prefill chunks past the step's prefill token budget (the
+        oldest sequences' first; at least one chunk runs), which are held for the next step."""
+        chunks = [i for i in ids if waiting[i].chunk]
+        total, run = 0, set(ids)
+        for i in chunks:
+            total += waiting[i].tokens.shape[0]
+            if total > self.prefill_budget and i != chunks[0]:
+                self._held[i] = waiting.pop(i)
+                run.discard(i)
+        return [i for i in ids if i in run]
 
     def _answer(self, waiting: dict, ended: list) -> None:
         """Answer every waiting PlanAsk: as planned, or a plain step (batch_plan.choose over the step); a sequence

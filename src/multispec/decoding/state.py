@@ -10,7 +10,7 @@ Vocabulary of the loop (docs/glossary.md has them all):
 """
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import torch
 
@@ -91,14 +91,14 @@ def chain_steps(backend: Backend, tokens: torch.Tensor, last_only: bool = False)
     (models/batched.SlotBackend.prefill_chunk) one chunk per engine step, so that a joining prompt holds up the
     running sequences' steps by one chunk at most. Returns the last row's output (last_only) or every row's."""
     size = getattr(backend, "prefill_chunk", None)
-    if size is None or tokens.shape[0] <= size:
+    if size is None:
         return (yield chain(backend, tokens, last_only=last_only))
     outs = []
     for a in range(0, tokens.shape[0], size):
         if a:
             yield None  # this sequence's turn of the step is over: the next chunk goes in the next step
-        outs.append((yield chain(backend, tokens[a:a + size], last_only=last_only)))
-    if last_only:
+        outs.append((yield replace(chain(backend, tokens[a:a + size], last_only=last_only), chunk=True)))
+    if last_only or len(outs) == 1:
         return outs[-1]
     return ForwardOut(logits=torch.cat([o.logits for o in outs]), hidden=None)
 

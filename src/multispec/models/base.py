@@ -108,6 +108,7 @@ class Forward:
     mask: torch.Tensor | None = None
     want_hidden: bool = False
     last_only: bool = False  # only the last row's logits are read (a backend that can skip the others does)
+    chunk: bool = False  # a prefill chunk: the engine may run it a step later, under its prefill token budget
 
     def run(self) -> ForwardOut:
         if self.last_only and self.tokens.shape[0] > 1 and takes_last_only(self.backend):
