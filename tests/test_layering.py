@@ -16,7 +16,7 @@ LAYERS = [
     {"errors", "threads"},
     {"paths", "validate", "sampling", "structured", "tree", "data"},
     {"text", "verify", "token_freq", "params", "profile"},
-    {"models", "gguf_files"},
+    {"models", "gguf_files", "tools"},
     {"gguf_quant"},
     {"loading"},
     {"drafting", "heads"},

@@ -22,7 +22,7 @@ def generate(pair: Pair, prompt: str | list[int] | list[str] | list[list[int]] |
              messages: list[dict] | None = None, chat_template: str | None = None, backend: str | None = None,
              stream: Callable[[str], None] | None = None, batch_size: int | None = None,
              on_result: Callable[[int, GenerationResult], None] | None = None, profile=None,
-             **settings) -> GenerationResult | list[GenerationResult]:
+             tools: list[dict] | None = None, tool_choice=None, **settings) -> GenerationResult | list[GenerationResult]:
     """Generate with `method` (auto, ar, sd, mcsd, ti-mcsd, dynamic, specdecpp, lookup, or any registered method).
     Method options: k, heuristic, confidence, entropy, tree, verifier, width, depth, decision_model, beta, head,
     threshold, k_min, k_max, ngram, proposers, max_nodes. stream(text_delta) is called as text is committed; the
@@ -41,6 +41,11 @@ def generate(pair: Pair, prompt: str | list[int] | list[str] | list[list[int]] |
     messages (instead of prompt): a conversation, [{"role": "system" | "user" | "assistant", "content": str}, ...],
     rendered by the tokenizer's chat template (or chat_template, a Jinja string) with the generation prompt, as
     vLLM's `LLM.chat` and transformers' pipelines do (text.encode_chat); the reply is the result.
+    tools (with messages): OpenAI tool objects, rendered by the template (one with tool support: Qwen2.5's, or
+    multispec's templates/hermes_tools.jinja), and tool_choice: "auto" (default), "none", "required" or
+    {"type": "function", "function": {"name": ...}}; `result.tool_calls` holds the calls the reply made (OpenAI
+    tool call objects). required, a named function or a function with strict: true constrain the reply by a
+    grammar (its calls' names and arguments follow the tools' schemas, exactly as structured output does).
 
     Sampling processors, applied to the target's law exactly (every lossless method stays lossless with respect to
     the processed law; in a drafted tree each node is processed with its own path as history), OpenAI's and vLLM's
@@ -87,13 +92,20 @@ def generate(pair: Pair, prompt: str | list[int] | list[str] | list[list[int]] |
     method_options = {k: v for k, v in settings.items() if k not in FIELDS}
     _check_names(method_options)
     settings = {k: v for k, v in settings.items() if k in FIELDS}
+    calls = None
+    if tools is not None or tool_choice is not None:
+        check(messages is not None, "tools apply to messages (a conversation)")
+        calls, grammar = tool_request(pair, tools, tool_choice, settings)
+        if grammar is not None:
+            settings["grammar"] = grammar
     if messages is not None or chat_template is not None:
         from multispec.loading import vocab_rows
         from multispec.text import encode_chat
 
         check(prompt is None, "give a prompt or messages, not both")
         check(messages is not None, "chat_template applies to messages")
-        prompt = encode_chat(pair.tokenizer, vocab_rows(pair.target), messages, chat_template)
+        prompt = encode_chat(pair.tokenizer, vocab_rows(pair.target), messages, chat_template,
+                             calls.template_tools() if calls is not None else None)
     check(prompt is not None, "the prompt must be a str or a list of token ids (or give messages, a conversation)")
     batch = _is_batch(prompt)
     seeds = settings.pop("seed", None) if batch else None  # per prompt: s + i from an int s, or one each from a list
@@ -111,7 +123,27 @@ def generate(pair: Pair, prompt: str | list[int] | list[str] | list[list[int]] |
     check(batch_size is None, "batch_size applies to a list of prompts")
     check(on_result is None, "on_result applies to a list of prompts; one prompt streams with stream=")
     decoder = Decoder(pair, method, backend, profile=profile, **method_options)
-    return decoder.generate(prompt, params, stream=stream)
+    result = decoder.generate(prompt, params, stream=stream)
+    if calls is not None and calls.parse:
+        from multispec.tools import parse_tool_calls
+
+        result.tool_calls = parse_tool_calls(result.text)[1]
+    return result
+
+
+def tool_request(pair: Pair, tools, tool_choice, settings: dict):
+    """(the checked Tools or None, the grammar its calls follow or None); a grammar beside another structured-output
+    setting is refused."""
+    from multispec.structured import KINDS
+    from multispec.tools import Tools
+
+    calls = Tools.of(tools, tool_choice)
+    grammar = calls.grammar(pair.tokenizer) if calls is not None else None
+    given = [k for k in KINDS if settings.get(k) is not None]
+    check(grammar is None or not given, f"{given[0] if given else ''} cannot be combined with tool_choice "
+                                        f"{tool_choice!r:.60} (or a strict function): the calls' grammar constrains "
+                                        "the reply")
+    return calls, grammar
 
 
 # names other libraries use for generate's arguments -> what multispec calls them

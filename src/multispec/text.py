@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import bisect
+import json
 import math
 import numbers
+import re
 from dataclasses import dataclass
 from typing import Callable
 
@@ -48,23 +50,24 @@ def encode_prompt(tokenizer, vocab_size: int, prompt) -> list[int]:
     return ids
 
 
-def encode_chat(tokenizer, vocab_size: int, messages, chat_template: str | None = None) -> list[int]:
+def encode_chat(tokenizer, vocab_size: int, messages, chat_template: str | None = None,
+                tools: list[dict] | None = None) -> list[int]:
     """Token ids of a conversation as vLLM's `LLM.chat` and transformers' pipelines make them: the tokenizer's chat
     template (or `chat_template`, a Jinja string) rendered with the generation prompt, then tokenized without
     adding special tokens (the template places any BOS itself). messages: a non-empty list of {"role": str,
-    "content": str}. A tokenizer without a template, a malformed message or a template that refuses the messages
-    is one line (MultispecError)."""
-    check(chat_template is not None or bool(getattr(tokenizer, "chat_template", None)),
-          "this model's tokenizer has no chat template; give a prompt instead of messages (or a chat template)")
-    check(isinstance(messages, (list, tuple)) and len(messages) > 0,
-          f"messages must be a non-empty list of {{'role': ..., 'content': ...}}, got {messages!r:.80}")
-    for i, m in enumerate(messages):
-        check(isinstance(m, dict) and isinstance(m.get("role"), str) and isinstance(m.get("content"), str),
-              f"messages[{i}] must be a dict with a str 'role' and a str 'content', got {m!r:.80}")
-        check_text(m["content"], f"messages[{i}]['content']")
+    "content": str}; an assistant turn may carry OpenAI `tool_calls` (content may then be None) and a "tool" turn
+    its `tool_call_id`. tools: OpenAI tool objects for the template (multispec.tools.Tools.template_tools); a
+    template that never reads `tools` is refused. A tokenizer without a template, a malformed message or a
+    template that refuses the messages is one line (MultispecError)."""
+    template = chat_template if chat_template is not None else getattr(tokenizer, "chat_template", None)
+    check(bool(template), "this model's tokenizer has no chat template; give a prompt instead of messages (or a "
+                          "chat template)")
+    if tools:
+        check(template_has_tools(template), tools_refusal(getattr(tokenizer, "name_or_path", "") or "this model"))
+    rendered = chat_messages(messages)
     try:
-        text = tokenizer.apply_chat_template([{"role": m["role"], "content": m["content"]} for m in messages],
-                                             chat_template=chat_template, tokenize=False, add_generation_prompt=True)
+        text = tokenizer.apply_chat_template(rendered, chat_template=chat_template, tools=tools or None,
+                                             tokenize=False, add_generation_prompt=True)
         ids = list(tokenizer(text, add_special_tokens=False)["input_ids"])
     except Exception as e:  # noqa: BLE001 - Jinja raises its own errors (raise_exception in templates)
         first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
@@ -72,6 +75,61 @@ def encode_chat(tokenizer, vocab_size: int, messages, chat_template: str | None 
     check(len(ids) > 0, "the chat template rendered an empty prompt")
     check(all(0 <= t < vocab_size for t in ids), f"the tokenizer gave token ids outside the model's [0, {vocab_size})")
     return ids
+
+
+def template_has_tools(template) -> bool:
+    """Whether a chat template (a Jinja string, or transformers' {name: template}) renders `tools` at all."""
+    sources = template.values() if isinstance(template, dict) else [template or ""]
+    return any(re.search(r"\btools\b", s) for s in sources)
+
+
+def tools_refusal(model: str) -> str:
+    return (f"the chat template of {model} has no tool support (it never reads `tools`); give a template that has "
+            f"one with --chat-template FILE (chat_template=), e.g. multispec's templates/hermes_tools.jinja")
+
+
+def chat_messages(messages) -> list[dict]:
+    """The messages as a chat template takes them, checked: role and content, an assistant's tool_calls (their
+    JSON-text arguments as objects, as templates expect) and a tool message's tool_call_id and name."""
+    check(isinstance(messages, (list, tuple)) and len(messages) > 0,
+          f"messages must be a non-empty list of {{'role': ..., 'content': ...}}, got {messages!r:.80}")
+    out = []
+    for i, m in enumerate(messages):
+        calls = m.get("tool_calls") if isinstance(m, dict) else None
+        content_ok = isinstance(m, dict) and (isinstance(m.get("content"), str) or
+                                              (calls and m.get("content") is None))
+        check(isinstance(m, dict) and isinstance(m.get("role"), str) and content_ok,
+              f"messages[{i}] must be a dict with a str 'role' and a str 'content', got {m!r:.80}")
+        check_text(m["content"] or "", f"messages[{i}]['content']")
+        one = {"role": m["role"], "content": m["content"] if m["content"] is not None else ""}
+        if m["role"] == "tool":
+            check(isinstance(m.get("tool_call_id"), str) and m["tool_call_id"] != "",
+                  f"messages[{i}] has role tool but no tool_call_id (the id of the call it answers)")
+            one["tool_call_id"] = m["tool_call_id"]
+            if isinstance(m.get("name"), str):
+                one["name"] = m["name"]
+        if calls:
+            check(m["role"] == "assistant", f"messages[{i}]: only assistant messages carry tool_calls")
+            one["tool_calls"] = [_template_call(c, f"messages[{i}].tool_calls[{j}]") for j, c in enumerate(calls)]
+        out.append(one)
+    return out
+
+
+def _template_call(call, where: str) -> dict:
+    f = call.get("function") if isinstance(call, dict) else None
+    check(isinstance(f, dict) and isinstance(f.get("name"), str),
+          f"{where} must be {{'id': ..., 'type': 'function', 'function': {{'name': ..., 'arguments': ...}}}}")
+    args = f.get("arguments", {})
+    if isinstance(args, str):
+        try:
+            args = json.loads(args) if args.strip() else {}
+        except ValueError:
+            raise MultispecError(f"{where}.function.arguments is not JSON text: {args!r:.80}") from None
+    check(isinstance(args, dict), f"{where}.function.arguments must be a JSON object")
+    out = {"type": "function", "function": {"name": f["name"], "arguments": args}}
+    if isinstance(call.get("id"), str):
+        out["id"] = call["id"]
+    return out
 
 
 def _decodes_locally(tokenizer) -> bool:

@@ -17,7 +17,9 @@ class GenerationResult:
     decode(token_ids) == text, or a prefix of it short of that one token's head.
 
     logprobs: with `logprobs=k`, one TokenLogprob per token of token_ids (decoding/logprobs.py).
-    prompt_logprobs: with `prompt_logprobs=True`, one per prompt token (None for the first)."""
+    prompt_logprobs: with `prompt_logprobs=True`, one per prompt token (None for the first).
+    tool_calls: with tools (generate(messages=..., tools=...)), the calls the output made, OpenAI tool call objects
+    (multispec.tools.parse_tool_calls: `text` stays the whole output); None without tools."""
 
     token_ids: list[int]
     text: str
@@ -25,3 +27,4 @@ class GenerationResult:
     finish_reason: str = "length"
     logprobs: list[TokenLogprob] | None = None
     prompt_logprobs: list[TokenLogprob | None] | None = None
+    tool_calls: list[dict] | None = None

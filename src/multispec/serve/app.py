@@ -16,15 +16,18 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from multispec.decoding.request import PreparedRequest
 from multispec.errors import MultispecError
+from multispec.params import ParamError
 from multispec.serve.edge import APIError, Edge, RequireApiKey, ServeSettings, error_json, refuse
 from multispec.serve.memory import cache_report, choose_max_model_len
 from multispec.serve.metrics import ServerMetrics
 from multispec.serve.protocol import (AssistantMessage, ChatChoice, ChatChunkChoice, ChatCompletionChunk,
                                       ChatCompletionRequest, ChatCompletionResponse, CompletionChoice,
                                       CompletionRequest, CompletionResponse, Delta, DetokenizeRequest,
-                                      DetokenizeResponse, ErrorResponse, ModelCard, ModelList, SpecDecodeMetrics,
-                                      TokenizeRequest, TokenizeResponse, Usage)
+                                      DetokenizeResponse, ErrorResponse, FunctionDelta, ModelCard, ModelList,
+                                      SpecDecodeMetrics, TokenizeRequest, TokenizeResponse, ToolCall, ToolCallDelta,
+                                      Usage)
 from multispec.serve.scheduler import QueueFull, Scheduler, decoder_generate
+from multispec.tools import ToolCallParser, Tools, parse_tool_calls
 from multispec.serve.shapes import (StreamedLogprobs, TokenText, chat_logprobs, completion_logprobs,
                                     text_offsets)
 
@@ -160,8 +163,8 @@ def create_app(pair, settings: ServeSettings, generate_fn=None) -> FastAPI:
     @app.post("/v1/chat/completions", response_model=ChatCompletionResponse)
     async def chat_completions(request: Request):
         req = await edge.parse(request, ChatCompletionRequest)
-        for name in ("tools", "tool_choice", "functions", "function_call", "audio", "modalities", "prediction",
-                     "reasoning_effort", "chat_template_kwargs"):
+        for name in ("functions", "function_call", "audio", "modalities", "prediction", "reasoning_effort",
+                     "chat_template_kwargs"):
             value = getattr(req, name)
             refuse(value is not None and value not in ([], {}, "none", "auto"), name)
         refuse(req.echo, "echo")
@@ -169,7 +172,12 @@ def create_app(pair, settings: ServeSettings, generate_fn=None) -> FastAPI:
         if req.top_logprobs is not None and not req.logprobs:
             raise APIError(400, "top_logprobs needs logprobs: true", param="top_logprobs")
         edge.check_count(1, req.n)
-        ids = await edge.off_loop(edge.chat_ids, req.messages, False, req.add_generation_prompt)
+        try:
+            tools = Tools.of(req.tools, req.tool_choice, req.parallel_tool_calls)
+        except ParamError as e:
+            raise APIError(400, str(e), param=e.param) from None
+        ids = await edge.off_loop(edge.chat_ids, req.messages, False, req.add_generation_prompt, tools)
+        grammar = tools.grammar(edge.tokenizer) if tools is not None else None
         max_tokens = _first_set(req.max_completion_tokens, req.max_tokens, None)
         if max_tokens == 0:
             raise APIError(400, "max_tokens must be at least 1", param="max_tokens")
@@ -177,10 +185,11 @@ def create_app(pair, settings: ServeSettings, generate_fn=None) -> FastAPI:
             max_tokens = max(1, edge.context - len(ids))
         logprobs = (req.top_logprobs or 0) if req.logprobs else None
         budget = "max_completion_tokens" if req.max_completion_tokens is not None else "max_tokens"
-        jobs = await edge.off_loop(edge.prepare, req, [(ids, "messages")], max_tokens, logprobs, False, budget)
-        return await _respond(request, req, jobs, chat=True)
+        jobs = await edge.off_loop(edge.prepare, req, [(ids, "messages")], max_tokens, logprobs, False, budget,
+                                   grammar)
+        return await _respond(request, req, jobs, chat=True, tools=tools if tools is not None and tools.parse else None)
 
-    async def _respond(request: Request, req, jobs: list[PreparedRequest], chat: bool, prompt_texts=None):
+    async def _respond(request: Request, req, jobs: list[PreparedRequest], chat: bool, prompt_texts=None, tools=None):
         runs = []
         try:
             for job in jobs:
@@ -191,7 +200,7 @@ def create_app(pair, settings: ServeSettings, generate_fn=None) -> FastAPI:
             raise APIError(429, f"the server is at capacity ({scheduler.max_concurrent} running, {settings.max_queue} "
                            "queued); retry later", type="rate_limit_error", code="queue_full",
                            headers={"Retry-After": str(settings.retry_after_s)}) from None
-        reply = _Reply(req, jobs, runs, chat, settings, metrics, request, live, edge, prompt_texts)
+        reply = _Reply(req, jobs, runs, chat, settings, metrics, request, live, edge, prompt_texts, tools)
         if req.stream:
             return StreamingResponse(reply.sse(), media_type="text/event-stream",
                                      headers={"Cache-Control": "no-cache"})
@@ -218,8 +227,9 @@ class _Reply:
     response or as server-sent events."""
 
     def __init__(self, req, jobs: list[PreparedRequest], runs: list, chat: bool, settings: ServeSettings, metrics: ServerMetrics,
-                 request: Request, live: dict | None, edge: Edge, prompt_texts: list | None = None):
+                 request: Request, live: dict | None, edge: Edge, prompt_texts: list | None = None, tools=None):
         self.req, self.jobs, self.runs, self.chat = req, jobs, runs, chat
+        self.tools = tools  # the request's Tools when its output's calls are parsed (else None)
         self.live = {} if live is None else live
         for run in runs:
             self.live[id(run)] = run
@@ -334,8 +344,10 @@ class _Reply:
         lp = await asyncio.to_thread(self._logprobs, index, result)
         ids = result.token_ids if self.req.return_token_ids else None
         if self.chat:
-            return ChatChoice(index=index, message=AssistantMessage(content=result.text), logprobs=lp,
-                              finish_reason=result.finish_reason, token_ids=ids)
+            content, calls = (result.text, []) if self.tools is None else parse_tool_calls(result.text)
+            message = AssistantMessage(content=content, tool_calls=[ToolCall(**c) for c in calls] or None)
+            return ChatChoice(index=index, message=message, logprobs=lp, token_ids=ids,
+                              finish_reason="tool_calls" if calls else result.finish_reason)
         text = (await asyncio.to_thread(self._echo_text, index)) + result.text if self.req.echo else result.text
         return CompletionChoice(index=index, text=text, finish_reason=result.finish_reason, logprobs=lp,
                                 token_ids=ids, prompt_token_ids=list(self.jobs[index].prompt_ids)
@@ -382,6 +394,7 @@ class _Reply:
                     StreamedLogprobs(self.edge.decode, self.token_text, job.params.logprobs, self.chat)
                     for job in self.jobs]
         echo_waits = {i for i, lp in enumerate(logprobs) if lp is not None and self.req.echo and not self.chat}
+        parsers = [ToolCallParser() for _ in self.runs] if self.tools is not None else None
         try:
             for i in range(len(self.runs)):
                 if self.chat:
@@ -401,7 +414,10 @@ class _Reply:
                     if logprobs[index] is not None and payload.token_ids and payload.logprobs is not None:
                         lp = await asyncio.to_thread(logprobs[index].chunk, payload.logprobs, payload.token_ids,
                                                      len(sent[index]))
-                    if payload.text or lp is not None:
+                    if parsers is not None:
+                        for i, delta in enumerate(self._tool_deltas(parsers[index], payload.text)):
+                            yield self._sse(self._chunk(index, delta, logprobs=lp if i == 0 else None))
+                    elif payload.text or lp is not None:
                         yield self._sse(self._chunk(index, Delta(content=payload.text) if self.chat else payload.text,
                                                     logprobs=lp))
                 elif kind == "done":
@@ -413,10 +429,18 @@ class _Reply:
                     if lp is not None and len(result.token_ids) > lp.count:
                         left = await asyncio.to_thread(lp.chunk, result.logprobs[lp.count:],
                                                        result.token_ids[lp.count:], len(sent[index]))
-                    if rest or left is not None:
+                    finish = result.finish_reason
+                    if parsers is not None:
+                        deltas = self._tool_deltas(parsers[index], rest, final=True)
+                        if left is not None and not deltas:
+                            deltas = [Delta()]
+                        for i, delta in enumerate(deltas):
+                            yield self._sse(self._chunk(index, delta, logprobs=left if i == 0 else None))
+                        finish = "tool_calls" if parsers[index].calls else finish
+                    elif rest or left is not None:
                         yield self._sse(self._chunk(index, Delta(content=rest) if self.chat else rest, logprobs=left))
                     ids = result.token_ids if self.req.return_token_ids else None
-                    yield self._sse(self._chunk(index, Delta() if self.chat else "", result.finish_reason, spec, ids))
+                    yield self._sse(self._chunk(index, Delta() if self.chat else "", finish, spec, ids))
                 elif kind in ("error", "timeout", "cancelled", "shutdown"):
                     self.cancel()
                     ended = True
@@ -431,6 +455,23 @@ class _Reply:
             if not ended:
                 self.cancel()
                 self.metrics.request_rejected.labels(reason="cancelled").inc()
+
+    @staticmethod
+    def _tool_deltas(parser: ToolCallParser, text: str, final: bool = False) -> list[Delta]:
+        """The deltas of streamed text whose tool calls are parsed (tools.ToolCallParser): content as it is known not
+        to start a call; each call as OpenAI streams one, its id, type and name, then its arguments."""
+        before = parser.calls
+        events = parser.feed(text) + (parser.finish() if final else [])
+        deltas = []
+        for kind, value in events:
+            if kind == "content":
+                deltas.append(Delta(content=value))
+                continue
+            n, f, before = before, value["function"], before + 1
+            deltas.append(Delta(tool_calls=[ToolCallDelta(index=n, id=value["id"], type="function",
+                                                          function=FunctionDelta(name=f["name"], arguments=""))]))
+            deltas.append(Delta(tool_calls=[ToolCallDelta(index=n, function=FunctionDelta(arguments=f["arguments"]))]))
+        return deltas
 
     def _chunk(self, index: int, content, finish_reason=None, spec=None, token_ids=None, logprobs=None) -> BaseModel:
         if self.chat:

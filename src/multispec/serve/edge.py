@@ -19,7 +19,8 @@ from multispec.errors import MultispecError
 from multispec.params import ParamError, SamplingParams
 from multispec.decoding.request import PreparedRequest
 from multispec.serve.protocol import SAMPLING_WIRE, ErrorBody, ErrorResponse
-from multispec.text import encode_chat, encode_prompt
+from multispec.text import chat_messages, encode_chat, encode_prompt, template_has_tools, tools_refusal
+from multispec.tools import Tools
 from multispec.validate import check_text
 
 
@@ -245,19 +246,25 @@ class Edge:
             raise APIError(400, str(e), param=param) from None
         return self.check_ids(ids, param)
 
-    def chat_ids(self, messages, add_special_tokens: bool = False, add_generation_prompt: bool = True) -> list[int]:
+    def chat_ids(self, messages, add_special_tokens: bool = False, add_generation_prompt: bool = True,
+                 tools: Tools | None = None) -> list[int]:
         """The messages rendered by the chat template (which places any BOS itself), then tokenized: as
-        multispec.generate(messages=...) does (text.encode_chat) unless the request asks otherwise."""
+        multispec.generate(messages=...) does (text.encode_chat) unless the request asks otherwise. tools: the
+        request's, rendered by the template (one that has no tool support is refused, naming `tools`)."""
         template = self.settings.chat_template
         if template is None and not getattr(self.tokenizer, "chat_template", None):
             raise APIError(400, "this model's tokenizer has no chat template; use /v1/completions, or start the "
                            "server with --chat-template FILE", param="messages", code="no_chat_template")
-        rendered = [{"role": m.role, "content": m.text()} for m in messages]
+        if tools is not None and not template_has_tools(template or self.tokenizer.chat_template):
+            raise APIError(400, tools_refusal(self.settings.model_name), param="tools", code="no_tool_support")
+        listed = tools.template_tools() if tools is not None else None
         try:
+            rendered = chat_messages([m.for_template() for m in messages])
             with self._lock:
                 if add_generation_prompt and not add_special_tokens:
-                    return self.check_ids(encode_chat(self.tokenizer, self.vocab, rendered, template), "messages")
-                text = self.tokenizer.apply_chat_template(rendered, chat_template=template, tokenize=False,
+                    return self.check_ids(encode_chat(self.tokenizer, self.vocab, rendered, template, listed),
+                                          "messages")
+                text = self.tokenizer.apply_chat_template(rendered, chat_template=template, tokenize=False, tools=listed,
                                                           add_generation_prompt=add_generation_prompt)
                 ids = self.tokenizer(text, add_special_tokens=add_special_tokens)["input_ids"]
         except MultispecError as e:
@@ -278,7 +285,8 @@ class Edge:
             return self.tokenizer.convert_ids_to_tokens(ids)
 
     def prepare(self, req, prompts: list[tuple[list[int], str]], max_tokens: int, logprobs: int | None = None,
-                prompt_logprobs: bool = False, budget_param: str = "max_tokens") -> list[PreparedRequest]:
+                prompt_logprobs: bool = False, budget_param: str = "max_tokens",
+                tool_grammar: str | None = None) -> list[PreparedRequest]:
         """Every generation the request asks for, prepared by the Decoder before any is queued (call off the event
         loop: it tokenizes nothing, but compiles a grammar): prompt i's sample j is index i * n + j, with seed +
         j. prompts: (token ids, the field that holds them: prompt, prompt.1, messages), named when too long;
@@ -287,6 +295,11 @@ class Edge:
         for ids, prompt_param in prompts:
             self._check_context(ids, max_tokens, prompt_param, budget_param)
         carrier, structured = structured_fields(req)
+        if tool_grammar is not None:  # the calls' grammar (tools.Tools.grammar): the one constraint
+            if carrier:
+                raise APIError(400, f"{carrier} cannot be combined with tool_choice {req.tool_choice!r:.60} (or a "
+                               "strict function): the tool calls' grammar is the output's constraint", param=carrier)
+            carrier, structured = "tools", {"grammar": tool_grammar}
         settings = {name: getattr(req, name) for name in SAMPLING_WIRE if getattr(req, name) is not None}
         seeds = [req.seed + j if req.seed is not None else None for _ in prompts for j in range(req.n)]
         try:  # the request object, validated once, and the model's own checks, before the request is queued

@@ -191,17 +191,44 @@ class TextPart(_Request):
     text: StrictStr
 
 
-class ChatMessage(_Request):
-    """content None: an empty message (OpenAI allows it for assistant turns that carried tool calls)."""
+class CalledFunction(_Request):
+    name: StrictStr
+    arguments: StrictStr | dict = "{}"  # OpenAI's: JSON text (an object is taken too)
 
-    role: Literal["system", "developer", "user", "assistant"]
+
+class MessageToolCall(_Request):
+    """An assistant message's tool call, as OpenAI returned it."""
+
+    id: StrictStr | None = None
+    type: Literal["function"] = "function"
+    function: CalledFunction
+
+
+class ChatMessage(_Request):
+    """content None: an empty message (OpenAI allows it for assistant turns that carried tool calls). A "tool"
+    message answers the call `tool_call_id` (text.chat_messages checks it is there)."""
+
+    role: Literal["system", "developer", "user", "assistant", "tool"]
     content: StrictStr | list[TextPart] | None = None
     name: StrictStr | None = None
+    tool_calls: list[MessageToolCall] | None = None
+    tool_call_id: StrictStr | None = None
 
     def text(self) -> str:
         if self.content is None:
             return ""
         return self.content if isinstance(self.content, str) else "".join(p.text for p in self.content)
+
+    def for_template(self) -> dict:
+        """The message as text.chat_messages takes it."""
+        out: dict = {"role": self.role, "content": self.text()}
+        if self.tool_calls:
+            out["tool_calls"] = [c.model_dump() for c in self.tool_calls]
+        if self.role == "tool":
+            out["tool_call_id"] = self.tool_call_id
+            if self.name is not None:
+                out["name"] = self.name
+        return out
 
 
 class ChatCompletionRequest(_SamplingFields):
@@ -214,7 +241,8 @@ class ChatCompletionRequest(_SamplingFields):
     echo: StrictBool = False  # vLLM's chat echo: refused unless false
     add_generation_prompt: StrictBool = True
     continue_final_message: StrictBool = False
-    # tools and the like: accepted only absent or empty (refused by name otherwise, app._refuse_unsupported)
+    # tools (OpenAI's function calling), checked by multispec.tools.Tools.of; the older functions and the rest:
+    # accepted only absent or empty (refused by name otherwise)
     tools: Any = None
     tool_choice: Any = None
     functions: Any = None
@@ -301,9 +329,23 @@ class CompletionResponse(BaseModel):
     spec_decode: SpecDecodeMetrics | None = None
 
 
+class FunctionCall(BaseModel):
+    name: str
+    arguments: str  # JSON text
+
+
+class ToolCall(BaseModel):
+    id: str
+    type: Literal["function"] = "function"
+    function: FunctionCall
+
+
 class AssistantMessage(BaseModel):
+    """content: the text outside any tool calls (None when there is none beside calls)."""
+
     role: Literal["assistant"] = "assistant"
-    content: str
+    content: str | None
+    tool_calls: list[ToolCall] | None = None
 
 
 class TopLogprob(BaseModel):
@@ -323,7 +365,7 @@ class ChatLogprobs(BaseModel):
 class ChatChoice(BaseModel):
     index: int = 0
     message: AssistantMessage
-    finish_reason: Literal["stop", "length"] | None
+    finish_reason: Literal["stop", "length", "tool_calls"] | None
     logprobs: ChatLogprobs | None = None
     token_ids: list[int] | None = None
 
@@ -338,15 +380,30 @@ class ChatCompletionResponse(BaseModel):
     spec_decode: SpecDecodeMetrics
 
 
+class FunctionDelta(BaseModel):
+    name: str | None = None
+    arguments: str | None = None
+
+
+class ToolCallDelta(BaseModel):
+    """OpenAI's streamed tool call: the first delta of call `index` carries its id, type and name."""
+
+    index: int
+    id: str | None = None
+    type: Literal["function"] | None = None
+    function: FunctionDelta
+
+
 class Delta(BaseModel):
     role: Literal["assistant"] | None = None
     content: str | None = None
+    tool_calls: list[ToolCallDelta] | None = None
 
 
 class ChatChunkChoice(BaseModel):
     index: int = 0
     delta: Delta
-    finish_reason: Literal["stop", "length"] | None = None
+    finish_reason: Literal["stop", "length", "tool_calls"] | None = None
     logprobs: ChatLogprobs | None = None
     token_ids: list[int] | None = None
 

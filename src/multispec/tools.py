@@ -1,0 +1,275 @@
+"""Tools (OpenAI function calling): a request's `tools` and `tool_choice` checked once (`Tools.of`), the grammar
+that makes a model call them (`Tools.grammar`), and the one parser of the calls it writes (`ToolCallParser`).
+Tokenizers only, no models: `multispec.generate`, `multispec chat` and `multispec serve` all use these.
+
+The calls are Hermes style, the envelope of Qwen2.5's chat template (and of the shipped `hermes_tools.jinja`):
+
+    <tool_call>
+    {"name": "get_weather", "arguments": {"city": "Paris"}}
+    </tool_call>
+
+one or more, with any text beside them. tool_choice: "auto" (the model may call; calls are parsed), "none" (tools
+are rendered, nothing is parsed), "required" (one or more calls, each a tool's name and arguments under its
+parameters schema, forced by the grammar), {"type": "function", "function": {"name": ...}} (one call of that
+function, forced). Under "auto", a function with `strict: true` makes the output either text or calls whose
+arguments follow their schemas. The grammar only masks the target's law (structured.py): every method stays exact.
+"""
+from __future__ import annotations
+
+import json
+import re
+import uuid
+from dataclasses import dataclass
+from importlib.resources import files
+from typing import Any
+
+from multispec.params import ParamError
+from multispec.structured import JSON_LAYOUT
+
+OPEN, CLOSE = "<tool_call>", "</tool_call>"
+CHOICES = ("auto", "none", "required")
+NAME = re.compile(r"^[A-Za-z0-9_.-]{1,64}$")  # OpenAI's function names (and a dot, which some clients use)
+HERMES_TEMPLATE = str(files("multispec") / "templates" / "hermes_tools.jinja")  # --chat-template for such models
+
+
+@dataclass(frozen=True)
+class Tools:
+    """A request's tools, checked. functions: each {"name", "parameters", "strict", ...} in order; choice: auto,
+    none, required or function (then `name` is the function's); parallel: more than one call allowed."""
+
+    functions: tuple[dict, ...]
+    choice: str = "auto"
+    name: str | None = None
+    parallel: bool = True
+
+    @classmethod
+    def of(cls, tools, tool_choice=None, parallel_tool_calls=None) -> Tools | None:
+        """The request's tools, or None (no tools, tool_choice absent or none). Errors are ParamError naming the
+        field (tools.1.function.name, tool_choice)."""
+        if tools is None or (isinstance(tools, list) and not tools):
+            if tool_choice not in (None, "none", "auto"):
+                raise ParamError("tool_choice needs tools", "tool_choice")
+            return None
+        if not isinstance(tools, (list, tuple)):
+            raise ParamError(f"tools must be a list of tool objects, got {type(tools).__name__}", "tools")
+        functions = tuple(_function(t, i) for i, t in enumerate(tools))
+        names = [f["name"] for f in functions]
+        for i, n in enumerate(names):
+            if n in names[:i]:
+                raise ParamError(f"two tools are named {n!r}", f"tools.{i}.function.name")
+        choice, name = _choice(tool_choice, names)
+        if parallel_tool_calls is not None and not isinstance(parallel_tool_calls, bool):
+            raise ParamError("parallel_tool_calls must be a boolean", "parallel_tool_calls")
+        return cls(functions, choice, name, parallel_tool_calls is not False)
+
+    @property
+    def parse(self) -> bool:
+        """Whether the output's calls are parsed (not under tool_choice none)."""
+        return self.choice != "none"
+
+    def template_tools(self) -> list[dict]:
+        """The tools as chat templates take them (OpenAI's tool objects)."""
+        return [{"type": "function", "function": {k: v for k, v in f.items() if k != "strict"}}
+                for f in self.functions]
+
+    def grammar(self, tokenizer) -> str | None:
+        """The Lark grammar the output must follow, or None (unconstrained): one call of the named function, one or
+        more calls of any tool under required, text or strict calls under auto with a strict function. The
+        envelope tags are the tokenizer's own tokens where it has them (Qwen2.5's <tool_call> is one token)."""
+        strict = any(f.get("strict") for f in self.functions)
+        if self.choice == "none" or (self.choice == "auto" and not strict):
+            return None
+        chosen = [f for f in self.functions if f["name"] == self.name] if self.choice == "function" else \
+            list(self.functions)
+        open_, close = _literal(tokenizer, OPEN), _literal(tokenizer, CLOSE)
+        rules = [f"call: {' | '.join(f'call_{i}' for i in range(len(chosen)))}"]
+        for i, f in enumerate(chosen):
+            args = f["parameters"] if self.choice != "auto" or f.get("strict") else {"type": "object"}
+            body = {"type": "object", "properties": {"name": {"const": f["name"]}, "arguments": args},
+                    "required": ["name", "arguments"], "additionalProperties": False, "x-guidance": JSON_LAYOUT}
+            rules.append(f'call_{i}: {open_} "\\n" body_{i} "\\n" {close}')
+            rules.append(f"body_{i}: %json {json.dumps(body)}")
+        calls = 'call ("\\n" call)*' if self.parallel and self.choice != "function" else "call"
+        if self.choice == "auto":  # text (not starting a call), or calls
+            rules.insert(0, f"start: TEXT | {calls}\nTEXT: ~/{re.escape(OPEN)}(.|\\n)*/")
+        else:
+            rules.insert(0, f"start: {calls}")
+        return "\n".join(rules) + "\n"
+
+
+def _function(tool, i: int) -> dict:
+    where = f"tools.{i}"
+    if not isinstance(tool, dict):
+        raise ParamError(f"{where} must be a tool object ({{'type': 'function', 'function': {{...}}}})", where)
+    if tool.get("type", "function") != "function":
+        raise ParamError(f"{where}.type must be 'function', got {tool.get('type')!r}", f"{where}.type")
+    f = tool.get("function")
+    if not isinstance(f, dict):
+        raise ParamError(f"{where}.function must be an object with a name", f"{where}.function")
+    name = f.get("name")
+    if not isinstance(name, str) or not NAME.match(name):
+        raise ParamError(f"{where}.function.name must be 1 to 64 letters, digits, '_', '-' or '.', got {name!r:.80}",
+                         f"{where}.function.name")
+    params = f.get("parameters", {"type": "object", "properties": {}})
+    if not isinstance(params, dict):
+        raise ParamError(f"{where}.function.parameters must be a JSON schema object, got {type(params).__name__}",
+                         f"{where}.function.parameters")
+    problem = _schema_problem(params)
+    if problem:
+        raise ParamError(f"{where}.function.parameters is not a usable JSON schema: {problem}",
+                         f"{where}.function.parameters")
+    if "description" in f and not isinstance(f["description"], str):
+        raise ParamError(f"{where}.function.description must be a string", f"{where}.function.description")
+    strict = f.get("strict", tool.get("strict"))
+    if strict is not None and not isinstance(strict, bool):
+        raise ParamError(f"{where}.function.strict must be a boolean", f"{where}.function.strict")
+    out = {k: f[k] for k in ("name", "description") if k in f}
+    return {**out, "parameters": params, "strict": bool(strict)}
+
+
+def _schema_problem(schema: dict) -> str | None:
+    """Why the grammar engine cannot take `schema` (None: it can)."""
+    import llguidance
+
+    from multispec.structured import _one_line
+
+    try:
+        compiled = llguidance.LLMatcher.grammar_from_json_schema(json.dumps(schema), defaults=JSON_LAYOUT)
+    except (ValueError, TypeError) as e:
+        return _one_line(str(e))
+    problem = llguidance.LLMatcher.validate_grammar(compiled)
+    return _one_line(problem) if problem and not problem.startswith("WARNING") else None
+
+
+def _choice(tool_choice, names: list[str]) -> tuple[str, str | None]:
+    if tool_choice is None:
+        return "auto", None
+    if isinstance(tool_choice, str):
+        if tool_choice not in CHOICES:
+            raise ParamError(f"tool_choice must be one of {', '.join(CHOICES)} or {{'type': 'function', 'function': "
+                             f"{{'name': ...}}}}, got {tool_choice!r:.80}", "tool_choice")
+        return tool_choice, None
+    f = tool_choice.get("function") if isinstance(tool_choice, dict) else None
+    name = f.get("name") if isinstance(f, dict) else None
+    if not isinstance(name, str) or tool_choice.get("type", "function") != "function":
+        raise ParamError("tool_choice must be auto, none, required or {'type': 'function', 'function': {'name': ...}}",
+                         "tool_choice")
+    if name not in names:
+        raise ParamError(f"tool_choice names the function {name!r:.80}, which is not among the tools "
+                         f"({', '.join(names)})", "tool_choice.function.name")
+    return "function", name
+
+
+def _literal(tokenizer, text: str) -> str:
+    """A grammar literal for `text`: the tokenizer's own token (<[id]>) where `text` is one added token (the
+    grammar engine reads added tokens as special, never as the text they spell), else the quoted text."""
+    ids = tokenizer.encode(text, add_special_tokens=False)
+    if len(ids) == 1 and ids[0] in getattr(tokenizer, "added_tokens_decoder", {}):
+        return f"<[{ids[0]}]>"
+    return json.dumps(text)
+
+
+# ---- the output's calls ----
+
+def tool_call(name: str, arguments: dict) -> dict:
+    """An OpenAI tool call object (a fresh id; arguments as JSON text)."""
+    return {"id": "call_" + uuid.uuid4().hex[:24], "type": "function",
+            "function": {"name": name, "arguments": json.dumps(arguments, ensure_ascii=False)}}
+
+
+def _call(body: str) -> dict | None:
+    """The call a <tool_call> body holds, or None where it is not {"name": str, "arguments": object}."""
+    try:
+        value = json.loads(body)
+    except (ValueError, RecursionError):
+        return None
+    if not isinstance(value, dict) or not isinstance(value.get("name"), str) or not value["name"]:
+        return None
+    args: Any = value.get("arguments", {})
+    if isinstance(args, str):  # some models write the arguments as JSON text
+        try:
+            args = json.loads(args)
+        except ValueError:
+            return None
+    return tool_call(value["name"], args) if isinstance(args, dict) else None
+
+
+class ToolCallParser:
+    """The one parser of the calls in an output, fed its text as it streams (`feed(delta)`, then `finish()`); each
+    returns events: ("content", text) and ("call", OpenAI tool call). Text that may be the start of <tool_call> is
+    held back; whitespace around the calls is dropped; a call whose body is not a call's JSON stays in the text
+    (malformed output is shown, not lost); an unclosed call at the end counts if its JSON is whole."""
+
+    def __init__(self):
+        self.buf = ""
+        self.in_call = False
+        self.held_space = ""  # trailing whitespace of the content, shown once more text follows
+        self.trim = True  # at the start or just after a call: leading whitespace is dropped
+        self.calls = 0
+
+    def feed(self, delta: str) -> list[tuple[str, Any]]:
+        self.buf += delta
+        events: list[tuple[str, Any]] = []
+        while True:
+            if not self.in_call:
+                i = self.buf.find(OPEN)
+                if i < 0:
+                    keep = _prefix_tail(self.buf, OPEN)
+                    self._text(self.buf[:len(self.buf) - keep], events)
+                    self.buf = self.buf[len(self.buf) - keep:]
+                    return events
+                self._text(self.buf[:i], events)
+                self.buf, self.in_call, self.held_space = self.buf[i + len(OPEN):], True, ""
+            else:
+                j = self.buf.find(CLOSE)
+                if j < 0:
+                    return events
+                body, self.buf, self.in_call = self.buf[:j], self.buf[j + len(CLOSE):], False
+                self._body(body, CLOSE, events)
+
+    def finish(self) -> list[tuple[str, Any]]:
+        events: list[tuple[str, Any]] = []
+        if self.in_call:
+            self._body(self.buf, "", events)
+        else:
+            self._text(self.buf, events)
+        self.buf, self.in_call = "", False
+        return events
+
+    def _body(self, body: str, close: str, events: list) -> None:
+        call = _call(body.strip())
+        if call is None:
+            self._text(OPEN + body + close, events)
+            return
+        events.append(("call", call))
+        self.calls += 1
+        self.trim, self.held_space = True, ""
+
+    def _text(self, text: str, events: list) -> None:
+        if self.trim:
+            text = text.lstrip()
+        if not text:
+            return
+        text = self.held_space + text
+        core = text.rstrip()
+        self.held_space = text[len(core):]
+        if core:
+            self.trim = False
+            events.append(("content", core))
+
+
+def _prefix_tail(text: str, tag: str) -> int:
+    """Length of the longest tail of text that is a proper prefix of tag."""
+    for n in range(min(len(tag) - 1, len(text)), 0, -1):
+        if text.endswith(tag[:n]):
+            return n
+    return 0
+
+
+def parse_tool_calls(text: str) -> tuple[str | None, list[dict]]:
+    """(the text outside the calls, None if there is none; the calls, OpenAI tool call objects), as a streamed
+    output's events add up."""
+    parser = ToolCallParser()
+    events = parser.feed(text) + parser.finish()
+    content = "".join(v for k, v in events if k == "content")
+    return content or None, [v for k, v in events if k == "call"]

@@ -1,0 +1,351 @@
+"""Tools (OpenAI function calling): the parser of Hermes-style calls, the grammar that forces them (every call's
+arguments valid under its schema, the same tokens under every method, greedy), `generate(tools=...)`, and
+`multispec serve` with `tools` driven by the `openai` client; bad tools are a 400 naming the field."""
+from __future__ import annotations
+
+import json
+
+import httpx
+import pytest
+
+from multispec import MultispecError, generate
+from multispec.params import ParamError
+from multispec.text import encode_chat
+from multispec.tools import HERMES_TEMPLATE, ToolCallParser, Tools, parse_tool_calls
+
+jsonschema = pytest.importorskip("jsonschema")
+
+# a short template that renders tools (the tiny model has 256 positions; the Hermes one takes ~900 tokens here)
+TEMPLATE = ("{% if tools %}tools:{% for t in tools %} {{ t.function.name }}{% endfor %}\n{% endif %}"
+            "{% for m in messages %}<{{ m.role }}>{{ m.content }}"
+            "{% for c in m.tool_calls or [] %}[{{ c.function.name }} {{ c.function.arguments | tojson }}]{% endfor %}"
+            "\n{% endfor %}<assistant>")
+NO_TOOLS = "{% for m in messages %}<{{ m.role }}>{{ m.content }}\n{% endfor %}<assistant>"
+WEATHER = {"type": "function", "function": {
+    "name": "get_weather", "description": "The weather in a city",
+    "parameters": {"type": "object", "properties": {"city": {"type": "string", "maxLength": 8},
+                                                    "days": {"type": "integer", "minimum": 1, "maximum": 7}},
+                   "required": ["city", "days"], "additionalProperties": False}}}
+ADD = {"type": "function", "function": {
+    "name": "add", "parameters": {"type": "object", "properties": {"a": {"type": "integer", "minimum": 0, "maximum": 99},
+                                                                 "b": {"type": "boolean"}},
+                                  "required": ["a", "b"], "additionalProperties": False}}}
+TOOLS = [WEATHER, ADD]
+SCHEMAS = {t["function"]["name"]: t["function"]["parameters"] for t in TOOLS}
+MESSAGES = [{"role": "user", "content": "def f(x):"}]
+
+
+def call_text(name: str, args: dict) -> str:
+    return f'<tool_call>\n{json.dumps({"name": name, "arguments": args})}\n</tool_call>'
+
+
+# ---- the parser ----
+
+def test_one_call():
+    content, calls = parse_tool_calls(call_text("get_weather", {"city": "Paris", "days": 2}))
+    assert content is None and len(calls) == 1
+    c = calls[0]
+    assert c["type"] == "function" and c["id"].startswith("call_") and c["function"]["name"] == "get_weather"
+    assert json.loads(c["function"]["arguments"]) == {"city": "Paris", "days": 2}
+
+
+def test_parallel_calls_get_their_own_ids():
+    text = call_text("add", {"a": 1, "b": True}) + "\n" + call_text("get_weather", {"city": "Oslo", "days": 1})
+    content, calls = parse_tool_calls(text)
+    assert content is None and [c["function"]["name"] for c in calls] == ["add", "get_weather"]
+    assert len({c["id"] for c in calls}) == 2
+
+
+def test_text_beside_a_call_is_the_content():
+    content, calls = parse_tool_calls("Let me look.\n" + call_text("add", {"a": 1, "b": False}) + "\nDone.")
+    assert content == "Let me look.Done." and len(calls) == 1
+    assert parse_tool_calls("no calls here") == ("no calls here", [])
+
+
+@pytest.mark.parametrize("body", ['{"name": "add", "arguments": {"a": 1', '[1, 2]', '{"arguments": {}}',
+                                  '{"name": "add", "arguments": 3}'])
+def test_malformed_calls_stay_in_the_text(body):
+    text = f"<tool_call>\n{body}\n</tool_call>"
+    assert parse_tool_calls(text) == (text, [])
+
+
+def test_an_unclosed_call_at_the_end_counts_if_its_json_is_whole():
+    assert len(parse_tool_calls('<tool_call>\n{"name": "add", "arguments": {"a": 1}}')[1]) == 1
+    text = '<tool_call>\n{"name": "add", "argu'
+    assert parse_tool_calls(text) == (text, [])
+
+
+def test_streamed_pieces_add_up_to_the_whole_parse():
+    text = "Sure: " + call_text("add", {"a": 1, "b": True}) + "\n" + call_text("get_weather", {"city": "x", "days": 3})
+    whole_content, whole_calls = parse_tool_calls(text)
+    for step in (1, 3, 7):
+        parser = ToolCallParser()
+        events = []
+        for i in range(0, len(text), step):
+            events += parser.feed(text[i:i + step])
+            assert all("<" not in v for k, v in events if k == "content")  # a tag's start is held back
+        events += parser.finish()
+        assert "".join(v for k, v in events if k == "content") == whole_content
+        assert [v["function"] for k, v in events if k == "call"] == [c["function"] for c in whole_calls]
+
+
+# ---- checking tools ----
+
+@pytest.mark.parametrize("tools,choice,param", [
+    ("nope", None, "tools"),
+    ([3], None, "tools.0"),
+    ([{"type": "function", "function": {"description": "x"}}], None, "tools.0.function.name"),
+    ([{"type": "function", "function": {"name": "has space"}}], None, "tools.0.function.name"),
+    ([{"type": "function", "function": {"name": "f", "parameters": "object"}}], None, "tools.0.function.parameters"),
+    ([{"type": "function", "function": {"name": "f", "parameters": {"type": "nonsense"}}}], None,
+     "tools.0.function.parameters"),
+    ([{"type": "retrieval"}], None, "tools.0.type"),
+    ([WEATHER, WEATHER], None, "tools.1.function.name"),
+    (TOOLS, "sometimes", "tool_choice"),
+    (TOOLS, {"type": "function", "function": {"name": "nowhere"}}, "tool_choice.function.name"),
+    (None, "required", "tool_choice"),
+])
+def test_bad_tools_name_the_field(tools, choice, param):
+    with pytest.raises(ParamError) as e:
+        Tools.of(tools, choice)
+    assert e.value.param == param and "\n" not in str(e.value)
+
+
+def test_no_tools_and_choices():
+    assert Tools.of(None) is None and Tools.of([], "none") is None
+    t = Tools.of(TOOLS)
+    assert t.choice == "auto" and t.parse and t.grammar(None) is None
+    assert not Tools.of(TOOLS, "none").parse
+    named = Tools.of(TOOLS, {"type": "function", "function": {"name": "add"}})
+    assert named.choice == "function" and named.name == "add"
+
+
+# ---- rendering ----
+
+def test_the_template_sees_tools_tool_calls_and_tool_messages(pair):
+    history = MESSAGES + [
+        {"role": "assistant", "content": None, "tool_calls": [
+            {"id": "call_1", "type": "function", "function": {"name": "add", "arguments": '{"a": 1, "b": true}'}}]},
+        {"role": "tool", "tool_call_id": "call_1", "content": "2"}]
+    ids = encode_chat(pair.tokenizer, 10**9, history, TEMPLATE, Tools.of(TOOLS).template_tools())
+    text = 'tools: get_weather add<user>def f(x):<assistant>[add {"a": 1, "b": true}]<tool>2<assistant>'  # trim_blocks
+    assert ids == pair.tokenizer(text, add_special_tokens=False)["input_ids"]
+
+
+def test_the_hermes_template_renders_a_tool_conversation(pair):
+    history = MESSAGES + [
+        {"role": "assistant", "content": None, "tool_calls": [
+            {"id": "call_1", "type": "function", "function": {"name": "add", "arguments": '{"a": 1, "b": true}'}}]},
+        {"role": "tool", "tool_call_id": "call_1", "content": "2"}]
+    template = open(HERMES_TEMPLATE).read()
+    text = pair.tokenizer.decode(encode_chat(pair.tokenizer, 10**9, history, template,
+                                             Tools.of(TOOLS).template_tools()))
+    assert '"name": "get_weather"' in text and '<tool_call>\n{"name": "add", "arguments": {"a": 1, "b": true}}' \
+        in text and "<tool_response>\n2\n</tool_response>" in text and text.endswith("<|im_start|>assistant\n")
+
+
+@pytest.mark.parametrize("kwargs,words", [
+    (dict(chat_template=NO_TOOLS, tools=TOOLS), "has no tool support"),
+    (dict(chat_template=TEMPLATE, tools=TOOLS, tool_choice="sometimes"), "tool_choice"),
+    (dict(chat_template=TEMPLATE, tools=TOOLS, messages=MESSAGES + [{"role": "tool", "content": "2"}]),
+     "tool_call_id"),
+    (dict(chat_template=TEMPLATE, tools=TOOLS, tool_choice="required", json_schema={"type": "object"}),
+     "cannot be combined"),
+    (dict(prompt="def f(x):", tools=TOOLS), "tools apply to messages"),
+])
+def test_bad_tool_requests_are_one_line(pair, kwargs, words):
+    kwargs = {"messages": MESSAGES, **kwargs} if "prompt" not in kwargs else kwargs
+    with pytest.raises(MultispecError, match=words) as e:
+        generate(pair, max_new_tokens=4, **kwargs)
+    assert "\n" not in str(e.value)
+
+
+# ---- constrained calls ----
+
+def valid_calls(result, names=None) -> list[dict]:
+    """The result's calls, each checked against its tool's schema (every call the text holds was parsed)."""
+    assert result.tool_calls, result.text
+    for c in result.tool_calls:
+        name = c["function"]["name"]
+        assert names is None or name in names
+        jsonschema.validate(json.loads(c["function"]["arguments"]), SCHEMAS[name])
+    closed = result.text.count("</tool_call>")
+    assert len(result.tool_calls) in (closed, closed + 1)
+    return result.tool_calls
+
+
+@pytest.mark.parametrize("method", ["ar", "auto"])
+def test_required_calls_validate_at_t1(pair, method):
+    for seed in range(4):
+        r = generate(pair, messages=MESSAGES, chat_template=TEMPLATE, tools=TOOLS, tool_choice="required",
+                     method=method, max_new_tokens=100, temperature=1.0, seed=seed)
+        assert r.text.startswith("<tool_call>\n{\"name\": \"")
+        valid_calls(r)
+
+
+@pytest.mark.parametrize("method", ["ar", "auto"])
+def test_a_named_function_is_called_once_and_the_reply_ends(pair, method):
+    choice = {"type": "function", "function": {"name": "get_weather"}}
+    for seed in range(3):
+        r = generate(pair, messages=MESSAGES, chat_template=TEMPLATE, tools=TOOLS, tool_choice=choice,
+                     method=method, max_new_tokens=100, temperature=1.0, seed=seed)
+        assert r.finish_reason == "stop" and r.stats["structured"]["complete"], r.text
+        assert len(valid_calls(r, {"get_weather"})) == 1
+
+
+def test_strict_under_auto_is_text_or_valid_calls(pair):
+    strict = [dict(WEATHER, function=dict(WEATHER["function"], strict=True))]
+    for seed in range(4):
+        r = generate(pair, messages=MESSAGES, chat_template=TEMPLATE, tools=strict, method="ar",
+                     max_new_tokens=60, temperature=1.0, seed=seed)
+        assert r.stats["structured"]["kind"] == "grammar"
+        if r.text.startswith("<tool_call>"):
+            valid_calls(r)
+        else:
+            assert r.tool_calls == [] and "<tool_call>" not in r.text[:11]
+
+
+def test_greedy_calls_are_the_same_under_every_method(pair):
+    outs = {m: generate(pair, messages=MESSAGES, chat_template=TEMPLATE, tools=TOOLS, tool_choice="required",
+                        method=m, max_new_tokens=100, temperature=0) for m in ("ar", "sd", "lookup", "auto")}
+    ids = {m: r.token_ids for m, r in outs.items()}
+    assert all(v == ids["ar"] for v in ids.values()), ids
+    valid_calls(outs["ar"])
+
+
+def test_tool_choice_none_renders_tools_and_parses_nothing(pair):
+    r = generate(pair, messages=MESSAGES, chat_template=TEMPLATE, tools=TOOLS, tool_choice="none",
+                 max_new_tokens=6, temperature=0)
+    plain = generate(pair, encode_chat(pair.tokenizer, 10**9, MESSAGES, TEMPLATE, Tools.of(TOOLS).template_tools()),
+                     max_new_tokens=6, temperature=0)
+    assert r.token_ids == plain.token_ids and r.tool_calls is None
+
+
+# ---- the server ----
+
+openai = pytest.importorskip("openai")
+pytest.importorskip("uvicorn")
+
+
+@pytest.fixture(scope="module")
+def server(pair):
+    from test_serve import ServerThread
+
+    from multispec.serve import ServeSettings, create_app
+
+    s = ServerThread(create_app(pair, ServeSettings(model_name="tiny", method="sd", method_options={"k": 3},
+                                                    chat_template=TEMPLATE)))
+    yield s
+    s.close()
+
+
+@pytest.fixture(scope="module")
+def plain_server(pair):
+    from test_serve import ServerThread
+
+    from multispec.serve import ServeSettings, create_app
+
+    s = ServerThread(create_app(pair, ServeSettings(model_name="tiny", method="ar", chat_template=NO_TOOLS)))
+    yield s
+    s.close()
+
+
+def test_the_client_gets_required_calls(server, pair):
+    r = server.client.chat.completions.create(model="tiny", messages=MESSAGES, tools=TOOLS, tool_choice="required",
+                                              max_tokens=100, temperature=0)
+    choice = r.choices[0]
+    assert choice.finish_reason == "tool_calls" and choice.message.tool_calls
+    for c in choice.message.tool_calls:
+        jsonschema.validate(json.loads(c.function.arguments), SCHEMAS[c.function.name])
+    lib = generate(pair, messages=MESSAGES, chat_template=TEMPLATE, tools=TOOLS, tool_choice="required",
+                   method="ar", max_new_tokens=100, temperature=0)
+    assert [c.function.model_dump() for c in choice.message.tool_calls] == [c["function"] for c in lib.tool_calls]
+
+
+def test_the_client_streams_tool_call_deltas(server):
+    choice = {"type": "function", "function": {"name": "add"}}
+    kwargs = dict(model="tiny", messages=MESSAGES, tools=TOOLS, tool_choice=choice, max_tokens=100, temperature=0)
+    whole = server.client.chat.completions.create(**kwargs).choices[0]
+    calls: dict[int, dict] = {}
+    finish = None
+    for chunk in server.client.chat.completions.create(stream=True, **kwargs):
+        for ch in chunk.choices:
+            for d in ch.delta.tool_calls or []:
+                c = calls.setdefault(d.index, {"id": d.id, "name": d.function.name, "arguments": ""})
+                c["arguments"] += d.function.arguments or ""
+            finish = ch.finish_reason or finish
+    assert finish == "tool_calls" == whole.finish_reason
+    assert [(c["name"], c["arguments"]) for c in calls.values()] == \
+        [(c.function.name, c.function.arguments) for c in whole.message.tool_calls]
+    assert all(c["id"].startswith("call_") for c in calls.values())
+
+
+def test_a_tool_conversation_goes_through_the_client(server):
+    history = MESSAGES + [
+        {"role": "assistant", "content": None, "tool_calls": [
+            {"id": "call_1", "type": "function", "function": {"name": "add", "arguments": '{"a": 1, "b": true}'}}]},
+        {"role": "tool", "tool_call_id": "call_1", "content": "2"}]
+    r = server.client.chat.completions.create(model="tiny", messages=history, tools=TOOLS, max_tokens=5,
+                                              temperature=0)
+    assert r.choices[0].finish_reason in ("stop", "length", "tool_calls")
+    none = server.client.chat.completions.create(model="tiny", messages=MESSAGES, tools=TOOLS, tool_choice="none",
+                                                 max_tokens=5, temperature=0)
+    assert none.choices[0].message.tool_calls is None and isinstance(none.choices[0].message.content, str)
+
+
+def _status(server, body):
+    r = httpx.post(server.url + "/v1/chat/completions", json={"messages": MESSAGES, "max_tokens": 5, **body},
+                   timeout=60)
+    return r.status_code, r.json()
+
+
+@pytest.mark.parametrize("body,param", [
+    ({"tools": [{"type": "function", "function": {"parameters": {}}}]}, "tools.0.function.name"),
+    ({"tools": [{"type": "function", "function": {"name": "f", "parameters": [1]}}]}, "tools.0.function.parameters"),
+    ({"tools": [{"type": "function", "function": {"name": "f", "parameters": {"type": 5}}}]},
+     "tools.0.function.parameters"),
+    ({"tools": "all"}, "tools"),
+    ({"tools": TOOLS, "tool_choice": {"type": "function", "function": {"name": "nope"}}},
+     "tool_choice.function.name"),
+    ({"tools": TOOLS, "tool_choice": "required", "response_format": {"type": "json_object"}}, "response_format"),
+    ({"messages": MESSAGES + [{"role": "tool", "content": "2"}]}, "messages"),
+])
+def test_bad_tool_requests_are_400_naming_the_field(server, body, param):
+    status, out = _status(server, body)
+    assert status == 400 and out["error"]["param"] == param, out
+
+
+def test_a_template_without_tools_is_refused_naming_the_model(plain_server):
+    status, out = _status(plain_server, {"tools": TOOLS})
+    assert status == 400 and out["error"]["param"] == "tools" and "tiny" in out["error"]["message"]
+    assert "--chat-template" in out["error"]["message"]
+    assert _status(plain_server, {})[0] == 200  # without tools the template is fine
+
+
+# ---- a real tool model ----
+
+@pytest.mark.slow
+def test_qwen_coder_makes_a_required_call_through_the_client():
+    import real_models
+
+    from test_serve import ServerThread
+
+    from multispec import load_pair
+    from multispec.serve import ServeSettings, create_app
+
+    path = next((r / real_models.QWEN_DRAFT_FILE for r in real_models.roots()
+                 if (r / real_models.QWEN_DRAFT_FILE).is_file()), None)
+    real_models._or_skip(path, f"Qwen2.5-Coder-0.5B-Instruct ({real_models.QWEN_DRAFT_FILE})", "qwen-coder")
+    qwen = load_pair(target=str(path), dtype="int8", device="cpu")
+    s = ServerThread(create_app(qwen, ServeSettings(model_name="qwen", method="lookup")))
+    try:
+        r = s.client.chat.completions.create(
+            model="qwen", messages=[{"role": "user", "content": "What is the weather in Paris for 3 days?"}],
+            tools=[WEATHER], tool_choice="required", max_tokens=100, temperature=0)
+    finally:
+        s.close()
+    choice = r.choices[0]
+    assert choice.finish_reason == "tool_calls" and len(choice.message.tool_calls) >= 1, choice
+    call = choice.message.tool_calls[0]
+    assert call.function.name == "get_weather"
+    jsonschema.validate(json.loads(call.function.arguments), WEATHER["function"]["parameters"])
