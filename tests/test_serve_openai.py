@@ -202,7 +202,7 @@ def test_explicit_nulls_and_accepted_extensions(server):
     ("/v1/completions", "best_of", 2), ("/v1/completions", "suffix", "x"),
     ("/v1/completions", "use_beam_search", True), ("/v1/completions", "prompt_logprobs", 1),
     ("/v1/completions", "include_stop_str_in_output", True), ("/v1/completions", "allowed_token_ids", [1]),
-    ("/v1/chat/completions", "tools", [{"type": "function", "function": {"name": "f"}}]),
+    ("/v1/chat/completions", "functions", [{"name": "f", "parameters": {}}]),  # the older form of tools
     ("/v1/chat/completions", "echo", True),
 ])
 def test_unsupported_fields_are_refused_by_name(server, path, field, value):

@@ -338,14 +338,41 @@ def test_qwen_coder_makes_a_required_call_through_the_client():
     real_models._or_skip(path, f"Qwen2.5-Coder-0.5B-Instruct ({real_models.QWEN_DRAFT_FILE})", "qwen-coder")
     qwen = load_pair(target=str(path), dtype="int8", device="cpu")
     s = ServerThread(create_app(qwen, ServeSettings(model_name="qwen", method="lookup")))
+    ask = [{"role": "user", "content": "What is the weather in Paris for 3 days?"}]
+    named = {"type": "function", "function": {"name": "get_weather"}}
     try:
-        r = s.client.chat.completions.create(
-            model="qwen", messages=[{"role": "user", "content": "What is the weather in Paris for 3 days?"}],
-            tools=[WEATHER], tool_choice="required", max_tokens=100, temperature=0)
+        r = s.client.chat.completions.create(model="qwen", messages=ask, tools=TOOLS, tool_choice="required",
+                                             max_tokens=100, temperature=0)
+        streamed = list(s.client.chat.completions.create(model="qwen", messages=ask, tools=TOOLS, tool_choice=named,
+                                                         max_tokens=100, temperature=0, stream=True))
     finally:
         s.close()
     choice = r.choices[0]
     assert choice.finish_reason == "tool_calls" and len(choice.message.tool_calls) >= 1, choice
     call = choice.message.tool_calls[0]
-    assert call.function.name == "get_weather"
-    jsonschema.validate(json.loads(call.function.arguments), WEATHER["function"]["parameters"])
+    assert call.function.name == "get_weather" and json.loads(call.function.arguments)["city"] == "Paris"
+    for c in choice.message.tool_calls:
+        jsonschema.validate(json.loads(c.function.arguments), SCHEMAS[c.function.name])
+    deltas = [d for chunk in streamed for ch in chunk.choices for d in ch.delta.tool_calls or []]
+    assert deltas[0].function.name == "get_weather" and {d.index for d in deltas} == {0}
+    assert "".join(d.function.arguments or "" for d in deltas) == call.function.arguments
+    assert streamed[-1].choices[0].finish_reason == "tool_calls"
+
+
+# ---- the CLI ----
+
+def test_chat_cli_shows_the_calls(dirs, tmp_path):
+    from click.testing import CliRunner
+
+    from multispec.cli import cli
+
+    (tmp_path / "t.jinja").write_text(TEMPLATE)
+    (tmp_path / "tools.json").write_text(json.dumps(TOOLS))
+    args = ["chat", "--target", str(dirs["target"]), "--draft", str(dirs["draft"]), "--chat-template",
+            str(tmp_path / "t.jinja"), "--tools", str(tmp_path / "tools.json"), "--max-new-tokens", "100",
+            "--temperature", "0", "--method", "sd"]
+    r = CliRunner().invoke(cli, args + ["--tool-choice", "add"], input="def f(x):\n")
+    assert r.exit_code == 0, r.output
+    assert "[tool call call_" in r.stderr and "add({" in r.stderr, r.stderr
+    bad = CliRunner().invoke(cli, args + ["--tool-choice", "nowhere"], input="")
+    assert isinstance(bad.exception, MultispecError) and "not among the tools" in str(bad.exception)

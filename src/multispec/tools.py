@@ -23,8 +23,9 @@ from dataclasses import dataclass
 from importlib.resources import files
 from typing import Any
 
+from multispec.errors import MultispecError
 from multispec.params import ParamError
-from multispec.structured import JSON_LAYOUT
+from multispec.structured import JSON_LAYOUT, Constraint
 
 OPEN, CLOSE = "<tool_call>", "</tool_call>"
 CHOICES = ("auto", "none", "required")
@@ -129,16 +130,11 @@ def _function(tool, i: int) -> dict:
 
 def _schema_problem(schema: dict) -> str | None:
     """Why the grammar engine cannot take `schema` (None: it can)."""
-    import llguidance
-
-    from multispec.structured import _one_line
-
     try:
-        compiled = llguidance.LLMatcher.grammar_from_json_schema(json.dumps(schema), defaults=JSON_LAYOUT)
-    except (ValueError, TypeError) as e:
-        return _one_line(str(e))
-    problem = llguidance.LLMatcher.validate_grammar(compiled)
-    return _one_line(problem) if problem and not problem.startswith("WARNING") else None
+        Constraint.of(json_schema=schema)
+    except MultispecError as e:
+        return str(e).removeprefix("json_schema: ")
+    return None
 
 
 def _choice(tool_choice, names: list[str]) -> tuple[str, str | None]:

@@ -1,6 +1,7 @@
 """`multispec chat`: a multi-turn conversation in the terminal. Each reply streams as it is committed and ends with
 the one-line summary `generate` prints; Ctrl-C ends a reply (what was said so far stays in the conversation),
 Ctrl-D (or /exit) leaves. One Decoder serves every turn, so `auto` keeps what it learned."""
+import json
 import sys
 
 import click
@@ -23,9 +24,15 @@ PROMPT = ">>> "
               help="The longest reply, in tokens.")
 @click.option("--system", help="The system message.")
 @chat_template_option
+@click.option("--tools", "tools_file", type=click.Path(exists=True, dir_okay=False),
+              help="A JSON file holding a list of OpenAI tool objects: the model may call them (its calls are shown; "
+                   "the chat template must support tools, e.g. multispec's templates/hermes_tools.jinja).")
+@click.option("--tool-choice", default=None, metavar="auto|none|required|NAME",
+              help="With --tools: auto (default), none, required (one or more calls, forced) or a function's name "
+                   "(one call of it, forced).")
 @device_options
-def chat_command(target, draft, cross_vocab, method, max_new_tokens, system, chat_template, device, dtype, backend,
-                 threads, **flags):
+def chat_command(target, draft, cross_vocab, method, max_new_tokens, system, chat_template, tools_file, tool_choice,
+                 device, dtype, backend, threads, **flags):
     """Chat with the target model: type a message, read the streamed reply (Ctrl-C ends a reply, Ctrl-D leaves)."""
     from multispec.api import load_pair, resolve_device
     from multispec.cli.generate_cmd import _check_proposers, _summary
@@ -40,6 +47,7 @@ def chat_command(target, draft, cross_vocab, method, max_new_tokens, system, cha
     options = collect_method_options(flags)
     config = check_method_options(method, options)
     template = read_chat_template(chat_template)
+    tools = read_tools(tools_file, tool_choice)
     check(system is None or system.strip() != "", "--system is empty")
     resolve_device(device)
     _check_proposers(config, target, draft)
@@ -50,7 +58,11 @@ def chat_command(target, draft, cross_vocab, method, max_new_tokens, system, cha
     pair = load_pair(target=target, draft=draft, device=device, dtype=dtype, cross_vocab=cross_vocab,
                      compile=backend == "compiled")
     messages = [{"role": "system", "content": system}] if system is not None else []
-    encode_chat(pair.tokenizer, vocab_rows(pair.target), messages + [user_message("hi", "")], template)  # a template?
+    listed = tools.template_tools() if tools is not None else None
+    encode_chat(pair.tokenizer, vocab_rows(pair.target), messages + [user_message("hi", "")], template,
+                listed)  # a template (with tools)?
+    if tools is not None and tools.grammar(pair.tokenizer) is not None:
+        params = params.replace(grammar=tools.grammar(pair.tokenizer))
     decoder = Decoder(pair, method, backend, **options)
     click.echo("Type a message and press Enter. Ctrl-C ends a reply, Ctrl-D leaves.", err=True)
     turn = 0
@@ -67,7 +79,7 @@ def chat_command(target, draft, cross_vocab, method, max_new_tokens, system, cha
             return
         try:
             turn_messages = messages + [user_message(line, "the message")]
-            ids = encode_chat(pair.tokenizer, vocab_rows(pair.target), turn_messages, template)
+            ids = encode_chat(pair.tokenizer, vocab_rows(pair.target), turn_messages, template, listed)
             reply = _reply(decoder, ids, params.replace(seed=None if params.seed is None else params.seed + turn))
         except MultispecError as e:
             click.echo(f"error: {e}", err=True)
@@ -75,13 +87,48 @@ def chat_command(target, draft, cross_vocab, method, max_new_tokens, system, cha
         except KeyboardInterrupt:  # Ctrl-C before the reply began: the message is dropped
             click.echo()
             continue
-        messages = turn_messages + [{"role": "assistant", "content": reply.text}]
+        messages = turn_messages + [_assistant(reply.text, tools)]
         turn += 1
         line = _summary(reply.stats, reply.finish_reason) if reply.stats.get("method") else \
             f"[reply stopped after {reply.stats['new_tokens']} tokens]"
         used = len(ids) + len(reply.token_ids)
         click.echo(line + f"; conversation {used} tokens" + (f" of {decoder.context}" if decoder.context else ""),
                    err=True)
+
+
+def read_tools(path: str | None, tool_choice: str | None):
+    """--tools FILE and --tool-choice as a checked multispec.tools.Tools (None without --tools)."""
+    from multispec.cli.common import decode_text
+    from multispec.tools import CHOICES, Tools
+
+    if path is None:
+        check(tool_choice is None, "--tool-choice goes with --tools FILE")
+        return None
+    with open(path, "rb") as fh:
+        text = decode_text(fh.read(), f"the tools file {path}")
+    try:
+        listed = json.loads(text)
+    except ValueError as e:
+        raise MultispecError(f"the tools file {path} is not JSON: {e}") from None
+    choice = tool_choice if tool_choice in (None, *CHOICES) else {"type": "function", "function": {"name": tool_choice}}
+    try:
+        return Tools.of(listed, choice)
+    except MultispecError as e:
+        raise MultispecError(f"the tools file {path}: {e}") from None
+
+
+def _assistant(text: str, tools) -> dict:
+    """The reply as the conversation keeps it: its calls as tool_calls, each shown on stderr."""
+    if tools is None or not tools.parse:
+        return {"role": "assistant", "content": text}
+    from multispec.tools import parse_tool_calls
+
+    content, calls = parse_tool_calls(text)
+    for c in calls:
+        click.echo(f"[tool call {c['id']}] {c['function']['name']}({c['function']['arguments']})", err=True)
+    if not calls:
+        return {"role": "assistant", "content": text}
+    return {"role": "assistant", "content": content, "tool_calls": calls}
 
 
 def _reply(decoder, ids: list[int], params):
