@@ -376,3 +376,23 @@ def test_chat_cli_shows_the_calls(dirs, tmp_path):
     assert "[tool call call_" in r.stderr and "add({" in r.stderr, r.stderr
     bad = CliRunner().invoke(cli, args + ["--tool-choice", "nowhere"], input="")
     assert isinstance(bad.exception, MultispecError) and "not among the tools" in str(bad.exception)
+
+
+@pytest.mark.slow
+def test_smollm2_calls_through_the_shipped_template_under_every_method():
+    import real_models
+
+    from multispec import load_pair
+
+    path = real_models.smollm2()
+    smol = load_pair(target=str(path), device="cpu")
+    ask = [{"role": "user", "content": "What is the weather in Paris for 3 days?"}]
+    with pytest.raises(MultispecError, match=f"{path.name}.* has no tool support.*--chat-template"):
+        generate(smol, messages=ask, tools=TOOLS, max_new_tokens=4)
+    template = open(HERMES_TEMPLATE).read()
+    choice = {"type": "function", "function": {"name": "get_weather"}}
+    outs = {m: generate(smol, messages=ask, chat_template=template, tools=TOOLS, tool_choice=choice, method=m,
+                        max_new_tokens=40, temperature=0, **({"head": "shipped"} if m == "eagle" else {}))
+            for m in ("ar", "lookup", "suffix", "eagle", "auto")}
+    assert all(r.token_ids == outs["ar"].token_ids for r in outs.values())
+    assert outs["ar"].finish_reason == "stop" and len(valid_calls(outs["ar"], {"get_weather"})) == 1

@@ -105,7 +105,7 @@ def generate(pair: Pair, prompt: str | list[int] | list[str] | list[list[int]] |
         check(prompt is None, "give a prompt or messages, not both")
         check(messages is not None, "chat_template applies to messages")
         prompt = encode_chat(pair.tokenizer, vocab_rows(pair.target), messages, chat_template,
-                             calls.template_tools() if calls is not None else None)
+                             calls.template_tools() if calls is not None else None, pair.target_path)
     check(prompt is not None, "the prompt must be a str or a list of token ids (or give messages, a conversation)")
     batch = _is_batch(prompt)
     seeds = settings.pop("seed", None) if batch else None  # per prompt: s + i from an int s, or one each from a list

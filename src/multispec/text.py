@@ -51,19 +51,20 @@ def encode_prompt(tokenizer, vocab_size: int, prompt) -> list[int]:
 
 
 def encode_chat(tokenizer, vocab_size: int, messages, chat_template: str | None = None,
-                tools: list[dict] | None = None) -> list[int]:
+                tools: list[dict] | None = None, model: str | None = None) -> list[int]:
     """Token ids of a conversation as vLLM's `LLM.chat` and transformers' pipelines make them: the tokenizer's chat
     template (or `chat_template`, a Jinja string) rendered with the generation prompt, then tokenized without
     adding special tokens (the template places any BOS itself). messages: a non-empty list of {"role": str,
     "content": str}; an assistant turn may carry OpenAI `tool_calls` (content may then be None) and a "tool" turn
     its `tool_call_id`. tools: OpenAI tool objects for the template (multispec.tools.Tools.template_tools); a
-    template that never reads `tools` is refused. A tokenizer without a template, a malformed message or a
+    template that never reads `tools` is refused, naming `model` (default: the tokenizer's path). A tokenizer without a template, a malformed message or a
     template that refuses the messages is one line (MultispecError)."""
     template = chat_template if chat_template is not None else getattr(tokenizer, "chat_template", None)
     check(bool(template), "this model's tokenizer has no chat template; give a prompt instead of messages (or a "
                           "chat template)")
     if tools:
-        check(template_has_tools(template), tools_refusal(getattr(tokenizer, "name_or_path", "") or "this model"))
+        check(template_has_tools(template), tools_refusal(model or getattr(tokenizer, "name_or_path", "") or
+                                                          "this model"))
     rendered = chat_messages(messages)
     try:
         text = tokenizer.apply_chat_template(rendered, chat_template=chat_template, tools=tools or None,

@@ -60,7 +60,7 @@ def chat_command(target, draft, cross_vocab, method, max_new_tokens, system, cha
     messages = [{"role": "system", "content": system}] if system is not None else []
     listed = tools.template_tools() if tools is not None else None
     encode_chat(pair.tokenizer, vocab_rows(pair.target), messages + [user_message("hi", "")], template,
-                listed)  # a template (with tools)?
+                listed, target)  # a template (with tools)?
     if tools is not None and tools.grammar(pair.tokenizer) is not None:
         params = params.replace(grammar=tools.grammar(pair.tokenizer))
     decoder = Decoder(pair, method, backend, **options)

@@ -414,8 +414,10 @@ class _Reply:
                     if logprobs[index] is not None and payload.token_ids and payload.logprobs is not None:
                         lp = await asyncio.to_thread(logprobs[index].chunk, payload.logprobs, payload.token_ids,
                                                      len(sent[index]))
-                    if parsers is not None:
-                        for i, delta in enumerate(self._tool_deltas(parsers[index], payload.text)):
+                    if parsers is not None:  # logprobs go with the chunk of their tokens, shown or held
+                        deltas = self._tool_deltas(parsers[index], payload.text) or \
+                            ([Delta()] if lp is not None else [])
+                        for i, delta in enumerate(deltas):
                             yield self._sse(self._chunk(index, delta, logprobs=lp if i == 0 else None))
                     elif payload.text or lp is not None:
                         yield self._sse(self._chunk(index, Delta(content=payload.text) if self.chat else payload.text,
@@ -431,9 +433,8 @@ class _Reply:
                                                        result.token_ids[lp.count:], len(sent[index]))
                     finish = result.finish_reason
                     if parsers is not None:
-                        deltas = self._tool_deltas(parsers[index], rest, final=True)
-                        if left is not None and not deltas:
-                            deltas = [Delta()]
+                        deltas = self._tool_deltas(parsers[index], rest, final=True) or \
+                            ([Delta()] if left is not None else [])
                         for i, delta in enumerate(deltas):
                             yield self._sse(self._chunk(index, delta, logprobs=left if i == 0 else None))
                         finish = "tool_calls" if parsers[index].calls else finish
