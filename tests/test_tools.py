@@ -280,6 +280,17 @@ def test_the_client_streams_tool_call_deltas(server):
     assert all(c["id"].startswith("call_") for c in calls.values())
 
 
+def test_streamed_calls_keep_every_token_s_logprobs(server):
+    kwargs = dict(model="tiny", messages=MESSAGES, tools=TOOLS, tool_choice="required", max_tokens=40,
+                  temperature=0, logprobs=True)
+    whole = server.client.chat.completions.create(**kwargs)
+    chunks = list(server.client.chat.completions.create(stream=True, stream_options={"include_usage": True},
+                                                        **kwargs))
+    streamed = [e.logprob for c in chunks for ch in c.choices if ch.logprobs for e in ch.logprobs.content]
+    assert streamed == [e.logprob for e in whole.choices[0].logprobs.content]
+    assert len(streamed) == chunks[-1].usage.completion_tokens
+
+
 def test_a_tool_conversation_goes_through_the_client(server):
     history = MESSAGES + [
         {"role": "assistant", "content": None, "tool_calls": [
