@@ -116,11 +116,15 @@ def test_q_normalised_over_the_full_vocabulary_while_drafting_from_the_subset_is
 # auto drafts with the model only: with lookup and suffix it copies this short 2-cycle and never calls the draft
 @pytest.mark.parametrize("method, options", [("sd", {"k": 3}), ("mcsd", {"tree": (2, 2, 1)}),
                                              ("auto", {"proposers": "draft"})])
-def test_greedy_with_a_cheap_draft_is_the_targets_greedy_output(pair, backend, method, options):
+def test_greedy_with_a_cheap_draft_is_the_targets_greedy_output(pair, backend, method, options, monkeypatch):
     """Greedy with a reduced int8 draft is token for token the target's greedy continuation (which starts with
     7 and 0, both outside the subset: they are never drafted until committed)."""
+    if method == "auto":  # it drafts whatever this machine's costs say now (a loaded machine made it back off)
+        import multispec.drafting.auto.policy as auto_policy
+
+        monkeypatch.setattr(auto_policy, "MARGIN", -0.99)
     decoder = Decoder(pair, method, backend, draft_vocab=N, draft_dtype="int8", **options)
     prompt = PROMPT + [4, 1, 5]
     ids, metrics = decoder.run(prompt, SamplingConfig(temperature=0.0), 24, 0)
-    assert metrics.draft_calls > 0  # auto too: its probe drafts before the cost model backs off on this tiny pair
+    assert metrics.draft_calls > 0
     assert ids == greedy_reference(pair.target, prompt, 24)
