@@ -196,8 +196,15 @@ def test_two_replicas_answer_as_the_library_and_survive_a_killed_replica(cluster
     before = replica_pids()
     victim = min(before)
     prompts = PROMPTS * 2
+    def timed(prompt):
+        t0 = time.perf_counter()
+        answer, retries = ask(cluster, prompt)
+        latencies.append(time.perf_counter() - t0)
+        return answer, retries
+
+    latencies: list[float] = []
     with ThreadPoolExecutor(16) as pool:
-        futures = [pool.submit(ask, cluster, p) for p in prompts]
+        futures = [pool.submit(timed, p) for p in prompts]
         threading.Event().wait(0.3)
         os.kill(victim, signal.SIGKILL)
         answers = [f.result() for f in futures]
@@ -206,7 +213,8 @@ def test_two_replicas_answer_as_the_library_and_survive_a_killed_replica(cluster
     assert len(set(ids)) == len(prompts)  # each request answered once, by one response of its own
     for prompt, (answer, _) in zip(prompts, answers):
         assert answer["choices"][0]["token_ids"] == offline[prompt], prompt
-    print(f"killed replica {victim}; {retried} request(s) retried")
+    p99 = sorted(latencies)[max(0, round(0.99 * len(latencies)) - 1)]
+    print(f"killed replica {victim}; {retried} retries; p99 latency during the fault {p99:.2f} s")
     deadline = time.time() + 120  # the controller replaces it
     while time.time() < deadline and not (len(replica_pids()) == 2 and victim not in replica_pids()):
         time.sleep(1)
