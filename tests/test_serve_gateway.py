@@ -19,7 +19,7 @@ from multispec import generate, load_pair  # noqa: E402
 from multispec.serve import ServeSettings, create_app  # noqa: E402
 from multispec.serve.protocol import SpeculativeDecoding  # noqa: E402
 
-# vLLM's `metrics.speculative_decoding` at `--per-request-spec-decode-metrics summary` (vLLM PR 48915)
+# vLLM's `metrics.speculative_decoding` at its `--per-request-spec-decode-metrics summary`
 VLLM_FIELDS = {"mean_acceptance_length", "draft_acceptance_rate", "acceptance_histogram", "num_spec_steps",
                "num_accepted_draft_tokens", "num_draft_tokens", "num_spec_tokens"}
 

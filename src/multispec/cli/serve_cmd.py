@@ -66,7 +66,8 @@ FORCE_GRACE_S = 0.3  # after stop_all, time for the error replies to go out befo
 @click.option("--drain-timeout", type=click.FloatRange(min=0), default=DRAIN_TIMEOUT_S, show_default=True,
               help="On the first Ctrl-C / SIGTERM, seconds to let requests in flight finish before they are "
               "answered with a 503 error object and stopped.")
-@click.option("--threads", type=click.IntRange(min=1), help="torch CPU threads per op (default: torch's choice).")
+@click.option("--threads", type=click.IntRange(min=1), help="torch CPU threads per op (default: torch's choice; "
+              "with --ray: per replica, default 1).")
 @click.option("--profile", "profile", type=click.Path(exists=True, dir_okay=False), help="Plan from this machine "
               "profile file, read only (default: the cache folder's, updated with what the server observed at exit).")
 @click.option("--log-level", type=click.Choice(["critical", "error", "warning", "info", "debug"]), default="info",
