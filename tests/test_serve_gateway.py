@@ -13,7 +13,7 @@ pytest.importorskip("openai")
 pytest.importorskip("uvicorn")
 
 from helpers import save_tiny_pair  # noqa: E402
-from test_serve import NAME, GatedGenerate, ServerThread, _eventually  # noqa: E402
+from test_serve import NAME, TEMPLATE, GatedGenerate, ServerThread, _eventually  # noqa: E402
 
 from multispec import generate, load_pair  # noqa: E402
 from multispec.serve import ServeSettings, create_app  # noqa: E402
@@ -137,7 +137,7 @@ def _check_vllm_object(obj: dict, stats: dict) -> None:
 
 
 def test_per_request_metrics_object_in_vllm_shape(pair):
-    s = ServerThread(create_app(pair, ServeSettings(model_name=NAME, method="sd")))
+    s = ServerThread(create_app(pair, ServeSettings(model_name=NAME, method="sd", chat_template=TEMPLATE)))
     try:
         prompt = "def f(x):"
         ref = generate(pair, prompt, method="sd", max_new_tokens=24, temperature=0.0)
@@ -154,6 +154,14 @@ def test_per_request_metrics_object_in_vllm_shape(pair):
         # several choices: none, as vLLM (one request, one sequence)
         several = httpx.post(s.url + "/v1/completions", json={**body, "n": 2}, timeout=60).json()
         assert several.get("metrics") is None and several["spec_decode"] is not None
+        # chat: the same object, whole and in the final usage chunk
+        chat = {"model": NAME, "messages": [{"role": "user", "content": prompt}], "max_tokens": 24, "temperature": 0}
+        whole = httpx.post(s.url + "/v1/chat/completions", json=chat, timeout=60).json()
+        assert set(whole["metrics"]["speculative_decoding"]) == VLLM_FIELDS
+        assert whole["metrics"]["speculative_decoding"]["num_spec_steps"] == whole["spec_decode"]["num_spec_steps"]
+        chunks = list(s.client.chat.completions.create(stream=True, stream_options={"include_usage": True}, **chat))
+        assert chunks[-1].choices == [] and set(chunks[-1].model_extra["metrics"]["speculative_decoding"]) == \
+            VLLM_FIELDS
     finally:
         s.close()
 

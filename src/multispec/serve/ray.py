@@ -60,7 +60,11 @@ def init(address: str | None = None, **kwargs) -> Any:
     if address is not None:
         check_address(address)
         ray, _ = require_ray()
-        return ray.init(address=address, **kwargs)
+        try:
+            return ray.init(address=address, **kwargs)
+        except (ConnectionError, RuntimeError, ValueError) as e:  # no cluster for "auto", a version mismatch, ...
+            why = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+            raise MultispecError(f"--ray-address {address}: cannot join the cluster ({why})") from None
     os.environ["RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"] = "0"
     ray, _ = require_ray()
     from ray._private import ray_constants
