@@ -5,7 +5,7 @@ same endpoints, same outputs, its own scheduler, caches and /metrics); Serve's p
 replicas, queues what exceeds their `max_ongoing_requests` (a replica's generations + --max-queue) and, with
 autoscaling bounds, adds or removes replicas to keep about `target_ongoing_requests` in flight on each. A replica
 whose health check fails (its batch loop died) or whose process dies is replaced by the controller; the requests
-it was answering fail (HTTP 500 from the proxy) and are the client's to retry.
+it was answering fail (a server error from the proxy) and are the client's to retry.
 
 Ray is an optional extra (`pip install 'multispec[ray]'`): this module imports without it, and `require_ray`
 refuses in one line.
@@ -187,4 +187,8 @@ def run(app, host: str = "127.0.0.1", port: int = 8000, name: str = "multispec",
     has them). Returns the app's handle; Serve's proxy is then up."""
     _, serve = require_ray()
     serve.start(http_options={"host": host, "port": port})
-    return serve.run(app, name=name, route_prefix="/", blocking=blocking)
+    try:
+        return serve.run(app, name=name, route_prefix="/", blocking=blocking)
+    except RuntimeError as e:  # a replica's constructor failed (a model path, a method setting): Ray logged why
+        raise MultispecError(f"the replicas did not start; their error is in Ray's log above ({str(e).strip()})") \
+            from None
