@@ -12,6 +12,7 @@ import socket
 import sys
 import time
 from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
 
 import httpx
 import pytest
@@ -28,6 +29,7 @@ except ImportError:
 
 needs_ray = pytest.mark.skipif(not HAVE_RAY, reason="Ray Serve is not installed (pip install 'multispec[ray]')")
 
+ROOT = Path(__file__).resolve().parents[1]
 PROMPTS = ["def f(x):", "import os\n", "class A:", "for i in range(3):", "x = [", "return ", "# sum two numbers\n",
            "while True:"]
 MAX_TOKENS = 24
@@ -236,3 +238,38 @@ def test_two_replicas_answer_as_the_library_and_survive_a_killed_replica(cluster
     assert len(now) == 2 and victim not in now, now
     answer, _ = ask(cluster, PROMPTS[0])
     assert answer["choices"][0]["token_ids"] == offline[PROMPTS[0]][MAX_TOKENS]
+
+
+@pytest.mark.slow
+@needs_ray
+def test_serve_cli_with_ray_serves_and_stops_on_sigterm(tmp_path):
+    """`multispec serve --ray --replicas 1` as a user runs it: it answers through Serve's proxy, and SIGTERM stops
+    the app, Serve and the cluster it started (exit 143, no process left)."""
+    import subprocess
+
+    port = _free_port()
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in (str(ROOT / "src"), os.environ.get("PYTHONPATH"))
+                                                       if p)}
+    log = tmp_path / "serve.log"
+    with open(log, "w") as out:
+        proc = subprocess.Popen([sys.executable, "-m", "multispec", "serve", "--ray", "--replicas", "1", "--port",
+                                 str(port), "--served-model-name", "dflt"], stdout=out, stderr=subprocess.STDOUT,
+                                env=env, start_new_session=True)
+    try:
+        deadline = time.time() + 180
+        while time.time() < deadline and "serving 1 replica(s)" not in log.read_text() and proc.poll() is None:
+            time.sleep(0.5)
+        assert "serving 1 replica(s)" in log.read_text(), log.read_text()[-2000:]
+        started = _children(proc.pid)
+        r = httpx.post(f"http://127.0.0.1:{port}/v1/completions", json={"prompt": "def f(x):", "max_tokens": 4},
+                       timeout=60)
+        assert r.status_code == 200 and r.json()["model"] == "dflt"
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(60) == 143
+        deadline = time.time() + 30
+        while time.time() < deadline and any(_alive(p) for p in started):
+            time.sleep(0.5)
+        assert not [p for p in started if _alive(p)], "processes the cluster started are still running"
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)

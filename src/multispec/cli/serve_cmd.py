@@ -184,7 +184,13 @@ def serve_on_ray(target, draft, load: dict, settings: dict, host: str, port: int
 
     from multispec.serve import ray as ray_serve
 
+    import signal
+    import threading
+
+    previous = signal.getsignal(signal.SIGTERM)
     ray_serve.init(address)
+    if previous is not None and threading.current_thread() is threading.main_thread():
+        signal.signal(signal.SIGTERM, previous)  # ray.init's handler exits at once; ours stops Serve and Ray first
     try:
         app = ray_serve.deployment(target, draft, load=load, settings=settings, replicas=replicas or 1,
                                    min_replicas=min_replicas, max_replicas=max_replicas, threads=threads or 1)
