@@ -6,6 +6,9 @@ validate. Signals: the first Ctrl-C or SIGTERM stops accepting connections and d
 most --drain-timeout seconds (default 30); then, or at once on a second Ctrl-C, every request still in flight is
 answered with an OpenAI error object (503, code `shutting_down`) and its generation thread stops at its next
 committed token.
+
+--ray: the same app as N replicas on a Ray cluster (multispec.serve.ray; docs/deploy.md): a new single-machine
+cluster on the loopback address, or an existing one (--ray-address). The models load in the replicas, not here.
 """
 import errno
 import socket
@@ -63,15 +66,26 @@ FORCE_GRACE_S = 0.3  # after stop_all, time for the error replies to go out befo
 @click.option("--drain-timeout", type=click.FloatRange(min=0), default=DRAIN_TIMEOUT_S, show_default=True,
               help="On the first Ctrl-C / SIGTERM, seconds to let requests in flight finish before they are "
               "answered with a 503 error object and stopped.")
-@click.option("--threads", type=click.IntRange(min=1), help="torch CPU threads per op (default: torch's choice).")
+@click.option("--threads", type=click.IntRange(min=1), help="torch CPU threads per op (default: torch's choice; "
+              "with --ray: per replica, default 1).")
 @click.option("--profile", "profile", type=click.Path(exists=True, dir_okay=False), help="Plan from this machine "
               "profile file, read only (default: the cache folder's, updated with what the server observed at exit).")
 @click.option("--log-level", type=click.Choice(["critical", "error", "warning", "info", "debug"]), default="info",
               show_default=True)
+@click.option("--ray", "use_ray", is_flag=True, help="Serve replicas of this server on a Ray cluster through Ray "
+              "Serve (pip install 'multispec[ray]'; docs/deploy.md): a new one on this machine (loopback only), or "
+              "--ray-address's.")
+@click.option("--ray-address", help="With --ray: an existing cluster, HOST:PORT of its head (`ray start --head`), "
+              "ray://HOST:PORT or auto. The model paths must exist on every node.")
+@click.option("--replicas", type=click.IntRange(min=1), help="With --ray: replicas to run (default 1; with "
+              "autoscaling, the starting count).")
+@click.option("--min-replicas", type=click.IntRange(min=0), help="With --ray: autoscale, no fewer replicas than "
+              "this (on the requests in flight per replica).")
+@click.option("--max-replicas", type=click.IntRange(min=1), help="With --ray: autoscale, no more replicas than this.")
 def serve_command(target, draft, cross_vocab, method, host, port, served_model_name, max_concurrent, max_batch, max_queue,
                   max_model_len, api_key, request_timeout,
                   chat_template, device, dtype, backend, compile_, drain_timeout, threads, profile, log_level,
-                  **method_kw):
+                  use_ray, ray_address, replicas, min_replicas, max_replicas, **method_kw):
     """Serve the pair over HTTP with the OpenAI API: /v1/completions, /v1/chat/completions, /v1/models,
     /health, /metrics."""
     from multispec.cli.common import decode_text
@@ -99,6 +113,30 @@ def serve_command(target, draft, cross_vocab, method, host, port, served_model_n
         from multispec.profile import MachineProfile
 
         profile = MachineProfile.load(profile)
+    ray_only = [name for name, value in (("--ray-address", ray_address), ("--replicas", replicas),
+                                         ("--min-replicas", min_replicas), ("--max-replicas", max_replicas))
+                if value is not None]
+    check(use_ray or not ray_only, f"{', '.join(ray_only)} needs --ray")
+    if use_ray:
+        from multispec.serve.ray import check_address, require_ray
+
+        require_ray()
+        check(min_replicas is None or max_replicas is None or min_replicas <= max_replicas,
+              f"--min-replicas {min_replicas} is above --max-replicas {max_replicas}")
+        check(max_replicas is None or replicas is None or replicas <= max_replicas,
+              f"--replicas {replicas} is above --max-replicas {max_replicas}")
+        if ray_address is not None:
+            check_address(ray_address)
+        else:
+            check_port_free(host, port)
+        settings = dict(model_name=served_model_name, method=method, method_options=options, backend=backend,
+                        max_concurrent=max_concurrent, max_queue=max_queue, max_batch=max_batch,
+                        request_timeout=request_timeout, chat_template=template, max_model_len=max_model_len,
+                        api_key=api_key, profile=profile)
+        load = dict(device=device, dtype=dtype, cross_vocab=cross_vocab, compile=backend == "compiled")
+        serve_on_ray(target, draft, load, settings, host, port, ray_address, replicas, min_replicas, max_replicas,
+                     threads)
+        return
     check_port_free(host, port)
     if threads is not None:
         import torch
@@ -133,6 +171,42 @@ def serve_command(target, draft, cross_vocab, method, host, port, served_model_n
     config = uvicorn_config(app, host=host, port=port, log_level=log_level,
                             timeout_graceful_shutdown=drain_timeout + 5 * FORCE_GRACE_S)
     _Server(config, app, drain_timeout).run()
+
+
+def serve_on_ray(target, draft, load: dict, settings: dict, host: str, port: int, address: str | None,
+                 replicas: int | None, min_replicas: int | None, max_replicas: int | None, threads: int | None) -> None:
+    """Start the replicas (each loads the pair and warms up), print where they serve, and wait for Ctrl-C or
+    SIGTERM; then remove the app, and stop the cluster when this command started it."""
+    import time
+
+    import ray
+    from ray import serve
+
+    from multispec.serve import ray as ray_serve
+
+    import signal
+    import threading
+
+    previous = signal.getsignal(signal.SIGTERM)
+    ray_serve.init(address)
+    if previous is not None and threading.current_thread() is threading.main_thread():
+        signal.signal(signal.SIGTERM, previous)  # ray.init's handler exits at once; ours stops Serve and Ray first
+    try:
+        app = ray_serve.deployment(target, draft, load=load, settings=settings, replicas=replicas or 1,
+                                   min_replicas=min_replicas, max_replicas=max_replicas, threads=threads or 1)
+        ray_serve.run(app, host=host, port=port)
+        bounds = ray_serve.autoscaling_bounds(replicas or 1, min_replicas, max_replicas)
+        scaling = "" if bounds is None else f" (autoscaling between {bounds[0]} and {bounds[1]})"
+        click.echo(f"serving {replicas or 1} replica(s){scaling} on Ray Serve at http://{host}:{port}/v1", err=True)
+        while True:
+            time.sleep(1.0)
+    finally:
+        if address is None:
+            serve.shutdown()
+            ray.shutdown()
+        else:  # a cluster of others: only this app goes
+            serve.delete("multispec")
+            ray.shutdown()  # disconnects this driver
 
 
 def check_template_syntax(template: str, path: str) -> None:

@@ -24,8 +24,8 @@ from multispec.serve.protocol import (AssistantMessage, ChatChoice, ChatChunkCho
                                       ChatCompletionRequest, ChatCompletionResponse, CompletionChoice,
                                       CompletionRequest, CompletionResponse, Delta, DetokenizeRequest,
                                       DetokenizeResponse, ErrorResponse, FunctionDelta, ModelCard, ModelList,
-                                      SpecDecodeMetrics, TokenizeRequest, TokenizeResponse, ToolCall, ToolCallDelta,
-                                      Usage)
+                                      ResponseMetrics, SpecDecodeMetrics, SpeculativeDecoding, TokenizeRequest,
+                                      TokenizeResponse, ToolCall, ToolCallDelta, Usage)
 from multispec.serve.scheduler import QueueFull, Scheduler, decoder_generate
 from multispec.tools import ToolCallParser, Tools, parse_tool_calls
 from multispec.serve.shapes import (StreamedLogprobs, TokenText, chat_logprobs, completion_logprobs,
@@ -51,7 +51,7 @@ def create_app(pair, settings: ServeSettings, generate_fn=None) -> FastAPI:
     max_model_len, why = choose_max_model_len(decoder, generations, settings.max_model_len)
     scheduler = Scheduler(decoder, settings.max_concurrent, settings.max_queue, generate_fn or decoder_generate,
                           settings.max_batch, max_model_len=max_model_len)
-    metrics = ServerMetrics(scheduler)
+    metrics = ServerMetrics(scheduler, settings.model_name)
     app = FastAPI(title="multispec", summary="OpenAI-compatible server with lossless speculative decoding")
     if settings.api_key is not None:
         app.add_middleware(RequireApiKey, key=settings.api_key)
@@ -300,6 +300,12 @@ class _Reply:
                               now - self.arrived)
         return usage, spec
 
+    def _request_metrics(self, results: list) -> ResponseMetrics | None:
+        """vLLM's per-request `metrics` object: for a request of one sequence only (as vLLM)."""
+        if len(self.runs) != 1 or len(results) != 1:
+            return None
+        return ResponseMetrics(speculative_decoding=SpeculativeDecoding.of(results[0].stats))
+
     def _usage(self, usages: list[Usage]) -> Usage:
         """Prompt tokens counted once per prompt (n samples share one), completion tokens over every choice."""
         n = getattr(self.req, "n", 1)
@@ -375,11 +381,12 @@ class _Reply:
         spec = finished[0][1]
         choices = [await self._choice(i, results[i]) for i in order]
         name = self.settings.model_name
+        request_metrics = self._request_metrics([results[i] for i in order])
         if self.chat:
             return ChatCompletionResponse(id=self.id, created=self.created, model=name, usage=usage,
-                                          spec_decode=spec, choices=choices)
+                                          spec_decode=spec, metrics=request_metrics, choices=choices)
         return CompletionResponse(id=self.id, created=self.created, model=name, usage=usage, spec_decode=spec,
-                                  choices=choices)
+                                  metrics=request_metrics, choices=choices)
 
     async def sse(self):
         """data: chunk lines, then data: [DONE]. The generation's own stream never passes a stop string and its
@@ -389,6 +396,7 @@ class _Reply:
         A client that disconnects closes this generator: the runs are cancelled in `finally`."""
         sent = [""] * len(self.runs)
         usages: dict[int, Usage] = {}
+        finished: dict[int, object] = {}  # index -> its GenerationResult
         ended = False
         logprobs = [None if job.params.logprobs is None else
                     StreamedLogprobs(self.edge.decode, self.token_text, job.params.logprobs, self.chat)
@@ -423,7 +431,7 @@ class _Reply:
                         yield self._sse(self._chunk(index, Delta(content=payload.text) if self.chat else payload.text,
                                                     logprobs=lp))
                 elif kind == "done":
-                    result = payload
+                    result = finished[index] = payload
                     usages[index], spec = self._finished(index, result)
                     rest = result.text[len(sent[index]):] if result.text.startswith(sent[index]) else ""
                     sent[index] += rest
@@ -450,7 +458,8 @@ class _Reply:
             if not ended:
                 ended = True
                 if self.req.stream_options is not None and self.req.stream_options.include_usage:
-                    yield self._sse(self._usage_chunk(self._usage([usages[i] for i in sorted(usages)])))
+                    yield self._sse(self._usage_chunk(self._usage([usages[i] for i in sorted(usages)]),
+                                                      self._request_metrics([finished[i] for i in sorted(finished)])))
             yield "data: [DONE]\n\n"
         finally:
             if not ended:
@@ -484,12 +493,13 @@ class _Reply:
                                   choices=[CompletionChoice(index=index, text=content, finish_reason=finish_reason,
                                                             token_ids=token_ids, logprobs=logprobs)])
 
-    def _usage_chunk(self, usage: Usage) -> BaseModel:
+    def _usage_chunk(self, usage: Usage, request_metrics: ResponseMetrics | None) -> BaseModel:
+        """The final chunk (choices []): usage, and vLLM's per-request `metrics` where vLLM streams them."""
         if self.chat:
             return ChatCompletionChunk(id=self.id, created=self.created, model=self.settings.model_name, choices=[],
-                                       usage=usage)
+                                       usage=usage, metrics=request_metrics)
         return CompletionResponse(id=self.id, created=self.created, model=self.settings.model_name, choices=[],
-                                  usage=usage)
+                                  usage=usage, metrics=request_metrics)
 
     @staticmethod
     def _sse(body: BaseModel) -> str:

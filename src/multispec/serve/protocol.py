@@ -310,6 +310,41 @@ class CompletionLogprobs(BaseModel):
     text_offset: list[int]
 
 
+class SpeculativeDecoding(BaseModel):
+    """One request's speculative decoding in vLLM's per-request shape (`metrics.speculative_decoding`, vLLM's
+    `--per-request-spec-decode-metrics summary`). acceptance_histogram[j]: drafting rounds that accepted exactly j
+    draft tokens (num_spec_tokens + 1 entries); num_spec_tokens: the deepest draft of the request (vLLM's fixed k;
+    multispec's depth may vary by round); num_draft_tokens: drafted depth, summed over rounds. Never null: with no
+    drafting round, mean_acceptance_length is 1 and draft_acceptance_rate 0."""
+
+    mean_acceptance_length: float
+    draft_acceptance_rate: float
+    acceptance_histogram: list[int]
+    num_spec_steps: int
+    num_accepted_draft_tokens: int
+    num_draft_tokens: int
+    num_spec_tokens: int
+
+    @classmethod
+    def of(cls, stats: dict) -> "SpeculativeDecoding":
+        steps, drafted = stats["num_spec_steps"], stats["num_draft_tokens"]
+        accepted, per_pos = stats["num_accepted_draft_tokens"], list(stats["accepted_per_position"])
+        # rounds accepting at depth d also accepted at every depth above it, so per_pos falls with d
+        at_least = [steps, *per_pos]
+        histogram = [at_least[j] - (at_least[j + 1] if j + 1 < len(at_least) else 0) for j in range(len(at_least))]
+        return cls(mean_acceptance_length=1 + accepted / steps if steps else 1.0,
+                   draft_acceptance_rate=accepted / drafted if drafted else 0.0, acceptance_histogram=histogram,
+                   num_spec_steps=steps, num_accepted_draft_tokens=accepted, num_draft_tokens=drafted,
+                   num_spec_tokens=len(per_pos))
+
+
+class ResponseMetrics(BaseModel):
+    """vLLM's top-level per-request `metrics` object (one sequence per request: absent when n or the prompts make
+    several choices, as in vLLM)."""
+
+    speculative_decoding: SpeculativeDecoding
+
+
 class CompletionChoice(BaseModel):
     index: int = 0
     text: str
@@ -327,6 +362,7 @@ class CompletionResponse(BaseModel):
     choices: list[CompletionChoice]
     usage: Usage | None = None
     spec_decode: SpecDecodeMetrics | None = None
+    metrics: ResponseMetrics | None = None
 
 
 class FunctionCall(BaseModel):
@@ -378,6 +414,7 @@ class ChatCompletionResponse(BaseModel):
     choices: list[ChatChoice]
     usage: Usage
     spec_decode: SpecDecodeMetrics
+    metrics: ResponseMetrics | None = None
 
 
 class FunctionDelta(BaseModel):
@@ -416,6 +453,7 @@ class ChatCompletionChunk(BaseModel):
     choices: list[ChatChunkChoice]
     usage: Usage | None = None
     spec_decode: SpecDecodeMetrics | None = None
+    metrics: ResponseMetrics | None = None
 
 
 class ModelCard(BaseModel):

@@ -114,6 +114,17 @@ class Scheduler:
             self._pool.submit(self._work, job, run)
         return run
 
+    def alive(self) -> bool:
+        """False once the batch loop thread has died (a replica's health check); worker threads are per job."""
+        return self.batch is None or self._loop_thread.is_alive()
+
+    def cache_usage(self) -> float:
+        """The share of the cache slots in use, in [0, 1]: batch slots holding a sequence, or, one sequence per
+        worker, busy workers (each owns its caches). Read from any thread (a gauge's scrape)."""
+        if self.batch is not None:
+            return (self.batch.slots - self.batch.free) / self.batch.slots
+        return min(1.0, max(0, self.running) / self.max_concurrent)
+
     def _started(self, run: Run) -> None:
         with self._lock:
             self.waiting -= 1
