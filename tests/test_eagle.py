@@ -330,6 +330,9 @@ def test_train_head_on_a_tiny_target_then_decode(tmp_path, capsys):
                                "--seq-len", "16", flag, value)
         assert_one_line_error(code, err, says)
         assert not (tmp_path / "h3").exists()  # refused before anything was written
+    # an --out under a regular file: refused before the model loads (it failed after the training, the head lost)
+    code, _, err = run_cli(capsys, "train-head", "--target", str(paths["target"]), "--out", str(data / "head"))
+    assert_one_line_error(code, err, "is a file, not a folder")
 
 
 def test_train_head_reads_token_ids_and_several_sources(tmp_path):

@@ -22,6 +22,20 @@ def writable_dir(path: str | Path, what: str = "--out") -> Path:
     return p
 
 
+def creatable_dir(path: str | Path, what: str = "--out") -> Path:
+    """Check, creating nothing, that `path` is a folder or can be made one: its nearest existing ancestor is a
+    writable folder (a path under a regular file, or in a read-only folder, is refused). Returns it. For a job that
+    writes its folder only at the end (train-head), checked before the work starts."""
+    p = Path(path)
+    check(not p.exists() or p.is_dir(), f"{what} {p}: exists and is not a folder")
+    parent = p if p.exists() else p.absolute().parent
+    while not parent.exists():
+        parent = parent.parent
+    check(parent.is_dir(), f"{what} {p}: {parent} is a file, not a folder")
+    check(os.access(parent, os.W_OK | os.X_OK), f"{what} {p}: cannot write in {parent}")
+    return p
+
+
 def writable_file(path: str | Path, what: str = "--out") -> Path:
     """Check that a file can be written at `path` (its folder is created if needed). Returns it."""
     p = Path(path)

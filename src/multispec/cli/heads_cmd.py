@@ -43,6 +43,9 @@ def train_acceptance_command(target, draft, prompt_files, datasets, data_dir, n_
                              top_k, mix, cache, out, epochs, lr, batch_size, w_rej, depth, share_blocks, seed,
                              gen_batch, threads, dtype) -> None:
     """Generate training data with the target, label it with both models, train the acceptance head."""
+    from multispec.paths import creatable_dir
+
+    creatable_dir(out)  # before any slow work
     import torch
 
     from multispec.training.acceptance_data import DataConfig
@@ -85,6 +88,9 @@ def train_acceptance_command(target, draft, prompt_files, datasets, data_dir, n_
 def train_decision_command(kind, target, draft, datasets, prompt_files, data_dir, n_prompts, max_new_tokens,
                            temperature, cache, out, epochs, lr, batch_size, seed, gen_batch, threads) -> None:
     """Generate data with the target and draft, train a P1 decision model (design §6.3), save the best epoch."""
+    from multispec.paths import creatable_dir
+
+    creatable_dir(out)  # before any slow work
     import torch
 
     from multispec.training.decision_data import DataConfig

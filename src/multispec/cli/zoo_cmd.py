@@ -41,6 +41,9 @@ def presets_command(as_json: bool) -> None:
 @click.option("--seed", default=0, show_default=True, help="Shuffle seed.")
 def corpus_command(sources, out, max_mb, heldout_frac, max_file_kb, seed) -> None:
     """Collect .py files, deduplicate by content, shuffle, split train/held-out by file."""
+    from multispec.paths import creatable_dir
+
+    creatable_dir(out)  # before any slow work
     from multispec.zoo.corpus import CorpusConfig, build_corpus, default_sources
 
     srcs = tuple(sources) or tuple(str(p) for p in default_sources())
@@ -57,6 +60,9 @@ def corpus_command(sources, out, max_mb, heldout_frac, max_file_kb, seed) -> Non
 @click.option("--out", required=True, type=click.Path())
 def tokenizer_command(corpus, vocab_size, out) -> None:
     """Train a byte-level BPE tokenizer; <|endoftext|> is id 0 (bos/eos/pad)."""
+    from multispec.paths import creatable_dir
+
+    creatable_dir(out)  # before any slow work
     from multispec.zoo.tokenizer import train_tokenizer
 
     if not (Path(corpus) / "train.txt").is_file():
@@ -82,6 +88,9 @@ def tokenizer_command(corpus, vocab_size, out) -> None:
 def train_command(role, preset, corpus, tokenizer, out, teacher, resume, max_minutes, steps, seed, eval_interval,
                   threads, device) -> None:
     """Train a target or a draft from scratch and save a Hugging Face directory."""
+    from multispec.paths import creatable_dir
+
+    creatable_dir(out)  # before any slow work
     from multispec.zoo.train import CKPT, TrainConfig, train
 
     if resume:
@@ -113,6 +122,9 @@ def train_command(role, preset, corpus, tokenizer, out, teacher, resume, max_min
 @click.option("--sample-top-k", type=click.IntRange(min=1), default=None, help="With --sample-temperature: top-k.")
 def export_command(model, out, sample_temperature, sample_top_k) -> None:
     """Copy a trained model without its checkpoint (e.g. into src/multispec/default_pair/target)."""
+    from multispec.paths import creatable_dir
+
+    creatable_dir(out)  # before any slow work
     import shutil
 
     if sample_top_k is not None and sample_temperature is None:
@@ -152,6 +164,10 @@ def export_command(model, out, sample_temperature, sample_top_k) -> None:
               help="torch CPU threads (default: torch's default).")
 def eval_command(model, draft, heldout, dataset, data_dir, new_tokens, limit, max_windows, json_out, threads) -> None:
     """Held-out loss (nats/token) of a model; with --draft, greedy agreement and mean sum min(p, q) at T=1."""
+    from multispec.paths import writable_file
+
+    if json_out:
+        writable_file(json_out, "--json-out")  # before any model loads
     import torch
 
     from multispec.zoo import evaluate as ev

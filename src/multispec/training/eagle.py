@@ -64,13 +64,14 @@ class HeadTrainConfig:
         check(self.max_tokens >= 2 * self.seq_len, f"--max-tokens must be >= 2 x --seq-len ({2 * self.seq_len}), "
                                                    f"got {self.max_tokens}")
         from multispec.loading import resolve_device
+        from multispec.paths import creatable_dir
 
         resolve_device(self.device)  # a device this machine has, before the model loads
         out = Path(self.out)
         check(self.overwrite or self.resume or not out.exists(),
               f"--out {out} exists; choose another folder, --resume its head or pass --overwrite")
         check(not self.resume or (out / "config.json").is_file(), f"--resume: no head in {out} to resume")
-        check(not out.exists() or out.is_dir(), f"--out {out} exists and is not a folder")
+        creatable_dir(out)  # (a path under a regular file failed after the training, its head lost)
         for d in self.data:
             check(d in (PYTHON, OWN) or Path(d).is_file(), f"--data {d}: file not found")
 
