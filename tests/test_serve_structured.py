@@ -79,7 +79,19 @@ def test_structured_fields_on_completions_and_streaming(server, pair):
     ({"structured_outputs": {"regex": "a", "choice": ["a"]}}, "structured_outputs"),
     ({"guided_regex": "a", "guided_choice": ["a"]}, "guided_choice"),
     ({"guided_json": {"type": "object"}, "ignore_eos": True}, "ignore_eos"),
+    # legal, but past the grammar engine's limits / with no finite derivation: refused before generation
+    ({"response_format": {"type": "json_schema", "json_schema": {"name": "p", "schema": {
+        "type": "object", "properties": {f"f{i}": {"type": "integer"} for i in range(3000)}}}}}, "response_format"),
+    ({"structured_outputs": {"grammar": 'start: x\nx: "a" x\n'}}, "structured_outputs"),
 ])
 def test_bad_constraints_are_400s_naming_the_field(server, body, param):
     out = post(server, "/v1/completions", {"prompt": "x", "max_tokens": 4, **body}, status=400)
     assert out["error"]["param"] == param, out
+
+
+def test_a_grammar_that_dead_ends_mid_generation_is_a_400_not_a_500(server):
+    """Past the first tokens the grammar engine hits its limit: the request ends with one clear error naming the
+    field, never a 500 or an output labelled stop."""
+    out = post(server, "/v1/completions", {"prompt": "x", "max_tokens": 8, "structured_outputs": {
+        "grammar": 'start: ("b" | "c") x\nx: "a" x\n'}}, status=400)
+    assert out["error"]["param"] == "structured_outputs" and "grammar" in out["error"]["message"], out

@@ -151,8 +151,9 @@ class GrammarState:
         for t in tokens:
             if self.ended:
                 return
-            if not self.m.consume_token(int(t)):  # committed tokens come from masked laws: only a bug gets here
-                raise RuntimeError(f"internal: the grammar refused committed token {t}: {self.m.get_error()}")
+            if not self.m.consume_token(int(t)):  # (a token drawn where the grammar had hit a dead end)
+                raise MultispecError(f"{self.grammar.constraint.kind}: the grammar engine refused the output at "
+                                     f"token {t}: {_one_line(self.m.get_error())[:300]}")
             self.ended = int(t) in self.eos
 
     @property
@@ -170,6 +171,8 @@ class GrammarState:
     def mask(self, vocab: int) -> torch.Tensor:
         """bool [vocab]: the tokens the grammar allows next (columns past the tokenizer's words: none)."""
         bits = np.unpackbits(np.frombuffer(self.m.compute_bitmask(), dtype=np.uint8), bitorder="little")
+        if self.m.is_error():  # (in its error state the engine allows only an end: a silent, incomplete output)
+            self.dead_end()
         out = np.zeros(vocab, dtype=bool)
         n = min(vocab, self.words)
         out[:n] = bits[:n]
@@ -190,6 +193,8 @@ class GrammarState:
         def visit(u: int, reachable: bool) -> None:
             if u in wanted:
                 mask = self.mask(vocab) if reachable else everything
+                if u == 0 and not bool(mask.any()) and not self.ended:
+                    self.dead_end()  # the committed text: the request ends here, its output so far kept
                 masks[u] = mask if bool(mask.any()) else everything
             for c in tree.children[u]:
                 if c not in needed:
@@ -198,10 +203,37 @@ class GrammarState:
                     visit(c, True)
                     self.m.rollback(1)
                 else:
+                    if self.m.is_error():  # the engine failed on a drafted token, not merely refused it
+                        self.dead_end()
                     visit(c, False)
 
         visit(0, True)
         return torch.stack([masks[u] for u in want])
+
+    def dead_end(self) -> None:
+        """The committed text can go no further under the grammar (the engine's limits, or a rule with no finite
+        derivation): a clear error, raised in the sequence (which keeps its output so far). The grammar engine's
+        own failure (a parser limit) is raised where it happens, on a drafted token too: the matcher cannot go on
+        after it, and an output it then ended would be incomplete."""
+        kind, why = self.grammar.constraint.kind, self.m.get_error() if self.m.is_error() else ""
+        raise MultispecError(f"{kind}: the grammar cannot go on from the output so far"
+                             + (f": {_one_line(why)[:300]}" if why else " (no token and no end allowed)"))
+
+    def probe(self, vocab: int) -> str | None:
+        """What a fresh state hits within the tokens the grammar forces from its start (MAX_FORCED at most): the
+        grammar engine's refusal (a parser limit: a schema of thousands of properties; a rule with no finite
+        derivation), or None. Checked when the constraint is bound, before any forward."""
+        for _ in range(MAX_FORCED):
+            allowed = self.mask(vocab).nonzero()
+            if self.m.is_error():
+                return _one_line(self.m.get_error())[:300]
+            if len(allowed) == 0:
+                return None if self.accepting else "it allows no output at all"
+            if len(allowed) != 1 or int(allowed[0]) in self.eos:
+                return None
+            if not self.m.consume_token(int(allowed[0])):
+                return _one_line(self.m.get_error())[:300]
+        return None
 
     def forced(self, vocab: int, limit: int) -> list[int]:
         """The tokens the grammar allows one at a time from here (each has probability 1 under the constrained
@@ -225,5 +257,6 @@ def bind(constraint: Constraint | None, tokenizer, vocab: int, eos_ids) -> Gramm
         return None
     check(tokenizer is not None, "structured output needs the model's tokenizer")
     grammar = Grammar(constraint, ll_tokenizer(tokenizer, vocab, eos_ids), vocab, tuple(sorted(eos_ids)))
-    grammar.start()  # builds the matcher once: a grammar error surfaces here, before any forward
+    problem = grammar.start().probe(vocab)  # a grammar error surfaces here, before any forward
+    check(problem is None, f"{constraint.kind}: the grammar engine cannot serve it: {problem}")
     return grammar

@@ -17,7 +17,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from multispec.decoding.request import PreparedRequest
 from multispec.errors import MultispecError
 from multispec.params import ParamError
-from multispec.serve.edge import APIError, Edge, RequireApiKey, ServeSettings, error_json, refuse
+from multispec.serve.edge import APIError, Edge, RequireApiKey, ServeSettings, error_json, refuse, structured_fields
 from multispec.serve.memory import cache_report, choose_max_model_len
 from multispec.serve.metrics import ServerMetrics
 from multispec.serve.protocol import (AssistantMessage, ChatChoice, ChatChunkChoice, ChatCompletionChunk,
@@ -322,9 +322,17 @@ class _Reply:
                             " s", type="timeout_error", code="timeout")
         if isinstance(payload, MultispecError):
             self.metrics.request_rejected.labels(reason="invalid").inc()
-            return APIError(400, str(payload))
+            return APIError(400, str(payload), param=self._constraint_field(str(payload)))
         self.metrics.request_rejected.labels(reason="error").inc()
         return APIError(500, f"generation failed: {type(payload).__name__}", type="internal_error")
+
+    def _constraint_field(self, message: str) -> str | None:
+        """The request field that carried the constraint an error during generation names (a grammar that dead-ends
+        past its first tokens): the structured-output field, or `tools`; None for any other error."""
+        if not message.startswith(("json_schema:", "regex:", "choice:", "grammar:")):
+            return None
+        carrier, _ = structured_fields(self.req)
+        return carrier or ("tools" if getattr(self.req, "tools", None) else None)
 
     def _echo_text(self, index: int) -> str:
         text = self.prompt_texts[index]
