@@ -11,7 +11,7 @@ import pytest
 from multispec import MultispecError, generate
 from multispec.params import ParamError
 from multispec.text import encode_chat
-from multispec.tools import HERMES_TEMPLATE, ToolCallParser, Tools, parse_tool_calls
+from multispec.tools import HERMES_TEMPLATE, ToolCallParser, Tools, calls_of, parse_tool_calls
 
 jsonschema = pytest.importorskip("jsonschema")
 
@@ -87,6 +87,67 @@ def test_streamed_pieces_add_up_to_the_whole_parse():
         events += parser.finish()
         assert "".join(v for k, v in events if k == "content") == whole_content
         assert [v["function"] for k, v in events if k == "call"] == [c["function"] for c in whole_calls]
+
+
+def _events(parser: ToolCallParser, text: str, step: int) -> list:
+    events = []
+    for i in range(0, len(text), step):
+        events += parser.feed(text[i:i + step])
+    return events + parser.finish()
+
+
+def test_a_forced_call_streams_its_arguments_as_they_are_written():
+    args = '{"s": "x}\\"</tool_call>{", "n": [1, {"b": true}]}'  # braces and the closing tag inside a string
+    text = f'<tool_call>\n{{"name": "add", "arguments": {args}}}\n</tool_call>\n' + call_text("get_weather", {})
+    parser = ToolCallParser(forced=True)
+    events = []
+    for i, ch in enumerate(text):  # one character at a time
+        new = parser.feed(ch)
+        events += new
+        if i == text.index("{", text.index('"arguments"')):  # the call comes with its arguments' first brace
+            assert [k for k, _ in new] == ["call", "arguments"] and new[0][1]["function"] == \
+                {"name": "add", "arguments": ""} and new[1][1] == "{"
+    events += parser.finish()
+    assert [k for k, _ in events].count("arguments") == len(args) + 2 and not parser.cut
+    calls: list[dict] = []
+    assert calls_of(events, calls) == []
+    assert [c["function"] for c in calls] == [{"name": "add", "arguments": args},
+                                              {"name": "get_weather", "arguments": "{}"}]
+    for step in (2, 5, 1000):  # however the text is cut, the same calls
+        again: list[dict] = []
+        calls_of(_events(ToolCallParser(forced=True), text, step), again)
+        assert [c["function"] for c in again] == [c["function"] for c in calls]
+    assert [c["function"] for c in parse_tool_calls(text, forced=True)[1]] == [c["function"] for c in calls]
+
+
+def test_arguments_are_the_text_the_model_wrote():
+    text = '<tool_call>\n{"arguments":{ "a":1,"b" :"\\u00e9"} , "name": "add"}\n</tool_call>'
+    assert parse_tool_calls(text)[1][0]["function"]["arguments"] == '{ "a":1,"b" :"\\u00e9"}'
+    text = '<tool_call>\n{"name": "add", "arguments": "{\\"a\\": 1}"}\n</tool_call>'
+    assert parse_tool_calls(text)[1][0]["function"]["arguments"] == '{"a": 1}'
+    assert parse_tool_calls('<tool_call>\n{"name": "add"}\n</tool_call>')[1][0]["function"]["arguments"] == "{}"
+
+
+def test_a_forced_call_cut_off_at_the_end_stays_a_call():
+    parser = ToolCallParser(forced=True)
+    calls: list[dict] = []
+    calls_of(_events(parser, '<tool_call>\n{"name": "add", "arguments": {"a": 1', 3), calls)
+    assert parser.cut and [c["function"] for c in calls] == [{"name": "add", "arguments": '{"a": 1'}]
+    parser = ToolCallParser(forced=True)  # whole arguments, unclosed envelope: a whole call
+    calls_of(_events(parser, '<tool_call>\n{"name": "add", "arguments": {"a": 1}}\n</tool', 3), [])
+    assert parser.calls == 1 and not parser.cut
+
+
+@pytest.mark.parametrize("text", [
+    'Hi <tool_call>\n{"name": "add", "arguments": {"a": 1',  # text first: the grammar no longer forces calls
+    ' <tool_call>\n{"name": "add", "arguments": {"a": 1',
+    '<tool_call>\n{"name": "add", "arguments": 3}\n</tool_call>',  # not an object: comes whole, or stays text
+])
+def test_only_a_call_the_grammar_forces_is_streamed(text):
+    parser = ToolCallParser(forced=True)
+    events = _events(parser, text, 1)
+    assert "arguments" not in [k for k, _ in events] and not parser.cut
+    assert "".join(v for k, v in events if k == "content") == text.strip()
 
 
 # ---- checking tools ----
@@ -278,6 +339,40 @@ def test_the_client_streams_tool_call_deltas(server):
     assert [(c["name"], c["arguments"]) for c in calls.values()] == \
         [(c.function.name, c.function.arguments) for c in whole.message.tool_calls]
     assert all(c["id"].startswith("call_") for c in calls.values())
+
+
+def _streamed(server, **kwargs) -> tuple[list[dict], str | None, list]:
+    """The calls a stream adds up to (id, name, arguments), its finish_reason, each call's argument pieces."""
+    calls: dict[int, dict] = {}
+    pieces: dict[int, list] = {}
+    finish = None
+    for chunk in server.client.chat.completions.create(stream=True, **kwargs):
+        for ch in chunk.choices:
+            for d in ch.delta.tool_calls or []:
+                c = calls.setdefault(d.index, {"id": d.id, "name": d.function.name, "arguments": ""})
+                c["arguments"] += d.function.arguments or ""
+                pieces.setdefault(d.index, []).append(d.function.arguments or "")
+            finish = ch.finish_reason or finish
+    return [calls[i] for i in sorted(calls)], finish, [pieces[i] for i in sorted(pieces)]
+
+
+def test_streamed_arguments_come_as_they_are_written_and_add_up(server):
+    for seed in range(3):  # the same seed streamed and not: the same calls
+        kwargs = dict(model="tiny", messages=MESSAGES, tools=TOOLS, tool_choice="required", max_tokens=100,
+                      temperature=1.0, seed=seed)
+        whole = server.client.chat.completions.create(**kwargs).choices[0]
+        calls, finish, pieces = _streamed(server, **kwargs)
+        assert finish == whole.finish_reason
+        assert [(c["name"], c["arguments"]) for c in calls] == \
+            [(c.function.name, c.function.arguments) for c in whole.message.tool_calls]
+        assert all(len([p for p in ps if p]) > 1 for ps in pieces), pieces  # not one burst at the end
+    cut = dict(model="tiny", messages=MESSAGES, tools=TOOLS, tool_choice={"type": "function", "function": {
+        "name": "get_weather"}}, max_tokens=60, temperature=0)
+    whole = server.client.chat.completions.create(**cut).choices[0]
+    calls, finish, _ = _streamed(server, **cut)
+    assert finish == whole.finish_reason == "length"  # the limit cut the call: its arguments as far as written
+    assert [(c["name"], c["arguments"]) for c in calls] == \
+        [(c.function.name, c.function.arguments) for c in whole.message.tool_calls]
 
 
 def test_streamed_calls_keep_every_token_s_logprobs(server):
