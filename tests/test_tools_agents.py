@@ -46,7 +46,8 @@ def _framework(module: str, package: str):
     return pytest.importorskip(module, reason=f"{package} is not installed (pip install -e '.[test]' brings it)")
 
 
-def test_the_openai_agents_sdk_runs_a_two_tool_loop_to_its_answer(qwen):
+@pytest.mark.parametrize("stream", [False, True])
+def test_the_openai_agents_sdk_runs_a_two_tool_loop_to_its_answer(qwen, stream):
     agents = _framework("agents", "the OpenAI Agents SDK (openai-agents)")
     from openai import AsyncOpenAI
 
@@ -70,7 +71,15 @@ def test_the_openai_agents_sdk_runs_a_two_tool_loop_to_its_answer(qwen):
         name="helper", instructions="Answer with the tools. Call every tool you need, then answer in one sentence.",
         tools=[get_weather, add], model=agents.OpenAIChatCompletionsModel(model="qwen", openai_client=client),
         model_settings=agents.ModelSettings(temperature=0, tool_choice="required", max_tokens=120))
-    result = asyncio.run(agents.Runner.run(agent, ASK, max_turns=5))
+    async def run():
+        if not stream:
+            return await agents.Runner.run(agent, ASK, max_turns=5)
+        streamed = agents.Runner.run_streamed(agent, ASK, max_turns=5)
+        async for _ in streamed.stream_events():
+            pass
+        return streamed
+
+    result = asyncio.run(run())
     assert {c[0] for c in called} == {"get_weather", "add"}, called  # the loop called both tools
     assert ("get_weather", "Paris") in called and ("add", 2, 3) in called, called
     outputs = [i for i in result.new_items if i.type == "tool_call_output_item"]
