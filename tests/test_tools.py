@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 
 import httpx
+import numpy as np
 import pytest
 
 from multispec import MultispecError, generate
@@ -264,6 +265,129 @@ def test_strict_under_auto_is_text_or_valid_calls(pair):
             valid_calls(r)
         else:
             assert r.tool_calls == [] and "<tool_call>" not in r.text[:11]
+
+
+@pytest.mark.slow
+def test_every_required_and_strict_call_validates_over_100_seeds_at_t1(pair):
+    strict = [dict(t, function=dict(t["function"], strict=True)) for t in TOOLS]
+    made = stopped = 0
+    for seed in range(100):
+        r = generate(pair, messages=MESSAGES, chat_template=TEMPLATE, tools=strict if seed % 2 else TOOLS,
+                     tool_choice="required", method="auto", max_new_tokens=200, temperature=1.0, seed=seed)
+        closed = r.text.count("</tool_call>")  # the limit may cut a last call (its arguments as far as written)
+        assert closed >= 1 and len(r.tool_calls) in (closed, closed + 1), r.text
+        assert r.finish_reason == "length" or len(r.tool_calls) == closed, r
+        for c in r.tool_calls[:closed]:
+            jsonschema.validate(json.loads(c["function"]["arguments"]), SCHEMAS[c["function"]["name"]])
+        made, stopped = made + closed, stopped + (r.finish_reason == "stop")
+    assert made >= 100 and stopped >= 50
+    for seed in range(100):  # strict under auto: text, or calls that validate (this model writes text: it never
+        # opens with the whole tag)
+        r = generate(pair, messages=MESSAGES, chat_template=TEMPLATE, tools=strict, method="auto",
+                     max_new_tokens=20, temperature=1.0, seed=seed)
+        if r.text.startswith("<tool_call>"):
+            valid_calls(r)
+        else:
+            assert r.tool_calls == []
+
+
+F_ENUM = {"type": "object", "properties": {"x": {"enum": ["a", "b"]}}, "required": ["x"], "additionalProperties": False}
+G_ENUM = {"type": "object", "properties": {"x": {"enum": ["c", "dd", "e"]}}, "required": ["x"],
+          "additionalProperties": False}
+LAW_TOOLS = [{"type": "function", "function": {"name": "f", "parameters": F_ENUM}},
+             {"type": "function", "function": {"name": "g", "parameters": G_ENUM}}]
+
+
+def masked_call_law(pair, prompt: list[int], grammar: str) -> dict[str, float]:
+    """The target's law of each output under the grammar, by full forwards token by token: at each step the
+    softmax of its logits over the tokens the grammar allows (every tokenization of every output), no trees, no
+    drafts, no forced-token shortcut."""
+    import torch
+
+    from multispec.loading import eos_ids, vocab_rows
+    from multispec.structured import Constraint, bind
+
+    rows, eos = vocab_rows(pair.target), eos_ids(pair)
+    state = bind(Constraint.of(grammar=grammar), pair.tokenizer, rows, eos).start()
+    law: dict[str, float] = {}
+
+    def visit(path: list[int], prob: float) -> None:
+        allowed = state.mask(rows)
+        with torch.no_grad():
+            logits = pair.target(input_ids=torch.tensor([prompt + path])).logits[0, -1].double()
+        probs = torch.softmax(logits.masked_fill(~allowed, float("-inf")), -1)
+        for t in allowed.nonzero().flatten().tolist():
+            if t in eos:
+                text = pair.tokenizer.decode(path)
+                law[text] = law.get(text, 0.0) + prob * float(probs[t])
+                continue
+            state.commit([t])
+            visit(path + [t], prob * float(probs[t]))
+            state.m.rollback(1)
+
+    visit([], 1.0)
+    return law
+
+
+def sampled_calls(pair, method: str, options: dict, prompt: list[int], grammar: str, n: int) -> dict[str, int]:
+    from multispec import Decoder
+
+    decoder = Decoder(pair, method, "hf", **options)
+    counts: dict[str, int] = {}
+    for seed in range(n):
+        r = decoder.generate(prompt, max_new_tokens=80, temperature=1.0, seed=seed, grammar=grammar)
+        assert r.finish_reason == "stop", r
+        counts[r.text] = counts.get(r.text, 0) + 1
+    return counts
+
+
+@pytest.fixture(scope="module")
+def law_request(pair):
+    """A prompt and the grammar of one call of f or g (parallel calls off): five outputs in all."""
+    from multispec.loading import vocab_rows
+
+    tools = Tools.of(LAW_TOOLS, "required", parallel_tool_calls=False)
+    grammar = tools.grammar(pair.tokenizer)
+    prompt = encode_chat(pair.tokenizer, vocab_rows(pair.target), MESSAGES, TEMPLATE, tools.template_tools())
+    law = masked_call_law(pair, prompt, grammar)
+    assert len(law) == 5 and abs(sum(law.values()) - 1) < 1e-9 and min(law.values()) > 0.05, law
+    assert all(parse_tool_calls(text, forced=True)[1] for text in law)
+    return prompt, grammar, law
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("method,options", [("sd", {"k": 3}), ("mcsd", {"tree": "2,2"}), ("auto", {})])
+def test_sampled_calls_follow_the_masked_target_law(pair, law_request, method, options):
+    from engine_utils import chi_square_pvalue
+
+    prompt, grammar, law = law_request
+    counts = sampled_calls(pair, method, options, prompt, grammar, 500)
+    assert set(counts) <= set(law), counts
+    assert chi_square_pvalue(np.array([counts.get(t, 0) for t in law]), np.array(list(law.values()))) > 1e-3, \
+        (counts, law)
+
+
+def test_a_jump_forward_over_a_branch_fails_the_law(pair, law_request, monkeypatch):
+    """The check has power: forced tokens that take the first allowed token where the grammar allows several (a
+    jump-forward that skips a branch) make a law the chi-square refuses."""
+    from engine_utils import chi_square_pvalue
+
+    from multispec.structured import GrammarState
+
+    def forced(self, vocab: int, limit: int) -> list[int]:
+        out: list[int] = []
+        while len(out) < limit and not self.ended:
+            allowed = self.mask(vocab).nonzero()
+            if len(allowed) == 0:
+                break
+            out.append(int(allowed[0]))
+            self.commit(out[-1:])
+        return out
+
+    monkeypatch.setattr(GrammarState, "forced", forced)
+    prompt, grammar, law = law_request
+    counts = sampled_calls(pair, "sd", {"k": 3}, prompt, grammar, 100)
+    assert chi_square_pvalue(np.array([counts.get(t, 0) for t in law]), np.array(list(law.values()))) < 1e-6
 
 
 def test_greedy_calls_are_the_same_under_every_method(pair):
