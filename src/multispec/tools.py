@@ -220,8 +220,8 @@ def _member_text(text: str, key: str) -> str:
 
 
 # a forced call's start: its name, then its arguments' object begins
-_HEAD = re.compile(r'[ \t\n\r]*\{[ \t\n\r]*"name"[ \t\n\r]*:[ \t\n\r]*("(?:[^"\\]|\\.)*")[ \t\n\r]*,[ \t\n\r]*'
-                   r'"arguments"[ \t\n\r]*:[ \t\n\r]*(?=\{)')
+_HEAD = re.compile(r'[ \t\n\r]*\{[ \t\n\r]*"name"[ \t\n\r]*:[ \t\n\r]*"([A-Za-z0-9_.-]{1,64})"[ \t\n\r]*,[ \t\n\r]*'
+                   r'"arguments"[ \t\n\r]*:[ \t\n\r]*(?=\{)')  # the names are NAME's
 
 
 class ToolCallParser:
@@ -275,7 +275,7 @@ class ToolCallParser:
             else:
                 j = self.buf.find(CLOSE)
                 if self.sure and (m := _HEAD.match(self.buf, 0, j if j >= 0 else len(self.buf))):
-                    events.append(("call", tool_call(json.loads(m.group(1)), "")))
+                    events.append(("call", tool_call(m.group(1), "")))
                     self.calls += 1
                     self.args, self.buf = [0, False, False], self.buf[m.end():]
                     continue
