@@ -6,12 +6,13 @@ from __future__ import annotations
 import json
 
 import httpx
+import numpy as np
 import pytest
 
 from multispec import MultispecError, generate
 from multispec.params import ParamError
 from multispec.text import encode_chat
-from multispec.tools import HERMES_TEMPLATE, ToolCallParser, Tools, parse_tool_calls
+from multispec.tools import HERMES_TEMPLATE, ToolCallParser, Tools, calls_of, parse_tool_calls
 
 jsonschema = pytest.importorskip("jsonschema")
 
@@ -87,6 +88,67 @@ def test_streamed_pieces_add_up_to_the_whole_parse():
         events += parser.finish()
         assert "".join(v for k, v in events if k == "content") == whole_content
         assert [v["function"] for k, v in events if k == "call"] == [c["function"] for c in whole_calls]
+
+
+def _events(parser: ToolCallParser, text: str, step: int) -> list:
+    events = []
+    for i in range(0, len(text), step):
+        events += parser.feed(text[i:i + step])
+    return events + parser.finish()
+
+
+def test_a_forced_call_streams_its_arguments_as_they_are_written():
+    args = '{"s": "x}\\"</tool_call>{", "n": [1, {"b": true}]}'  # braces and the closing tag inside a string
+    text = f'<tool_call>\n{{"name": "add", "arguments": {args}}}\n</tool_call>\n' + call_text("get_weather", {})
+    parser = ToolCallParser(forced=True)
+    events = []
+    for i, ch in enumerate(text):  # one character at a time
+        new = parser.feed(ch)
+        events += new
+        if i == text.index("{", text.index('"arguments"')):  # the call comes with its arguments' first brace
+            assert [k for k, _ in new] == ["call", "arguments"] and new[0][1]["function"] == \
+                {"name": "add", "arguments": ""} and new[1][1] == "{"
+    events += parser.finish()
+    assert [k for k, _ in events].count("arguments") == len(args) + 2 and not parser.cut
+    calls: list[dict] = []
+    assert calls_of(events, calls) == []
+    assert [c["function"] for c in calls] == [{"name": "add", "arguments": args},
+                                              {"name": "get_weather", "arguments": "{}"}]
+    for step in (2, 5, 1000):  # however the text is cut, the same calls
+        again: list[dict] = []
+        calls_of(_events(ToolCallParser(forced=True), text, step), again)
+        assert [c["function"] for c in again] == [c["function"] for c in calls]
+    assert [c["function"] for c in parse_tool_calls(text, forced=True)[1]] == [c["function"] for c in calls]
+
+
+def test_arguments_are_the_text_the_model_wrote():
+    text = '<tool_call>\n{"arguments":{ "a":1,"b" :"\\u00e9"} , "name": "add"}\n</tool_call>'
+    assert parse_tool_calls(text)[1][0]["function"]["arguments"] == '{ "a":1,"b" :"\\u00e9"}'
+    text = '<tool_call>\n{"name": "add", "arguments": "{\\"a\\": 1}"}\n</tool_call>'
+    assert parse_tool_calls(text)[1][0]["function"]["arguments"] == '{"a": 1}'
+    assert parse_tool_calls('<tool_call>\n{"name": "add"}\n</tool_call>')[1][0]["function"]["arguments"] == "{}"
+
+
+def test_a_forced_call_cut_off_at_the_end_stays_a_call():
+    parser = ToolCallParser(forced=True)
+    calls: list[dict] = []
+    calls_of(_events(parser, '<tool_call>\n{"name": "add", "arguments": {"a": 1', 3), calls)
+    assert parser.cut and [c["function"] for c in calls] == [{"name": "add", "arguments": '{"a": 1'}]
+    parser = ToolCallParser(forced=True)  # whole arguments, unclosed envelope: a whole call
+    calls_of(_events(parser, '<tool_call>\n{"name": "add", "arguments": {"a": 1}}\n</tool', 3), [])
+    assert parser.calls == 1 and not parser.cut
+
+
+@pytest.mark.parametrize("text", [
+    'Hi <tool_call>\n{"name": "add", "arguments": {"a": 1',  # text first: the grammar no longer forces calls
+    ' <tool_call>\n{"name": "add", "arguments": {"a": 1',
+    '<tool_call>\n{"name": "add", "arguments": 3}\n</tool_call>',  # not an object: comes whole, or stays text
+])
+def test_only_a_call_the_grammar_forces_is_streamed(text):
+    parser = ToolCallParser(forced=True)
+    events = _events(parser, text, 1)
+    assert "arguments" not in [k for k, _ in events] and not parser.cut
+    assert "".join(v for k, v in events if k == "content") == text.strip()
 
 
 # ---- checking tools ----
@@ -205,6 +267,129 @@ def test_strict_under_auto_is_text_or_valid_calls(pair):
             assert r.tool_calls == [] and "<tool_call>" not in r.text[:11]
 
 
+@pytest.mark.slow
+def test_every_required_and_strict_call_validates_over_100_seeds_at_t1(pair):
+    strict = [dict(t, function=dict(t["function"], strict=True)) for t in TOOLS]
+    made = stopped = 0
+    for seed in range(100):
+        r = generate(pair, messages=MESSAGES, chat_template=TEMPLATE, tools=strict if seed % 2 else TOOLS,
+                     tool_choice="required", method="auto", max_new_tokens=200, temperature=1.0, seed=seed)
+        closed = r.text.count("</tool_call>")  # the limit may cut a last call (its arguments as far as written)
+        assert closed >= 1 and len(r.tool_calls) in (closed, closed + 1), r.text
+        assert r.finish_reason == "length" or len(r.tool_calls) == closed, r
+        for c in r.tool_calls[:closed]:
+            jsonschema.validate(json.loads(c["function"]["arguments"]), SCHEMAS[c["function"]["name"]])
+        made, stopped = made + closed, stopped + (r.finish_reason == "stop")
+    assert made >= 100 and stopped >= 50
+    for seed in range(100):  # strict under auto: text, or calls that validate (this model writes text: it never
+        # opens with the whole tag)
+        r = generate(pair, messages=MESSAGES, chat_template=TEMPLATE, tools=strict, method="auto",
+                     max_new_tokens=20, temperature=1.0, seed=seed)
+        if r.text.startswith("<tool_call>"):
+            valid_calls(r)
+        else:
+            assert r.tool_calls == []
+
+
+F_ENUM = {"type": "object", "properties": {"x": {"enum": ["a", "b"]}}, "required": ["x"], "additionalProperties": False}
+G_ENUM = {"type": "object", "properties": {"x": {"enum": ["c", "dd", "e"]}}, "required": ["x"],
+          "additionalProperties": False}
+LAW_TOOLS = [{"type": "function", "function": {"name": "f", "parameters": F_ENUM}},
+             {"type": "function", "function": {"name": "g", "parameters": G_ENUM}}]
+
+
+def masked_call_law(pair, prompt: list[int], grammar: str) -> dict[str, float]:
+    """The target's law of each output under the grammar, by full forwards token by token: at each step the
+    softmax of its logits over the tokens the grammar allows (every tokenization of every output), no trees, no
+    drafts, no forced-token shortcut."""
+    import torch
+
+    from multispec.loading import eos_ids, vocab_rows
+    from multispec.structured import Constraint, bind
+
+    rows, eos = vocab_rows(pair.target), eos_ids(pair)
+    state = bind(Constraint.of(grammar=grammar), pair.tokenizer, rows, eos).start()
+    law: dict[str, float] = {}
+
+    def visit(path: list[int], prob: float) -> None:
+        allowed = state.mask(rows)
+        with torch.no_grad():
+            logits = pair.target(input_ids=torch.tensor([prompt + path])).logits[0, -1].double()
+        probs = torch.softmax(logits.masked_fill(~allowed, float("-inf")), -1)
+        for t in allowed.nonzero().flatten().tolist():
+            if t in eos:
+                text = pair.tokenizer.decode(path)
+                law[text] = law.get(text, 0.0) + prob * float(probs[t])
+                continue
+            state.commit([t])
+            visit(path + [t], prob * float(probs[t]))
+            state.m.rollback(1)
+
+    visit([], 1.0)
+    return law
+
+
+def sampled_calls(pair, method: str, options: dict, prompt: list[int], grammar: str, n: int) -> dict[str, int]:
+    from multispec import Decoder
+
+    decoder = Decoder(pair, method, "hf", **options)
+    counts: dict[str, int] = {}
+    for seed in range(n):
+        r = decoder.generate(prompt, max_new_tokens=80, temperature=1.0, seed=seed, grammar=grammar)
+        assert r.finish_reason == "stop", r
+        counts[r.text] = counts.get(r.text, 0) + 1
+    return counts
+
+
+@pytest.fixture(scope="module")
+def law_request(pair):
+    """A prompt and the grammar of one call of f or g (parallel calls off): five outputs in all."""
+    from multispec.loading import vocab_rows
+
+    tools = Tools.of(LAW_TOOLS, "required", parallel_tool_calls=False)
+    grammar = tools.grammar(pair.tokenizer)
+    prompt = encode_chat(pair.tokenizer, vocab_rows(pair.target), MESSAGES, TEMPLATE, tools.template_tools())
+    law = masked_call_law(pair, prompt, grammar)
+    assert len(law) == 5 and abs(sum(law.values()) - 1) < 1e-9 and min(law.values()) > 0.05, law
+    assert all(parse_tool_calls(text, forced=True)[1] for text in law)
+    return prompt, grammar, law
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("method,options", [("sd", {"k": 3}), ("mcsd", {"tree": "2,2"}), ("auto", {})])
+def test_sampled_calls_follow_the_masked_target_law(pair, law_request, method, options):
+    from engine_utils import chi_square_pvalue
+
+    prompt, grammar, law = law_request
+    counts = sampled_calls(pair, method, options, prompt, grammar, 500)
+    assert set(counts) <= set(law), counts
+    assert chi_square_pvalue(np.array([counts.get(t, 0) for t in law]), np.array(list(law.values()))) > 1e-3, \
+        (counts, law)
+
+
+def test_a_jump_forward_over_a_branch_fails_the_law(pair, law_request, monkeypatch):
+    """The check has power: forced tokens that take the first allowed token where the grammar allows several (a
+    jump-forward that skips a branch) make a law the chi-square refuses."""
+    from engine_utils import chi_square_pvalue
+
+    from multispec.structured import GrammarState
+
+    def forced(self, vocab: int, limit: int) -> list[int]:
+        out: list[int] = []
+        while len(out) < limit and not self.ended:
+            allowed = self.mask(vocab).nonzero()
+            if len(allowed) == 0:
+                break
+            out.append(int(allowed[0]))
+            self.commit(out[-1:])
+        return out
+
+    monkeypatch.setattr(GrammarState, "forced", forced)
+    prompt, grammar, law = law_request
+    counts = sampled_calls(pair, "sd", {"k": 3}, prompt, grammar, 100)
+    assert chi_square_pvalue(np.array([counts.get(t, 0) for t in law]), np.array(list(law.values()))) < 1e-6
+
+
 def test_greedy_calls_are_the_same_under_every_method(pair):
     outs = {m: generate(pair, messages=MESSAGES, chat_template=TEMPLATE, tools=TOOLS, tool_choice="required",
                         method=m, max_new_tokens=100, temperature=0) for m in ("ar", "sd", "lookup", "auto")}
@@ -278,6 +463,40 @@ def test_the_client_streams_tool_call_deltas(server):
     assert [(c["name"], c["arguments"]) for c in calls.values()] == \
         [(c.function.name, c.function.arguments) for c in whole.message.tool_calls]
     assert all(c["id"].startswith("call_") for c in calls.values())
+
+
+def _streamed(server, **kwargs) -> tuple[list[dict], str | None, list]:
+    """The calls a stream adds up to (id, name, arguments), its finish_reason, each call's argument pieces."""
+    calls: dict[int, dict] = {}
+    pieces: dict[int, list] = {}
+    finish = None
+    for chunk in server.client.chat.completions.create(stream=True, **kwargs):
+        for ch in chunk.choices:
+            for d in ch.delta.tool_calls or []:
+                c = calls.setdefault(d.index, {"id": d.id, "name": d.function.name, "arguments": ""})
+                c["arguments"] += d.function.arguments or ""
+                pieces.setdefault(d.index, []).append(d.function.arguments or "")
+            finish = ch.finish_reason or finish
+    return [calls[i] for i in sorted(calls)], finish, [pieces[i] for i in sorted(pieces)]
+
+
+def test_streamed_arguments_come_as_they_are_written_and_add_up(server):
+    for seed in range(3):  # the same seed streamed and not: the same calls
+        kwargs = dict(model="tiny", messages=MESSAGES, tools=TOOLS, tool_choice="required", max_tokens=100,
+                      temperature=1.0, seed=seed)
+        whole = server.client.chat.completions.create(**kwargs).choices[0]
+        calls, finish, pieces = _streamed(server, **kwargs)
+        assert finish == whole.finish_reason
+        assert [(c["name"], c["arguments"]) for c in calls] == \
+            [(c.function.name, c.function.arguments) for c in whole.message.tool_calls]
+        assert all(len([p for p in ps if p]) > 1 for ps in pieces), pieces  # not one burst at the end
+    cut = dict(model="tiny", messages=MESSAGES, tools=TOOLS, tool_choice={"type": "function", "function": {
+        "name": "get_weather"}}, max_tokens=60, temperature=0)
+    whole = server.client.chat.completions.create(**cut).choices[0]
+    calls, finish, _ = _streamed(server, **cut)
+    assert finish == whole.finish_reason == "length"  # the limit cut the call: its arguments as far as written
+    assert [(c["name"], c["arguments"]) for c in calls] == \
+        [(c.function.name, c.function.arguments) for c in whole.message.tool_calls]
 
 
 def test_streamed_calls_keep_every_token_s_logprobs(server):

@@ -127,7 +127,7 @@ def generate(pair: Pair, prompt: str | list[int] | list[str] | list[list[int]] |
     if calls is not None and calls.parse:
         from multispec.tools import parse_tool_calls
 
-        result.tool_calls = parse_tool_calls(result.text)[1]
+        result.tool_calls = parse_tool_calls(result.text, calls.forced)[1]
     return result
 
 

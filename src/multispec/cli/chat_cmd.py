@@ -123,7 +123,7 @@ def _assistant(text: str, tools) -> dict:
         return {"role": "assistant", "content": text}
     from multispec.tools import parse_tool_calls
 
-    content, calls = parse_tool_calls(text)
+    content, calls = parse_tool_calls(text, tools.forced)
     for c in calls:
         click.echo(f"[tool call {c['id']}] {c['function']['name']}({c['function']['arguments']})", err=True)
     if not calls:

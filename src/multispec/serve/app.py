@@ -27,7 +27,7 @@ from multispec.serve.protocol import (AssistantMessage, ChatChoice, ChatChunkCho
                                       ResponseMetrics, SpecDecodeMetrics, SpeculativeDecoding, TokenizeRequest,
                                       TokenizeResponse, ToolCall, ToolCallDelta, Usage)
 from multispec.serve.scheduler import QueueFull, Scheduler, decoder_generate
-from multispec.tools import ToolCallParser, Tools, parse_tool_calls
+from multispec.tools import ToolCallParser, Tools, calls_of
 from multispec.serve.shapes import (StreamedLogprobs, TokenText, chat_logprobs, completion_logprobs,
                                     text_offsets)
 
@@ -358,10 +358,13 @@ class _Reply:
         lp = await asyncio.to_thread(self._logprobs, index, result)
         ids = result.token_ids if self.req.return_token_ids else None
         if self.chat:
-            content, calls = (result.text, []) if self.tools is None else parse_tool_calls(result.text)
+            content, calls, finish = result.text, [], result.finish_reason
+            if self.tools is not None:  # the parser the stream uses, fed the whole text
+                parser = ToolCallParser(self.tools.forced)
+                content = "".join(calls_of(parser.feed(result.text) + parser.finish(), calls)) or None
+                finish = _finish(parser, finish)
             message = AssistantMessage(content=content, tool_calls=[ToolCall(**c) for c in calls] or None)
-            return ChatChoice(index=index, message=message, logprobs=lp, token_ids=ids,
-                              finish_reason="tool_calls" if calls else result.finish_reason)
+            return ChatChoice(index=index, message=message, logprobs=lp, token_ids=ids, finish_reason=finish)
         text = (await asyncio.to_thread(self._echo_text, index)) + result.text if self.req.echo else result.text
         return CompletionChoice(index=index, text=text, finish_reason=result.finish_reason, logprobs=lp,
                                 token_ids=ids, prompt_token_ids=list(self.jobs[index].prompt_ids)
@@ -410,7 +413,7 @@ class _Reply:
                     StreamedLogprobs(self.edge.decode, self.token_text, job.params.logprobs, self.chat)
                     for job in self.jobs]
         echo_waits = {i for i, lp in enumerate(logprobs) if lp is not None and self.req.echo and not self.chat}
-        parsers = [ToolCallParser() for _ in self.runs] if self.tools is not None else None
+        parsers = [ToolCallParser(self.tools.forced) for _ in self.runs] if self.tools is not None else None
         try:
             for i in range(len(self.runs)):
                 if self.chat:
@@ -453,7 +456,7 @@ class _Reply:
                             ([Delta()] if left is not None else [])
                         for i, delta in enumerate(deltas):
                             yield self._sse(self._chunk(index, delta, logprobs=left if i == 0 else None))
-                        finish = "tool_calls" if parsers[index].calls else finish
+                        finish = _finish(parsers[index], finish)
                     elif rest or left is not None:
                         yield self._sse(self._chunk(index, Delta(content=rest) if self.chat else rest, logprobs=left))
                     ids = result.token_ids if self.req.return_token_ids else None
@@ -477,18 +480,22 @@ class _Reply:
     @staticmethod
     def _tool_deltas(parser: ToolCallParser, text: str, final: bool = False) -> list[Delta]:
         """The deltas of streamed text whose tool calls are parsed (tools.ToolCallParser): content as it is known not
-        to start a call; each call as OpenAI streams one, its id, type and name, then its arguments."""
-        before = parser.calls
+        to start a call; each call as OpenAI streams one, its id, type and name, then its arguments (in pieces as they
+        are written where the grammar forces the call)."""
+        n = parser.calls - 1  # the call that arguments belong to
         events = parser.feed(text) + (parser.finish() if final else [])
         deltas = []
         for kind, value in events:
             if kind == "content":
                 deltas.append(Delta(content=value))
                 continue
-            n, f, before = before, value["function"], before + 1
-            deltas.append(Delta(tool_calls=[ToolCallDelta(index=n, id=value["id"], type="function",
-                                                          function=FunctionDelta(name=f["name"], arguments=""))]))
-            deltas.append(Delta(tool_calls=[ToolCallDelta(index=n, function=FunctionDelta(arguments=f["arguments"]))]))
+            if kind == "call":
+                n, f = n + 1, value["function"]
+                deltas.append(Delta(tool_calls=[ToolCallDelta(index=n, id=value["id"], type="function",
+                                                              function=FunctionDelta(name=f["name"], arguments=""))]))
+                value = f["arguments"]
+            if value:
+                deltas.append(Delta(tool_calls=[ToolCallDelta(index=n, function=FunctionDelta(arguments=value))]))
         return deltas
 
     def _chunk(self, index: int, content, finish_reason=None, spec=None, token_ids=None, logprobs=None) -> BaseModel:
@@ -512,3 +519,8 @@ class _Reply:
     @staticmethod
     def _sse(body: BaseModel) -> str:
         return f"data: {body.model_dump_json(exclude_none=True)}\n\n"
+
+
+def _finish(parser: ToolCallParser, reason: str) -> str:
+    """A tool-parsed choice's finish_reason: tool_calls once it made calls, unless its end cut one off."""
+    return "tool_calls" if parser.calls and not parser.cut else reason
