@@ -125,7 +125,7 @@ def generate(pair: Pair, prompt: str | list[int] | list[str] | list[list[int]] |
     decoder = Decoder(pair, method, backend, profile=profile, **method_options)
     result = decoder.generate(prompt, params, stream=stream)
     if calls is not None and calls.parse:
-        from multispec.tools import parse_tool_calls
+        from multispec.tool_calls import parse_tool_calls
 
         result.tool_calls = parse_tool_calls(result.text, calls.forced)[1]
     return result

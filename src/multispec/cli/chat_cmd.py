@@ -121,7 +121,7 @@ def _assistant(text: str, tools) -> dict:
     """The reply as the conversation keeps it: its calls as tool_calls, each shown on stderr."""
     if tools is None or not tools.parse:
         return {"role": "assistant", "content": text}
-    from multispec.tools import parse_tool_calls
+    from multispec.tool_calls import parse_tool_calls
 
     content, calls = parse_tool_calls(text, tools.forced)
     for c in calls:

@@ -27,7 +27,8 @@ from multispec.serve.protocol import (AssistantMessage, ChatChoice, ChatChunkCho
                                       ResponseMetrics, SpecDecodeMetrics, SpeculativeDecoding, TokenizeRequest,
                                       TokenizeResponse, ToolCall, ToolCallDelta, Usage)
 from multispec.serve.scheduler import QueueFull, Scheduler, decoder_generate
-from multispec.tools import ToolCallParser, Tools, calls_of
+from multispec.tool_calls import ToolCallParser, calls_of
+from multispec.tools import Tools
 from multispec.serve.shapes import (StreamedLogprobs, TokenText, chat_logprobs, completion_logprobs,
                                     text_offsets)
 
