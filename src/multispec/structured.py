@@ -220,19 +220,15 @@ class GrammarState:
                              + (f": {_one_line(why)[:300]}" if why else " (no token and no end allowed)"))
 
     def probe(self, vocab: int) -> str | None:
-        """What a fresh state hits within the tokens the grammar forces from its start (MAX_FORCED at most): the
-        grammar engine's refusal (a parser limit: a schema of thousands of properties; a rule with no finite
-        derivation), or None. Checked when the constraint is bound, before any forward."""
-        for _ in range(MAX_FORCED):
-            allowed = self.mask(vocab).nonzero()
-            if self.m.is_error():
-                return _one_line(self.m.get_error())[:300]
-            if len(allowed) == 0:
-                return None if self.accepting else "it allows no output at all"
-            if len(allowed) != 1 or int(allowed[0]) in self.eos:
-                return None
-            if not self.m.consume_token(int(allowed[0])):
-                return _one_line(self.m.get_error())[:300]
+        """What a fresh state hits within the tokens the grammar forces from its start (`forced`, MAX_FORCED at
+        most): the grammar engine's refusal (a parser limit: a schema of thousands of properties; a rule with no
+        finite derivation), or None. Checked when the constraint is bound, before any forward."""
+        try:
+            self.forced(vocab, MAX_FORCED)
+        except MultispecError as e:  # (dead_end or commit: "<kind>: why")
+            return str(e).split(": ", 1)[-1][:400]
+        if not self.ended and not bool(self.mask(vocab).any()) and not self.accepting:
+            return "it allows no output at all"
         return None
 
     def forced(self, vocab: int, limit: int) -> list[int]:
