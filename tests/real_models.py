@@ -79,3 +79,12 @@ def qwen_coder() -> tuple[Path, Path]:
              "qwen-coder")
     assert found is not None
     return found
+
+
+def qwen_coder_small():
+    """Qwen2.5-Coder-0.5B-Instruct alone, loaded int8 on the CPU (a tool-capable chat model), or skip naming it."""
+    from multispec import load_pair
+
+    path = next((r / QWEN_DRAFT_FILE for r in roots() if (r / QWEN_DRAFT_FILE).is_file()), None)
+    _or_skip(path, f"Qwen2.5-Coder-0.5B-Instruct ({QWEN_DRAFT_FILE})", "qwen-coder")
+    return load_pair(target=str(path), dtype="int8", device="cpu")

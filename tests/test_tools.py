@@ -451,18 +451,11 @@ def test_the_client_streams_tool_call_deltas(server):
     choice = {"type": "function", "function": {"name": "add"}}
     kwargs = dict(model="tiny", messages=MESSAGES, tools=TOOLS, tool_choice=choice, max_tokens=100, temperature=0)
     whole = server.client.chat.completions.create(**kwargs).choices[0]
-    calls: dict[int, dict] = {}
-    finish = None
-    for chunk in server.client.chat.completions.create(stream=True, **kwargs):
-        for ch in chunk.choices:
-            for d in ch.delta.tool_calls or []:
-                c = calls.setdefault(d.index, {"id": d.id, "name": d.function.name, "arguments": ""})
-                c["arguments"] += d.function.arguments or ""
-            finish = ch.finish_reason or finish
+    calls, finish, _ = _streamed(server, **kwargs)
     assert finish == "tool_calls" == whole.finish_reason
-    assert [(c["name"], c["arguments"]) for c in calls.values()] == \
+    assert [(c["name"], c["arguments"]) for c in calls] == \
         [(c.function.name, c.function.arguments) for c in whole.message.tool_calls]
-    assert all(c["id"].startswith("call_") for c in calls.values())
+    assert all(c["id"].startswith("call_") for c in calls)
 
 
 def _streamed(server, **kwargs) -> tuple[list[dict], str | None, list]:
@@ -560,13 +553,9 @@ def test_qwen_coder_makes_a_required_call_through_the_client():
 
     from test_serve import ServerThread
 
-    from multispec import load_pair
     from multispec.serve import ServeSettings, create_app
 
-    path = next((r / real_models.QWEN_DRAFT_FILE for r in real_models.roots()
-                 if (r / real_models.QWEN_DRAFT_FILE).is_file()), None)
-    real_models._or_skip(path, f"Qwen2.5-Coder-0.5B-Instruct ({real_models.QWEN_DRAFT_FILE})", "qwen-coder")
-    qwen = load_pair(target=str(path), dtype="int8", device="cpu")
+    qwen = real_models.qwen_coder_small()
     s = ServerThread(create_app(qwen, ServeSettings(model_name="qwen", method="lookup")))
     ask = [{"role": "user", "content": "What is the weather in Paris for 3 days?"}]
     named = {"type": "function", "function": {"name": "get_weather"}}

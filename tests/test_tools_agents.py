@@ -30,13 +30,9 @@ def qwen():
     import real_models
     from test_serve import ServerThread
 
-    from multispec import load_pair
     from multispec.serve import ServeSettings, create_app
 
-    path = next((r / real_models.QWEN_DRAFT_FILE for r in real_models.roots()
-                 if (r / real_models.QWEN_DRAFT_FILE).is_file()), None)
-    real_models._or_skip(path, f"Qwen2.5-Coder-0.5B-Instruct ({real_models.QWEN_DRAFT_FILE})", "qwen-coder")
-    pair = load_pair(target=str(path), dtype="int8", device="cpu")
+    pair = real_models.qwen_coder_small()
     s = ServerThread(create_app(pair, ServeSettings(model_name="qwen", method="lookup")))
     yield s
     s.close()
