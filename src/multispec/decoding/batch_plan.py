@@ -86,6 +86,28 @@ def _shape(ask: PlanAsk) -> tuple[float, int, list[int]]:
     return expected, size, feeds
 
 
+class _Step:
+    """The speculating members of a step as the sums its price needs, grown one member at a time: extra target
+    tokens, expected extra tokens, per draft level (members drafting that deep, the most tokens one feeds), and
+    the draft levels fed in all."""
+
+    def __init__(self):
+        self.extra, self.gain, self.fed = 0, 0.0, 0
+        self.levels: list[list[int]] = []
+
+    def add(self, shape: tuple[float, int, list[int]]) -> _Step:
+        expected, size, feeds = shape
+        self.extra += size - 1
+        self.gain += expected - 1
+        for level, n in enumerate(feeds):
+            if level == len(self.levels):
+                self.levels.append([0, 0])
+            self.levels[level][0] += 1
+            self.levels[level][1] = max(self.levels[level][1], n)
+        self.fed += len(feeds)
+        return self
+
+
 def choose(asks: list[PlanAsk], others: int, other_tokens: int, table, overhead: dict | None = None,
            factors: list[float] | None = None) -> list[bool]:
     """Which asks run as planned (True) and which take a plain step (False). others: the step's other sequences
@@ -102,25 +124,20 @@ def choose(asks: list[PlanAsk], others: int, other_tokens: int, table, overhead:
     base = other_tokens + len(asks)
     has_draft = "draft" in table.seconds
 
-    def seconds(members: list[int]) -> float:
-        t = table.target(batch, (base + sum(shapes[i][1] - 1 for i in members)) / batch) + batch * o["round_s"]
-        feeds = [shapes[i][2] for i in members if shapes[i][2]]
-        if feeds and has_draft:
-            for level in range(max(len(f) for f in feeds)):
-                fed = [f[level] for f in feeds if len(f) > level]
-                t += table.scale["d"] * table.forward("draft", len(fed), max(fed))
-            t += sum(len(f) for f in feeds) * o["level_s"]
+    def seconds(step: _Step) -> float:
+        t = table.target(batch, (base + step.extra) / batch) + batch * o["round_s"]
+        if step.levels and has_draft:
+            for count, most in step.levels:
+                t += table.scale["d"] * table.forward("draft", count, most)
+            t += step.fed * o["level_s"]
         return t
 
-    def rate(members: list[int]) -> float:
-        return (batch + sum(shapes[i][0] - 1 for i in members)) / seconds(members)
-
-    plain = seconds([])
-    gain = [(shapes[i][0] - 1) / max(seconds([i]) - plain, 1e-9) for i in range(len(asks))]
+    plain = seconds(_Step())
+    gain = [(shapes[i][0] - 1) / max(seconds(_Step().add(shapes[i])) - plain, 1e-9) for i in range(len(asks))]
     order = sorted(range(len(asks)), key=lambda i: -gain[i])
-    best_k, best = 0, rate([]) * (1 + MARGIN)
-    for k in range(1, len(order) + 1):
-        r = rate(order[:k])
+    best_k, best, step = 0, batch / plain * (1 + MARGIN), _Step()
+    for k, i in enumerate(order, start=1):  # each prefix grown from the last: O(asks x levels), not quadratic
+        r = (batch + step.add(shapes[i]).gain) / seconds(step)
         if r > best:
             best_k, best = k, r
     keep = set(order[:best_k])
