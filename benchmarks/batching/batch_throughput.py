@@ -42,6 +42,9 @@ def main() -> None:
     ap.add_argument("--reproducible", action="store_true", help="auto in the reproducible mode a seed turns on "
                     "(position-keyed noise, ~80 us a token at V = 8k); default: as an unseeded request runs, with the "
                     "same seeds as ar, so that plain steps draw ar's tokens")
+    ap.add_argument("--repeats", type=int, default=1, help="measure each (system, batch size) this many times, "
+                    "the systems alternating, and the auto loop again after the batch sizes; every figure is the "
+                    "best of its runs (on a shared machine, a slow moment then hits no system alone)")
     ap.add_argument("--out", required=True, help="path without extension: writes .json and .md")
     args = ap.parse_args()
     import multispec.decoding.batch, multispec.drafting.auto, multispec.drafting.costs  # noqa: F401,E401 - all code read now
@@ -88,13 +91,15 @@ def main() -> None:
     for threads in [int(t) for t in args.threads.split(",")]:
         torch.set_num_threads(threads)
         for temperature in [float(t) for t in args.temperatures.split(",")]:
-            loop = fresh["auto"]()
-            t0 = time.perf_counter()
-            tokens = sum(len(loop.generate(p, max_new_tokens=args.max_new_tokens, temperature=temperature,
-                                           seed=i, reproducible=args.reproducible).token_ids)
-                         for i, p in enumerate(prompts))
-            record(threads, temperature, "auto loop", 1, tokens, time.perf_counter() - t0)
-            for b in sizes:
+            def auto_loop():
+                loop = fresh["auto"]()
+                t0 = time.perf_counter()
+                tokens = sum(len(loop.generate(p, max_new_tokens=args.max_new_tokens, temperature=temperature,
+                                               seed=i, reproducible=args.reproducible).token_ids)
+                             for i, p in enumerate(prompts))
+                record(threads, temperature, "auto loop", 1, tokens, time.perf_counter() - t0)
+            auto_loop()
+            for b, _ in ((b, k) for b in sizes for k in range(args.repeats)):
                 for m in ("ar", "auto"):
                     decoder = fresh[m]()
                     t0 = time.perf_counter()
@@ -106,9 +111,11 @@ def main() -> None:
                     t0 = time.perf_counter()
                     tokens = hf_generate_batched(pair, prompt_ids, b, args.max_new_tokens, temperature, 0)
                     record(threads, temperature, "hf generate", b, tokens, time.perf_counter() - t0)
+            if args.repeats > 1:
+                auto_loop()
     torch.set_num_threads(1)
     record_json = {"meta": environment(pair, sys.argv), "model": model, "prompts": len(prompts), "data": args.label,
-                   "auto_reproducible": args.reproducible,
+                   "auto_reproducible": args.reproducible, "repeats": args.repeats,
                    "max_new_tokens": args.max_new_tokens,
                    "rows": rows, "ratios": ratios(rows, sizes)}
     out = Path(args.out)
@@ -133,14 +140,14 @@ def plot(record: dict, path: Path) -> None:
     fig, axes = plt.subplots(1, len(temps), figsize=(5 * len(temps), 3.6), squeeze=False)
     for ax, t in zip(axes[0], temps):
         for system, style in (("auto", "o-"), ("ar", "s--"), ("hf generate", "^:")):
-            pts = sorted((r["batch_size"], r["tokens_per_s"]) for r in rows
-                         if r["temperature"] == t and r["system"] == system)
+            pts = sorted({r["batch_size"]: _rate(rows, r["threads"], t, system, r["batch_size"]) for r in rows
+                          if r["temperature"] == t and r["system"] == system}.items())
             if pts:
                 ax.plot(*zip(*pts), style, label=f"batched {system}" if system != "hf generate" else
                         "transformers generate")
         loop = [r["tokens_per_s"] for r in rows if r["temperature"] == t and r["system"] == "auto loop"]
         if loop:
-            ax.axhline(loop[0], color="gray", lw=0.8, label="batch-1 auto loop")
+            ax.axhline(max(loop), color="gray", lw=0.8, label="batch-1 auto loop")
         ax.set_xscale("log", base=2)
         sizes = sorted({r["batch_size"] for r in rows})
         ax.set_xticks(sizes, [str(b) for b in sizes])
@@ -154,8 +161,9 @@ def plot(record: dict, path: Path) -> None:
 
 
 def _rate(rows, threads, temperature, system, b):
-    return next((r["tokens_per_s"] for r in rows if (r["threads"], r["temperature"], r["system"], r["batch_size"])
-                 == (threads, temperature, system, b)), None)
+    """The best of a (system, batch size)'s runs (--repeats), None where it has none."""
+    return max((r["tokens_per_s"] for r in rows if (r["threads"], r["temperature"], r["system"], r["batch_size"])
+                == (threads, temperature, system, b)), default=None)
 
 
 def _f(x, fmt: str) -> str:
@@ -177,7 +185,8 @@ def ratios(rows, sizes) -> list[dict]:
 
 
 def table(rows, sizes, n_prompts, max_new, label="humaneval from 0", model="pycode-v1", where="CPU") -> str:
-    lines = [f"Total tokens/s, {model}, {n_prompts} prompts of {label}, {max_new} new tokens, fp32 {where} (one run). "
+    lines = [f"Total tokens/s, {model}, {n_prompts} prompts of {label}, {max_new} new tokens, fp32 {where} (one run; the "
+             "best of a figure's runs with --repeats). "
              "auto / x: the batched auto's ratio to x at the same batch size.", "",
              "| threads | T | batch | ar | auto | hf generate | auto loop (b=1) | auto / loop | auto / hf | auto / ar |",
              "|---|---|---|---|---|---|---|---|---|---|"]

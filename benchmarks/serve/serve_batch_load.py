@@ -1,6 +1,6 @@
 """Continuous batching under load: `multispec serve --max-batch 32` against `--max-batch 1`, same requests, one run.
 
-Per setting, one server subprocess (pycode-v1, fast backend, one torch thread, the default method): C streaming
+Per setting, one server subprocess (pycode-v1, or --target alone, fast backend, one torch thread, the default method): C streaming
 clients x R requests each, greedy, max_tokens M (distinct HumanEval prompts: none repeats by default). Records total tokens/s, time to first
 token and inter-token latency p50/p99, the server's RSS, and checks every response's token ids against the offline
 library result for its prompt. Then, on the batched server only, a cancellation phase: `slots` long streams start,
@@ -44,8 +44,10 @@ class Server:
         sock.close()
         self.url = f"http://127.0.0.1:{self.port}"
         models = f"{args.models}/pycode-v1"
-        self.cmd = [PYTHON, "-m", "multispec", "serve", "--target", f"{models}/target", "--draft", f"{models}/draft",
-                    "--backend", "fast", "--threads", "1", "--port", str(self.port), "--max-batch", str(max_batch),
+        pair = ["--target", args.target] if args.target else ["--target", f"{models}/target", "--draft",
+                                                               f"{models}/draft"]
+        pin = ["taskset", "-c", args.server_cpus] if args.server_cpus else []
+        self.cmd = [*pin, PYTHON, "-m", "multispec", "serve", *pair, "--backend", "fast", "--threads", "1", "--port", str(self.port), "--max-batch", str(max_batch),
                     "--max-concurrent", "1", "--max-queue", str(args.clients * args.requests_per_client),
                     "--profile", str(profile), "--log-level", "warning"]
         env = {**os.environ, "PYTHONPATH": str(ROOT / "src")}
@@ -179,6 +181,10 @@ def main() -> None:
     ap.add_argument("--max-tokens", type=int, default=64)
     ap.add_argument("--batches", default="32,1")
     ap.add_argument("--cancel", action=argparse.BooleanOptionalAction, default=True)
+    ap.add_argument("--target", help="another model alone (a GGUF file or a folder) instead of the pycode-v1 pair: "
+                    "auto then plans lookup and suffix drafts")
+    ap.add_argument("--server-cpus", help="pin the server to these CPUs (taskset -c), e.g. 0: the clients then "
+                    "run beside it, not on its core")
     ap.add_argument("--out", required=True)
     args = ap.parse_args()
     import multispec.decoding.batch, multispec.drafting.auto, multispec.drafting.costs  # noqa: F401,E401 - all code read now
@@ -191,7 +197,8 @@ def main() -> None:
     from multispec.data import load_prompts
     from multispec.decoding.decoder import Decoder
 
-    pair = load_pair(f"{args.models}/pycode-v1/target", f"{args.models}/pycode-v1/draft", device="cpu")
+    pair = load_pair(args.target, device="cpu") if args.target else \
+        load_pair(f"{args.models}/pycode-v1/target", f"{args.models}/pycode-v1/draft", device="cpu")
     prompts = [p.text for p in load_prompts("humaneval", args.data_dir, limit=args.prompts)]
     decoder = Decoder(pair, "auto", "fast")  # the server's default method, on its backend
     offline = [decoder.generate(p, max_new_tokens=args.max_tokens, temperature=0).token_ids for p in prompts]

@@ -16,29 +16,33 @@ of speculating sequences with the most tokens per second among the prefixes of t
 per cost (the empty prefix, all plain, among them); it must beat all-plain by MARGIN. With many sequences, where a
 wider forward costs nearly in proportion, the best S is empty and the batch decodes plainly. The engine keeps the
 answer per sequence, and what its kept plans delivered: its expected extra tokens are scaled by the decayed ratio
-of delivered to expected (Realised). One left out takes plain steps for 1, 2, 4 ... OFF_MAX rounds without asking its policy (the
+of delivered to expected per proposer (Realised), which starts from what the batch's other sequences' plans of that
+proposer delivered at that kind of sampling (Pool), so that a newcomer does not repeat its policy's optimism. One left out takes plain steps for 1, 2, 4 ... OFF_MAX rounds without asking its policy (the
 per-request off switch, which also spares its planning); one kept is asked again next round. Plans depend on the
 policies' estimates and measured costs, never on a round's coins, so every lossless verifier stays lossless.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from multispec.drafting.auto.costs import DEFAULT_OVERHEAD
 from multispec.drafting.protocol import RoundPlan
 from multispec.tree import Tree
 
-__all__ = ["MARGIN", "OFF_MAX", "PLAIN", "PlanAsk", "Realised", "choose"]
+__all__ = ["MARGIN", "OFF_MAX", "PLAIN", "PlanAsk", "Pool", "Realised", "choose"]
 
 MARGIN = 0.03  # speculation must beat all-plain by this much (the planner's margin alone)
 OFF_MAX = 16  # the longest run of plain steps a left-out sequence takes before it is asked again
 PLAIN = RoundPlan(Tree.chain(0), "none", label="ar (batch)", expected=1.0, size=1)
 NO_DRAFT = ("none", "lookup", "suffix")  # proposers whose tokens cost no draft forward
-# A sequence's expected extra tokens are scaled by what its kept plans delivered (Realised): decayed sums, from a
-# prior of one expected token delivered. Measured (pycode-v1, T = 1, batch 4): lookup and suffix plans priced at
-# their policy's estimates delivered 1.04 tokens a round and the batch ran 0.89-0.96x batched ar.
+# A sequence's expected extra tokens are scaled by what its kept plans delivered (Realised): decayed sums per
+# proposer, from a prior of REALISED_PRIOR expected tokens delivered at the batch's ratio for that proposer and
+# sampling (Pool, itself from a prior of one). Measured (pycode-v1, T = 1, batch 4): lookup and suffix plans priced
+# at their policy's estimates delivered 1.04 tokens a round and the batch ran 0.89-0.96x batched ar; at batch 8,
+# suffix plans delivered 0.23 of the extra tokens they promised (each sequence's policy learning it anew).
 REALISED_PRIOR = 1.0
 REALISED_DECAY = 0.9
+POOL_DECAY = 0.98  # the batch's sums: every sequence's rounds feed them
 
 
 @dataclass(frozen=True)
@@ -50,28 +54,52 @@ class PlanAsk:
     pending: int = 1
 
 
+Key = tuple  # (proposer, greedy): what a delivered-to-expected ratio is kept for
+
+
+@dataclass
+class Pool:
+    """The batch's delivered and expected extra tokens per Key, decayed sums from a prior of one each."""
+
+    sums: dict = field(default_factory=dict)  # key -> [delivered, expected]
+
+    def add(self, key: Key, done: float, promised: float) -> None:
+        row = self.sums.setdefault(key, [1.0, 1.0])
+        row[0] = POOL_DECAY * row[0] + done
+        row[1] = POOL_DECAY * row[1] + promised
+
+    def ratio(self, key: Key) -> float:
+        done, promised = self.sums.get(key, (1.0, 1.0))
+        return done / promised
+
+
 @dataclass
 class Realised:
-    """What one sequence's kept plans delivered: decayed sums of the extra tokens (committed - 1) they were expected
-    to commit and did commit. keep() when a plan is kept, settle() with the output's length once its round is over;
-    factor() scales the sequence's next expected extra tokens."""
+    """What one sequence's kept plans delivered, per Key: decayed sums of the extra tokens (committed - 1) they
+    were expected to commit and did commit. keep() when a plan is kept, settle() with the output's length once its
+    round is over (feeding the batch's Pool too); factor() scales the sequence's next expected extra tokens."""
 
-    done: float = REALISED_PRIOR
-    promised: float = REALISED_PRIOR
-    in_flight: tuple[float, int] | None = None  # (expected extra tokens, output length before the round)
+    own: dict = field(default_factory=dict)  # key -> [delivered, expected]
+    in_flight: tuple[Key, float, int] | None = None  # (key, expected extra tokens, output length before the round)
 
-    def keep(self, extra: float, length: int) -> None:
-        self.in_flight = (max(0.0, extra), length)
+    def keep(self, key: Key, extra: float, length: int) -> None:
+        self.in_flight = (key, max(0.0, extra), length)
 
-    def settle(self, length: int) -> None:
+    def settle(self, length: int, pool: Pool | None = None) -> None:
         if self.in_flight is not None:
-            extra, before = self.in_flight
-            self.done = REALISED_DECAY * self.done + max(0, length - before - 1)
-            self.promised = REALISED_DECAY * self.promised + extra
+            key, extra, before = self.in_flight
+            done = max(0, length - before - 1)
+            row = self.own.setdefault(key, [0.0, 0.0])
+            row[0] = REALISED_DECAY * row[0] + done
+            row[1] = REALISED_DECAY * row[1] + extra
+            if pool is not None:
+                pool.add(key, done, extra)
             self.in_flight = None
 
-    def factor(self) -> float:
-        return self.done / self.promised
+    def factor(self, key: Key, pool: Pool | None = None) -> float:
+        done, promised = self.own.get(key, (0.0, 0.0))
+        prior = pool.ratio(key) if pool is not None else 1.0
+        return (done + REALISED_PRIOR * prior) / (promised + REALISED_PRIOR)
 
 
 def _shape(ask: PlanAsk) -> tuple[float, int, list[int]]:

@@ -27,7 +27,7 @@ from typing import Callable
 
 import torch
 
-from multispec.decoding.batch_plan import OFF_MAX, PLAIN, PlanAsk, choose
+from multispec.decoding.batch_plan import OFF_MAX, PLAIN, PlanAsk, Pool, choose
 from multispec.decoding.logprobs import LogprobRecorder
 from multispec.decoding.methods import MethodConfig
 from multispec.decoding.metrics import Metrics
@@ -56,6 +56,7 @@ class Engine:
     def __init__(self, costs=None, overhead: dict | None = None, prefill_budget: int = PREFILL_BUDGET):
         self.costs, self.overhead, self.prefill_budget = costs, overhead, prefill_budget
         self.plans: Counter = Counter()
+        self.pool = Pool()  # what the batch's kept plans delivered, per proposer and sampling (batch_plan.Pool)
         self._held: dict[int, Forward] = {}  # prefill chunks over a step's budget: run first in the next step
         self._seqs: dict[int, Sequence] = {}
         self._next = 0
@@ -122,7 +123,7 @@ class Engine:
             if s.id in self._held:  # a prefill chunk held back by the last step's budget
                 waiting[s.id] = self._held.pop(s.id)
                 continue
-            s.realised.settle(len(s.new))  # (its last round is over)
+            s.realised.settle(len(s.new), self.pool)  # (its last round is over)
             self._advance(s, None, waiting, ended)
         while waiting:
             if any(isinstance(r, PlanAsk) for r in waiting.values()):  # (every asking sequence at once)
@@ -170,13 +171,13 @@ class Engine:
             other_tokens = sum(r.tokens.shape[0] if isinstance(r, Forward) and r.backend is self._seqs[i].run.target
                                else 1 for i, r in waiting.items())
             keep = choose(asks, len(waiting), other_tokens, self.costs, self.overhead,
-                          [self._seqs[i].realised.factor() for i in ids])
+                          [self._seqs[i].realised.factor(_key(self._seqs[i], a), self.pool) for i, a in zip(ids, asks)])
         for i, ask, kept in zip(ids, asks, keep):
             s = self._seqs[i]
             self.plans["kept" if kept else "plain"] += 1
             if kept:
                 s.backoff = 0
-                s.realised.keep((ask.plan.expected or 1.0) - 1, len(s.new))
+                s.realised.keep(_key(s, ask), (ask.plan.expected or 1.0) - 1, len(s.new))
             else:
                 s.backoff = min(OFF_MAX, max(1, 2 * s.backoff))
                 s.plain = s.backoff - 1  # (this round is the first of them)
@@ -211,6 +212,11 @@ class Engine:
             self.on_batch(role, len(requests), sum(sizes))
         if self.costs is not None:
             self.costs.learn(self.timed[role], "target" if role is Role.TARGET else "draft")
+
+
+def _key(s: Sequence, ask: PlanAsk) -> tuple:
+    """What a plan's delivered-to-expected ratio is kept for: its proposer, and greedy or sampled."""
+    return ask.plan.proposer, s.run.sampling.greedy
 
 
 def generate_ids(
