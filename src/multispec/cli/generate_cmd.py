@@ -21,8 +21,8 @@ from multispec.models.int8 import QUANT_DTYPES
 @click.argument("prompt", required=False)
 @click.option("--prompt-file", type=click.Path(exists=True, dir_okay=False), multiple=True,
               help="Read the prompt from this UTF-8 file, a leading BOM dropped (PROMPT '-' reads it from stdin). "
-              "Repeat it, or give a .jsonl file (one JSON string or {\"prompt\": ...} per line), for several "
-              "prompts decoded as one batch.")
+              "Repeat it, or give a .jsonl file (one JSON string or {\"prompt\": ...} per line; other keys are "
+              "refused: settings are options, for every line), for several prompts decoded as one batch.")
 @click.option("--lines", "per_line", is_flag=True, help="Each non-empty line of the prompt text is one prompt.")
 @click.option("--batch-size", type=click.IntRange(1, 256), help="Several prompts: how many decode at once "
               "(default: all, at most 256).")
@@ -44,7 +44,8 @@ from multispec.models.int8 import QUANT_DTYPES
 @click.option("--profile", "profile", type=click.Path(exists=True, dir_okay=False), help="Plan from this machine "
               "profile file (multispec profile measure), read only; default: the cache folder's.")
 @click.option("--baseline", is_flag=True, help="Also run plain decoding (ar) on the same settings and report the "
-              "speedup over it: the median of 3 to 5 alternating runs of each, with its min-max spread.")
+              "speedup over it: this run's over the ar run paired with it (both rates shown), then the median of "
+              "3 to 5 alternating pairs, with its min-max spread.")
 def generate_command(prompt, prompt_file, per_line, batch_size, target, draft, cross_vocab, method, max_new_tokens,
                      chat, system, chat_template, compile_, device, dtype, backend, threads, stream, as_json, profile,
                      baseline,
