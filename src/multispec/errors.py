@@ -5,6 +5,10 @@ class MultispecError(ValueError):
     """A user-facing error: the message names the problem; no traceback is shown by the CLI."""
 
 
+class MultispecWarning(RuntimeWarning):
+    """Something multispec ignored and went on without (a damaged cache file): the CLI prints it as one line."""
+
+
 def check(condition: bool, message: str) -> None:
     """Raise MultispecError(message) unless condition holds."""
     if not condition:

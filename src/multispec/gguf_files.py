@@ -45,6 +45,7 @@ class GgufHeader:
     architecture: str
     has_tokenizer: bool
     tensors: int
+    has_chat_template: bool = False  # tokenizer.chat_template in the metadata
 
 
 @dataclass
@@ -239,7 +240,20 @@ def read_header(path: Path) -> GgufHeader:
     arch = meta.get("general.architecture")
     check(isinstance(arch, str), f"{path} is not a whole GGUF file (truncated or corrupt: no general.architecture)")
     assert isinstance(arch, str)
-    return GgufHeader(architecture=arch, has_tokenizer="tokenizer.ggml.model" in meta, tensors=len(tensors))
+    return GgufHeader(architecture=arch, has_tokenizer="tokenizer.ggml.model" in meta, tensors=len(tensors),
+                      has_chat_template=bool(meta.get("tokenizer.chat_template")))
+
+
+def has_chat_template(path: Path) -> bool | None:
+    """Whether the file's metadata holds a chat template (tokenizer.chat_template), read from its header without
+    converting anything; None where the header cannot be read so (no gguf package, a damaged file: the load then
+    says why, in one line)."""
+    if importlib.util.find_spec("gguf") is None:
+        return None
+    try:
+        return read_header(path).has_chat_template
+    except (MultispecError, OSError):
+        return None
 
 
 @dataclass

@@ -381,6 +381,30 @@ def _hub_reachable() -> bool:
     return True
 
 
+def has_chat_template(target: str | os.PathLike | None) -> bool | None:
+    """Whether the target's tokenizer has a chat template, told from its files before any model loads: a GGUF
+    file's metadata (tokenizer.chat_template), a folder's tokenizer_config.json (its chat_template) or
+    chat_template.jinja / chat_template.json. None where its files cannot tell (a hub id, a folder without a
+    tokenizer config). target None: the embedded default pair's."""
+    import json
+
+    from multispec.gguf_files import has_chat_template as gguf_has_chat_template
+    from multispec.gguf_files import is_gguf
+
+    path = DEFAULT_PAIR_DIR / "target" if target is None else Path(target)
+    if is_gguf(path):
+        return gguf_has_chat_template(path) if path.is_file() else None
+    if not path.is_dir():
+        return None
+    if any((path / name).is_file() for name in ("chat_template.jinja", "chat_template.json")):
+        return True
+    try:
+        config = json.loads((path / "tokenizer_config.json").read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return None
+    return bool(config.get("chat_template")) if isinstance(config, dict) else None
+
+
 def _check_tokenizer_files(path: str) -> None:
     """A local target folder holds tokenizer files: the text's tokens are the target's (checked before loading)."""
     p = Path(path)

@@ -109,6 +109,8 @@ class SamplingParams:
         """`params`, or one built from keyword settings (generate's keywords are the fields); not both."""
         if params is None:
             return cls(**settings)
+        check(not isinstance(params, str), f"params must be a SamplingParams, got the str {params!r:.40}: give a "
+                                           f"method by keyword (method={params!r:.40})")
         check(isinstance(params, SamplingParams), f"params must be a SamplingParams, got {type(params).__name__}")
         check(not settings, f"give the settings in params or as keywords, not both (got {', '.join(settings)} "
                             "beside params)")

@@ -59,12 +59,15 @@ _WARNED: set[str] = set()
 
 
 def warn_once(message: str) -> None:
-    """A RuntimeWarning, once per process and message (a bad cache file is named once, not every generation)."""
+    """A MultispecWarning (a RuntimeWarning), once per process and message (a bad cache file is named once, not every
+    generation); the CLI prints it as one `warning:` line."""
     import warnings
+
+    from multispec.errors import MultispecWarning
 
     if message not in _WARNED:
         _WARNED.add(message)
-        warnings.warn(message, RuntimeWarning, stacklevel=3)
+        warnings.warn(message, MultispecWarning, stacklevel=3)
 
 
 def load_cache_json(path: Path, what: str, then: str) -> dict:

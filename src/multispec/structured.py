@@ -78,13 +78,75 @@ def _text(kind: str, value) -> str:
                 raise MultispecError(f"json_schema: not valid JSON ({e})") from None
         check(isinstance(value, (dict, bool)), f"json_schema must be a JSON object (a dict or its JSON text), got "
                                                f"{type(value).__name__}")
-        return json.dumps(value)
+        check(not _ref_loop(value), "json_schema: its root is a $ref that leads back to itself with nothing else (no "
+                                    "value can match such a schema; give the schema itself)")
+        return json.dumps(with_additional_properties(value, False))
     if kind == "choice":
         check(isinstance(value, (list, tuple)) and len(value) >= 1 and all(isinstance(c, str) and c for c in value),
               f"choice must be a non-empty list of non-empty strings, got {value!r}"[:200])
         return json.dumps(list(value))
     check(isinstance(value, str) and value.strip() != "", f"{kind} must be a non-empty string, got {value!r}"[:200])
     return value
+
+
+# keywords whose value is a schema, a list of schemas or a name -> schema map (JSON Schema 2020-12 and draft 7)
+_SUBSCHEMA = ("additionalProperties", "unevaluatedProperties", "items", "additionalItems", "unevaluatedItems",
+              "contains", "propertyNames", "not", "if", "then", "else")
+_SUBSCHEMAS = ("prefixItems", "anyOf", "oneOf", "allOf")
+_SCHEMA_MAPS = ("properties", "patternProperties", "$defs", "definitions", "dependentSchemas")
+
+
+def with_additional_properties(schema, value: bool):
+    """`schema` (a copy) with `additionalProperties: value` in every object schema that declares properties and does
+    not say itself: at the root, nested, in $defs, items and anyOf/oneOf branches. value False is OpenAI's strict
+    mode and vLLM's: the output has no keys but the declared ones. Left as they are: schemas that set
+    additionalProperties or unevaluatedProperties, and those combined with others (allOf branches, a schema with
+    allOf, a $ref with properties beside it), where closing one part would forbid the other's keys (the grammar
+    engine intersects them); their parts are still visited."""
+    return _walk(schema, value, True)
+
+
+def _walk(schema, value: bool, close: bool):
+    if isinstance(schema, list):
+        return [_walk(s, value, close) for s in schema]
+    if not isinstance(schema, dict):
+        return schema
+    out = dict(schema)
+    for key in _SUBSCHEMA:
+        if isinstance(out.get(key), (dict, list)):
+            out[key] = _walk(out[key], value, True)
+    for key in _SUBSCHEMAS:
+        if isinstance(out.get(key), list):
+            out[key] = [_walk(s, value, key != "allOf") for s in out[key]]
+    for key in _SCHEMA_MAPS:
+        if isinstance(out.get(key), dict):
+            out[key] = {name: _walk(s, value, True) for name, s in out[key].items()}
+    declares = "properties" in out or "patternProperties" in out
+    combined = "allOf" in out or "$ref" in out
+    if close and declares and not combined and "additionalProperties" not in out and \
+            "unevaluatedProperties" not in out:
+        out["additionalProperties"] = value
+    return out
+
+
+def _ref_loop(schema) -> bool:
+    """Whether the root is a chain of bare $refs within the document that comes back to where it started
+    ({"$ref": "#"}): a schema with no content, which the grammar engine compiles to an empty output."""
+    seen: set[str] = set()
+    node, ref = schema, "#"
+    while isinstance(node, dict) and isinstance(node.get("$ref"), str) and \
+            not (set(node) - {"$ref", "$schema", "$id", "$defs", "definitions", "title", "description"}):
+        if ref in seen:
+            return True
+        seen.add(ref)
+        ref = node["$ref"]
+        if ref != "#" and not ref.startswith("#/"):
+            return False
+        node = schema
+        for part in ref[2:].split("/") if ref != "#" else []:
+            part = part.replace("~1", "/").replace("~0", "~")
+            node = node.get(part) if isinstance(node, dict) else None
+    return False
 
 
 def _one_line(message: str) -> str:

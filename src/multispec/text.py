@@ -60,8 +60,7 @@ def encode_chat(tokenizer, vocab_size: int, messages, chat_template: str | None 
     template that never reads `tools` is refused, naming `model` (default: the tokenizer's path). A tokenizer without a template, a malformed message or a
     template that refuses the messages is one line (MultispecError)."""
     template = chat_template if chat_template is not None else getattr(tokenizer, "chat_template", None)
-    check(bool(template), "this model's tokenizer has no chat template; give a prompt instead of messages (or a "
-                          "chat template)")
+    check(bool(template), no_chat_template(model or getattr(tokenizer, "name_or_path", "") or "this model"))
     if tools:
         check(template_has_tools(template), tools_refusal(model or getattr(tokenizer, "name_or_path", "") or
                                                           "this model"))
@@ -76,6 +75,11 @@ def encode_chat(tokenizer, vocab_size: int, messages, chat_template: str | None 
     check(len(ids) > 0, "the chat template rendered an empty prompt")
     check(all(0 <= t < vocab_size for t in ids), f"the tokenizer gave token ids outside the model's [0, {vocab_size})")
     return ids
+
+
+def no_chat_template(model: str) -> str:
+    return (f"{model} has no chat template (its tokenizer holds none); give one with --chat-template FILE "
+            f"(chat_template= in the library), or a prompt instead of messages")
 
 
 def template_has_tools(template) -> bool:

@@ -11,11 +11,12 @@ import importlib
 import signal
 import sys
 import threading
+import warnings
 
 import click
 
 from multispec import __version__
-from multispec.errors import MultispecError
+from multispec.errors import MultispecError, MultispecWarning
 
 # name -> (module that defines it with @cli.command / @cli.group, one-line help shown by `multispec --help`)
 COMMANDS = {
@@ -96,6 +97,8 @@ def main(argv: list[str] | None = None) -> None:
     _TERMINATED.clear()
     previous = signal.getsignal(signal.SIGTERM)
     installed = install_sigterm_handler()
+    shown = warnings.showwarning
+    warnings.showwarning = _one_line_warning(shown)
     try:
         cli.main(args=argv, prog_name="multispec", standalone_mode=False)
     except MultispecError as e:
@@ -114,8 +117,20 @@ def main(argv: list[str] | None = None) -> None:
     except UnicodeError as e:  # text that is not valid UTF-8 (or a lone surrogate) anywhere it was not checked
         _fail(f"text that is not valid UTF-8 ({type(e).__name__}: {getattr(e, 'reason', e)})")
     finally:
+        warnings.showwarning = shown
         if installed:  # leave the process as found (main is also called in-process, by tests)
             signal.signal(signal.SIGTERM, previous)
+
+
+def _one_line_warning(shown):
+    """warnings.showwarning for the CLI: multispec's own warnings as one `warning:` line on stderr (not Python's
+    file:line: category: message and the source line); any other warning as Python shows it."""
+    def show(message, category, filename, lineno, file=None, line=None):
+        if issubclass(category, MultispecWarning):
+            click.echo(f"warning: {message}", err=True)
+        else:
+            shown(message, category, filename, lineno, file, line)
+    return show
 
 
 def _fail(message: str, code: int = 2) -> None:

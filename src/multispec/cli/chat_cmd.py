@@ -7,8 +7,9 @@ import sys
 import click
 
 from multispec.cli import cli
-from multispec.cli.common import (chat_template_option, device_options, method_option, model_options,
-                                  read_chat_template, sampling_options, sampling_settings, user_message)
+from multispec.cli.common import (chat_template_option, check_chat_template, device_options, method_option,
+                                  model_options, read_chat_template, sampling_options, sampling_settings,
+                                  user_message)
 from multispec.cli.method_options import check_method_options, collect_method_options, method_options
 from multispec.errors import MultispecError, check
 
@@ -47,6 +48,7 @@ def chat_command(target, draft, cross_vocab, method, max_new_tokens, system, cha
     options = collect_method_options(flags)
     config = check_method_options(method, options)
     template = read_chat_template(chat_template)
+    check_chat_template(target, template)
     tools = read_tools(tools_file, tool_choice)
     check(system is None or system.strip() != "", "--system is empty")
     resolve_device(device)

@@ -112,6 +112,16 @@ def read_chat_template(path: str | None) -> str | None:
         return decode_text(fh.read(), f"the chat template {path}")
 
 
+def check_chat_template(target: str | None, chat_template: str | None) -> None:
+    """Before any model loads (chat, generate --chat): a target whose files show no chat template, with no
+    --chat-template given, is refused in one line naming it (a GGUF file: before its conversion)."""
+    from multispec.loading import has_chat_template
+    from multispec.text import no_chat_template
+
+    if chat_template is None and has_chat_template(target) is False:
+        raise MultispecError(no_chat_template(target or "the embedded default pair's target"))
+
+
 def user_message(text: str, what: str) -> dict:
     """A user turn, refused when it holds no text."""
     check(text.strip() != "", f"{what} is empty")

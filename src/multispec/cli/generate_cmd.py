@@ -1,5 +1,6 @@
 """`multispec generate`: the main job."""
 import json
+import re
 import statistics
 import sys
 import time
@@ -7,8 +8,9 @@ import time
 import click
 
 from multispec.cli import cli
-from multispec.cli.common import (chat_template_option, decode_text, device_options, method_option, model_options,
-                                  read_chat_template, sampling_options, sampling_settings, user_message)
+from multispec.cli.common import (chat_template_option, check_chat_template, decode_text, device_options,
+                                  method_option, model_options, read_chat_template, sampling_options,
+                                  sampling_settings, user_message)
 from multispec.cli.method_options import check_method_options, collect_method_options, method_options
 from multispec.decoding.methods import REGISTRY
 from multispec.errors import MultispecError, check
@@ -19,8 +21,8 @@ from multispec.models.int8 import QUANT_DTYPES
 @click.argument("prompt", required=False)
 @click.option("--prompt-file", type=click.Path(exists=True, dir_okay=False), multiple=True,
               help="Read the prompt from this UTF-8 file, a leading BOM dropped (PROMPT '-' reads it from stdin). "
-              "Repeat it, or give a .jsonl file (one JSON string or {\"prompt\": ...} per line), for several "
-              "prompts decoded as one batch.")
+              "Repeat it, or give a .jsonl file (one JSON string or {\"prompt\": ...} per line; other keys are "
+              "refused: settings are options, for every line), for several prompts decoded as one batch.")
 @click.option("--lines", "per_line", is_flag=True, help="Each non-empty line of the prompt text is one prompt.")
 @click.option("--batch-size", type=click.IntRange(1, 256), help="Several prompts: how many decode at once "
               "(default: all, at most 256).")
@@ -42,7 +44,8 @@ from multispec.models.int8 import QUANT_DTYPES
 @click.option("--profile", "profile", type=click.Path(exists=True, dir_okay=False), help="Plan from this machine "
               "profile file (multispec profile measure), read only; default: the cache folder's.")
 @click.option("--baseline", is_flag=True, help="Also run plain decoding (ar) on the same settings and report the "
-              "speedup over it: the median of 3 to 5 alternating runs of each, with its min-max spread.")
+              "speedup over it: this run's over the ar run paired with it (both rates shown), then the median of "
+              "3 to 5 alternating pairs, with its min-max spread.")
 def generate_command(prompt, prompt_file, per_line, batch_size, target, draft, cross_vocab, method, max_new_tokens,
                      chat, system, chat_template, compile_, device, dtype, backend, threads, stream, as_json, profile,
                      baseline,
@@ -55,7 +58,8 @@ def generate_command(prompt, prompt_file, per_line, batch_size, target, draft, c
     # every check that needs no model first (style §2.9)
     if chat is None:
         check(system is None and chat_template is None, "--system and --chat-template go with --chat MESSAGE")
-        prompts = _read_prompts(prompt, prompt_file, per_line)
+        sources = _read_prompts(prompt, prompt_file, per_line)
+        prompts, where = [t for _, t in sources], [w for w, _ in sources]
         source: dict = {}
     else:
         check(prompt is None and not prompt_file and not per_line,
@@ -64,6 +68,7 @@ def generate_command(prompt, prompt_file, per_line, batch_size, target, draft, c
         messages = ([{"role": "system", "content": system}] if system is not None else []) + \
             [user_message(chat, "the --chat message")]
         source = dict(messages=messages, chat_template=read_chat_template(chat_template))
+        check_chat_template(target, source["chat_template"])
         prompts = [""]  # what is printed before the reply
     many = len(prompts) > 1 or per_line or any(f.endswith(".jsonl") for f in prompt_file)
     check(many or batch_size is None, "--batch-size applies to several prompts (--prompt-file repeated, a .jsonl "
@@ -99,8 +104,11 @@ def generate_command(prompt, prompt_file, per_line, batch_size, target, draft, c
     pair = load_pair(target=target, draft=draft, device=device, dtype=dtype, cross_vocab=cross_vocab, compile=backend == "compiled")
     kw = dict(method=method, params=params, backend=backend, **options)
     if many:
-        results = _generate_many(lambda on_result: generate(pair, prompts, batch_size=batch_size,
-                                                            on_result=on_result, **kw), prompts, as_json)
+        try:
+            results = _generate_many(lambda on_result: generate(pair, prompts, batch_size=batch_size,
+                                                                on_result=on_result, **kw), prompts, as_json)
+        except MultispecError as e:
+            raise _named_by_source(e, where) from None
         _report_many(results, warned, method)
         return
     if baseline:  # untimed first calls, so that neither timed run pays the one-off start-up costs
@@ -145,8 +153,9 @@ BASELINE_SPREAD = 0.10  # ... stopping once (max - min) / median of the speedups
 
 def _speedup(run_method, run_ar, first_rate: float | None) -> dict:
     """--baseline: alternate ar and the method (its first run already done: first_rate tokens/s) until the speedups
-    agree within BASELINE_SPREAD or BASELINE_RUNS[1] pairs ran; the median speedup, its min and max, the runs and
-    ar's median tokens/s."""
+    agree within BASELINE_SPREAD or BASELINE_RUNS[1] pairs ran. This run's own figures (its tokens/s over the ar
+    run paired with it: `speedup_this_run`, `baseline_this_run_tokens_per_s`) and, apart, the median speedup over
+    the pairs with its min and max and ar's median tokens/s (`speedup`, `baseline_tokens_per_s`)."""
     rates, bases = [first_rate], []
     while True:
         bases.append(run_ar())
@@ -156,7 +165,8 @@ def _speedup(run_method, run_ar, first_rate: float | None) -> dict:
         mid = statistics.median(ratios)
         if len(ratios) >= BASELINE_RUNS[1] or (len(ratios) >= BASELINE_RUNS[0]
                                                and (max(ratios) - min(ratios)) / mid <= BASELINE_SPREAD):
-            return {"speedup": mid, "speedup_min": min(ratios), "speedup_max": max(ratios),
+            return {"speedup_this_run": ratios[0], "baseline_this_run_tokens_per_s": bases[0],
+                    "speedup": mid, "speedup_min": min(ratios), "speedup_max": max(ratios),
                     "baseline_runs": len(ratios), "baseline_tokens_per_s": statistics.median(bases)}
         rates.append(run_method())
 
@@ -254,9 +264,10 @@ def _seeds(results) -> str:
     return f"fresh seeds, one per prompt: {shown} (--json lists each)"
 
 
-def _read_prompts(prompt: str | None, prompt_files: tuple[str, ...], per_line: bool) -> list[str]:
-    """The prompts: PROMPT / stdin / each --prompt-file (a .jsonl file: one prompt per line), split into lines
-    with --lines. Each checked non-empty; an empty one is named by its source (file, line)."""
+def _read_prompts(prompt: str | None, prompt_files: tuple[str, ...], per_line: bool) -> list[tuple[str, str]]:
+    """(where, prompt) for each prompt: PROMPT / stdin / each --prompt-file (a .jsonl file: one prompt per line),
+    split into lines with --lines. Each checked non-empty; an empty one is named by its source (file, line), and
+    `where` names it in a later error (`_named_by_source`)."""
     files = tuple(prompt_files or ())
     if len(files) <= 1 and not (files and files[0].endswith(".jsonl")):
         sources = [("the prompt", _read_prompt(prompt, files))]
@@ -268,15 +279,29 @@ def _read_prompts(prompt: str | None, prompt_files: tuple[str, ...], per_line: b
                 text = decode_text(fh.read(), f"the prompt file {f}")
             sources.extend(_jsonl_prompts(text, f) if f.endswith(".jsonl") else [(f"the prompt file {f}", text)])
     if per_line:
-        sources = [(label, line) for label, t in sources for line in t.splitlines() if line.strip()]
+        sources = [(f"{label} line {n}", line) for label, t in sources
+                   for n, line in enumerate(t.splitlines(), start=1) if line.strip()]
     check(len(sources) >= 1, "no prompts: the prompt files hold no non-empty line")
     for label, t in sources:
-        check(t != "", f"{label} is empty")
-    return [t for _, t in sources]
+        check(t != "", f"{label}: the prompt is empty" if re.search(r" line \d+$", label) else f"{label} is empty")
+    return sources
+
+
+def _named_by_source(e: MultispecError, where: list[str]) -> MultispecError:
+    """A batch's error about one prompt (`prompts[i]: ...`, the library's name for it) named by where the prompt
+    came from instead (`p.jsonl line 2: ...`)."""
+    m = re.match(r"prompts\[(\d+)\]: ", str(e))
+    if m is None or int(m.group(1)) >= len(where):
+        return e
+    renamed = MultispecError(f"{where[int(m.group(1))]}: {str(e)[m.end():]}")
+    renamed.partial = getattr(e, "partial", None)  # type: ignore[attr-defined]
+    return renamed
 
 
 def _jsonl_prompts(text: str, path: str) -> list[tuple[str, str]]:
-    """(where, prompt) for each non-blank line of a .jsonl prompt file; where: `PATH line N` (1-based)."""
+    """(where, prompt) for each non-blank line of a .jsonl prompt file; where: `PATH line N` (1-based). A line is a
+    JSON string or {"prompt": ...}: any other key (a setting such as max_tokens, which would be ignored) is refused
+    by name, before anything runs; settings are options, for every line."""
     out = []
     for n, line in enumerate(text.splitlines(), start=1):
         if not line.strip():
@@ -286,10 +311,14 @@ def _jsonl_prompts(text: str, path: str) -> list[tuple[str, str]]:
         except ValueError:
             raise MultispecError(f"{path} line {n} is not JSON; a .jsonl prompt file holds one JSON string or "
                                  "{\"prompt\": ...} object per line") from None
+        other = sorted(set(item) - {"prompt"}) if isinstance(item, dict) else []
+        check(not other, f"{path} line {n}: unknown key{'s' * (len(other) > 1)} {', '.join(map(repr, other))[:200]} "
+                         "(a line holds a JSON string or {\"prompt\": ...}; settings such as max_tokens are options "
+                         "for every line: --max-new-tokens, --temperature, ...)")
         item = item.get("prompt") if isinstance(item, dict) else item
         check(isinstance(item, str), f"{path} line {n}: expected a JSON string or an object with a string "
                                      "\"prompt\"")
-        out.append((f"{path} line {n}: the prompt", item))
+        out.append((f"{path} line {n}", item))
     return out
 
 
@@ -320,11 +349,13 @@ def _summary(s: dict, finish_reason: str) -> str:
 
 
 def _speedup_text(s: dict) -> str:
-    """--baseline's part of the summary: the median speedup, its spread over the runs, ar's rate."""
+    """--baseline's part of the summary, after this run's tok/s: this run's speedup over the ar run paired with it
+    and that run's rate (the two figures it is the ratio of), then the median over the pairs, labelled as such."""
     if s.get("speedup") is None:
         return ""
-    spread = f", {s['speedup_min']:.2f}-{s['speedup_max']:.2f}x over {s['baseline_runs']} runs"
-    return f", {s['speedup']:.2f}x plain decoding ({s['baseline_tokens_per_s']:.1f} tok/s{spread})"
+    return (f", {s['speedup_this_run']:.2f}x plain decoding at {s['baseline_this_run_tokens_per_s']:.1f} tok/s "
+            f"(this run and its ar run; median over {s['baseline_runs']} pairs {s['speedup']:.2f}x, "
+            f"{s['speedup_min']:.2f}-{s['speedup_max']:.2f}x)")
 
 
 def _check_proposers(config, target: str | None, draft: str | None) -> None:

@@ -15,7 +15,7 @@ def _flag(name: str, declared: list[tuple[str, Option]]):
     kind = declared[0][1].kind if len(kinds) == 1 else "str"  # methods disagreeing: build_method parses
     said: dict[str, list[str]] = {}  # one help text, the methods that say it
     for m, o in declared:
-        said.setdefault(o.describe(), []).append(m)
+        said.setdefault(o.describe().removeprefix(f"{m}: "), []).append(m)  # the method is named once, below
     text = "; ".join(f"{' / '.join(ms)}: {d}" for d, ms in said.items()) + "."
     flag = "--" + name.replace("_", "-")
     if kind == "flag":

@@ -31,6 +31,18 @@ def grammar_stats(grammar: Grammar | None, new_ids: list[int], metrics, warnings
     if not complete and metrics.finish_reason == "length":
         warnings.append(f"the output is incomplete under the {grammar.constraint.kind}: it ran out of tokens "
                         "(max_new_tokens or the context) before the grammar could end; raise max_new_tokens")
-    return {"structured": {"kind": grammar.constraint.kind, "complete": complete,
-                           "forced_tokens": metrics.forced_tokens,
-                           "forced_fraction": metrics.forced_tokens / max(1, len(new_ids))}}
+    forced = metrics.forced_tokens
+    if forced and metrics.finish_reason == "stop" and not (new_ids and new_ids[-1] in grammar.eos):
+        forced = min(forced, _forced_positions(grammar, new_ids))  # a stop string cut the output: the kept ones
+    return {"structured": {"kind": grammar.constraint.kind, "complete": complete, "forced_tokens": forced,
+                           "forced_fraction": forced / max(1, len(new_ids))}}
+
+
+def _forced_positions(grammar: Grammar, ids: list[int]) -> int:
+    """How many of `ids` the grammar allowed alone (the tokens it can have forced): the forced tokens counted
+    during a generation include those a stop string then cut away, which are not in its output."""
+    state, n = grammar.start(), 0
+    for t in ids:
+        n += int(state.mask(grammar.vocab).sum()) == 1
+        state.commit([t])
+    return n

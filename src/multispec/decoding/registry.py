@@ -35,6 +35,11 @@ def method_names() -> tuple[str, ...]:
 
 
 def get_method(name: str) -> MethodEntry:
+    from multispec.params import SamplingParams
+
+    check(not isinstance(name, SamplingParams), "method must be a string, got a SamplingParams: sampling settings "
+                                                "go to generate (decoder.generate(prompt, SamplingParams(...)), "
+                                                "params= or keywords), not in the method's place")
     check(isinstance(name, str), f"method must be a string, got {name!r}")
     check(name in REGISTRY, f"unknown method {name!r}; choose one of {', '.join(REGISTRY)}")
     return REGISTRY[name]

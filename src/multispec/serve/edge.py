@@ -17,6 +17,7 @@ from pydantic import BaseModel, ValidationError
 
 from multispec.errors import MultispecError
 from multispec.params import ParamError, SamplingParams
+from multispec.structured import with_additional_properties
 from multispec.decoding.request import PreparedRequest
 from multispec.serve.protocol import SAMPLING_WIRE, ErrorBody, ErrorResponse
 from multispec.text import chat_messages, encode_chat, encode_prompt, template_has_tools, tools_refusal
@@ -131,7 +132,15 @@ def structured_fields(req) -> tuple[str | None, dict]:
         if not isinstance(spec.get("schema", {}), (dict, bool)):
             raise APIError(400, "response_format.json_schema.schema must be a JSON schema object",
                            param="response_format.json_schema.schema")
-        found.append(("response_format", {"json_schema": spec.get("schema", {})}))  # OpenAI: absent = any JSON
+        strict = spec.get("strict")
+        if strict is not None and not isinstance(strict, bool):
+            raise APIError(400, "response_format.json_schema.strict must be a boolean",
+                           param="response_format.json_schema.strict")
+        schema = spec.get("schema", {})  # OpenAI: absent = any JSON
+        # strict (the default): objects take only their declared keys (structured.py closes them); strict false:
+        # the schema's own JSON Schema meaning, extra keys allowed where it does not say otherwise
+        found.append(("response_format", {"json_schema": schema if strict is not False
+                                          else with_additional_properties(schema, True)}))
     so = getattr(req, "structured_outputs", None)
     if so is not None:
         if not isinstance(so, dict):

@@ -47,8 +47,10 @@ class HeadTrainConfig:
     batch: int = 4
     lr: float = 1e-3
     unroll: int = 1
-    own_share: float = 0.3  # at most this share of the budget generates the target's own text (--data own)
-    collect_share: float = 0.25  # at most this share of the budget collects features (after the own text)
+    # the data's preparation ends by a share of the budget counted from the start (the model's load included), so
+    # that training has the rest: own text by own_share, features by own_share + collect_share
+    own_share: float = 0.25  # at most this share of the budget generates the target's own text (--data own)
+    collect_share: float = 0.2  # then this share collects features
     max_tokens: int = 400_000
     device: str = "cpu"  # where the target and the head run ("cuda": train there, decode anywhere)
     heldout_chunks: int = 8
@@ -235,14 +237,15 @@ def train_head(cfg: HeadTrainConfig, log=None) -> dict:
     eos = min(eos_ids(pair)) if eos_ids(pair) else None
     chunks = chunk_tokens(pair.tokenizer, docs, cfg.seq_len, cfg.max_tokens, eos)
     chunks = chunks[torch.randperm(chunks.shape[0], generator=torch.Generator().manual_seed(cfg.seed))]
-    feats = collect_features(target, chunks, cfg.batch, time.monotonic() + cfg.collect_share * cfg.minutes * 60)
+    feats = collect_features(target, chunks, cfg.batch, start + (cfg.own_share + cfg.collect_share) * cfg.minutes * 60)
     chunks = chunks[:feats.shape[0]].to(feats.device)
     check(feats.shape[0] >= 2, "collecting features took the whole budget before two chunks: give more --minutes")
     n_held = max(1, min(cfg.heldout_chunks, feats.shape[0] // 10))
     held, train = (chunks[:n_held], feats[:n_held]), (chunks[n_held:], feats[n_held:])
     ids = frequent_tokens(chunks, cfg.vocab, parts.lm_head.weight.shape[0]) if cfg.vocab else None
-    log(f"features: {train[0].numel()} training tokens, {held[0].numel()} held out, "
-        f"{time.monotonic() - start:.0f} s")
+    took = time.monotonic() - start
+    log(f"features: {train[0].numel()} training tokens, {held[0].numel()} held out, {took:.0f} s "
+        f"({took / (cfg.minutes * 60):.0%} of the budget; training has the rest)")
     if cfg.resume:  # its weights and its vocabulary (a resumed head keeps the rows it was trained on)
         head, ids = load_head(cfg.out, target)
         head, ids = head.float().train(), None if ids is None else ids.to(feats.device)

@@ -23,7 +23,8 @@ def continuations(model, prompts: list[list[int]], *, max_new: int, batch: int, 
                   eos: list[int], pad: int, deadline: float | None = None, seed: int = 0,
                   alternate: bool = False) -> Iterator[list[int]]:
     """prompts: token id lists. Yields prompt + continuation ids (list[int]) per prompt, batch by batch, in
-    length order; stops starting new batches after `deadline` (time.monotonic()). alternate: even batches
+    length order; stops starting new batches after `deadline` (time.monotonic()), and the batch running at the
+    deadline is cut there (transformers' max_time: its continuations end early). alternate: even batches
     greedy, odd ones sampled."""
     order = sorted(range(len(prompts)), key=lambda i: len(prompts[i]))
     torch.manual_seed(seed)
@@ -37,6 +38,8 @@ def continuations(model, prompts: list[list[int]], *, max_new: int, batch: int, 
         sample = temperature > 0 and (n % 2 == 1 or not alternate)
         kw = {"do_sample": True, "temperature": temperature, "top_k": 0, "top_p": 1.0} if sample else \
             {"do_sample": False}
+        if deadline is not None:  # (one batch of a 135M model on a CPU takes minutes: it must not overrun)
+            kw["max_time"] = max(0.0, deadline - time.monotonic())
         with torch.inference_mode():
             out = model.generate(input_ids=ids, attention_mask=att, max_new_tokens=max_new, pad_token_id=pad,
                                  eos_token_id=eos or None, **kw)
@@ -72,13 +75,14 @@ def own_texts(pair, model, deadline: float, seed: int = 0, max_new: int = 160, b
     pad = eos[0] if eos else 0
     out: list[list[int]] = []
     t0 = time.monotonic()
-    for start in range(0, len(prompts), batch):  # a batch at a time, the deadline checked after the first
+    for start in range(0, len(prompts), batch):  # a batch at a time, each cut at the deadline
         if out and time.monotonic() > deadline:
             break
+        until = deadline if out else max(deadline, time.monotonic() + 1.0)  # the first batch: some text at least
         with bf16_autocast(model.device):
             out += list(continuations(model, prompts[start:start + batch], max_new=max_new, batch=batch,
                                       temperature=temperature if (start // batch) % 2 else 0.0, eos=eos,
-                                      pad=pad, seed=seed + start))
+                                      pad=pad, seed=seed + start, deadline=until))
         if log is not None:
             n = sum(len(x) for x in out)
             log(f"own data: {len(out)} continuations, {n} tokens, {time.monotonic() - t0:.0f} s")
