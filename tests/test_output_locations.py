@@ -167,3 +167,28 @@ def test_a_batch_bench_that_fails_late_keeps_its_rows(pair, tmp_path, monkeypatc
     assert [r["method"] for r in results["rows"]] == ["ar"] and "stopped after 1 of 2 runs" in results["partial"]
     assert "Partial" in (tmp_path / "out" / "results.md").read_text()
     assert "wrote the 1 runs done so far" in capsys.readouterr().err
+
+
+def test_an_optimal_run_that_fails_late_keeps_its_temperatures(dirs, tmp_path, monkeypatch, capsys):
+    """optimal: an error (or Ctrl-C) in the second temperature's rates writes the first's rows, marked partial."""
+    import multispec.optimal.report as report
+
+    prompts = tmp_path / "p.jsonl"
+    prompts.write_text('{"prompt": "def f(x):"}\n')
+    real, seen = report.position_rates, set()
+
+    def rates(lt, ld, t, *args):
+        seen.add(t)
+        if len(seen) == 2:
+            raise KeyboardInterrupt
+        return real(lt, ld, t, *args)
+
+    monkeypatch.setattr(report, "position_rates", rates)
+    config = report.OptimalRunConfig(target=str(dirs["target"]), draft=str(dirs["draft"]), dataset=str(prompts),
+                                     data_dir=None, limit=1, max_new_tokens=4, temperatures=(0.5, 1.0), drafts=(2,),
+                                     mc_samples=4, out=str(tmp_path / "o.json"))
+    with pytest.raises(KeyboardInterrupt):
+        report.run_report(config)
+    record = json.loads((tmp_path / "o.json").read_text())
+    assert {r["temperature"] for r in record["rows"]} == {0.5} and "stopped after 1 of 2" in record["partial"]
+    assert "Partial" in (tmp_path / "o.md").read_text()
