@@ -92,6 +92,8 @@ def test_stats_bench_record_and_spec_decode_come_from_one_metrics_record(pair, t
         if key in spec:
             assert spec[key] == lib.stats[key], key
         assert rec[key] == lib.stats[key], key
+    assert spec["model"] == lib.stats["model"] == pair.models  # what was loaded, named
+    assert lib.stats["model"]["target"]["path"] == pair.target_path
     # no duplicated figures under two names
     for old in ("accepted_tokens", "acceptance_rate", "accepted", "drafted_depth", "num_drafts", "accepted_per_pos"):
         assert old not in lib.stats and old not in rec

@@ -120,7 +120,9 @@ def test_an_interrupted_first_load_leaves_no_cache(tmp_path, monkeypatch):
 
     monkeypatch.undo()  # the real materialize, with the cache below
     monkeypatch.setenv("MULTISPEC_CACHE_DIR", str(tmp_path / "cache"))
-    source = gguf_files.GgufSource(tmp_path / "m.gguf", "ab" * 32, tmp_path / "cache" / "gguf" / ("ab" * 32), None)
+    path = write_gguf(tmp_path / "m.gguf", "llama", tokenizer=True)
+    digest = hashlib.sha256(path.read_bytes()).hexdigest()
+    source = gguf_files.GgufSource(path, digest, tmp_path / "cache" / "gguf" / digest, None)
 
     def interrupted(*args, **kwargs):
         raise KeyboardInterrupt

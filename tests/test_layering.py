@@ -15,7 +15,7 @@ SRC = Path(__file__).resolve().parents[1] / "src" / "multispec"
 LAYERS = [
     {"errors", "threads"},
     {"paths", "validate", "sampling", "structured", "tree", "data"},
-    {"text", "verify", "token_freq", "params", "profile", "tool_calls"},
+    {"text", "verify", "token_freq", "params", "profile", "tool_calls", "gguf_cache"},
     {"models", "gguf_files", "tools"},
     {"gguf_quant"},
     {"loading"},

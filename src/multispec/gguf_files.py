@@ -7,13 +7,14 @@ a temporary name and renamed when whole: an interrupted first load leaves no cac
 Checked in one line each before anything slow (`open_gguf`): the file exists; the extra is installed; the header
 is a GGUF header and the file holds every byte its tensors need (a truncated or corrupt file); transformers reads
 GGUF files of its architecture; a target's file holds a tokenizer. `loading.load_pair` then checks the config as it
-checks a folder's (a causal LM; recurrent architectures refused) before dequantizing anything."""
+checks a folder's (a causal LM; recurrent architectures refused) before dequantizing anything.
+
+The cache folder is verified, not trusted (gguf_cache.py): a conversion's manifest, written last, is checked against
+the folder and the file given before every use; a damaged conversion is made again with one line saying so."""
 from __future__ import annotations
 
 import contextlib
-import hashlib
 import importlib.util
-import json
 import mmap
 import os
 import shutil
@@ -22,11 +23,12 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 
+import multispec.gguf_cache as gguf_cache
 from multispec.errors import MultispecError, check
+from multispec.gguf_cache import FileIdentity, identify
 from multispec.paths import cache_root
 
 EXTRA = "pip install 'multispec[gguf]'"
-_CHUNK = 1 << 20
 _MAGIC = b"GGUF"
 # GGUF metadata value types: struct formats of the fixed-size ones; 8 is a string, 9 an array
 _SCALARS = {0: "<B", 1: "<b", 2: "<H", 3: "<h", 4: "<I", 5: "<i", 6: "<f", 7: "<?", 10: "<Q", 11: "<q", 12: "<d"}
@@ -51,32 +53,36 @@ class GgufHeader:
 @dataclass
 class GgufSource:
     """A checked GGUF file: its hash, its cache folder, and its model config (read from the cache folder when it is
-    there, else from the file's metadata)."""
+    there, else from the file's metadata); identity: the file's as `open_gguf` read it (gguf_cache.identify)."""
 
     path: Path
     sha256: str
     folder: Path
     config: object
+    identity: FileIdentity | None = None
 
     @property
     def cached(self) -> bool:
-        return (self.folder / "config.json").is_file()
+        """A whole conversion is there (its manifest is written last); `materialize` checks it before use."""
+        return (self.folder / gguf_cache.MANIFEST).is_file()
 
 
 def open_gguf(path: str, need_tokenizer: bool, quant: str | None = None) -> GgufSource:
     """Check `path` and read its config, before any weight is dequantized (one-line MultispecError otherwise).
     quant: the quantized form ("int8" / "int4") the file is loaded as; the config is read from its cache folder
-    when that is there (reading it from the file's metadata takes tens of seconds for a large vocabulary)."""
+    when that is there and verified (reading it from the file's metadata takes tens of seconds for a large
+    vocabulary)."""
     p = Path(path)
     check(p.exists(), f"model path not found: {path}")
     check(p.is_file(), f"{path} is a folder, not a GGUF file")
-    digest = file_sha256(p)
-    folder = cache_root() / "gguf" / digest
-    for cached in ([quant_folder(digest, quant)] if quant else []) + [folder]:
-        if (cached / "config.json").is_file():
-            from transformers import AutoConfig
-
-            return GgufSource(p, digest, folder, AutoConfig.from_pretrained(cached))
+    ident = identify(p)
+    config = _cached_config(p, ident, quant)
+    if config is None and not ident.fresh:  # nothing usable where the memo points (or it named another file's
+        ident = identify(p, fresh=True)  # conversion): the file hashed now; converting reads it whole anyway
+        config = _cached_config(p, ident, quant)
+    folder = cache_root() / "gguf" / ident.sha256
+    if config is not None:
+        return GgufSource(p, ident.sha256, folder, config, ident)
     check_extra()
     header = read_header(p)
     supported = _readable_architectures()
@@ -92,7 +98,53 @@ def open_gguf(path: str, need_tokenizer: bool, quant: str | None = None) -> Gguf
             config = AutoConfig.from_pretrained(p.parent, gguf_file=p.name)
     except (ValueError, KeyError, OSError, IndexError, TypeError) as e:
         raise MultispecError(f"cannot read a model config from {path}: {_one_line(e)}") from None
-    return GgufSource(p, digest, folder, config)
+    return GgufSource(p, ident.sha256, folder, config, ident)
+
+
+def _cached_config(path: Path, ident: FileIdentity, quant: str | None):
+    """The config of a verified conversion of the file (its `quant` form's, then its float32 form's), or None:
+    none there (a damaged one is removed, with a line), or the memo's hash named another file's conversion."""
+    from transformers import AutoConfig
+
+    for folder in ([quant_folder(ident.sha256, quant)] if quant else []) + [cache_root() / "gguf" / ident.sha256]:
+        state = verified(folder, ident, path.name)
+        if state is None:
+            return None
+        if state:
+            try:
+                return AutoConfig.from_pretrained(folder)
+            except (OSError, ValueError, KeyError, TypeError) as e:  # written by another transformers
+                gguf_cache.discard(folder, path.name, f"its config.json cannot be read: {_one_line(e, 120)}")
+    return None
+
+
+def checked_folder(source: GgufSource, folder: Path) -> tuple[bool, FileIdentity]:
+    """(whether `folder` holds a whole conversion of `source`, the identity a new one is written with). A folder
+    to be written is named by the file's hash computed now, never by the memo's alone."""
+    ident = source.identity or identify(source.path)
+    state = verified(folder, ident, source.path.name)
+    if not state and not ident.fresh:
+        ident = identify(source.path, fresh=True)
+        check(ident.sha256 == source.sha256, f"{source.path} changed while it was loaded (its SHA-256 is not the "
+                                             "one read when it was opened); load it again")
+        state = verified(folder, ident, source.path.name)
+    source.identity = ident
+    return bool(state), ident
+
+
+def verified(folder: Path, ident: FileIdentity, label: str) -> bool | None:
+    """True: `folder` holds a whole conversion of the file of identity `ident` (gguf_cache.check); False: none is
+    there (a damaged one is removed, with one line on stderr saying why); None: its manifest names another
+    file and `ident`'s hash came from the memo (the caller hashes the file again)."""
+    if not folder.is_dir():
+        return False
+    reason = gguf_cache.check(folder, ident)
+    if reason is None:
+        return True
+    if reason == gguf_cache.OTHER_FILE and not ident.fresh:
+        return None
+    gguf_cache.discard(folder, label, reason)
+    return False
 
 
 def quant_folder(sha256: str, dtype: str) -> Path:
@@ -101,10 +153,13 @@ def quant_folder(sha256: str, dtype: str) -> Path:
 
 
 def materialize(source: GgufSource) -> Path:
-    """The cache folder of `source`, written first when absent: the model dequantized to float32 (the config read
-    by `open_gguf` reused), its tokenizer and generation config, under a temporary name renamed when whole."""
-    if source.cached:
+    """The cache folder of `source`, checked against its manifest and written first when absent or damaged: the
+    model dequantized to float32 (the config read by `open_gguf` reused), its tokenizer and generation config, and
+    the manifest last, under a temporary name renamed when whole."""
+    whole, ident = checked_folder(source, source.folder)
+    if whole:
         return source.folder
+
     from transformers import AutoModelForCausalLM, GgufConfig
 
     print(f"multispec: dequantizing {source.path.name} to float32 once; cached in {source.folder} (later loads "
@@ -135,8 +190,8 @@ def materialize(source: GgufSource) -> Path:
             model.save_pretrained(tmp)
             if tokenizer is not None:
                 tokenizer.save_pretrained(tmp)
-            (tmp / "source.json").write_text(json.dumps({"gguf": str(source.path.resolve()), "sha256": source.sha256,
-                                                         "transformers": _transformers_version()}) + "\n")
+            gguf_cache.write_manifest(tmp, ident, gguf=str(source.path.resolve()),
+                                      transformers=_transformers_version())
             try:
                 tmp.rename(source.folder)
             except OSError:
@@ -207,30 +262,9 @@ def check_extra() -> None:
 
 
 def file_sha256(path: Path) -> str:
-    """The file's SHA-256, read in 1 MiB chunks; remembered under the cache folder for this (path, size,
-    modification time), so a second load does not read the whole file again (a changed file has a new key)."""
-    st = path.stat()
-    stamp = hashlib.sha256(f"{path.resolve()}|{st.st_size}|{st.st_mtime_ns}".encode()).hexdigest()[:32]
-    memo = cache_root() / "file_hashes" / stamp
-    try:
-        known = memo.read_text().strip()
-        if len(known) == 64:
-            return known
-    except OSError:
-        pass
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        while block := f.read(_CHUNK):
-            h.update(block)
-    digest = h.hexdigest()
-    try:
-        memo.parent.mkdir(parents=True, exist_ok=True)
-        tmp = memo.with_suffix(f".{os.getpid()}")
-        tmp.write_text(digest)
-        tmp.replace(memo)
-    except OSError:  # a read-only cache: hash again next time
-        pass
-    return digest
+    """The file's SHA-256, remembered under the cache folder for this (path, size, modification time) and used
+    again only while the file's fingerprint is the one recorded with it (gguf_cache.identify)."""
+    return identify(path).sha256
 
 
 def read_header(path: Path) -> GgufHeader:

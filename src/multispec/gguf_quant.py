@@ -29,7 +29,10 @@ from pathlib import Path
 import torch
 
 from multispec.errors import MultispecError, check
-from multispec.gguf_files import GgufSource, GgufTensor, check_extra, gguf_tokenizer, quant_folder, read_tensors
+import multispec.gguf_cache as gguf_cache
+from multispec.gguf_cache import FileIdentity
+from multispec.gguf_files import (GgufSource, GgufTensor, check_extra, checked_folder, gguf_tokenizer, quant_folder,
+                                  read_tensors)
 from multispec.models.int8 import (PackedInt4, PackedInt8, check_quantizable, finish_target, install, linear_groups,
                                    pack)
 
@@ -45,8 +48,9 @@ def load_quantized(source: GgufSource, dtype: str, folder: Path | None = None) -
     check_quantizable(dtype, torch.device("cpu"), torch.float32)
     check_extra()
     folder = folder or quant_folder(source.sha256, dtype)
-    model = _read_cache(folder, dtype)
-    return model if model is not None else _build(source, dtype, folder)
+    whole, ident = checked_folder(source, folder)  # its manifest checked first (gguf_cache.py)
+    model = _read_cache(folder, dtype) if whole else None
+    return model if model is not None else _build(source, ident, dtype, folder)
 
 
 def _skeleton(config) -> torch.nn.Module:
@@ -153,7 +157,7 @@ class _Slots:
         return [n for n, t in [*self.model.named_parameters(), *self.model.named_buffers()] if t.is_meta]
 
 
-def _build(source: GgufSource, dtype: str, folder: Path) -> torch.nn.Module | None:
+def _build(source: GgufSource, ident: FileIdentity, dtype: str, folder: Path) -> torch.nn.Module | None:
     """The quantized model read from the file tensor by tensor (see the module's docstring), then cached."""
     from gguf import GGMLQuantizationType
     from transformers.integrations.gguf import GGUF_ARCHS
@@ -190,7 +194,7 @@ def _build(source: GgufSource, dtype: str, folder: Path) -> torch.nn.Module | No
     missing = slots.missing()
     check(not missing, f"cannot load the weights of {source.path}: {len(missing)} tensors are not in the file "
                        f"({', '.join(missing[:3])}{', ...' if len(missing) > 3 else ''})")
-    _write_cache(source, model, slots, dtype, folder)
+    _write_cache(source, ident, model, slots, dtype, folder)
     return finish_target(model, dtype)
 
 
@@ -251,8 +255,10 @@ def _layout(dtype: str) -> str:
     return PackedInt4.layout() if dtype == "int4" else f"torch {torch.__version__.split('+')[0]}"
 
 
-def _write_cache(source: GgufSource, model: torch.nn.Module, slots: _Slots, dtype: str, folder: Path) -> None:
-    """Save the quantized model and the file's tokenizer into `folder`, under a temporary name renamed when whole."""
+def _write_cache(source: GgufSource, ident: FileIdentity, model: torch.nn.Module, slots: _Slots, dtype: str,
+                 folder: Path) -> None:
+    """Save the quantized model and the file's tokenizer into `folder`, the manifest of what was written last
+    (gguf_cache.py), under a temporary name renamed when whole."""
     import transformers
 
     parts: list[tuple[str, Callable[[bool], dict[str, torch.Tensor]]]] = []
@@ -285,13 +291,14 @@ def _write_cache(source: GgufSource, model: torch.nn.Module, slots: _Slots, dtyp
             "format": FORMAT, "dtype": dtype, "layout": _layout(dtype), "gguf": str(source.path.resolve()),
             "sha256": source.sha256, "transformers": transformers.__version__, "groups": groups,
             "params": params}) + "\n")
+        gguf_cache.write_manifest(tmp, ident, gguf=str(source.path.resolve()), dtype=dtype)
         old = root / f".old-{folder.name[:24]}-{os.getpid()}"
         if folder.exists():  # made by another torch or CPU: replaced
             folder.rename(old)
         try:
             tmp.rename(folder)
         except OSError:
-            if not (folder / MANIFEST).is_file():  # not another process's complete copy, renamed there first
+            if not (folder / gguf_cache.MANIFEST).is_file():  # not another process's whole copy, renamed there first
                 raise
         shutil.rmtree(old, ignore_errors=True)
     except OSError as e:
@@ -397,9 +404,12 @@ def _read_cache(folder: Path, dtype: str) -> torch.nn.Module | None:
         return None
     if manifest.get("format") != FORMAT or manifest.get("dtype") != dtype or manifest.get("layout") != _layout(dtype):
         return None
-    model = _skeleton(AutoConfig.from_pretrained(folder))
-    if (folder / "generation_config.json").is_file():
-        model.generation_config = GenerationConfig.from_pretrained(folder)
+    try:
+        model = _skeleton(AutoConfig.from_pretrained(folder))
+        if (folder / "generation_config.json").is_file():
+            model.generation_config = GenerationConfig.from_pretrained(folder)
+    except (OSError, ValueError, KeyError, TypeError):  # written by another transformers: made again
+        return None
     from multispec.models.w4a8 import PackedW4A8
 
     kinds = {"int4": PackedInt4, "int8": PackedInt8, "w4a8": PackedW4A8}

@@ -44,6 +44,9 @@ class Pair:
     cross_vocab: str | None = None
     draft_tokenizer: object = None
     bridge: VocabBridge | None = None  # set when cross_vocab
+    # what was loaded: {"target": ..., "draft": ... or None}, each {"path": ...} and for a GGUF file its "file",
+    # "sha256" and "conversion" (the cache folder's id: gguf_cache.conversion_id); in every result's stats["model"]
+    models: dict = field(default_factory=dict)
     sidecars: dict = field(default_factory=dict, repr=False, compare=False)  # id(model) -> its ModelSidecar
 
     def sidecar(self, model: torch.nn.Module, weights_dtype: str | None = None) -> ModelSidecar:
@@ -152,7 +155,8 @@ def load_pair(target: str | os.PathLike | torch.nn.Module | None = None,
             bridge = _bridge(tokenizer, d_tok, tv, dv, cross_vocab)
     pair = Pair(target=t_model, draft=d_model, tokenizer=tokenizer, target_path=t_src.label,
                 draft_path=None if d_src is None else d_src.label, compile=compile,
-                cross_vocab=cross_vocab if bridge is not None else None, draft_tokenizer=d_tok, bridge=bridge)
+                cross_vocab=cross_vocab if bridge is not None else None, draft_tokenizer=d_tok, bridge=bridge,
+                models={"target": t_src.identity(), "draft": None if d_src is None else d_src.identity()})
     models = [m for m in (t_model, d_model) if m is not None]
     for m in models:
         pair.sidecar(m, weights_dtype=quant)  # a quantized pair: its dtype recorded beside the model, not on it
@@ -230,6 +234,15 @@ class _FromPath:
     def tokenizer(self, required: bool = True):
         return load_tokenizer(self.folder(), required=required, hub=self.hub)
 
+    def identity(self) -> dict:
+        """What was loaded (Pair.models): the path, and for a GGUF file its name, SHA-256 and conversion's id."""
+        if self.gguf is None:
+            return {"path": self.label}
+        from multispec.gguf_cache import conversion_id
+
+        return {"path": self.label, "file": self.gguf.path.name, "sha256": self.gguf.sha256,
+                "conversion": conversion_id(Path(self.folder()))}
+
 
 @dataclass
 class _InMemory:
@@ -251,6 +264,9 @@ class _InMemory:
 
     def tokenizer(self, required: bool = True):
         return self.given_tokenizer
+
+    def identity(self) -> dict:
+        return {"path": self.label}
 
 
 def _check_path(path: str, role: str, quant: str | None = None) -> _FromPath:

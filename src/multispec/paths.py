@@ -23,9 +23,10 @@ def writable_dir(path: str | Path, what: str = "--out") -> Path:
 
 
 def creatable_dir(path: str | Path, what: str = "--out") -> Path:
-    """Check, creating nothing, that `path` is a folder or can be made one: its nearest existing ancestor is a
-    writable folder (a path under a regular file, or in a read-only folder, is refused). Returns it. For a job that
-    writes its folder only at the end (train-head), checked before the work starts."""
+    """Check, leaving nothing behind, that `path` is a folder or can be made one: its nearest existing ancestor is a
+    folder a folder can be made in (one is made there and removed; a path under a regular file, or in a read-only
+    folder, is refused). Returns it. For a job that writes its folder only at the end (train-head), checked before
+    the work starts."""
     p = Path(path)
     check(not p.exists() or p.is_dir(), f"{what} {p}: exists and is not a folder")
     parent = p if p.exists() else p.absolute().parent
@@ -33,6 +34,10 @@ def creatable_dir(path: str | Path, what: str = "--out") -> Path:
         parent = parent.parent
     check(parent.is_dir(), f"{what} {p}: {parent} is a file, not a folder")
     check(os.access(parent, os.W_OK | os.X_OK), f"{what} {p}: cannot write in {parent}")
+    try:  # os.access says yes to root everywhere; a folder made and removed at once proves it (read-only mounts)
+        os.rmdir(tempfile.mkdtemp(prefix=".multispec-probe-", dir=parent))
+    except OSError as e:
+        raise MultispecError(f"{what} {p}: cannot write in {parent} ({e.strerror or e})") from None
     return p
 
 

@@ -46,6 +46,8 @@ def train_acceptance_command(target, draft, prompt_files, datasets, data_dir, n_
     from multispec.paths import creatable_dir
 
     creatable_dir(out)  # before any slow work
+    if cache:
+        creatable_dir(cache, "--cache")
     import torch
 
     from multispec.training.acceptance_data import DataConfig
@@ -91,6 +93,8 @@ def train_decision_command(kind, target, draft, datasets, prompt_files, data_dir
     from multispec.paths import creatable_dir
 
     creatable_dir(out)  # before any slow work
+    if cache:
+        creatable_dir(cache, "--cache")
     import torch
 
     from multispec.training.decision_data import DataConfig

@@ -277,6 +277,7 @@ class Decoder:
             "draft_dtype": self.cheap.dtype,
             "cross_vocab": self.pair.cross_vocab if self.uses_draft else None,
             "profile": self.profile.digest,
+            "model": self.pair.models or None,  # what was loaded (loading.Pair.models): a GGUF file's name and hash
             **metrics.stats(),
         }
         extra = self.policy.report()

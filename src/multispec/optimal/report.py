@@ -14,6 +14,7 @@ import gzip
 import json
 import math
 import os
+import sys
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -354,9 +355,25 @@ def plot(rows: list[dict], path: Path, title: str) -> None:
     plt.close(fig)
 
 
+def write_report(config: OptimalRunConfig, rows: list[dict], positions: int, started: float,
+                 partial: str | None = None) -> dict:
+    """config.out (.json, .md, .png) of `rows`; the JSON record."""
+    out_path = Path(config.out)
+    out_path.parent.mkdir(parents=True, exist_ok=True)
+    record = {"config": asdict(config), "positions": positions, "seconds": time.perf_counter() - started,
+              "alpaca_template": ALPACA_TEMPLATE, "rows": rows}
+    if partial is not None:
+        record["partial"] = partial
+    out_path.write_text(json.dumps(record, indent=2))
+    out_path.with_suffix(".md").write_text(markdown(rows, config) + (f"\nPartial: {partial}\n" if partial else ""))
+    plot(rows, out_path.with_suffix(".png"), f"{Path(config.target).parent.name} on {config.dataset}")
+    return record
+
+
 def run_report(config: OptimalRunConfig) -> dict:
     """Generate, collect logits, compute every rate at every position, write config.out (.json, .md, .png);
-    returns the JSON record. Progress bars on stderr."""
+    returns the JSON record. Progress bars on stderr. A run stopped in the rates (an error, Ctrl-C) writes the
+    temperatures done, marked partial."""
     import torch
     from tqdm import tqdm
 
@@ -366,20 +383,21 @@ def run_report(config: OptimalRunConfig) -> dict:
         logits = collect_logits(config, prompts, lambda: bar.update(1))
     generator = torch.Generator().manual_seed(config.seed + 1)
     positions = [(lt[i], ld[i]) for lt, ld in logits for i in range(lt.shape[0])]
-    rows = []
-    with tqdm(total=len(positions) * len(config.temperatures), desc="acceptance rates", unit="pos") as bar:
-        for t in config.temperatures:
-            per_position = []
-            for lt, ld in positions:
-                per_position.append(position_rates(lt, ld, t, config.drafts, config.support_eps,
-                                                   config.mc_samples, generator))
-                bar.update(1)
-            rows.extend(summarize(per_position, t, config.drafts))
-    out_path = Path(config.out)
-    out_path.parent.mkdir(parents=True, exist_ok=True)
-    record = {"config": asdict(config), "positions": len(positions), "seconds": time.perf_counter() - started,
-              "alpaca_template": ALPACA_TEMPLATE, "rows": rows}
-    out_path.write_text(json.dumps(record, indent=2))
-    out_path.with_suffix(".md").write_text(markdown(rows, config))
-    plot(rows, out_path.with_suffix(".png"), f"{Path(config.target).parent.name} on {config.dataset}")
-    return record
+    rows: list[dict] = []
+    try:
+        with tqdm(total=len(positions) * len(config.temperatures), desc="acceptance rates", unit="pos") as bar:
+            for t in config.temperatures:
+                per_position = []
+                for lt, ld in positions:
+                    per_position.append(position_rates(lt, ld, t, config.drafts, config.support_eps,
+                                                       config.mc_samples, generator))
+                    bar.update(1)
+                rows.extend(summarize(per_position, t, config.drafts))
+    except BaseException as e:  # an error or Ctrl-C part-way: the temperatures done are written (marked "partial")
+        if rows:
+            done = len({r["temperature"] for r in rows})
+            write_report(config, rows, len(positions), started, f"stopped after {done} of "
+                         f"{len(config.temperatures)} temperatures ({type(e).__name__}: {e})")
+            print(f"wrote the {done} temperatures done so far to {config.out}", file=sys.stderr)
+        raise
+    return write_report(config, rows, len(positions), started)

@@ -286,11 +286,13 @@ class Usage(BaseModel):
 class SpecDecodeMetrics(BaseModel):
     """One request's speculative-decoding metrics, named as vLLM names them (vllm/v1/spec_decode/metrics.py):
     mean_acceptance_length = 1 + accepted / drafts; accepted_per_position[d] counts rounds that accepted a draft
-    token at depth d + 1."""
+    token at depth d + 1. model: what the server loaded (stats["model"]: a GGUF file's name, SHA-256 and conversion
+    id)."""
 
     method: str
     lossless: bool
     reproducible: bool
+    model: dict | None = None
     num_spec_steps: int
     num_draft_tokens: int
     num_accepted_draft_tokens: int

@@ -70,6 +70,7 @@ class HeadTrainConfig:
 
         resolve_device(self.device)  # a device this machine has, before the model loads
         out = Path(self.out)
+        check(not out.exists() or out.is_dir(), f"--out {out}: exists and is not a folder")
         check(self.overwrite or self.resume or not out.exists(),
               f"--out {out} exists; choose another folder, --resume its head or pass --overwrite")
         check(not self.resume or (out / "config.json").is_file(), f"--resume: no head in {out} to resume")
