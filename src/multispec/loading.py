@@ -112,6 +112,8 @@ def load_pair(target: str | os.PathLike | torch.nn.Module | None = None,
         target, draft = DEFAULT_PAIR_DIR / "target", DEFAULT_PAIR_DIR / "draft"
         check(target.is_dir() and draft.is_dir(),
               f"the embedded default pair is not installed (expected {DEFAULT_PAIR_DIR}); pass --target/--draft")
+    check(cross_vocab is None or draft is not None, f"cross_vocab={cross_vocab!r} is for a draft with another "
+                                                     "tokenizer; no draft was given")
     from multispec.models.int8 import QUANT_DTYPES
 
     quant = dtype if isinstance(dtype, str) and dtype in QUANT_DTYPES else None

@@ -11,6 +11,7 @@ from __future__ import annotations
 import os
 
 MAX_DEFAULT_THREADS = 4  # small models gain little beyond this, and fewer threads stall less under load
+MIN_THREAD_LIMIT = 64  # --threads above max(this, 4 x the machine's cores) is refused: OpenMP would try to start them
 
 
 def available_cores() -> int:
@@ -49,6 +50,21 @@ def default_threads() -> tuple[int, str | None]:
     return threads, warning
 
 
+def thread_limit() -> int:
+    """The most torch threads a run may ask for: 4 x the machine's cores, at least MIN_THREAD_LIMIT."""
+    return max(MIN_THREAD_LIMIT, 4 * (os.cpu_count() or 1))
+
+
+def check_thread_count(threads: int) -> int:
+    """threads, or a one-line MultispecError when it is more than thread_limit() (100,000 OpenMP threads fail to
+    map their stacks: a crash inside torch, not an answer)."""
+    from multispec.errors import check
+
+    check(threads <= thread_limit(), f"--threads {threads} is more than this machine can run "
+          f"({os.cpu_count() or 1} cores; at most {thread_limit()})")
+    return threads
+
+
 def set_threads(threads: int | None) -> tuple[int, str | None]:
     """Set torch's CPU threads: `threads` when given, else `default_threads()`. Returns (threads, warning): the
     default's busy-machine warning, or a warning when `threads` is more than the cores this process may use."""
@@ -57,7 +73,7 @@ def set_threads(threads: int | None) -> tuple[int, str | None]:
     warning = None
     if threads is None:
         threads, warning = default_threads()
-    elif threads > available_cores():
+    elif check_thread_count(threads) > available_cores():
         warning = (f"{threads} torch threads on {available_cores()} cores: threads beyond the cores wait on each "
                    "other at every op (often several times slower); use at most the cores, or leave --threads out")
     torch.set_num_threads(threads)

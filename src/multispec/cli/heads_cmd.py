@@ -59,7 +59,9 @@ def train_acceptance_command(target, draft, prompt_files, datasets, data_dir, n_
     train_config = TrainConfig(out=str(out), epochs=epochs, lr=lr, batch_size=batch_size, w_rej=w_rej, depth=depth,
                                share_blocks=share_blocks, seed=seed)
     if threads:
-        torch.set_num_threads(threads)
+        from multispec.threads import check_thread_count
+
+        torch.set_num_threads(check_thread_count(threads))
     train_acceptance(data_config, train_config, data_dir=data_dir, cache=cache, gen_batch=gen_batch,
                      log=lambda s: click.echo(s, err=True))
 
@@ -105,6 +107,8 @@ def train_decision_command(kind, target, draft, datasets, prompt_files, data_dir
                              max_new_tokens=max_new_tokens, temperature=temperature, seed=seed)
     train_config = TrainConfig(kind=int(kind), out=str(out), epochs=epochs, lr=lr, batch_size=batch_size, seed=seed)
     if threads:
-        torch.set_num_threads(threads)
+        from multispec.threads import check_thread_count
+
+        torch.set_num_threads(check_thread_count(threads))
     train_decision(data_config, train_config, data_dir=data_dir, cache=cache, gen_batch=gen_batch,
                    log=lambda s: click.echo(s, err=True))

@@ -141,7 +141,9 @@ def serve_command(target, draft, cross_vocab, method, host, port, served_model_n
     if threads is not None:
         import torch
 
-        torch.set_num_threads(threads)
+        from multispec.threads import check_thread_count
+
+        torch.set_num_threads(check_thread_count(threads))
     from multispec.api import load_pair
     from multispec.serve import ServeSettings, create_app, uvicorn_config
 

@@ -37,7 +37,9 @@ def train_head_command(target, out, data, minutes, vocab, unroll, seq_len, batch
                           seq_len=seq_len, batch=batch, lr=lr, seed=seed, max_tokens=max_tokens, device=device,
                           overwrite=overwrite, resume=resume)
     cfg.check()  # before the model loads
-    torch.set_num_threads(threads)
+    from multispec.threads import check_thread_count
+
+    torch.set_num_threads(check_thread_count(threads))
     summary = train_head(cfg)
     click.echo(f"head saved to {out}: held-out alpha {summary['alpha']:.3f}, greedy agreement "
                f"{summary['greedy_agree']:.3f} ({summary['train_tokens']} training tokens, "

@@ -173,7 +173,9 @@ def eval_command(model, draft, heldout, dataset, data_dir, new_tokens, limit, ma
     from multispec.zoo import evaluate as ev
 
     if threads is not None:
-        torch.set_num_threads(threads)
+        from multispec.threads import check_thread_count
+
+        torch.set_num_threads(check_thread_count(threads))
 
     if heldout is None and dataset is None:
         raise MultispecError("eval: give --heldout FILE and/or --dataset humaneval")
