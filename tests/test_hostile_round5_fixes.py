@@ -80,3 +80,37 @@ def test_an_interrupted_json_run_keeps_the_tokens_so_far(keep, capsys, monkeypat
         assert kept["token_ids"] == [5, 6, 7] and kept["text"] == "abc" and kept["finish_reason"] == "abort"
     else:
         assert kept == {}
+
+
+@pytest.mark.parametrize("sigterm", [True, False])
+def test_sigterm_ends_chat_instead_of_ending_only_the_reply(sigterm, capsys, monkeypatch, tmp_path):
+    """SIGTERM in the middle of a chat reply ended the reply, as Ctrl-C does, and chat went on waiting for the next
+    message (exit 0 at EOF; at a terminal, never): `timeout` and `docker stop` could not end it. Now SIGTERM ends the
+    program with 143, the reply so far shown; Ctrl-C (sigterm=False) still ends only the reply."""
+    import multispec.cli as cli_module
+    from multispec.api import GenerationResult
+    from multispec.decoding.decoder import Decoder
+
+    template = tmp_path / "plain.jinja"
+    template.write_text("{% for m in messages %}{{ m['content'] }}\n{% endfor %}")
+    lines = iter(["def f(x):", "def g(y):"])
+
+    def read(prompt=""):
+        try:
+            return next(lines)
+        except StopIteration:
+            raise EOFError from None
+
+    def interrupted(self, ids, params, stream=None):
+        stream("so far")
+        if sigterm:
+            cli_module._TERMINATED.append(15)  # what the SIGTERM handler records before it raises
+        error = KeyboardInterrupt()
+        error.partial = GenerationResult([1], "so far", {"warnings": [], "new_tokens": 1}, "abort")
+        raise error
+    monkeypatch.setattr("builtins.input", read)
+    monkeypatch.setattr(Decoder, "generate", interrupted)
+    code, out, err = run_cli(capsys, "chat", "--chat-template", str(template), "--threads", "1")
+    assert "Traceback" not in err and "so far" in out
+    assert code == (143 if sigterm else 0)
+    assert out.count("so far") == (1 if sigterm else 2)  # Ctrl-C: both messages answered (each cut)

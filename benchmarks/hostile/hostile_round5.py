@@ -697,13 +697,14 @@ def run_signals(tmp: Path, smol: str) -> None:
         _interrupt(f"{name} --stream auto (lookup, suffix)", [*g, "--stream"], sig, code, b". ", check=text_kept,
                    **sm)
     _interrupt("SIGINT --stream --chat", ["generate", "--chat", "Tell a long story.", *g[2:], "--stream",
-                                          "--method", "ar"], signal.SIGINT, 130, b" ", check=text_kept, **sm)
+                                          "--method", "ar"], signal.SIGINT, 130, b". ",
+               check=lambda o, e: "" if o.strip() else "nothing kept", **sm)
     _interrupt("SIGTERM chat mid-reply", ["chat", "--target", smol, "--threads", "1", "--max-new-tokens", "1500",
                                           "--temperature", "1", "--ignore-eos"] if _takes("chat", "--ignore-eos")
                else ["chat", "--target", smol, "--threads", "1", "--max-new-tokens", "1500"], signal.SIGTERM, 143,
                20.0, stdin=b"Write a long story about a dragon.\n", **sm)
     many = tmp / "sig.jsonl"
-    many.write_text("".join(json.dumps(f"Story {i}: once upon a time") + "\n" for i in range(6)))
+    many.write_text("".join(json.dumps({"prompt": f"Story {i}: once upon a time"}) + "\n" for i in range(6)))
     b = ["bench", "--target", smol, "--dataset", str(many), "--methods", "ar", "--max-new-tokens", "200",
          "--warmup", "0", "--threads", "1", "--out", str(tmp / "sigbench")]
     _interrupt("SIGTERM bench mid-run: the records so far written", b, signal.SIGTERM, 143, 40.0,

@@ -66,6 +66,12 @@ def _register() -> None:
 _TERMINATED = []  # set by the SIGTERM handler: the interrupt came from SIGTERM (exit 143), not Ctrl-C (130)
 
 
+def terminated() -> bool:
+    """Whether the interrupt now unwinding came from SIGTERM (end the program, 143), not Ctrl-C (130): a command
+    that catches Ctrl-C to go on (chat ends a reply and waits for the next message) re-raises it then."""
+    return bool(_TERMINATED)
+
+
 def _on_sigterm(signum, frame) -> None:
     _TERMINATED.append(signum)
     signal.signal(signal.SIGTERM, signal.SIG_DFL)  # a second SIGTERM ends the process at once

@@ -6,7 +6,7 @@ import sys
 
 import click
 
-from multispec.cli import cli
+from multispec.cli import cli, terminated
 from multispec.cli.common import (chat_template_option, check_chat_template, device_options, method_option,
                                   model_options, read_chat_template, sampling_options, sampling_settings,
                                   user_message)
@@ -74,8 +74,10 @@ def chat_command(target, draft, cross_vocab, method, max_new_tokens, system, cha
         except EOFError:  # Ctrl-D
             click.echo()
             return
-        except KeyboardInterrupt:  # Ctrl-C at the prompt: a fresh line, as a shell does
+        except KeyboardInterrupt:  # Ctrl-C at the prompt: a fresh line, as a shell does (SIGTERM: the end)
             click.echo()
+            if terminated():
+                raise
             continue
         if line.strip() in ("/exit", "/quit"):
             return
@@ -86,8 +88,10 @@ def chat_command(target, draft, cross_vocab, method, max_new_tokens, system, cha
         except MultispecError as e:
             click.echo(f"error: {e}", err=True)
             continue
-        except KeyboardInterrupt:  # Ctrl-C before the reply began: the message is dropped
+        except KeyboardInterrupt:  # Ctrl-C before the reply began: the message is dropped (SIGTERM: the end)
             click.echo()
+            if terminated():
+                raise
             continue
         messages = turn_messages + [_assistant(reply.text, tools)]
         turn += 1
@@ -144,6 +148,9 @@ def _reply(decoder, ids: list[int], params):
     except KeyboardInterrupt as e:
         partial = getattr(e, "partial", None)
         if partial is None:
+            raise
+        if terminated():  # SIGTERM ends the program (exit 143), the reply so far already shown
+            click.echo()
             raise
         result = partial
     click.echo()
