@@ -219,3 +219,40 @@ def test_a_target_slot_not_cut_is_caught(law_decoders, monkeypatch):
     except IndexError:
         return
     assert min(pvalues) < 1e-6, pvalues
+
+
+@pytest.mark.parametrize("half", [False, True])
+def test_reduced_layers_grown_from_one_subset_share_one_product(half):
+    """compact_together (a batch's reduced output layers) equals each layer's own compact: layers grown apart from
+    one subset (their own tails, one regathered past REPACK) and one of another subset, rows of several counts."""
+    from multispec.models.reduced_vocab import RestrictedHead, compact_together
+
+    g = torch.Generator().manual_seed(0)
+    layer = torch.nn.Linear(8, 40, bias=True)
+    base = RestrictedHead(layer, torch.arange(0, 40, 3), 40, half=half)
+    heads = [base, base.extend([1, 2]), base.extend([5]).extend([7, 8]), RestrictedHead(layer, [4, 9, 30], 40, half)]
+    heads.append(RestrictedHead(layer, [0], 40, half, (heads[1].ids, heads[1]._gather_base(heads[1].ids))))
+    hidden = [torch.randn(n, 8, generator=g) for n in (1, 3, 2, 1, 2)]
+    with torch.no_grad():
+        together = compact_together(heads, hidden)
+        for h, x, got in zip(heads, hidden, together):
+            torch.testing.assert_close(got, h.compact(x))
+            ref = layer(x)[:, h.ids]
+            torch.testing.assert_close(got.float(), ref, atol=1e-2 if half else 1e-5, rtol=1e-2 if half else 1e-5)
+
+
+def test_a_reduced_vocabulary_head_batches_with_its_batch_one_drafts(tmp_path):
+    """A head whose output layer covers 12 of the 16 tokens: batched, each prompt's tokens and accepted drafts are
+    its batch-1 ones (each on a fresh decoder: a decoder's head grows its vocabulary with every run's tokens)."""
+    target = tiny_llama(vocab=16, hidden=32, layers=2, heads=4, kv_heads=2, seed=0, scale=3.0)
+    torch.manual_seed(1)
+    head = new_head(target)
+    with torch.no_grad():
+        head.fc.weight.mul_(3.0)
+    head_dir = save_head(head, target, tmp_path / "head", token_ids=torch.arange(12))
+    decoder = Decoder(_pair(target), "eagle", "fast", head=str(head_dir), tree=(2, 1))
+    alone = [decoder.spawn().run(p, GREEDY, 16, 0) for p in PROMPTS]
+    outs, batch, heads = _batched(decoder, PROMPTS, 4, GREEDY, 16, [0] * 4)
+    assert [o[0] for o in outs] == [a[0] for a in alone]
+    assert [o[1].accepted for o in outs] == [a[1].accepted for a in alone]
+    assert all(h.vocab_subset is not None for h in heads) and batch.stats()["head"]["mean_batch"] > 1.5

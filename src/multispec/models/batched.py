@@ -28,7 +28,7 @@ import torch
 
 from multispec.errors import MultispecError
 from multispec.models.base import Forward, ForwardOut
-from multispec.models.reduced_vocab import VocabSubset
+from multispec.models.reduced_vocab import VocabSubset, compact_together
 
 class Role(IntEnum):
     """Which model a forward runs. When both models have requests waiting, the lower value runs first (the draft),
@@ -380,7 +380,7 @@ def _from_base(m: torch.Tensor, bases: list[int], width: int) -> torch.Tensor:
 
 def _outputs(net, x: torch.Tensor, steps: list[Step], ns: list[int]) -> list[ForwardOut]:
     """Each step's logits (and hidden states): one output-layer matmul over the rows of every step that uses the full
-    layer, its own reduced layer for a step that has one. A last_only step's logits are its last row's; its hidden
+    layer, one over the steps whose reduced layers share their base rows (reduced_vocab.compact_together). A last_only step's logits are its last row's; its hidden
     states too, unless every_hidden."""
     rows, off = [], 0
     for s, n in zip(steps, ns):
@@ -397,9 +397,9 @@ def _outputs(net, x: torch.Tensor, steps: list[Step], ns: list[int]) -> list[For
         joint = net.logits(torch.cat([ins[j] for j in full]) if len(full) > 1 else ins[full[0]])
         for j, lg in zip(full, joint.split([ins[j].shape[0] for j in full])):
             logits[j] = lg
-    for j, s in enumerate(steps):
-        if s.head is not None:
-            logits[j] = s.head.widen(net.logits(ins[j], s.head.compact))
+    reduced = [j for j, s in enumerate(steps) if s.head is not None]  # the base rows they share read once
+    for j, compact in zip(reduced, compact_together([steps[j].head for j in reduced], [ins[j] for j in reduced])):
+        logits[j] = steps[j].head.widen(net.logits(ins[j], lambda _, compact=compact: compact))
     best = _argmax_rows(steps, logits)
     return [ForwardOut(logits=lg, hidden=parts[j].float() if s.want_hidden else None, argmax=best[j])
             for j, (s, lg) in enumerate(zip(steps, logits))]
