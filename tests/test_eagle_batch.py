@@ -256,3 +256,22 @@ def test_a_reduced_vocabulary_head_batches_with_its_batch_one_drafts(tmp_path):
     assert [o[0] for o in outs] == [a[0] for a in alone]
     assert [o[1].accepted for o in outs] == [a[1].accepted for a in alone]
     assert all(h.vocab_subset is not None for h in heads) and batch.stats()["head"]["mean_batch"] > 1.5
+
+
+def test_long_prompts_go_in_chunks_with_every_feature_kept(tiny, monkeypatch):
+    """Prompts longer than PREFILL_CHUNK (8 here): the target's prefill goes through the tap a chunk per step, the
+    head's catch-up (more than CATCH_UP_ALONE pending tokens) in chunks of its own; tokens, drafts and the heads'
+    rows are still batch-1's and the teacher-forced ones."""
+    from multispec.models import batched, eagle_batched
+
+    target, head_dir = tiny
+    g = torch.Generator().manual_seed(3)
+    prompts = [torch.randint(0, 16, (n,), generator=g).tolist() for n in (30, 21, 5, 40)]
+    decoder = Decoder(_pair(target), "eagle", "fast", head=str(head_dir), k=3)
+    alone = [decoder.run(p, GREEDY, 24, 0) for p in prompts]
+    for module in (batched, eagle_batched):
+        monkeypatch.setattr(module, "PREFILL_CHUNK", 8)
+    outs, _, heads = _batched(decoder, prompts, 4, GREEDY, 24, [0] * 4)
+    assert [o[0] for o in outs] == [a[0] for a in alone]
+    assert [o[1].accepted for o in outs] == [a[1].accepted for a in alone]
+    _assert_heads_teacher_forced(target, prompts, outs, heads)

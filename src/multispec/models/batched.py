@@ -380,8 +380,8 @@ def _from_base(m: torch.Tensor, bases: list[int], width: int) -> torch.Tensor:
 
 def _outputs(net, x: torch.Tensor, steps: list[Step], ns: list[int]) -> list[ForwardOut]:
     """Each step's logits (and hidden states): one output-layer matmul over the rows of every step that uses the full
-    layer, one over the steps whose reduced layers share their base rows (reduced_vocab.compact_together). A last_only step's logits are its last row's; its hidden
-    states too, unless every_hidden."""
+    layer, one over the steps whose reduced layers share their base rows (reduced_vocab.compact_together). A
+    last_only step's logits are its last row's; its hidden states too, unless every_hidden."""
     rows, off = [], 0
     for s, n in zip(steps, ns):
         rows.append(range(off + n - 1, off + n) if s.last_only and not s.every_hidden else range(off, off + n))
@@ -496,9 +496,9 @@ class SlotBackend(VocabSubset):
             b = min(n, a + PREFILL_CHUNK)
             rows = None if mask is None else mask[a:b, :start + b]
             outs.append(self.forward(tokens[a:b], positions[a:b], rows, want_hidden, last_only, every_hidden))
-        hidden = torch.cat([o.hidden for o in outs]) if want_hidden else None
+        hidden = torch.cat([o.hidden for o in outs]) if want_hidden and (every_hidden or not last_only) else None
         if last_only:  # the earlier chunks' last rows are not asked for
-            return outs[-1] if not (want_hidden and every_hidden) else ForwardOut(logits=outs[-1].logits, hidden=hidden)
+            return outs[-1] if hidden is None else ForwardOut(logits=outs[-1].logits, hidden=hidden)
         return ForwardOut(logits=torch.cat([o.logits for o in outs]), hidden=hidden)
 
     def keep(self, indices: torch.Tensor) -> None:
