@@ -85,6 +85,15 @@ def eagle_backends(config: MethodConfig, loaded: dict, target, pair) -> tuple:
                             sidecar=sidecar and sidecar(head), target_sidecar=sidecar and sidecar(pair.target))
 
 
+def eagle_batch(config: MethodConfig, loaded: dict, pair, slots: int, rows: int):
+    """The head's side of a BatchEngine: its slot cache, and each slot's tap and head (models/eagle_batched.py)."""
+    from multispec.models.eagle import TargetParts
+    from multispec.models.eagle_batched import HeadBatch
+
+    head = loaded["eagle_head"]
+    return HeadBatch(head, TargetParts.of(pair.target), pair.sidecar(head), loaded["eagle_token_ids"], slots, rows)
+
+
 EAGLE = MethodEntry(
     "eagle", (Option("head", "path", "eagle: a feature-head directory (multispec train-head), or 'shipped' (the "
                                           "head installed for this target)"),
@@ -98,5 +107,5 @@ EAGLE = MethodEntry(
               Option("confidence", "float", "stop drafting deeper once the head's probability of each newest token "
                                             "is below this (EAGLE-2: the head's confidence estimates acceptance)")),
     _build_eagle, _eagle_policy, needs_draft=False, uses_draft=lambda c: False, load=load_eagle,
-    draft_backend=eagle_backends, summary="a chain or tree drafted by a trained feature head (EAGLE) on the "
+    draft_backend=eagle_backends, batch_draft=eagle_batch, summary="a chain or tree drafted by a trained feature head (EAGLE) on the "
                                            "target's hidden states, no draft model")
