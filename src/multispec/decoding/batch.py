@@ -30,9 +30,10 @@ from typing import Callable
 
 from multispec.decoding.decoder import Decoder, GenerationResult
 from multispec.decoding.job import Job
+from multispec.decoding.pair_checks import default_backend
 from multispec.decoding.engine import Cancelled, Engine
 from multispec.decoding.request import PreparedRequest
-from multispec.errors import MultispecError, attach_partial, check
+from multispec.errors import attach_partial, check
 from multispec.models.batched import Role, SlotBackend, SlotCache
 
 __all__ = ["BatchEngine", "Cancelled", "MAX_BATCH", "batch_backend", "batchable"]
@@ -54,17 +55,9 @@ def batchable(decoder: Decoder) -> bool:
 
 
 def batch_backend(pair) -> str:
-    """The backend a batch runs on by default: the fast one where both models have it (compiled for a pair loaded
-    with compile=True), else the transformers backend (one sequence at a time)."""
-    if pair.compile:
-        return "compiled"
-    try:
-        for model in (pair.target, pair.draft):
-            if model is not None:
-                pair.sidecar(model).fast_net()
-    except MultispecError:
-        return "hf"
-    return "fast"
+    """The backend a batch runs on by default: the single-sequence rule (pair_checks.default_backend) with both
+    models counted: the fast one where both have it, else the transformers backend (one sequence at a time)."""
+    return default_backend(pair, uses_draft=True)
 
 
 class BatchEngine:
