@@ -26,7 +26,7 @@ as it finishes. An interrupt stops every sequence where it is, and every prompt'
 """
 from __future__ import annotations
 
-from typing import Callable
+from typing import Any, Callable
 
 from multispec.decoding.decoder import Decoder, GenerationResult
 from multispec.decoding.job import Job
@@ -73,9 +73,10 @@ class BatchEngine:
         self.target_cache = SlotCache(pair.sidecar(pair.target), slots, rows, Role.TARGET)
         draft_model = decoder.draft_model  # set exactly when the decoder drafts with it (uses_draft)
         own = decoder.entry.batch_draft if decoder.entry.drafts_with_own(decoder.config) else None
-        self.own = own(decoder.config, decoder.loaded, pair, slots, rows) if own is not None else None  # a head's
+        made: Any = own(decoder.config, decoder.loaded, pair, slots, rows) if own is not None else None  # a head's
+        self.own = made
         self.draft_cache = SlotCache(pair.sidecar(draft_model), slots, rows, Role.DRAFT) \
-            if draft_model is not None else self.own.cache if self.own is not None else None
+            if draft_model is not None else made.cache if made is not None else None
         self.batch_costs = _batch_costs(self) if decoder.config.name == "auto" else None
         view = decoder.machine.auto_view
         self.engine = Engine(self.batch_costs, view.costs.overhead if view is not None and view.costs is not None
