@@ -89,11 +89,25 @@ def main() -> None:
            "results": table}
     Path(a.out).parent.mkdir(parents=True, exist_ok=True)
     Path(a.out).write_text(json.dumps(out, indent=1) + "\n")
+    Path(a.out).with_suffix(".md").write_text(_markdown(out))
     for t, rows in table.items():
         for m, r in rows.items():
             print(f"{t:>4} {m:<10} {r['tokens_per_s']:7.2f} tok/s  {r['ratio_to_ar']:.3f}x ar  "
                   f"{r['tokens_per_target_call']:.2f} tok/call  equal {r['outputs_equal_ar']}  {r['backend']} "
                   f"{r['tree']}")
+
+
+def _markdown(out: dict) -> str:
+    meta = out["meta"]
+    lines = [f"# Defaults that pay: {meta['target']}, {meta['prompts']}, greedy, one thread", "",
+             f"Calls: {json.dumps(meta['calls'])}; commit {meta['commit'][:7]}; {meta['note']}", "",
+             "| tokens | method | tok/s | × ar | tokens / target call | equal to ar | backend | tree |",
+             "|---|---|---|---|---|---|---|---|"]
+    for t, rows in out["results"].items():
+        lines += [f"| {t} | {m} | {r['tokens_per_s']} | {r['ratio_to_ar']} | {r['tokens_per_target_call']} | "
+                  f"{r['outputs_equal_ar']} | {', '.join(r['backend'])} | {', '.join(r['tree'])} |"
+                  for m, r in rows.items()]
+    return "\n".join(lines) + "\n"
 
 
 if __name__ == "__main__":
