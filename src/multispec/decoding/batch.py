@@ -26,13 +26,14 @@ as it finishes. An interrupt stops every sequence where it is, and every prompt'
 """
 from __future__ import annotations
 
-from typing import Callable
+from typing import Any, Callable
 
 from multispec.decoding.decoder import Decoder, GenerationResult
 from multispec.decoding.job import Job
+from multispec.decoding.pair_checks import default_backend
 from multispec.decoding.engine import Cancelled, Engine
 from multispec.decoding.request import PreparedRequest
-from multispec.errors import MultispecError, attach_partial, check
+from multispec.errors import attach_partial, check
 from multispec.models.batched import Role, SlotBackend, SlotCache
 
 __all__ = ["BatchEngine", "Cancelled", "MAX_BATCH", "batch_backend", "batchable"]
@@ -54,17 +55,9 @@ def batchable(decoder: Decoder) -> bool:
 
 
 def batch_backend(pair) -> str:
-    """The backend a batch runs on by default: the fast one where both models have it (compiled for a pair loaded
-    with compile=True), else the transformers backend (one sequence at a time)."""
-    if pair.compile:
-        return "compiled"
-    try:
-        for model in (pair.target, pair.draft):
-            if model is not None:
-                pair.sidecar(model).fast_net()
-    except MultispecError:
-        return "hf"
-    return "fast"
+    """The backend a batch runs on by default: the single-sequence rule (pair_checks.default_backend) with both
+    models counted: the fast one where both have it, else the transformers backend (one sequence at a time)."""
+    return default_backend(pair, uses_draft=True)
 
 
 class BatchEngine:
@@ -80,9 +73,10 @@ class BatchEngine:
         self.target_cache = SlotCache(pair.sidecar(pair.target), slots, rows, Role.TARGET)
         draft_model = decoder.draft_model  # set exactly when the decoder drafts with it (uses_draft)
         own = decoder.entry.batch_draft if decoder.entry.drafts_with_own(decoder.config) else None
-        self.own = own(decoder.config, decoder.loaded, pair, slots, rows) if own is not None else None  # a head's
+        made: Any = own(decoder.config, decoder.loaded, pair, slots, rows) if own is not None else None  # a head's
+        self.own = made
         self.draft_cache = SlotCache(pair.sidecar(draft_model), slots, rows, Role.DRAFT) \
-            if draft_model is not None else self.own.cache if self.own is not None else None
+            if draft_model is not None else made.cache if made is not None else None
         self.batch_costs = _batch_costs(self) if decoder.config.name == "auto" else None
         view = decoder.machine.auto_view
         self.engine = Engine(self.batch_costs, view.costs.overhead if view is not None and view.costs is not None

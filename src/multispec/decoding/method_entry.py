@@ -105,7 +105,9 @@ class MethodEntry:
     what it loaded and the target's backend, which it may wrap; it applies when the config names a head (config.head:
     eagle always, auto when given one). batch_draft(config, loaded, pair, slots, rows): draft_backend's form for a
     BatchEngine, an object with `cache` (the drafter's SlotCache, models/batched.py), `model` and `backends(slot,
-    target) -> (target, draft)` (None: such a run is not batched)."""
+    target) -> (target, draft)` (None: such a run is not batched). complete(config, pair) -> MethodConfig: the
+    config with the defaults that depend on the pair filled in, once per Decoder before anything reads it (eagle:
+    the draft shape its head recorded as fastest)."""
 
     name: str
     options: tuple  # Option declarations; bare names are taken as undocumented "str" options
@@ -121,6 +123,7 @@ class MethodEntry:
     chooses_cheap_draft: bool = False  # without draft_vocab / draft_dtype, the Decoder picks the fastest draft form
     draft_backend: Callable[[MethodConfig, dict, object, object], tuple] | None = None
     batch_draft: Callable[[MethodConfig, dict, object, int, int], object] | None = None
+    complete: Callable[[MethodConfig, object], MethodConfig] | None = None
 
     def __post_init__(self) -> None:
         specs = tuple(o if isinstance(o, Option) else Option(str(o), "str", "") for o in self.options)
