@@ -431,3 +431,46 @@ def test_greedy_under_a_grammar_is_the_constrained_argmax(tiny):
             got, m, _ = _decode(target, head_dir, prompt, SamplingConfig(0.0, grammar=grammar), len(want), **options)
             assert got == want, (options, prompt)
             assert m.forced_tokens >= 1 and m.drafted_tokens > 0
+
+
+def _letters_grammar(regex: str):
+    from tokenizers import AddedToken, Tokenizer, decoders, models, pre_tokenizers
+    from transformers import PreTrainedTokenizerFast
+
+    from multispec.structured import Constraint, bind
+
+    t = Tokenizer(models.BPE({w: i for i, w in enumerate("abcdefghijklmno")}, merges=[]))
+    t.pre_tokenizer, t.decoder = pre_tokenizers.ByteLevel(add_prefix_space=False), decoders.ByteLevel()
+    t.add_special_tokens([AddedToken("</s>", special=True)])
+    tok = PreTrainedTokenizerFast(tokenizer_object=t, eos_token="</s>")
+    return bind(Constraint.of(regex=regex), tok, 16, {15}), tok
+
+
+@pytest.mark.parametrize("broken", [False, True])
+def test_a_head_whose_vocabulary_the_grammar_excludes_still_drafts_at_t1(tmp_path, monkeypatch, broken):
+    """A head whose reduced vocabulary (tokens 0-7: a-h) holds nothing the grammar allows ([i-o], tokens 8-14) gives
+    every allowed token probability 0: its masked law has no mass. That row's children are drawn from the uniform
+    law over what the grammar allows (the verifier reads that q, so the round stays lossless), and sampling at T = 1
+    completes under the grammar; drafting from the empty law (the broken variant) fails with a NaN-logits error
+    (Qwen-style tool calls on SmolLM2 with its shipped head hit this)."""
+    import re
+
+    from multispec.drafting import grow
+    from multispec.errors import MultispecError
+
+    if broken:
+        monkeypatch.setattr(grow, "_draft_dists", lambda logits, sampling, history=None: grow.process_logits(
+            logits, sampling, history))
+    target = _target()
+    torch.manual_seed(5)
+    head = new_head(target)
+    head_dir = save_head(head, target, tmp_path / "head", token_ids=torch.arange(8))
+    grammar, tok = _letters_grammar("[i-o]{5}")
+    law = SamplingConfig(1.0, grammar=grammar)
+    for seed in range(3):
+        if broken:
+            with pytest.raises(MultispecError, match="NaN"):
+                _decode(target, head_dir, [1, 2, 3], law, 6, seed=seed, k=3)
+            return
+        ids = _decode(target, head_dir, [1, 2, 3], law, 6, seed=seed, k=3)[0]
+        assert re.fullmatch("[i-o]{5}", tok.decode(ids[:5])) and ids[5] == 15, ids  # then the grammar's EOS

@@ -28,8 +28,9 @@ def generate(pair: Pair, prompt: str | list[int] | list[str] | list[list[int]] |
     threshold, k_min, k_max, ngram, proposers, max_nodes. stream(text_delta) is called as text is committed; the
     deltas add up to `result.text` exactly (text that could begin a stop string is held back until it is known not
     to). backend: "hf" (any transformers causal LM), "fast" (static cache, Llama family) or "compiled" (the fast
-    backend, compiled); default "compiled" for a pair loaded with compile=True, else "hf". profile: the machine
-    profile auto plans from (a multispec.profile.MachineProfile or a file path; default the cache folder's,
+    backend, compiled); default: "fast" where the target (and the draft, when the method drafts with it) has it,
+    "compiled" for a pair loaded with compile=True, else "hf" (one rule with the CLI and the server). profile: the
+    machine profile auto plans from (a multispec.profile.MachineProfile or a file path; default the cache folder's,
     docs/profile.md): the run depends on it, never on what an earlier run left behind.
 
     The default, `auto`, picks every round between no speculation, prompt lookup and a draft chain or tree from
@@ -113,12 +114,11 @@ def generate(pair: Pair, prompt: str | list[int] | list[str] | list[list[int]] |
         settings = {k: v for k, v in settings.items() if v is not None and v != FIELD_DEFAULTS[k]}
     params = SamplingParams.of(params, settings)  # validated once, before any model runs
     if batch:
-        from multispec.decoding.batch import batch_backend
         from multispec.decoding.batch_offline import generate_batch
 
         check(stream is None, "stream takes one prompt; for several prompts read each result's text (or pass "
                               "on_result)")
-        decoder = Decoder(pair, method, backend or batch_backend(pair), profile=profile, **method_options)
+        decoder = Decoder(pair, method, backend, profile=profile, **method_options)
         return generate_batch(decoder, prompt, params, batch_size, on_result, seed=seeds)
     check(batch_size is None, "batch_size applies to a list of prompts")
     check(on_result is None, "on_result applies to a list of prompts; one prompt streams with stream=")

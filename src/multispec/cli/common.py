@@ -86,8 +86,9 @@ device_options = _apply([
                       "rows; w4a8: int4 weights, row-by-row int8 activations (a C++ kernel built on first use); "
                       "each a different model from the float32 one, decoded exactly (docs/quantized.md)"),
     click.option("--backend", type=click.Choice(["hf", "fast", "compiled"]),
-                 help="hf (default): any transformers causal LM; fast: static-cache Llama-family backend; compiled: "
-                 "the fast backend with torch.compile'd steps (compiled at load: minutes the first time on a CPU)."),
+                 help="hf: any transformers causal LM; fast: static-cache Llama-family backend; compiled: the fast "
+                      "backend with torch.compile'd steps (compiled at load: minutes the first time on a CPU). "
+                      "Default: fast where the models have it, else hf."),
     click.option("--threads", type=click.IntRange(min=1), help="torch CPU threads (default: the free cores, at most "
                  "4; 1 on a busy machine, with a warning)."),
 ])

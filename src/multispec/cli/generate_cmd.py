@@ -87,8 +87,7 @@ def generate_command(prompt, prompt_file, per_line, batch_size, target, draft, c
     resolve_device(device)
     check(not (compile_ and backend not in (None, "compiled")),
           f"--compile runs the compiled fast backend; it cannot be combined with --backend {backend}")
-    backend_given = backend
-    backend = "compiled" if compile_ else (backend or "hf")
+    backend = "compiled" if compile_ else backend  # None: the fast backend where the models have it, else hf
     # warn before loading when the flag is known: an explicit temperature, or lossy at every temperature
     warned = not config.lossless_at(temperature) if temperature is not None else \
         not (config.lossless_at(0.0) or config.lossless_at(1.0))
@@ -99,8 +98,6 @@ def generate_command(prompt, prompt_file, per_line, batch_size, target, draft, c
     if warning:
         click.echo(f"warning: {warning}", err=True)
 
-    if many and not compile_ and backend_given is None:
-        backend = None  # generate picks the fast backend for a batch where the model has one
     pair = load_pair(target=target, draft=draft, device=device, dtype=dtype, cross_vocab=cross_vocab, compile=backend == "compiled")
     kw = dict(method=method, params=params, backend=backend, **options)
     if many:
@@ -139,7 +136,7 @@ def generate_command(prompt, prompt_file, per_line, batch_size, target, draft, c
     if baseline:
         same = dict(kw, params=params.replace(temperature=s["temperature"], top_k=s["top_k"], top_p=s["top_p"],
                                               seed=s["seed"], reproducible=s["reproducible"]))
-        ar = {k: v for k, v in same.items() if k not in options}
+        ar = {k: v for k, v in same.items() if k not in options} | {"backend": s["backend"]}  # like with like
         s.update(_speedup(lambda: generate(pair, prompt or None, **source, **same).stats["tokens_per_s"],
                           lambda: generate(pair, prompt or None, **source, **dict(ar, method="ar")).stats["tokens_per_s"],
                           s["tokens_per_s"]))

@@ -59,9 +59,9 @@ FORCE_GRACE_S = 0.3  # after stop_all, time for the error replies to go out befo
 @click.option("--device")
 @click.option("--dtype", type=click.Choice(["float32", "bfloat16", "float16", "int8", "int4", "w4a8"]))
 @click.option("--backend", type=click.Choice(["hf", "fast", "compiled"]),
-              help="hf (default; fast with --max-batch > 1 where the model has it): any transformers causal LM; fast: "
-              "static-cache Llama-family backend; compiled: the fast backend with torch.compile'd steps (compiled at "
-              "start-up, before the port opens).")
+              help="hf: any transformers causal LM; fast: static-cache Llama-family backend; compiled: the fast "
+              "backend with torch.compile'd steps (compiled at start-up, before the port opens). Default: fast where "
+              "the models have it, else hf (as generate).")
 @click.option("--compile", "compile_", is_flag=True, help="Same as --backend compiled (recommended for servers).")
 @click.option("--drain-timeout", type=click.FloatRange(min=0), default=DRAIN_TIMEOUT_S, show_default=True,
               help="On the first Ctrl-C / SIGTERM, seconds to let requests in flight finish before they are "
@@ -150,12 +150,12 @@ def serve_command(target, draft, cross_vocab, method, host, port, served_model_n
     pair = load_pair(target=target, draft=draft, device=device, dtype=dtype, cross_vocab=cross_vocab, compile=backend == "compiled")
     check(max_batch == 1 or pair.cross_vocab is None, "--max-batch: a draft with another tokenizer drafts one "
                                                        "sequence at a time; use --max-concurrent")
-    if backend is None:
+    if backend is None and max_batch > 1:  # (None: the workers' Decoders take the default, fast where it runs)
         from multispec.decoding.batch import batch_backend
 
-        backend = batch_backend(pair) if max_batch > 1 else "hf"
-        check(max_batch == 1 or backend != "hf", "--max-batch needs the fast backend, which this model does not "
-                                                 "have (docs/compat.md); use --max-concurrent")
+        backend = batch_backend(pair)
+        check(backend != "hf", "--max-batch needs the fast backend, which this model does not have "
+                               "(docs/compat.md); use --max-concurrent")
     if template is not None:
         check_template_renders(pair.tokenizer, template, chat_template)
     name = served_model_name or Path(pair.target_path).name

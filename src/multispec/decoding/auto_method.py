@@ -81,6 +81,7 @@ AUTO = MethodEntry("auto", (Option("proposers", "str", "any of draft,lookup,suff
                    _build_auto, _auto_policy, needs_draft=False,
                    uses_draft=lambda c: "draft" in c.proposers and c.head is None, tree_nodes=lambda c: c.max_nodes,
                    load=_load_auto, draft_backend=lambda *args: _eagle().eagle_backends(*args),
+                   batch_draft=lambda *args: _eagle().eagle_batch(*args),
                    reproducible_when_seeded=True, chooses_cheap_draft=True,
                    summary="per round: no speculation, a lookup chain or a draft tree, from measured acceptance and "
                            "costs")

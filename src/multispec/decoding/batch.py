@@ -7,8 +7,9 @@
             ...                                           # a GenerationResult, or the exception it failed with
     batch.cancel(i)                                       # between steps: its result so far
 
-Each sequence decodes on its own slot (`SlotBackend`s of the group's caches) with its own draft policy, generator
-and verifier calls, through the one round implementation (decoding/engine.py): every `step` runs one round of
+Each sequence decodes on its own slot (`SlotBackend`s of the group's caches; with a feature head, eagle or auto with
+a head: the head's slot cache and each slot's feature tap, models/eagle_batched.py) with its own draft policy,
+generator and verifier calls, through the one round implementation (decoding/engine.py): every `step` runs one round of
 every live sequence, its forwards of one model as one batched forward. A sequence takes a slot when it is added
 and frees it when it ends, so a server admits and frees sequences between steps (continuous batching). The output
 of a sequence does not depend on the others in the batch: same law at T > 0, same tokens greedy up to near-ties of
@@ -25,13 +26,14 @@ as it finishes. An interrupt stops every sequence where it is, and every prompt'
 """
 from __future__ import annotations
 
-from typing import Callable
+from typing import Any, Callable
 
 from multispec.decoding.decoder import Decoder, GenerationResult
 from multispec.decoding.job import Job
+from multispec.decoding.pair_checks import default_backend
 from multispec.decoding.engine import Cancelled, Engine
 from multispec.decoding.request import PreparedRequest
-from multispec.errors import MultispecError, attach_partial, check
+from multispec.errors import attach_partial, check
 from multispec.models.batched import Role, SlotBackend, SlotCache
 
 __all__ = ["BatchEngine", "Cancelled", "MAX_BATCH", "batch_backend", "batchable"]
@@ -47,23 +49,15 @@ CROSS_VOCAB_NOTE = ("a draft with another tokenizer drafts one sequence at a tim
 
 def batchable(decoder: Decoder) -> bool:
     """Whether the decoder can batch: the fast backend (compiled code runs batches eagerly), with a draft of the
-    target's own vocabulary."""
+    target's own vocabulary, or a trained drafter of the method's own (a feature head) that has a batched form."""
     return decoder.backend in ("fast", "compiled") and decoder.pair.cross_vocab is None \
-        and not decoder.entry.drafts_with_own(decoder.config)  # a head drafts one sequence at a time
+        and (not decoder.entry.drafts_with_own(decoder.config) or decoder.entry.batch_draft is not None)
 
 
 def batch_backend(pair) -> str:
-    """The backend a batch runs on by default: the fast one where both models have it (compiled for a pair loaded
-    with compile=True), else the transformers backend (one sequence at a time)."""
-    if pair.compile:
-        return "compiled"
-    try:
-        for model in (pair.target, pair.draft):
-            if model is not None:
-                pair.sidecar(model).fast_net()
-    except MultispecError:
-        return "hf"
-    return "fast"
+    """The backend a batch runs on by default: the single-sequence rule (pair_checks.default_backend) with both
+    models counted: the fast one where both have it, else the transformers backend (one sequence at a time)."""
+    return default_backend(pair, uses_draft=True)
 
 
 class BatchEngine:
@@ -78,8 +72,11 @@ class BatchEngine:
         pair = decoder.pair
         self.target_cache = SlotCache(pair.sidecar(pair.target), slots, rows, Role.TARGET)
         draft_model = decoder.draft_model  # set exactly when the decoder drafts with it (uses_draft)
+        own = decoder.entry.batch_draft if decoder.entry.drafts_with_own(decoder.config) else None
+        made: Any = own(decoder.config, decoder.loaded, pair, slots, rows) if own is not None else None  # a head's
+        self.own = made
         self.draft_cache = SlotCache(pair.sidecar(draft_model), slots, rows, Role.DRAFT) \
-            if draft_model is not None else None
+            if draft_model is not None else made.cache if made is not None else None
         self.batch_costs = _batch_costs(self) if decoder.config.name == "auto" else None
         view = decoder.machine.auto_view
         self.engine = Engine(self.batch_costs, view.costs.overhead if view is not None and view.costs is not None
@@ -136,6 +133,9 @@ class BatchEngine:
         slot_target = SlotBackend(self.target_cache, slot, d.pair.target)
         slot_target.argmax = sampling.greedy and not sampling.adjusts  # the batch takes the greedy argmaxes
         target = d.wrap_target(slot_target) if d.wrap_target is not None else slot_target
+        if self.own is not None:  # a feature head: the target wrapped to keep its features, the slot's head
+            target, head = self.own.backends(slot, target)
+            return target, head, self._policies[slot]
         draft = SlotBackend(self.draft_cache, slot, d.draft_model) if self.draft_cache is not None else None
         if draft is not None and d.cheap.vocab is not None:
             draft.set_vocab_subset(d.cheap.subset(d.token_freq, ids))
@@ -179,11 +179,11 @@ class BatchEngine:
                 cache.release()
 
     def stats(self) -> dict:
-        """Batched forwards so far and the mean sequences per forward, per model; with a batch plan (auto), the
-        plans it kept and answered with a plain step, and the table's corrections."""
-        e = self.engine
+        """Batched forwards so far and the mean sequences per forward, per model ("target", and "draft" or "head");
+        with a batch plan (auto), the plans it kept and answered with a plain step, and the table's corrections."""
+        e, drafter = self.engine, "head" if self.own is not None else "draft"
         out: dict = {name: {"forwards": e.forwards[r], "mean_batch": e.sequences[r] / e.forwards[r] if e.forwards[r]
-                            else None} for name, r in (("target", Role.TARGET), ("draft", Role.DRAFT))}
+                            else None} for name, r in (("target", Role.TARGET), (drafter, Role.DRAFT))}
         if self.batch_costs is not None:
             out["plans"] = {"kept": e.plans["kept"], "plain": e.plans["plain"],
                             "cost_correction": dict(self.batch_costs.scale)}
@@ -194,6 +194,7 @@ def _batch_costs(group: BatchEngine):
     from multispec.drafting.batch_costs import get_batch_costs
 
     d = group.decoder
-    table, measured = get_batch_costs(group.target_cache, d.pair.target, group.draft_cache, d.draft_model, d.profile)
+    drafter = group.own.model if group.own is not None else d.draft_model
+    table, measured = get_batch_costs(group.target_cache, d.pair.target, group.draft_cache, drafter, d.profile)
     d.machine.measured("batch_costs", measured)  # before any sequence starts: their stats name the profile with it
     return table

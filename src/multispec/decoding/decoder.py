@@ -38,7 +38,8 @@ from multispec.sampling import SamplingConfig
 
 class Decoder:
     """See the module docstring. method: a registered method name (options as keywords) or a built MethodConfig.
-    backend: "hf", "fast" or "compiled" (default: "compiled" for a pair loaded with compile=True, else "hf").
+    backend: "hf", "fast" or "compiled" (default: the fast one where the models have it, compiled for a pair loaded
+    with compile=True, else "hf": pair_checks.default_backend).
     wrap_target(backend) -> backend: wraps the target backend (the bench's shadow target). loaded: the method's
     trained models, already read (spawn passes them). draft_vocab=N: the draft's output layer restricted to the
     N most frequent tokens plus the prompt's (grown with every committed token); draft_dtype="int8": int8 draft
@@ -65,10 +66,12 @@ class Decoder:
         else:
             self.config = build_method(method, **method_options)
         self.entry = get_method(self.config.name)
-        self.pair, self.backend, self.wrap_target = pair, backend_name(pair, backend), wrap_target
+        if self.entry.complete is not None:  # defaults read from the pair (eagle: its head's recorded draft shape)
+            self.config = self.entry.complete(self.config, pair)
         check(not self.entry.needs_draft or pair.draft is not None,
               f"method {self.config.name!r} needs a draft model; load the pair with a draft")
         self.uses_draft = pair.draft is not None and self.entry.drafts_with_model(self.config)
+        self.pair, self.backend, self.wrap_target = pair, backend_name(pair, backend, self.uses_draft), wrap_target
         drafting = pair.draft if self.uses_draft else None  # the draft model, when this decoder drafts with it
         from multispec.models.cheap import CheapDraft
 

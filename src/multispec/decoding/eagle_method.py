@@ -18,11 +18,15 @@ def head_option(o: dict, method: str) -> str | None:
     return None if head is None else str(head)
 
 
+DEFAULT_K = 4  # eagle's chain length for a head that records no default of its own
+SHAPES = ("k", "tree", "nodes")  # the options that give the draft's shape (one at most)
+
+
 def _build_eagle(o: dict) -> MethodConfig:
     head = head_option(o, "eagle")
     if head is None:
         raise MultispecError("eagle needs a trained head: head=DIR (--head DIR); train one with multispec train-head")
-    check(sum(x in o for x in ("k", "tree", "nodes")) <= 1,
+    check(sum(x in o for x in SHAPES) <= 1,
           "eagle: give one of k (a chain), tree (a static tree) or nodes (a dynamic tree)")
     check("nodes" in o or not ({"depth", "width"} & set(o)), "eagle: depth and width shape a dynamic tree: give nodes")
     check(not ("nodes" in o and "confidence" in o), "eagle: confidence stops a chain or static tree, not nodes")
@@ -39,12 +43,31 @@ def _build_eagle(o: dict) -> MethodConfig:
         tree = shape(o["tree"])
         verifier = node_or_sequence_verifier(o.get("verifier", "traversal"), tree)
     else:
-        tree = (1,) * integer(o.get("k", 4), "k", 1)
+        tree = (1,) * integer(o.get("k", DEFAULT_K), "k", 1)
         verifier = chain_verifier(o.get("verifier", "block"), "eagle")
     stop = o.get("confidence")
     check(stop is None or (isinstance(stop, (int, float)) and 0 < stop < 1),
           f"eagle: confidence must be a probability in (0, 1), got {stop!r}")
     return MethodConfig(name="eagle", tree=tree, verifier=verifier, head=str(head), options=o)
+
+
+def complete_eagle(config: MethodConfig, pair) -> MethodConfig:
+    """Given none of k, tree or nodes: the draft shape the head recorded as fastest for it (its config.json
+    "default", e.g. {"k": 3}; models/eagle_io.head_default), else a chain of DEFAULT_K. A recorded dynamic tree
+    is not taken beside `confidence` (which stops chains and static trees)."""
+    o = config.options
+    if pair is None or any(x in o for x in SHAPES) or config.head is None:
+        return config
+    from multispec.models.eagle_io import head_default
+
+    shape = head_default(config.head, pair.target)
+    if not shape or ("nodes" in shape and "confidence" in o):
+        return config
+    try:
+        return _build_eagle({**o, **shape})
+    except MultispecError as e:
+        raise MultispecError(f"eagle head {config.head}: its recorded default {shape} is not a draft shape ({e})") \
+            from None
 
 
 def load_eagle(config: MethodConfig, pair) -> dict:
@@ -85,10 +108,20 @@ def eagle_backends(config: MethodConfig, loaded: dict, target, pair) -> tuple:
                             sidecar=sidecar and sidecar(head), target_sidecar=sidecar and sidecar(pair.target))
 
 
+def eagle_batch(config: MethodConfig, loaded: dict, pair, slots: int, rows: int):
+    """The head's side of a BatchEngine: its slot cache, and each slot's tap and head (models/eagle_batched.py)."""
+    from multispec.models.eagle import TargetParts
+    from multispec.models.eagle_batched import HeadBatch
+
+    head = loaded["eagle_head"]
+    return HeadBatch(head, TargetParts.of(pair.target), pair.sidecar(head), loaded["eagle_token_ids"], slots, rows)
+
+
 EAGLE = MethodEntry(
     "eagle", (Option("head", "path", "eagle: a feature-head directory (multispec train-head), or 'shipped' (the "
                                           "head installed for this target)"),
-              Option("k", "int", "draft tokens per round", 4),
+              Option("k", "int", "draft tokens per round (default: the chain length the head recorded as fastest "
+                                 f"for it, else {DEFAULT_K})"),
               Option("tree", "shape", "tree shape below the root (instead of a chain of k)"),
               Option("nodes", "int", "a dynamic tree (EAGLE-2) of this many nodes below the root, shaped each round "
                                      "by the head's path probabilities (instead of k or tree)"),
@@ -98,5 +131,5 @@ EAGLE = MethodEntry(
               Option("confidence", "float", "stop drafting deeper once the head's probability of each newest token "
                                             "is below this (EAGLE-2: the head's confidence estimates acceptance)")),
     _build_eagle, _eagle_policy, needs_draft=False, uses_draft=lambda c: False, load=load_eagle,
-    draft_backend=eagle_backends, summary="a chain or tree drafted by a trained feature head (EAGLE) on the "
+    draft_backend=eagle_backends, batch_draft=eagle_batch, complete=complete_eagle, summary="a chain or tree drafted by a trained feature head (EAGLE) on the "
                                            "target's hidden states, no draft model")

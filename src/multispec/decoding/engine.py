@@ -15,8 +15,9 @@ the round batch), sends each sequence its output, and goes on until every sequen
 with one prompt is this engine with one sequence: there is one round implementation. A newcomer's first step is
 its prefill (on a batched cache, one chunk of PREFILL_CHUNK tokens per step, and at most PREFILL_BUDGET prefill
 tokens a step across newcomers, the oldest first), so joining prompts hold up the running sequences' steps by a
-bounded amount. Forwards a method makes itself (target-initialized rounds, dynamic
-trees, feature heads, another tokenizer's draft) run alone, as they come.
+bounded amount. A feature head's forwards batch like a draft model's (models/eagle_batched.py: one head
+forward per depth, the target's through its feature tap). Forwards a method makes itself (target-initialized rounds,
+EAGLE-2's dynamic trees, another tokenizer's draft) run alone, as they come.
 """
 from __future__ import annotations
 

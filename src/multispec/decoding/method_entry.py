@@ -102,8 +102,12 @@ class MethodEntry:
     chooses_cheap_draft: given neither draft_vocab nor draft_dtype, the Decoder drafts with the fastest form of the
     draft on this machine (auto; models/cheap.choose_cheap_draft). draft_backend(config, loaded, target, pair) ->
     (target, draft): a method drafting with a trained model of its own (eagle's head) builds its draft backend from
-    what it loaded and the target's backend, which it may wrap (a batch runs such a method one sequence at a time);
-    it applies when the config names a head (config.head: eagle always, auto when given one)."""
+    what it loaded and the target's backend, which it may wrap; it applies when the config names a head (config.head:
+    eagle always, auto when given one). batch_draft(config, loaded, pair, slots, rows): draft_backend's form for a
+    BatchEngine, an object with `cache` (the drafter's SlotCache, models/batched.py), `model` and `backends(slot,
+    target) -> (target, draft)` (None: such a run is not batched). complete(config, pair) -> MethodConfig: the
+    config with the defaults that depend on the pair filled in, once per Decoder before anything reads it (eagle:
+    the draft shape its head recorded as fastest)."""
 
     name: str
     options: tuple  # Option declarations; bare names are taken as undocumented "str" options
@@ -118,6 +122,8 @@ class MethodEntry:
     reproducible_when_seeded: bool = False  # a seeded run at T > 0 uses the reproducible mode unless told not to
     chooses_cheap_draft: bool = False  # without draft_vocab / draft_dtype, the Decoder picks the fastest draft form
     draft_backend: Callable[[MethodConfig, dict, object, object], tuple] | None = None
+    batch_draft: Callable[[MethodConfig, dict, object, int, int], object] | None = None
+    complete: Callable[[MethodConfig, object], MethodConfig] | None = None
 
     def __post_init__(self) -> None:
         specs = tuple(o if isinstance(o, Option) else Option(str(o), "str", "") for o in self.options)

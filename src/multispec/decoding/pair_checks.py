@@ -3,17 +3,34 @@ what text re-tokenization cannot draft), and the draft backend of a draft with a
 from __future__ import annotations
 
 from multispec.decoding.methods import MethodConfig, get_method
-from multispec.errors import check
+from multispec.errors import MultispecError, check
 from multispec.models.int8 import QUANT_DTYPES
 from multispec.loading import Pair, max_positions, vocab_rows
 
 
-def backend_name(pair: Pair, backend) -> str:
-    """The backend to run: `backend` checked, or the pair's default (compiled when loaded with compile=True)."""
+def default_backend(pair: Pair, uses_draft: bool = True) -> str:
+    """The backend a run takes when none is given, one rule for the library, the CLI and the server (single
+    sequences and batches alike): the fast one wherever the target, and the draft when the run drafts with it (a
+    draft of another tokenizer included: its own fast backend behind the vocabulary bridge), have a fast form;
+    compiled for a pair loaded with compile=True; else the transformers backend, which runs any causal LM."""
+    if pair.compile:
+        return "compiled"
+    try:
+        for model in (pair.target, pair.draft if uses_draft else None):
+            if model is not None:
+                pair.sidecar(model).fast_net()  # refuses a family the fast backend does not run (models/fast.py)
+    except MultispecError:
+        return "hf"
+    return "fast"
+
+
+def backend_name(pair: Pair, backend, uses_draft: bool = True) -> str:
+    """The backend to run: `backend` checked, or the default (default_backend; uses_draft: the run drafts with the
+    pair's draft model)."""
     from multispec.models import BACKENDS
 
     if backend is None:
-        return "compiled" if pair.compile else "hf"
+        return default_backend(pair, uses_draft)
     check(backend in BACKENDS, f"unknown backend {backend!r}; choose one of {', '.join(BACKENDS)}")
     check(not (pair.compile and backend == "hf"),
           "backend 'hf' asked for on a pair loaded with compile=True; compiling applies to the fast backend")

@@ -156,7 +156,17 @@ def _first_forward(draft: Backend, pending: list[int], max_tree: Tree, known: to
 
 def _draft_dists(logits: torch.Tensor, sampling: SamplingConfig, history=None) -> torch.Tensor:
     """The draft law at each parent. Greedy: softmax of the (adjusted) logits, so that top-n drafting has a ranking
-    (the greedy verifier never reads q's values)."""
-    if sampling.greedy:
-        return torch.softmax(adjust_logits(logits, sampling, history) if sampling.adjusts else logits.float(), dim=-1)
-    return process_logits(logits, sampling, history)
+    (the greedy verifier never reads q's values). A row where the draft gives no mass to anything the processors
+    allow (a head's reduced vocabulary under a grammar that allows only other tokens: every logit -inf, a NaN law)
+    draws from the processed law of all-equal logits instead: the uniform law over what is allowed. Any law the
+    draft draws from keeps the round lossless, as the verifier reads this q."""
+    def dists(x: torch.Tensor) -> torch.Tensor:
+        if sampling.greedy:
+            return torch.softmax(adjust_logits(x, sampling, history) if sampling.adjusts else x.float(), dim=-1)
+        return process_logits(x, sampling, history)
+
+    q = dists(logits)
+    dead = q.isnan().any(-1)  # (NaN logits are refused by process_logits: a NaN here is a row with no mass)
+    if bool(dead.any()):
+        q[dead] = dists(torch.zeros_like(logits))[dead].to(q.dtype)
+    return q

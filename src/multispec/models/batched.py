@@ -28,7 +28,7 @@ import torch
 
 from multispec.errors import MultispecError
 from multispec.models.base import Forward, ForwardOut
-from multispec.models.reduced_vocab import VocabSubset
+from multispec.models.reduced_vocab import VocabSubset, compact_together
 
 class Role(IntEnum):
     """Which model a forward runs. When both models have requests waiting, the lower value runs first (the draft),
@@ -139,7 +139,9 @@ class SlotCache:
 class Step:
     """One sequence's part of a batched forward. tokens, positions: long [n]; mask: bool [n, start + n] or None (a
     plain chain after every cached row); head: the slot's reduced output layer (RestrictedHead) or None; argmax:
-    also each row's argmax (ForwardOut.argmax; a greedy sequence's verification reads it)."""
+    also each row's argmax (ForwardOut.argmax; a greedy sequence's verification reads it). every_hidden: with
+    last_only, hidden states of every row all the same (a feature tap keeps them). features: float [n, H], the
+    parent feature each row reads, for a feature head's cache (its net's `feature_input`; models/eagle_batched.py)."""
 
     slot: int
     tokens: torch.Tensor
@@ -149,6 +151,8 @@ class Step:
     last_only: bool = False
     head: object = None
     argmax: bool = False
+    every_hidden: bool = False
+    features: torch.Tensor | None = None
 
 
 @torch.inference_mode()
@@ -169,7 +173,8 @@ def run_batch(cache: SlotCache, steps: list[Step]) -> list[ForwardOut]:
     cache.pos[slot_of, row_of] = positions
     plan = _AttentionPlan(cache, steps, ns, starts, positions)
     ropes = net.ropes(positions)
-    x = net.embed_input(tokens)  # [N, H]
+    head_input = getattr(net, "feature_input", None)  # a feature head's input stage (models/eagle_batched.HeadNet)
+    x = net.embed_input(tokens) if head_input is None else head_input(tokens, [s.features for s in steps], ns)
     total = x.shape[0]
     for i, layer in enumerate(net.layers):
         attn = layer.self_attn
@@ -375,24 +380,26 @@ def _from_base(m: torch.Tensor, bases: list[int], width: int) -> torch.Tensor:
 
 def _outputs(net, x: torch.Tensor, steps: list[Step], ns: list[int]) -> list[ForwardOut]:
     """Each step's logits (and hidden states): one output-layer matmul over the rows of every step that uses the full
-    layer, its own reduced layer for a step that has one."""
+    layer, one over the steps whose reduced layers share their base rows (reduced_vocab.compact_together). A
+    last_only step's logits are its last row's; its hidden states too, unless every_hidden."""
     rows, off = [], 0
     for s, n in zip(steps, ns):
-        rows.append(range(off + n - 1, off + n) if s.last_only else range(off, off + n))
+        rows.append(range(off + n - 1, off + n) if s.last_only and not s.every_hidden else range(off, off + n))
         off += n
     flat = [i for r in rows for i in r]
     hidden = net.norm(x if len(flat) == x.shape[0] else x[torch.tensor(flat, device=x.device)])
     sizes = [len(r) for r in rows]
     parts = list(hidden.split(sizes))
+    ins = [p[-1:] if s.last_only and s.every_hidden else p for s, p in zip(steps, parts)]  # the output layer's rows
     logits: list = [None] * len(steps)
     full = [j for j, s in enumerate(steps) if s.head is None]
     if full:
-        joint = net.logits(torch.cat([parts[j] for j in full]) if len(full) > 1 else parts[full[0]])
-        for j, lg in zip(full, joint.split([sizes[j] for j in full])):
+        joint = net.logits(torch.cat([ins[j] for j in full]) if len(full) > 1 else ins[full[0]])
+        for j, lg in zip(full, joint.split([ins[j].shape[0] for j in full])):
             logits[j] = lg
-    for j, s in enumerate(steps):
-        if s.head is not None:
-            logits[j] = s.head.widen(net.logits(parts[j], s.head.compact))
+    reduced = [j for j, s in enumerate(steps) if s.head is not None]  # the base rows they share read once
+    for j, compact in zip(reduced, compact_together([steps[j].head for j in reduced], [ins[j] for j in reduced])):
+        logits[j] = steps[j].head.widen(net.logits(ins[j], lambda _, compact=compact: compact))
     best = _argmax_rows(steps, logits)
     return [ForwardOut(logits=lg, hidden=parts[j].float() if s.want_hidden else None, argmax=best[j])
             for j, (s, lg) in enumerate(zip(steps, logits))]
@@ -451,7 +458,7 @@ class SlotBackend(VocabSubset):
         return self.cache.net.head
 
     def step(self, tokens: torch.Tensor, positions: torch.Tensor, mask: torch.Tensor | None = None,
-             want_hidden: bool = False, last_only: bool = False) -> Step:
+             want_hidden: bool = False, last_only: bool = False, every_hidden: bool = False) -> Step:
         """This slot's part of a batched forward (checked: it fits the slot's rows and the model's positions)."""
         n, start = tokens.shape[0], self.cache_len
         if start + n > self.max_len:
@@ -461,29 +468,38 @@ class SlotBackend(VocabSubset):
             raise MultispecError(f"position {int(positions.max())} is past the model's limit of {limit} positions "
                                  "(max_position_embeddings)")
         return Step(self.slot, tokens, positions, mask, want_hidden, last_only and n > 1, self.vocab_subset,
-                    self.argmax)
+                    self.argmax, every_hidden)
+
+    def batch_part(self, r: Forward, every_hidden: bool = False) -> tuple | None:
+        """Request r as (this slot's cache, its Step, finish(ForwardOut) -> ForwardOut) for a batched forward
+        (`forward_all`), or None where it runs alone: a step longer than PREFILL_CHUNK (its slot runs it in chunks)."""
+        if r.tokens.shape[0] > PREFILL_CHUNK:
+            return None
+        return self.cache, self.step(r.tokens, r.positions, r.mask, r.want_hidden, r.last_only, every_hidden), \
+            _same
 
     def forward(self, tokens: torch.Tensor, positions: torch.Tensor, mask: torch.Tensor | None = None,
-                want_hidden: bool = False, last_only: bool = False) -> ForwardOut:
+                want_hidden: bool = False, last_only: bool = False, every_hidden: bool = False) -> ForwardOut:
         if tokens.shape[0] > PREFILL_CHUNK:
-            return self._chunked(tokens, positions, mask, want_hidden, last_only)
-        return run_batch(self.cache, [self.step(tokens, positions, mask, want_hidden, last_only)])[0]
+            return self._chunked(tokens, positions, mask, want_hidden, last_only, every_hidden)
+        return run_batch(self.cache, [self.step(tokens, positions, mask, want_hidden, last_only, every_hidden)])[0]
 
-    def _chunked(self, tokens, positions, mask, want_hidden: bool, last_only: bool) -> ForwardOut:
+    def _chunked(self, tokens, positions, mask, want_hidden: bool, last_only: bool, every_hidden: bool) -> ForwardOut:
         """A long step (a prefill) in chunks of PREFILL_CHUNK tokens, each one batched forward with the others'
         steps. Exact for any mask whose rows read no later row (a chain, a tree in order): chunk [a, b) reads the
-        cache and rows before b. Outputs: the last row's (last_only), else every row's. (A prefill through the
-        engine goes one chunk per step instead, decoding/state.chain_steps; this serves a long forward that must
-        finish in one step: a draft's catch-up, a forward a method makes itself.)"""
+        cache and rows before b. Outputs: the last row's (last_only; every row's hidden states with every_hidden),
+        else every row's. (A prefill through the engine goes one chunk per step instead, decoding/state.chain_steps;
+        this serves a long forward that must finish in one step: a draft's catch-up, a forward a method makes
+        itself.)"""
         n, start, outs = tokens.shape[0], self.cache_len, []
         for a in range(0, n, PREFILL_CHUNK):
             b = min(n, a + PREFILL_CHUNK)
             rows = None if mask is None else mask[a:b, :start + b]
-            outs.append(self.forward(tokens[a:b], positions[a:b], rows, want_hidden, last_only))
+            outs.append(self.forward(tokens[a:b], positions[a:b], rows, want_hidden, last_only, every_hidden))
+        hidden = torch.cat([o.hidden for o in outs]) if want_hidden and (every_hidden or not last_only) else None
         if last_only:  # the earlier chunks' last rows are not asked for
-            return outs[-1]
-        return ForwardOut(logits=torch.cat([o.logits for o in outs]),
-                          hidden=torch.cat([o.hidden for o in outs]) if want_hidden else None)
+            return outs[-1] if hidden is None else ForwardOut(logits=outs[-1].logits, hidden=hidden)
+        return ForwardOut(logits=torch.cat([o.logits for o in outs]), hidden=hidden)
 
     def keep(self, indices: torch.Tensor) -> None:
         self.cache.keep(self.slot, indices)
@@ -491,33 +507,35 @@ class SlotBackend(VocabSubset):
 
 def forward_all(requests: list[Forward]) -> list[ForwardOut | BaseException]:
     """Run a step's forward requests (models/base.Forward, one per sequence, each on its own backend): the requests
-    on slots of one SlotCache as one batched forward (`run_batch`), any other alone (a backend of its own, a
-    wrapper, a step longer than PREFILL_CHUNK, which its slot runs in chunks). Each request's ForwardOut, or the
-    error its forward raised (a batched forward's error is every one of its requests')."""
+    whose backend has a part for them in a batched forward (`batch_part`: a SlotBackend, or a wrapper over one such
+    as a feature tap, models/eagle_batched.py) as one `run_batch` per SlotCache, any other alone (a backend of its
+    own, a step longer than PREFILL_CHUNK, which its slot runs in chunks). Each request's ForwardOut, or the error
+    its forward raised (a batched forward's error is every one of its requests')."""
     out: list[ForwardOut | BaseException | None] = [None] * len(requests)
-    groups: dict[int, list[int]] = {}
+    groups: dict[int, tuple[SlotCache, list]] = {}
     for i, r in enumerate(requests):
-        b = r.backend
-        if isinstance(b, SlotBackend) and r.tokens.shape[0] <= PREFILL_CHUNK:
-            groups.setdefault(id(b.cache), []).append(i)
-        else:
-            try:
-                out[i] = r.run()
-            except Exception as e:  # noqa: BLE001 - the requesting sequence gets it
-                out[i] = e
-    for members in groups.values():
         try:
-            steps = [_slot_step(requests[i]) for i in members]
-            cache = requests[members[0]].backend.cache  # type: ignore[attr-defined]
-            outs: list = run_batch(cache, steps)
+            part = r.backend.batch_part(r) if hasattr(r.backend, "batch_part") else None  # type: ignore[attr-defined]
+            if part is None:
+                out[i] = r.run()
+                continue
+        except Exception as e:  # noqa: BLE001 - the requesting sequence gets it
+            out[i] = e
+            continue
+        cache, step, finish = part
+        groups.setdefault(id(cache), (cache, []))[1].append((i, step, finish))
+    for cache, members in groups.values():
+        try:
+            outs: list = run_batch(cache, [step for _, step, _ in members])
         except Exception as e:  # noqa: BLE001 - every request of this forward gets the error
             outs = [e] * len(members)
-        for i, o in zip(members, outs):
-            out[i] = o
+        for (i, _, finish), o in zip(members, outs):
+            try:
+                out[i] = o if isinstance(o, BaseException) else finish(o)
+            except Exception as e:  # noqa: BLE001 - the requesting sequence gets it
+                out[i] = e
     return out  # type: ignore[return-value]
 
 
-def _slot_step(r: Forward) -> Step:
-    b = r.backend
-    assert isinstance(b, SlotBackend)
-    return b.step(r.tokens, r.positions, r.mask, r.want_hidden, r.last_only)
+def _same(out: ForwardOut) -> ForwardOut:
+    return out

@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import copy
 import inspect
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import torch
 from torch import nn
@@ -155,16 +155,37 @@ class FeatureTap:
         self.inner.reset()
         self.hidden = self.hidden[:0]
 
+    @property
+    def prefill_chunk(self):  # a batch slot's (models/batched.SlotBackend): the engine feeds a prompt in chunks
+        return getattr(self.inner, "prefill_chunk", None)
+
     def forward(self, tokens: torch.Tensor, positions: torch.Tensor, mask: torch.Tensor | None = None,
                 want_hidden: bool = False, last_only: bool = False) -> ForwardOut:
         every = last_only and self._every
         out = self.inner.forward(tokens, positions, mask, want_hidden=True,  # a prefill: the output layer on its
                                  **({"last_only": True, "every_hidden": True} if every else {}))  # last row only
+        return self._record(out, want_hidden, last_only)
+
+    def batch_part(self, r) -> tuple | None:
+        """Request r (models/base.Forward) as the inner batch slot's part of a batched forward (models/batched.
+        forward_all), every row's hidden state asked for and kept when it is done; None where it runs alone (an
+        inner backend of its own, a step its slot runs in chunks)."""
+        part_of = getattr(self.inner, "batch_part", None)
+        part = None if part_of is None else part_of(replace(r, want_hidden=True), every_hidden=r.last_only)
+        if part is None:
+            return None
+        cache, step, finish = part
+        return cache, step, lambda out: self._record(finish(out), r.want_hidden, step.last_only)
+
+    def _record(self, out: ForwardOut, want_hidden: bool, last_only: bool) -> ForwardOut:
+        """Keep the hidden state of every row of a forward's output (every row's hidden states, its logits every
+        row's or, last_only, the last's); the output as asked for."""
         if out.hidden is None:
             raise MultispecError(f"the {self.name} backend returned no hidden states, which a feature head needs")
         self.hidden = torch.cat([self.hidden, out.hidden.float().cpu()])
         logits, hidden = (out.logits[-1:], out.hidden[-1:]) if last_only else (out.logits, out.hidden)
-        return ForwardOut(logits=logits, hidden=hidden if want_hidden else None)
+        argmax = out.argmax if out.argmax is None or not last_only else out.argmax[-1:]
+        return ForwardOut(logits=logits, hidden=hidden if want_hidden else None, argmax=argmax)
 
     def keep(self, indices: torch.Tensor) -> None:
         self.inner.keep(indices)
@@ -238,23 +259,9 @@ class HeadBackend(VocabSubset):
         n, start = tokens.shape[0], self.cache_len
         positions = positions.cpu()
         mask = causal_mask(start, n) if mask is None else mask.cpu()
-        if n > 1:
-            # a row past the target's cache reads the head's own feature of its parent, which must be a cached row:
-            # where the parent comes in this same call (tokens a grammar forced, waiting ahead of the root), the rows
-            # from there on go one at a time
-            own = positions - 1 >= self.tap.cache_len
-            cached_parent = (mask[:, :start] & (self._pos[None, :] == (positions - 1)[:, None])).any(1)
-            late = (own & ~cached_parent).nonzero()
-            if len(late):
-                split = int(late[0])
-                parts = ([self.forward(tokens[:split], positions[:split], mask[:split, :start + split],
-                                       want_hidden)] if split else []) \
-                    + [self.forward(tokens[i:i + 1], positions[i:i + 1], mask[i:i + 1, :start + i + 1], want_hidden)
-                       for i in range(split, n)]
-                if last_only:
-                    return parts[-1]
-                return ForwardOut(logits=torch.cat([p.logits for p in parts]),
-                                  hidden=torch.cat([p.hidden for p in parts]) if want_hidden else None)
+        split = late_row(positions, mask, start, self._pos, self.tap.cache_len)
+        if split is not None:
+            return in_pieces(self.forward, split, tokens, positions, mask, start, want_hidden, last_only)
         feats = self._features(positions, mask, start)  # [N, H]
         f = self.head(self.parts, tokens.to(self.device)[None], feats.to(self.device)[None],
                       positions.to(self.device)[None], additive_mask(mask, self.dtype).to(self.device)[None, None],
@@ -269,22 +276,7 @@ class HeadBackend(VocabSubset):
         return ForwardOut(logits=logits, hidden=rows.float() if want_hidden else None)
 
     def _features(self, positions: torch.Tensor, mask: torch.Tensor, start: int) -> torch.Tensor:
-        """float [N, H]: the feature each new row reads. Position p - 1 committed (p - 1 < the target's cache
-        length): the target's; else the head's own at the parent row (the cached row this one attends to at
-        position p - 1: a drafted node); position 0: zeros."""
-        known = self.tap.cache_len
-        feats = torch.zeros(positions.shape[0], self.hidden_size, dtype=self.dtype)
-        committed = (positions >= 1) & (positions - 1 < known)
-        if bool(committed.any()):
-            feats[committed] = self.tap.hidden[positions[committed] - 1].to(self.dtype)
-        own = positions - 1 >= known
-        if bool(own.any()):
-            parent = mask[own][:, :start] & (self._pos[None, :] == (positions[own] - 1)[:, None])  # [n_own, start]
-            if not bool((parent.sum(1) == 1).all()):
-                raise MultispecError("a drafted node's parent is not a single cached row of the head: feed a tree "
-                                     "level by level (drafting/grow.py)")
-            feats[own] = self._out[parent.int().argmax(1)]
-        return feats
+        return parent_features(positions, mask, start, self._pos, self._out, self.tap)
 
     def keep(self, indices: torch.Tensor) -> None:
         """Keep cache rows `indices` (long [K]) in this order."""
@@ -294,3 +286,51 @@ class HeadBackend(VocabSubset):
             if getattr(layer, "keys", None) is not None and layer.keys.numel():
                 layer.keys, layer.values = layer.keys.index_select(-2, dev), layer.values.index_select(-2, dev)
         self._pos, self._out = self._pos[idx], self._out[idx]
+
+
+def late_row(positions: torch.Tensor, mask: torch.Tensor, start: int, pos: torch.Tensor, known: int) -> int | None:
+    """The first of a head call's rows (positions long [N], mask bool [N, start + N], on the host) past the target's
+    `known` rows whose parent is not a cached row of the head (pos: long [start], each cached row's position): it
+    comes in this same call (tokens a grammar forced, waiting ahead of the root), so the rows from there on go one
+    at a time (`in_pieces`). None: every row can go at once."""
+    if positions.shape[0] < 2:
+        return None
+    own = positions - 1 >= known
+    cached_parent = (mask[:, :start] & (pos[None, :] == (positions - 1)[:, None])).any(1)
+    late = (own & ~cached_parent).nonzero()
+    return int(late[0]) if len(late) else None
+
+
+def in_pieces(forward, split: int, tokens, positions, mask, start: int, want_hidden: bool,
+              last_only: bool) -> ForwardOut:
+    """A head call as its rows before `split` at once, then each later row alone (late_row), through `forward`."""
+    n = tokens.shape[0]
+    parts = ([forward(tokens[:split], positions[:split], mask[:split, :start + split], want_hidden)] if split else []) \
+        + [forward(tokens[i:i + 1], positions[i:i + 1], mask[i:i + 1, :start + i + 1], want_hidden)
+           for i in range(split, n)]
+    if last_only:
+        return parts[-1]
+    return ForwardOut(logits=torch.cat([p.logits for p in parts]),
+                      hidden=torch.cat([p.hidden for p in parts]) if want_hidden else None)
+
+
+def parent_features(positions: torch.Tensor, mask: torch.Tensor, start: int, pos: torch.Tensor, out: torch.Tensor,
+                    tap: FeatureTap) -> torch.Tensor:
+    """The feature each new row of a head call reads, [N, H] in out's dtype and on its device. positions: long [N]
+    and mask: bool [N, start + N] on the host; pos: long [start], the position of each cached head row; out: [start,
+    H], the head's own feature f at each. Position p - 1 committed (p - 1 < the target's cache length): the
+    target's (tap.hidden); else the head's own at the parent row (the cached row this one attends to at position
+    p - 1: a drafted node); position 0: zeros."""
+    known = tap.cache_len
+    feats = torch.zeros(positions.shape[0], out.shape[1], dtype=out.dtype, device=out.device)
+    committed = (positions >= 1) & (positions - 1 < known)
+    if bool(committed.any()):
+        feats[committed.to(out.device)] = tap.hidden[positions[committed] - 1].to(out.device, out.dtype)
+    own = positions - 1 >= known
+    if bool(own.any()):
+        parent = mask[own][:, :start] & (pos[None, :] == (positions[own] - 1)[:, None])  # [n_own, start]
+        if not bool((parent.sum(1) == 1).all()):
+            raise MultispecError("a drafted node's parent is not a single cached row of the head: feed a tree "
+                                 "level by level (drafting/grow.py)")
+        feats[own.to(out.device)] = out[parent.int().argmax(1).to(out.device)]
+    return feats

@@ -98,6 +98,22 @@ def read_config(path: str | Path) -> dict:
     return config
 
 
+DEFAULT_KEYS = ("k", "tree", "nodes", "depth", "width")  # what a head's "default" may set: its draft's shape
+
+
+def head_default(path: str | Path, target: torch.nn.Module) -> dict:
+    """The draft shape the head at `path` ("shipped": shipped_head(target)) records as measured fastest for it: its
+    config.json's "default" ({"k": 3}, {"tree": [3, 1, 1]} or {"nodes": 8, ...}; other keys there are notes), or
+    {} when it records none (the method's own default then applies)."""
+    path = shipped_head(target) if str(path) == SHIPPED else path
+    recorded = read_config(path).get("default")
+    if recorded is None:
+        return {}
+    check(isinstance(recorded, dict), f"eagle head {path}: config.json's default must be an object, got "
+                                      f"{type(recorded).__name__}")
+    return {k: recorded[k] for k in DEFAULT_KEYS if k in recorded}
+
+
 def load_head(path: str | Path, target: torch.nn.Module) -> tuple[EagleHead, torch.Tensor | None]:
     """(head, token_ids or None) read from `path` ("shipped": shipped_head(target)) for `target`, in the target's
     dtype and device; refused in one line when it was made for another kind of target (model type, hidden size,

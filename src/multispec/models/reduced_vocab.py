@@ -110,18 +110,23 @@ class RestrictedHead:
         """hidden: [N, H] (the output layer's input) -> logits [N, K] (columns in the order of ids) in the layer's
         dtype (float32 for an int8 layer or float16 rows), before the model's own final transforms."""
         flat = hidden.reshape(-1, hidden.shape[-1])
+        return self._finish(flat, self._base_product(flat)).reshape(*hidden.shape[:-1], self.size)
+
+    def _base_product(self, flat: torch.Tensor) -> torch.Tensor:
+        """flat [N, H] times the base rows: [N, n]."""
         if self.packed is not None:
-            flat = flat.float()
-            out = self.packed.apply(flat)
-        elif self.half:
-            out = F.linear(flat.half(), self.base).to(flat.dtype)
-        else:
-            out = F.linear(flat, self.base)
+            return self.packed.apply(flat.float())
+        if self.half:
+            return F.linear(flat.half(), self.base).to(flat.dtype)
+        return F.linear(flat, self.base)
+
+    def _finish(self, flat: torch.Tensor, out: torch.Tensor) -> torch.Tensor:
+        """The base product `out` [N, n] of flat [N, H] completed: the tail's columns, the bias -> [N, K]."""
         if self.tail is not None:
-            out = torch.cat([out, F.linear(flat, self.tail)], -1)
+            out = torch.cat([out, F.linear(flat.float() if self.packed is not None else flat, self.tail)], -1)
         if self.bias is not None:
             out = out + self.bias
-        return out.reshape(*hidden.shape[:-1], self.size)
+        return out
 
     def widen(self, compact: torch.Tensor) -> torch.Tensor:
         """compact: [N, K] -> float32 [N, V], -inf outside S."""
@@ -132,6 +137,23 @@ class RestrictedHead:
     def mask(self, logits: torch.Tensor) -> torch.Tensor:
         """Full logits [N, V] -> float32 [N, V] kept on S, -inf elsewhere (for paths that computed every row)."""
         return self.widen(logits.index_select(1, self.ids))
+
+
+def compact_together(heads: list, hidden: list[torch.Tensor]) -> list[torch.Tensor]:
+    """Each heads[i].compact(hidden[i]) (hidden[i]: [n_i, H]), the product of the heads that share their base rows
+    (grown from one subset: a batch's slots of a head's reduced vocabulary) taken once over all their rows: the
+    base is read once per batched forward, not once per sequence (8,192 x 576 float32: 19 MB)."""
+    out: list = [None] * len(heads)
+    groups: dict[int, list[int]] = {}
+    for i, h in enumerate(heads):
+        groups.setdefault(id(h.base), []).append(i)
+    for members in groups.values():
+        flats = [hidden[i].reshape(-1, hidden[i].shape[-1]) for i in members]
+        first = heads[members[0]]
+        joint = first._base_product(torch.cat(flats) if len(flats) > 1 else flats[0])
+        for i, flat, part in zip(members, flats, joint.split([f.shape[0] for f in flats])):
+            out[i] = heads[i]._finish(flat, part)
+    return out
 
 
 def vocab_bucket(size: int) -> int:

@@ -292,7 +292,7 @@ class _Reply:
         prompt = len(self.jobs[index].prompt_ids)
         usage = Usage(prompt_tokens=prompt, completion_tokens=len(result.token_ids),
                       total_tokens=prompt + len(result.token_ids))
-        spec = SpecDecodeMetrics(**{k: stats[k] for k in SpecDecodeMetrics.model_fields})
+        spec = SpecDecodeMetrics(**{k: stats[k] for k in SpecDecodeMetrics.model_fields if k in stats})  # (model: optional)
         now = time.perf_counter()
         if self.first_text_at is None:  # nothing was streamed (empty text): the first token came with the end
             self.first_text_at = now

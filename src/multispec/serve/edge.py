@@ -37,7 +37,7 @@ class ServeSettings:
     model_name: str
     method: str | None = None
     method_options: dict = field(default_factory=dict)
-    backend: str = "hf"
+    backend: str | None = None  # None: the default rule (decoding/pair_checks.default_backend), as generate()
     max_concurrent: int = 2
     max_queue: int = 32
     max_batch: int = 1  # > 1: continuous batching over that many slots (the fast backend); max_concurrent follows

@@ -87,10 +87,10 @@ def build_app(load: dict, settings: dict, threads: int | None = None):
 
     pair = load_pair(**load)
     settings = dict(settings)
-    if settings.get("backend") is None:
+    if settings.get("backend") is None and settings.get("max_batch", 1) > 1:  # (None: the Decoder's default)
         from multispec.decoding.batch import batch_backend
 
-        settings["backend"] = batch_backend(pair) if settings.get("max_batch", 1) > 1 else "hf"
+        settings["backend"] = batch_backend(pair)
     if not settings.get("model_name"):
         settings["model_name"] = Path(pair.target_path).name
     app = create_app(pair, ServeSettings(**settings))
