@@ -11,6 +11,7 @@ import pytest
 import torch
 
 from helpers import tiny_llama
+from test_eagle import _head_dir  # a random head whose drafts the target sometimes accepts
 from multispec.decoding.batch import BatchEngine, batchable
 from multispec.decoding.decoder import Decoder
 from multispec.errors import MultispecError
@@ -29,14 +30,6 @@ PROMPTS = [[1, 2, 3], [0, 7, 7, 7, 2, 9, 4], [5], [3, 1, 4, 1, 5, 9, 2, 6, 5, 3,
 def _pair(target) -> Pair:
     tok = SimpleNamespace(eos_token_id=None, bos_token_id=None)
     return Pair(target=target, draft=None, tokenizer=tok, target_path="t", draft_path="d")
-
-
-def _head_dir(target, path, seed: int = 1):
-    torch.manual_seed(seed)
-    head = new_head(target)
-    with torch.no_grad():  # a random head whose drafts the target sometimes accepts
-        head.fc.weight.mul_(3.0)
-    return save_head(head, target, path)
 
 
 @pytest.fixture(scope="module")
