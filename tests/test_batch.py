@@ -35,8 +35,13 @@ def run_batched(decoder: Decoder, prompts, slots: int, sampling, max_new, seeds,
     """Every prompt through a BatchEngine of `slots` slots, a slot taking the next prompt when its sequence ends
     (sequences join and leave between rounds). max_new: one int or one per prompt."""
     batch = BatchEngine(decoder, slots, rows)
+    return [new for new, _ in drive(batch, prompts, sampling, max_new, seeds)], batch
+
+
+def drive(batch: BatchEngine, prompts, sampling, max_new, seeds) -> list:
+    """Each prompt's (new ids, metrics) from `batch`, a free slot taking the next prompt between steps."""
     max_new = max_new if isinstance(max_new, list) else [max_new] * len(prompts)
-    out = [None] * len(prompts)
+    out: list = [None] * len(prompts)
     waiting, running = list(range(len(prompts)))[::-1], {}
     while waiting or running:
         while waiting and batch.free:
@@ -45,8 +50,8 @@ def run_batched(decoder: Decoder, prompts, slots: int, sampling, max_new, seeds,
         for seq_id, result in batch.step():
             if isinstance(result, BaseException):
                 raise result
-            out[running.pop(seq_id)] = result[0]
-    return out, batch
+            out[running.pop(seq_id)] = result
+    return out
 
 
 # ---------------------------------------------------------------------------------------------------- the forward

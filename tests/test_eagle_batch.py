@@ -11,6 +11,7 @@ import pytest
 import torch
 
 from helpers import tiny_llama
+from test_batch import drive
 from test_eagle import _head_dir  # a random head whose drafts the target sometimes accepts
 from multispec.decoding.batch import BatchEngine, batchable
 from multispec.decoding.decoder import Decoder
@@ -53,17 +54,7 @@ def _batched(decoder: Decoder, prompts, slots: int, sampling, max_new, seeds, ro
     try:
         batch = BatchEngine(decoder, slots, rows)
         batch.engine.costs = None
-        max_new = max_new if isinstance(max_new, list) else [max_new] * len(prompts)
-        out: list = [None] * len(prompts)
-        waiting, running = list(range(len(prompts)))[::-1], {}
-        while waiting or running:
-            while waiting and batch.free:
-                i = waiting.pop()
-                running[batch.add_ids(prompts[i], sampling, max_new[i], seeds[i])] = i
-            for seq_id, result in batch.step():
-                if isinstance(result, BaseException):
-                    raise result
-                out[running.pop(seq_id)] = result
+        out = drive(batch, prompts, sampling, max_new, seeds)
     finally:
         HeadBatch.backends = real
     return out, batch, heads
