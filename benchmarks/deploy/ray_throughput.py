@@ -126,8 +126,14 @@ def main() -> int:
     ap.add_argument("--draft")
     ap.add_argument("--fault", action="store_true", help="also a 2-replica run with one replica killed mid-load")
     ap.add_argument("--kill-after", type=float, default=1.0, help="seconds into the fault run")
+    ap.add_argument("--dataset", help="distinct prompts from this dataset (humaneval, ...; multispec.data), "
+                    "else the built-in 16 repeated: a replica's suffix drafting learns from earlier answers to the "
+                    "same prompt, so repeats favour one replica over two")
+    ap.add_argument("--data-dir", help="the dataset's folder (default: $MULTISPEC_DATA)")
     ap.add_argument("--out", type=Path, help="JSON results (default: stdout)")
     args = ap.parse_args()
+    if args.out is not None and (args.out.is_dir() or (args.out.parent.exists() and not args.out.parent.is_dir())):
+        ap.error(f"--out {args.out} cannot be written as a file")
     try:
         import ray
         from ray import serve
@@ -140,7 +146,13 @@ def main() -> int:
     from multispec.serve import ray as ray_serve
 
     torch.set_num_threads(args.threads)
-    prompts = [PROMPTS[i % len(PROMPTS)] for i in range(args.requests)]
+    if args.dataset:
+        from multispec.data import load_prompts
+        prompts = [p.text for p in load_prompts(args.dataset, args.data_dir, limit=args.requests)]
+        if len(prompts) < args.requests:
+            ap.error(f"{args.dataset} has {len(prompts)} prompts, fewer than --requests {args.requests}")
+    else:
+        prompts = [PROMPTS[i % len(PROMPTS)] for i in range(args.requests)]
     pair = load_pair(target=args.target, draft=args.draft)
     offline = {p: generate(pair, p, max_new_tokens=args.max_tokens, temperature=0.0).token_ids for p in set(prompts)}
     del pair
