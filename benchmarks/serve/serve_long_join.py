@@ -31,6 +31,8 @@ async def stream(http, body) -> tuple[float, list[float]]:
     """(time to first token, arrival times of the content chunks)."""
     t0, arrivals = time.perf_counter(), []
     async with http.stream("POST", "/v1/completions", json={**body, "stream": True}) as r:
+        if r.status_code != 200:
+            raise RuntimeError(f"HTTP {r.status_code}: {(await r.aread()).decode()[:300]}")
         async for line in r.aiter_lines():
             if line.startswith("data: ") and line != "data: [DONE]" and json.loads(line[6:])["choices"][0]["text"]:
                 arrivals.append(time.perf_counter())
@@ -100,6 +102,9 @@ def main() -> None:
     ap.add_argument("--seconds", type=float, default=30)
     ap.add_argument("--warmup", type=float, default=10)
     ap.add_argument("--long-tokens", type=int, default=2000)
+    ap.add_argument("--max-model-len", type=int, default=2048, help="the server's --max-model-len (its slots' "
+                    "length; a wide batch's default is shorter than the long prompt)")
+    ap.add_argument("--server-cpus", help="pin the server to these CPUs (taskset -c), e.g. 0; the clients stay free")
     ap.add_argument("--out", required=True)
     args = ap.parse_args()
     sys.path.insert(0, args.src)
@@ -114,9 +119,11 @@ def main() -> None:
     sock.bind(("127.0.0.1", 0))
     port = sock.getsockname()[1]
     sock.close()
-    cmd = [sys.executable, "-m", "multispec", "serve", "--target", str(PYCODE / "target"), "--draft",
+    pin = ["taskset", "-c", args.server_cpus] if args.server_cpus else []
+    cmd = [*pin, sys.executable, "-m", "multispec", "serve", "--target", str(PYCODE / "target"), "--draft",
            str(PYCODE / "draft"), "--method", args.method, "--threads", "1", "--host", "127.0.0.1", "--port",
-           str(port), "--max-batch", str(args.max_batch), "--max-queue", "64", "--log-level", "warning"]
+           str(port), "--max-batch", str(args.max_batch), "--max-queue", "64",
+           "--max-model-len", str(args.max_model_len), "--log-level", "warning"]
     proc = subprocess.Popen(cmd, env={**os.environ, "PYTHONPATH": args.src}, stdout=subprocess.DEVNULL,
                             stderr=subprocess.DEVNULL)
     try:
