@@ -9,9 +9,10 @@ budget, then Python source of this interpreter (`python`: standard library and s
 a .txt (one document) or a .jsonl (field `ids`: token ids as they are; else `text`, else `prompt` +
 `response`/`output`); --data repeats.
 Model: `new_head(target)`: fc + one decoder layer of the target's family; the target's parts frozen and shared.
-Loss: distillation, the cross-entropy of the head's law q against the target's p at every position (KL up to a
-constant). `unroll` > 1 adds the steps of a simplified training-time test: step s reads the head's own features of
-step s-1 (shifted by one) as every row's parent feature, weighted 0.8^(s-1).
+Loss (models/eagle.head_loss, which online adaptation shares: models/eagle_adapt.py): distillation, the
+cross-entropy of the head's law q against the target's p at every position (KL up to a constant). `unroll` > 1 adds
+the steps of a simplified training-time test: step s reads the head's own features of step s-1 (shifted by one) as
+every row's parent feature, weighted 0.8^(s-1).
 Loop: AdamW with a warm-up and cosine learning rate over the time budget; every `eval_every` seconds the held-out
 acceptance estimate E[sum_x min(p, q)] (what one drafted token is accepted with at T = 1) and the greedy agreement;
 the best head so far is saved at once, so Ctrl-C or the budget's end keeps it.
@@ -27,9 +28,9 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 import torch
-import torch.nn.functional as F
 
 from multispec.errors import MultispecError, check
+from multispec.models.eagle import head_logits, head_loss
 
 
 PYTHON = "python"  # --data's name for the built-in corpus
@@ -172,25 +173,6 @@ def frequent_tokens(chunks: torch.Tensor, n: int, vocab: int) -> torch.Tensor:
 
 
 # ------------------------------------------------------------------------------------------------------- model
-def _laws(parts, f: torch.Tensor, ids: torch.Tensor | None):
-    """Logits of the output layer over features f [.., H], on the reduced vocabulary's rows when ids is given."""
-    w = parts.lm_head.weight if ids is None else parts.lm_head.weight.index_select(0, ids)
-    return F.linear(f, w)
-
-
-def head_loss(head, parts, tokens, feats, ids, unroll: int):
-    """(loss, p [B, L, V'], q_logits of step 1): tokens long [B, L], feats float [B, L, H] (the target's)."""
-    with torch.no_grad():
-        p = torch.softmax(_laws(parts, feats, ids), -1)  # [B, L, V']
-    f, loss, first = feats, 0.0, None
-    for s in range(unroll):
-        f = head.teacher_forced(parts, tokens, f)  # step s reads step s-1's features (the target's at s = 0)
-        logq = torch.log_softmax(_laws(parts, f, ids), -1)
-        loss = loss + (0.8 ** s) * -(p * logq).sum(-1).mean()
-        first = logq if first is None else first
-    return loss, p, first
-
-
 @torch.no_grad()
 def evaluate(head, parts, tokens, feats, ids, batch: int) -> dict:
     """Held-out: alpha = E[sum_x min(p, q)] (one drafted token's acceptance at T = 1, the head reading the target's
@@ -198,7 +180,7 @@ def evaluate(head, parts, tokens, feats, ids, batch: int) -> dict:
     alpha, agree, count = 0.0, 0.0, 0
     for i in range(0, tokens.shape[0], batch):
         t, fe = tokens[i:i + batch], feats[i:i + batch].float()
-        p_full = torch.softmax(_laws(parts, fe, None), -1)
+        p_full = torch.softmax(head_logits(parts, fe, None), -1)
         _, _, logq = head_loss(head, parts, t, fe, ids, 1)
         q = logq.exp()
         if ids is not None:
