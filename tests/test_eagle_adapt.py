@@ -94,16 +94,16 @@ def test_greedy_is_the_targets_own_with_adaptation(tiny, options):
         assert m.drafted_tokens > 0
 
 
-def _real_identity(pair, prompts, head, n, **options):
+def _real_identity(pair, prompts, head, n, method="eagle", **options):
     import multispec
 
     updates = 0
     for ids in prompts:
         ref = multispec.generate(pair, ids, method="ar", max_new_tokens=n, temperature=0).token_ids
-        got = multispec.generate(pair, ids, method="eagle", head=head, max_new_tokens=n, temperature=0,
+        got = multispec.generate(pair, ids, method=method, head=head, max_new_tokens=n, temperature=0,
                                  adapt="on", **options)
         assert got.token_ids == ref
-        updates += got.stats["eagle"]["adapt"]["updates"]
+        updates += got.stats[method]["adapt"]["updates"]
     assert updates > 0  # the head did adapt
 
 
@@ -330,3 +330,208 @@ def test_adaptation_raises_acceptance_on_a_repetitive_text(tiny, monkeypatch):
     frozen = _second_half_acceptance(target, head_dir, prompt, 128, monkeypatch)
     adapted = _second_half_acceptance(target, head_dir, prompt, 128, monkeypatch, **ON)
     assert adapted > frozen, (adapted, frozen)
+
+
+# ---------------------------------------------------------------------------------------------- 6. auto with a head
+def test_auto_options_are_checked_when_the_method_is_built(tiny):
+    _, head_dir = tiny
+    assert build_method("auto", head=str(head_dir), adapt="on").options["adapt"] is True
+    assert "adapt" not in build_method("auto", head=str(head_dir)).options  # (auto's options as they were)
+    for bad, needle in [(dict(adapt="on"), "adapt=on adapts a feature head; give head=DIR"),
+                        (dict(head=str(head_dir), adapt="yes"), "auto: adapt must be on or off"),
+                        (dict(head=str(head_dir), adapt_every=2), "auto: adapt_every apply with adapt=on only"),
+                        (dict(head=str(head_dir), adapt="on", adapt_lr=2.0), "auto: adapt_lr must be"),
+                        (dict(head=str(head_dir), adapt="on", adapt_rows=0), "auto: adapt_rows must be an integer")]:
+        with pytest.raises(MultispecError, match=needle) as e:
+            build_method("auto", **bad)
+        assert "\n" not in str(e.value)
+
+
+def _auto_decode(target, head_dir, prompt, n: int, **options) -> tuple[list, list, dict]:
+    """auto:head=DIR:adapt=on with fixed costs that make head chains, lookup chains and plain steps all win somewhere
+    (a cheap head): (ids, [(plan proposer, drafted_with_head, updates after the round)], the adapt report)."""
+    from multispec.decoding.engine import generate_ids
+    from multispec.drafting import adapting
+    from multispec.drafting.costs import BUCKETS, CostCurve, CostModel
+    from multispec.models import make_backend
+
+    config = build_method("auto", head=str(head_dir), proposers="draft,lookup", **options)
+    entry, pair = get_method("auto"), SimpleNamespace(target=target, draft=None)
+    loaded = entry.load(config, pair)
+    policy = entry.make_policy(config, pair, loaded)
+    assert isinstance(policy, AdaptingPolicy)
+    policy.inner.fixed_costs = CostModel(CostCurve([0.01 + 5e-4 * (b - 1) for b in BUCKETS]),
+                                         CostCurve([1e-3] * len(BUCKETS)))
+    policy.inner.reset()
+    rounds: list = []
+    observe = AdaptingPolicy.observe
+
+    def recording(self, outcome):
+        observe(self, outcome)
+        rounds.append((outcome.plan.proposer, adapting.drafted_with_head(outcome), self.adapter.updates))
+
+    tap, head = entry.draft_backend(config, loaded, make_backend(target, "hf"), pair)
+    try:
+        AdaptingPolicy.observe = recording
+        ids, _ = generate_ids(tap, head, prompt, config, GREEDY, n, 0, set(), policy=policy)
+    finally:
+        AdaptingPolicy.observe = observe
+    return ids, rounds, policy.report()["adapt"]
+
+
+def _assert_updates_follow_head_rounds(rounds: list, every: int) -> None:
+    """An update after every `every`-th round the head drafted, none after a lookup or plain round."""
+    head_rounds = 0
+    for i, (proposer, by_head, updates) in enumerate(rounds):
+        previous = rounds[i - 1][2] if i else 0
+        head_rounds += proposer == "head"
+        assert updates - previous == (proposer == "head" and head_rounds % every == 0), (i, proposer, updates)
+
+
+@pytest.mark.parametrize("broken", [False, True])
+@pytest.mark.parametrize("every", [1, 2])
+def test_auto_with_a_head_adapts_on_the_heads_rounds_only(tiny, monkeypatch, every, broken):
+    """auto:head=DIR:adapt=on, greedy: the target's own output; its lookup and plain rounds neither update the head
+    nor count towards adapt_every, its head rounds do. Broken variant (every round counted as the head's) caught."""
+    from multispec.drafting import adapting
+
+    target, head_dir = tiny
+    if broken:
+        monkeypatch.setattr(adapting, "drafted_with_head", lambda outcome: True)
+    kinds = set()
+    for prompt in ([3, 1, 4, 1, 5] * 6, [0, 7, 7, 7, 2, 9, 4], [1, 2, 3]):
+        ids, rounds, report = _auto_decode(target, head_dir, prompt, 48, **{**ON, "adapt_every": every})
+        assert ids == greedy_reference(target, prompt, 48), prompt
+        kinds |= {p for p, _, _ in rounds}
+        if broken:
+            with pytest.raises(AssertionError):
+                _assert_updates_follow_head_rounds(rounds, every)
+            return
+        _assert_updates_follow_head_rounds(rounds, every)
+        assert report["updates"] == rounds[-1][2]
+    assert {"head", "lookup", "none"} <= kinds  # every kind of round was tried
+
+
+def test_the_decoder_reads_autos_proposers_through_the_wrapper(tiny, monkeypatch):
+    """The Decoder builds auto's cost view from the policy's proposers (decoding/profiles.py): through the
+    adapting wrapper it still times the head as auto's draft. Broken variant (the wrapper hides them) caught."""
+    from multispec.decoding.decoder import Decoder
+
+    target, head_dir = tiny
+
+    def draft_curve() -> object:
+        decoder = Decoder(_pair(target), "auto", "hf", head=str(head_dir), adapt="on")
+        assert isinstance(decoder.policy, AdaptingPolicy) and decoder.policy.proposers == ("draft", "lookup", "suffix")
+        return decoder.policy.inner.view.costs.draft
+
+    assert draft_curve() is not None
+    monkeypatch.setattr(AdaptingPolicy, "proposers", property(lambda self: ()))
+    with pytest.raises(AssertionError):
+        assert draft_curve() is not None
+
+
+@pytest.mark.slow
+@needs_pycode
+@needs_data
+def test_auto_greedy_is_ar_on_pycode_humaneval_with_adaptation(tmp_path):
+    """auto:head=DIR:adapt=on on pycode-v1's target with the test head, the first 3 HumanEval prompts x 64 tokens."""
+    import multispec
+    from multispec.data import load_prompts
+
+    pair = multispec.load_pair(target=str(PYCODE / "target"), dtype="float32")
+    head_dir = _head_dir(pair.target, tmp_path / "head")
+    prompts = [pair.tokenizer(p.text)["input_ids"] for p in load_prompts("humaneval", data_dir=DATA, limit=3)]
+    _real_identity(pair, prompts, str(head_dir), 64, method="auto", proposers="draft", adapt_lr=1e-3, adapt_every=1)
+
+
+# ---------------------------------------------------------------------------------------------- 7. a conversation
+def _turns(decoder, prompts, n=24) -> list[dict]:
+    """Each prompt decoded in turn by `decoder` (as `multispec chat` does, one request per turn): its adapt report."""
+    out = []
+    for p in prompts:
+        ids, metrics = decoder.run(p, GREEDY, n, 0)
+        out.append(decoder.stats(metrics, GREEDY)["eagle"]["adapt"])
+    return out
+
+
+def _assert_kept_per_conversation(target, head_dir) -> None:
+    from multispec.cli.chat_cmd import drop_adapted_head, keep_adapted_head
+    from multispec.decoding.decoder import Decoder
+
+    decoder = Decoder(_pair(target), "eagle", "hf", head=str(head_dir), k=3, **ON)
+    keep_adapted_head(decoder, 64)
+    shared = decoder.loaded["eagle_head"]
+    before = _state(shared)
+    a, b = [1, 2, 3], [0, 7, 7, 7, 2, 9, 4]
+    first, second = _turns(decoder, [a, b])
+    kept = decoder.policy.kept
+    assert kept is not None and decoder._draft.head is shared  # kept aside, not drafting between turns
+    assert not _same_state(_state(kept.head), before)  # the kept copy learned
+    assert second["requests"] == 2 and second["updates"] > first["updates"], "the copy did not go on"
+    assert second["kept"] and second["dropped"] is None
+    assert _same_state(before, _state(shared)), "the shared head changed"
+    drop_adapted_head(decoder)  # /reset
+    assert decoder.policy.kept is None
+    (fresh,) = _turns(decoder, [b])
+    assert fresh["requests"] == 1 and fresh["updates"] < second["updates"]
+    twin = decoder.spawn()  # another Decoder (a server's worker): per request, the shared head
+    assert twin.policy.keep is None and twin.policy.kept is None
+    assert _same_state(before, _state(shared)), "the shared head changed"
+
+
+@pytest.mark.parametrize("broken", [False, True])
+def test_a_conversation_keeps_its_adapted_head(tiny, monkeypatch, broken):
+    """chat --adapt-keep: the adapted copy (and its optimiser state) goes on from turn to turn, /reset drops it,
+    another Decoder never sees it, the shared head is never written. Broken variant (the keep ignored: every turn
+    starts from the shared head) caught."""
+    target, head_dir = tiny
+    if broken:
+        monkeypatch.setattr(AdaptingPolicy, "keep_across_requests", lambda self, max_bytes: None)
+        with pytest.raises(AssertionError):
+            _assert_kept_per_conversation(target, head_dir)
+    else:
+        _assert_kept_per_conversation(target, head_dir)
+
+
+def test_a_kept_head_over_its_bound_is_refused_or_dropped(tiny):
+    """The bound: refused in one line at the start when the copy and its optimiser state cannot fit; a copy that
+    grows over it is dropped at its turn's end (the report says why) and the next turn starts afresh."""
+    from multispec.cli.chat_cmd import keep_adapted_head
+    from multispec.decoding.decoder import Decoder
+
+    target, head_dir = tiny
+    decoder = Decoder(_pair(target), "eagle", "hf", head=str(head_dir), k=3, **ON)
+    need = decoder.policy.keep_estimate()
+    with pytest.raises(MultispecError, match="over --adapt-keep-mb") as e:
+        keep_adapted_head(decoder, need / 2**20 / 2)
+    assert "\n" not in str(e.value)
+    decoder.policy.keep_across_requests(need // 2)  # (under what the copy holds once Adam has stepped)
+    first, second = _turns(decoder, [[1, 2, 3], [0, 7, 7, 7, 2, 9, 4]])
+    assert decoder.policy.kept is None and "over the bound" in first["dropped"] and second["requests"] == 1
+    with pytest.raises(MultispecError, match="--adapt-keep keeps a head adapted online"):
+        keep_adapted_head(Decoder(_pair(target), "eagle", "hf", head=str(head_dir), k=3), 64)
+
+
+@pytest.mark.slow
+@needs_pycode
+def test_chat_adapt_keep_on_the_command_line(tmp_path):
+    """`multispec chat --adapt-keep` on pycode-v1 with the test head: two turns, /reset, a third; and the flag
+    without adapt=on refused in one line before any model loads."""
+    import subprocess
+    import sys
+
+    import multispec
+
+    template = tmp_path / "t.jinja"
+    template.write_text("{% for m in messages %}<{{ m.role }}>{{ m.content }}\n{% endfor %}<assistant>")
+    head_dir = _head_dir(multispec.load_pair(target=str(PYCODE / "target")).target, tmp_path / "head")
+    base = [sys.executable, "-m", "multispec", "chat", "--target", str(PYCODE / "target"), "--chat-template",
+            str(template), "--method", "eagle", "--head", str(head_dir), "--max-new-tokens", "16", "--temperature",
+            "0", "--threads", "1"]
+    bad = subprocess.run(base + ["--adapt-keep"], capture_output=True, text=True, timeout=300)
+    assert bad.returncode == 2 and len(bad.stderr.strip().splitlines()) == 1, bad.stderr
+    assert "--adapt-keep keeps a head adapted online" in bad.stderr
+    ok = subprocess.run(base + ["--adapt", "on", "--adapt-every", "1", "--adapt-keep"], capture_output=True,
+                        text=True, timeout=300, input="def add(a, b):\ndef sub(a, b):\n/reset\ndef mul(a, b):\n")
+    assert ok.returncode == 0, ok.stderr
+    assert ok.stderr.count("conversation ") == 3 and "[a new conversation]" in ok.stderr, ok.stderr

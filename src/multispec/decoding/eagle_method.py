@@ -57,19 +57,22 @@ ADAPT_VALUES = {"on": True, "off": False, "true": True, "false": False, "1": Tru
 ADAPT_KNOBS = {"adapt_lr": "lr", "adapt_steps": "steps", "adapt_rows": "rows", "adapt_every": "every"}  # option -> AdaptSettings field
 
 
-def adapt_options(o: dict) -> dict:
-    """The options with `adapt` read as a boolean (on/off, true/false, 1/0) and its knobs checked (one line each;
-    a knob without adapt=on is refused, not ignored)."""
+def adapt_options(o: dict, method: str = "eagle") -> dict:
+    """The options with `adapt` read as a boolean (on/off, true/false, 1/0) and its knobs checked (one line each,
+    named by `method`; a knob without adapt=on is refused, not ignored)."""
     from multispec.models.eagle_adapt import AdaptSettings
 
     v = o.get("adapt", False)
     key = v.strip().lower() if isinstance(v, str) else v
     on = ADAPT_VALUES.get(key) if isinstance(key, (str, bool, int)) else None
-    check(on is not None, f"eagle: adapt must be on or off, got {v!r}")
+    check(on is not None, f"{method}: adapt must be on or off, got {v!r}")
     knobs = {field: o[name] for name, field in ADAPT_KNOBS.items() if name in o}
-    check(on or not knobs, f"eagle: {', '.join(n for n in ADAPT_KNOBS if n in o)} apply with adapt=on only "
+    check(on or not knobs, f"{method}: {', '.join(n for n in ADAPT_KNOBS if n in o)} apply with adapt=on only "
                            "(online adaptation's settings)")
-    AdaptSettings(**knobs)  # checked now, before any model loads
+    try:
+        AdaptSettings(**knobs)  # checked now, before any model loads
+    except MultispecError as e:
+        raise MultispecError(f"{method}: {e}") from None
     return {**o, "adapt": bool(on)}
 
 
@@ -133,9 +136,15 @@ def _eagle_policy(config: MethodConfig, pair, loaded: dict):
     settings = adapt_settings(config)
     if settings is None:
         return policy
+    return adapting(policy, loaded, settings)
+
+
+def adapting(policy, loaded: dict, settings):
+    """`policy` with the head adapted per request (drafting/adapting.py): each request trains a copy of the head
+    (eagle, and auto with a head)."""
     from multispec.drafting.adapting import AdaptingPolicy
 
-    return AdaptingPolicy(policy, loaded["eagle_head"], settings)  # each request trains a copy of the head
+    return AdaptingPolicy(policy, loaded["eagle_head"], settings)
 
 
 def eagle_backends(config: MethodConfig, loaded: dict, target, pair) -> tuple:
@@ -153,11 +162,20 @@ def eagle_batch(config: MethodConfig, loaded: dict, pair, slots: int, rows: int)
     from multispec.models.eagle import TargetParts
     from multispec.models.eagle_batched import HeadBatch
 
-    check(not config.options.get("adapt"), "eagle: adapt=on adapts a head per sequence, which batched decoding "
-                                          "does not do yet; decode one request at a time (batch size 1)")
+    check(not config.options.get("adapt"), f"{config.name}: adapt=on adapts a head per sequence, which batched "
+                                          "decoding does not do yet; decode one request at a time (batch size 1)")
     head = loaded["eagle_head"]
     return HeadBatch(head, TargetParts.of(pair.target), pair.sidecar(head), loaded["eagle_token_ids"], slots, rows)
 
+
+ADAPT_OPTIONS = (  # eagle's and auto's (with a head)
+    Option("adapt", "str", "on: the head keeps learning from the request, a copy of it trained between the rounds it "
+                           "drafts on the committed positions' target features (lossless; per request; one "
+                           "sequence at a time)", "off"),
+    Option("adapt_lr", "float", "adapt=on: Adam's learning rate", 1e-4),
+    Option("adapt_steps", "int", "adapt=on: optimiser steps per update", 1),
+    Option("adapt_rows", "int", "adapt=on: the latest committed positions each step trains on", 32),
+    Option("adapt_every", "int", "adapt=on: rounds the head drafts between updates", 8))
 
 EAGLE = MethodEntry(
     "eagle", (Option("head", "path", "eagle: a feature-head directory (multispec train-head), or 'shipped' (the "
@@ -172,13 +190,7 @@ EAGLE = MethodEntry(
               Option("verifier", "str", "block or sd on chains; a node or sequence verifier on trees"),
               Option("confidence", "float", "stop drafting deeper once the head's probability of each newest token "
                                             "is below this (EAGLE-2: the head's confidence estimates acceptance)"),
-              Option("adapt", "str", "on: the head keeps learning from the request, a copy of it trained between "
-                                     "rounds on the committed positions' target features (lossless; per "
-                                     "request; one sequence at a time)", "off"),
-              Option("adapt_lr", "float", "adapt=on: Adam's learning rate", 1e-4),
-              Option("adapt_steps", "int", "adapt=on: optimiser steps per update", 1),
-              Option("adapt_rows", "int", "adapt=on: the latest committed positions each step trains on", 32),
-              Option("adapt_every", "int", "adapt=on: rounds between updates", 8)),
+              *ADAPT_OPTIONS),
     _build_eagle, _eagle_policy, needs_draft=False, uses_draft=lambda c: False, load=load_eagle,
     draft_backend=eagle_backends, batch_draft=eagle_batch, complete=complete_eagle, summary="a chain or tree drafted by a trained feature head (EAGLE) on the "
                                            "target's hidden states, no draft model")

@@ -56,11 +56,11 @@ class AdaptSettings:
 
     def __post_init__(self) -> None:
         check(isinstance(self.lr, (int, float)) and not isinstance(self.lr, bool) and 0 < self.lr <= 1,
-              f"eagle: adapt_lr must be a learning rate in (0, 1], got {self.lr!r}")
+              f"adapt_lr must be a learning rate in (0, 1], got {self.lr!r}")
         for name, v, hi in (("adapt_steps", self.steps, MAX_STEPS), ("adapt_rows", self.rows, MAX_ROWS),
                             ("adapt_every", self.every, MAX_EVERY)):
             check(isinstance(v, int) and not isinstance(v, bool) and 1 <= v <= hi,
-                  f"eagle: {name} must be an integer in [1, {hi}], got {v!r}")
+                  f"{name} must be an integer in [1, {hi}], got {v!r}")
 
 
 @dataclass(frozen=True)
@@ -105,7 +105,7 @@ class HeadAdapter:
         self.opt = torch.optim.Adam(self.params, lr=settings.lr)
         self.parts = loss_parts(backend)
         backend.head = self.head
-        self.updates, self.rows, self.seconds = 0, 0, 0.0
+        self.updates, self.rows, self.seconds, self.requests = 0, 0, 0.0, 1
 
     def update(self, rows: TrainingRows) -> None:
         """settings.steps optimiser steps on `rows` (on the copy; the target's parts take no gradient)."""
@@ -127,12 +127,26 @@ class HeadAdapter:
         self.seconds += time.perf_counter() - t0
 
     def close(self) -> None:
-        """The request is over: the backend drafts with the shared head again; the copy is dropped with this."""
+        """The request is over: the backend drafts with the shared head again; the copy is dropped with this (or
+        kept by a conversation's policy for its next request: attach)."""
         self.backend.head = self.shared
+
+    def attach(self, backend: HeadBackend) -> HeadAdapter:
+        """The next request of a conversation: the copy (its optimiser state too) drafts on `backend` again."""
+        self.backend, self.parts = backend, loss_parts(backend)
+        backend.head = self.head
+        self.requests += 1
+        return self
+
+    def nbytes(self) -> int:
+        """Bytes the copy holds beyond the shared head: its parameters and the optimiser's state."""
+        state = [t for s in self.opt.state.values() for t in s.values() if isinstance(t, torch.Tensor)]
+        return sum(t.numel() * t.element_size() for t in [*self.head.parameters(), *state])
 
     def stats(self) -> dict:
         return {"updates": self.updates, "rows": self.rows, "seconds": self.seconds, "lr": self.settings.lr,
-                "steps": self.settings.steps, "window": self.settings.rows, "every": self.settings.every}
+                "steps": self.settings.steps, "window": self.settings.rows, "every": self.settings.every,
+                "requests": self.requests}
 
 
 def loss_parts(backend: HeadBackend):
