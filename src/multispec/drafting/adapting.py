@@ -22,8 +22,8 @@ from typing import TYPE_CHECKING
 
 import torch
 
-from multispec.errors import check
 from multispec.drafting.protocol import DraftPolicy, RoundOutcome, RoundPlan
+from multispec.errors import check
 from multispec.models.eagle_adapt import AdaptSettings, HeadAdapter, TrainingRows, committed_rows
 
 if TYPE_CHECKING:
