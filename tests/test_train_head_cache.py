@@ -5,6 +5,7 @@ variant (the cache's own text ignored) caught. No timing: what ran is counted by
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 
 import pytest
 import torch
@@ -112,3 +113,30 @@ def test_own_file_prompts_are_encoded_as_the_bench_feeds_them(paths):
     v = pair.target.config.vocab_size
     assert ids[0] == encode_prompt(pair.tokenizer, v, "def f0(x):\n    return x + 0\n")[-64:]
     assert ids[6] == encode_prompt(pair.tokenizer, v, "add two numbers")[-64:]  # (no chat template here)
+
+
+@pytest.mark.parametrize("broken", [False, True])
+def test_a_resumed_head_is_replaced_only_by_a_better_one(paths, tmp_path, monkeypatch, broken):
+    """--resume evaluates the saved head before its first step: a run that only makes it worse (lr 1.0) leaves it
+    as it was. Broken variant (the first evaluation after the budget's first eval_every, as before) caught: the
+    worse head is saved."""
+    from multispec.models.eagle_io import load_head
+
+    first = train_head(_config(paths, tmp_path, minutes=0.1), log=lambda s: None)
+    pair_target = eagle_target(paths)
+    before = load_head(tmp_path / "head", pair_target)[0].fc.weight.clone()
+    if broken:
+        real = eagle._loop
+        monkeypatch.setattr(eagle, "_loop", lambda cfg, *a: real(replace(cfg, resume=False), *a))
+    worse = train_head(_config(paths, tmp_path, minutes=0.1, resume=True, lr=1.0), log=lambda s: None)
+    after = load_head(tmp_path / "head", pair_target)[0].fc.weight
+    if broken:
+        assert worse["alpha"] < first["alpha"] and not torch.equal(before, after)
+    else:
+        assert worse["step"] == 0 and worse["alpha"] >= first["alpha"] - 1e-3 and torch.equal(before, after)
+
+
+def eagle_target(paths):
+    from multispec import load_pair
+
+    return load_pair(target=str(paths["target"]), device="cpu").target
