@@ -224,9 +224,9 @@ def test_features_are_collected_by_a_share_of_the_budget_from_its_start(dirs, tm
         clock[0] += 0.8 * cfg.minutes * 60  # the text took 80 % of the budget
         return documents(cfg, *args)
 
-    def collect(target, chunks, batch, deadline):
+    def collect(target, chunks, batch, deadline, done=None):
         seen["deadline"] = deadline
-        return real_collect(target, chunks, batch, deadline)
+        return real_collect(target, chunks, batch, deadline, done)
 
     real_collect = eagle.collect_features
     monkeypatch.setattr(eagle, "_documents", slow_documents)

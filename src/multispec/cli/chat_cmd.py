@@ -1,6 +1,9 @@
 """`multispec chat`: a multi-turn conversation in the terminal. Each reply streams as it is committed and ends with
 the one-line summary `generate` prints; Ctrl-C ends a reply (what was said so far stays in the conversation),
-Ctrl-D (or /exit) leaves. One Decoder serves every turn, so `auto` keeps what it learned."""
+Ctrl-D (or /exit) leaves, /reset starts a new conversation. One Decoder serves every turn, so `auto` keeps what it
+learned. With a head adapted online (adapt=on) and `--adapt-keep`, the adapted copy of the head and its optimiser
+state go on from turn to turn of the conversation (within --adapt-keep-mb; /reset drops them); never another
+Decoder's, and the shared head is never written (drafting/adapting.py)."""
 import json
 import sys
 
@@ -31,9 +34,14 @@ PROMPT = ">>> "
 @click.option("--tool-choice", default=None, metavar="auto|none|required|NAME",
               help="With --tools: auto (default), none, required (one or more calls, forced) or a function's name "
                    "(one call of it, forced).")
+@click.option("--adapt-keep", is_flag=True, help="With adapt=on (eagle, or auto with a head): keep the head's "
+              "adapted copy from turn to turn of the conversation (/reset drops it), not per reply.")
+@click.option("--adapt-keep-mb", type=click.FloatRange(min=0, min_open=True), default=256.0, show_default=True,
+              help="--adapt-keep's bound: the kept copy and its optimiser state, in MiB (refused at the start when "
+                   "over; dropped at a reply's end when over).")
 @device_options
 def chat_command(target, draft, cross_vocab, method, max_new_tokens, system, chat_template, tools_file, tool_choice,
-                 device, dtype, backend, threads, **flags):
+                 adapt_keep, adapt_keep_mb, device, dtype, backend, threads, **flags):
     """Chat with the target model: type a message, read the streamed reply (Ctrl-C ends a reply, Ctrl-D leaves)."""
     from multispec.api import load_pair, resolve_device
     from multispec.cli.generate_cmd import _check_proposers, _summary
@@ -51,6 +59,8 @@ def chat_command(target, draft, cross_vocab, method, max_new_tokens, system, cha
     check_chat_template(target, template)
     tools = read_tools(tools_file, tool_choice)
     check(system is None or system.strip() != "", "--system is empty")
+    check(not adapt_keep or bool(config.options.get("adapt")), "--adapt-keep keeps a head adapted online: give "
+                                                              "adapt=on (--adapt on; eagle, or auto with --head)")
     resolve_device(device)
     _check_proposers(config, target, draft)
     _, warning = set_threads(threads)
@@ -66,7 +76,10 @@ def chat_command(target, draft, cross_vocab, method, max_new_tokens, system, cha
     if tools is not None and tools.grammar(pair.tokenizer) is not None:
         params = params.replace(grammar=tools.grammar(pair.tokenizer))
     decoder = Decoder(pair, method, backend, **options)
-    click.echo("Type a message and press Enter. Ctrl-C ends a reply, Ctrl-D leaves.", err=True)
+    if adapt_keep:
+        keep_adapted_head(decoder, adapt_keep_mb)
+    click.echo("Type a message and press Enter. Ctrl-C ends a reply, Ctrl-D leaves, /reset starts over.", err=True)
+    start = list(messages)
     turn = 0
     while True:
         try:
@@ -81,6 +94,11 @@ def chat_command(target, draft, cross_vocab, method, max_new_tokens, system, cha
             continue
         if line.strip() in ("/exit", "/quit"):
             return
+        if line.strip() == "/reset":  # a new conversation: its text and the head adapted in it dropped
+            messages, turn = list(start), 0
+            drop_adapted_head(decoder)
+            click.echo("[a new conversation]", err=True)
+            continue
         try:
             turn_messages = messages + [user_message(line, "the message")]
             ids = encode_chat(pair.tokenizer, vocab_rows(pair.target), turn_messages, template, listed)
@@ -100,6 +118,32 @@ def chat_command(target, draft, cross_vocab, method, max_new_tokens, system, cha
         used = len(ids) + len(reply.token_ids)
         click.echo(line + f"; conversation {used} tokens" + (f" of {decoder.context}" if decoder.context else ""),
                    err=True)
+        dropped = ((reply.stats.get(reply.stats.get("method")) or {}).get("adapt") or {}).get("dropped")
+        if dropped:
+            click.echo(f"warning: the adapted head was dropped ({dropped}); the next reply starts from the "
+                       "shared head", err=True)
+
+
+def keep_adapted_head(decoder, max_mib: float) -> None:
+    """`--adapt-keep`: the decoder's adapted head goes on across its requests (this chat's turns), within
+    `max_mib` MiB; refused in one line when the method does not adapt a head or the copy cannot fit."""
+    from multispec.drafting.adapting import AdaptingPolicy
+
+    policy = decoder.policy
+    check(isinstance(policy, AdaptingPolicy), "--adapt-keep keeps a head adapted online: give adapt=on (eagle, "
+                                              "or auto with --head)")
+    bound = int(max_mib * 2**20)
+    need = policy.keep_estimate()
+    check(need <= bound, f"--adapt-keep: the adapted head and its optimiser state need about {need / 2**20:.1f} "
+                         f"MiB, over --adapt-keep-mb {max_mib:g}")
+    policy.keep_across_requests(bound)
+
+
+def drop_adapted_head(decoder) -> None:
+    """/reset: the next request starts from the shared head (a no-op when no adapted head is kept)."""
+    drop = getattr(decoder.policy, "drop_kept", None)
+    if drop is not None:
+        drop()
 
 
 def read_tools(path: str | None, tool_choice: str | None):

@@ -10,8 +10,9 @@ from multispec.cli import cli
               "model.safetensors, training.json).")
 @click.option("--data", type=click.Path(), multiple=True, help="Training text, repeatable: a .txt, a .jsonl (field "
               "ids: token ids; or text; or prompt + response), 'own': the target's own continuations of a built-in "
-              "prompt set (code openings, instructions), or 'python': this interpreter's Python source. Default: own "
-              "and python (never the evaluation prompts).")
+              "prompt set (code openings, instructions), own:FILE.jsonl: its own continuations of FILE's prompts (field "
+              "prompt: raw text; or message: through the chat template), or 'python': this interpreter's Python "
+              "source. Default: own and python (never the evaluation prompts).")
 @click.option("--minutes", default=10.0, show_default=True, help="Time budget, feature collection included.")
 @click.option("--vocab", type=int, help="Restrict the head's output layer to the N most frequent training tokens.")
 @click.option("--unroll", default=1, show_default=True, help="Steps of the training-time test (1: none).")
@@ -26,8 +27,10 @@ from multispec.cli import cli
 @click.option("--threads", default=1, show_default=True, help="torch CPU threads.")
 @click.option("--overwrite", is_flag=True, help="Replace an existing --out folder's head.")
 @click.option("--resume", is_flag=True, help="Go on training the head in --out (its best weights so far).")
+@click.option("--cache", type=click.Path(), help="A folder that keeps the generated own text and the features between "
+              "runs: a rerun goes on generating where the last stopped, a --resume run trains on what is there.")
 def train_head_command(target, out, data, minutes, vocab, unroll, seq_len, batch, lr, seed, max_tokens, device,
-                       threads, overwrite, resume) -> None:
+                       threads, overwrite, resume, cache) -> None:
     """Train a head that drafts from TARGET's hidden states; use it with --method eagle --head OUT."""
     import torch
 
@@ -35,7 +38,7 @@ def train_head_command(target, out, data, minutes, vocab, unroll, seq_len, batch
 
     cfg = HeadTrainConfig(target=target, out=out, data=tuple(data), minutes=minutes, vocab=vocab, unroll=unroll,
                           seq_len=seq_len, batch=batch, lr=lr, seed=seed, max_tokens=max_tokens, device=device,
-                          overwrite=overwrite, resume=resume)
+                          overwrite=overwrite, resume=resume, cache=cache)
     cfg.check()  # before the model loads
     from multispec.threads import check_thread_count
 

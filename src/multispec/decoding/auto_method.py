@@ -23,6 +23,10 @@ def _build_auto(o: dict) -> MethodConfig:
     head = eagle_method.head_option(o, "auto")  # a feature head drafts auto's draft plans instead of a draft model
     check(head is None or "draft" in proposers, "auto: a head drafts the draft plans; keep draft among proposers")
     parse_bool(o.get("fresh_start", False), "fresh_start")
+    if any(k in o for k in ("adapt", *eagle_method.ADAPT_KNOBS)):  # the head's rounds train a per-request copy
+        o = eagle_method.adapt_options(o, "auto")
+        check(head is not None or not o["adapt"], "auto: adapt=on adapts a feature head; give head=DIR "
+                                                  "(or head=shipped)")
     return MethodConfig(name="auto", verifier="traversal", proposers=proposers, max_nodes=max_nodes_option(o, 32),
                         head=head, options=o)
 
@@ -35,8 +39,10 @@ def _auto_policy(config: MethodConfig, pair, loaded: dict):
 
     store, memory = loaded.get("store"), not parse_bool(config.options.get("fresh_start", False), "fresh_start")
     if pair is None or config.head is not None:  # (with a head, it drafts: no draft model is read)
-        return AutoPolicy(proposers=config.proposers, max_nodes=config.max_nodes, suffix_store=store,
-                          draft_proposer="head" if config.head is not None else "draft", memory=memory)
+        policy = AutoPolicy(proposers=config.proposers, max_nodes=config.max_nodes, suffix_store=store,
+                            draft_proposer="head" if config.head is not None else "draft", memory=memory)
+        settings = _eagle().adapt_settings(config)  # adapt=on: the rounds the head drafts train a copy of it
+        return policy if settings is None else _eagle().adapting(policy, loaded, settings)
     proposers = tuple(p for p in config.proposers if p != "draft" or pair.draft is not None)
     check(bool(proposers), "auto: proposers=draft needs a draft model; load the pair with a draft, or let auto use "
                      "lookup (proposers=draft,lookup)")
@@ -72,12 +78,19 @@ def _eagle():
     return eagle_method
 
 
+def _adapt_options() -> tuple:
+    from multispec.decoding.eagle_method import ADAPT_OPTIONS  # (head=DIR: its adaptation, as eagle's)
+
+    return ADAPT_OPTIONS
+
+
 AUTO = MethodEntry("auto", (Option("proposers", "str", "any of draft,lookup,suffix (also draft+lookup); draft alone "
                                                        "needs a draft model", "all three"),
                             Option("max_nodes", "int", MAX_NODES_HELP, 32, (1, MAX_TREE_NODES)),
                             Option("head", "path", "a feature head (or 'shipped') drafts auto's draft plans"),
                             Option("fresh_start", "flag", "start from the priors, not from (nor storing) the acceptance "
-                                   "earlier generations of this pair learned")),
+                                   "earlier generations of this pair learned"),
+                            *_adapt_options()),
                    _build_auto, _auto_policy, needs_draft=False,
                    uses_draft=lambda c: "draft" in c.proposers and c.head is None, tree_nodes=lambda c: c.max_nodes,
                    load=_load_auto, draft_backend=lambda *args: _eagle().eagle_backends(*args),

@@ -1,7 +1,9 @@
 """Method `eagle`: drafts with a trained feature head (models/eagle.py) instead of a draft model, a chain of k tokens
 or a static tree, verified by the method's lossless verifier like sd and mcsd. The head is a method option
 (`head=DIR`, `--head DIR`): read once per Decoder family, refused in one line when made for another target. The
-pair needs no draft (a pair's draft is ignored). Train a head with `multispec train-head` (training/eagle.py)."""
+pair needs no draft (a pair's draft is ignored). Train a head with `multispec train-head` (training/eagle.py).
+`adapt=on` (with adapt_lr, adapt_steps, adapt_rows, adapt_every) trains a per-request copy of the head between rounds
+on the committed positions' target features (models/eagle_adapt.py, drafting/adapting.py)."""
 from __future__ import annotations
 
 from pathlib import Path
@@ -48,7 +50,40 @@ def _build_eagle(o: dict) -> MethodConfig:
     stop = o.get("confidence")
     check(stop is None or (isinstance(stop, (int, float)) and 0 < stop < 1),
           f"eagle: confidence must be a probability in (0, 1), got {stop!r}")
-    return MethodConfig(name="eagle", tree=tree, verifier=verifier, head=str(head), options=o)
+    return MethodConfig(name="eagle", tree=tree, verifier=verifier, head=str(head), options=adapt_options(o))
+
+
+ADAPT_VALUES = {"on": True, "off": False, "true": True, "false": False, "1": True, "0": False, True: True, False: False}
+ADAPT_KNOBS = {"adapt_lr": "lr", "adapt_steps": "steps", "adapt_rows": "rows", "adapt_every": "every"}  # option -> AdaptSettings field
+
+
+def adapt_options(o: dict, method: str = "eagle") -> dict:
+    """The options with `adapt` read as a boolean (on/off, true/false, 1/0) and its knobs checked (one line each,
+    named by `method`; a knob without adapt=on is refused, not ignored)."""
+    from multispec.models.eagle_adapt import AdaptSettings
+
+    v = o.get("adapt", False)
+    key = v.strip().lower() if isinstance(v, str) else v
+    on = ADAPT_VALUES.get(key) if isinstance(key, (str, bool, int)) else None
+    check(on is not None, f"{method}: adapt must be on or off, got {v!r}")
+    knobs = {field: o[name] for name, field in ADAPT_KNOBS.items() if name in o}
+    check(on or not knobs, f"{method}: {', '.join(n for n in ADAPT_KNOBS if n in o)} apply with adapt=on only "
+                           "(online adaptation's settings)")
+    try:
+        AdaptSettings(**knobs)  # checked now, before any model loads
+    except MultispecError as e:
+        raise MultispecError(f"{method}: {e}") from None
+    return {**o, "adapt": bool(on)}
+
+
+def adapt_settings(config: MethodConfig):
+    """The run's AdaptSettings (models/eagle_adapt.py), or None when adaptation is off."""
+    from multispec.models.eagle_adapt import AdaptSettings
+
+    o = config.options
+    if not o.get("adapt"):
+        return None
+    return AdaptSettings(**{field: o[name] for name, field in ADAPT_KNOBS.items() if name in o})
 
 
 def complete_eagle(config: MethodConfig, pair) -> MethodConfig:
@@ -77,6 +112,9 @@ def load_eagle(config: MethodConfig, pair) -> dict:
     from multispec.models.int8 import QUANT_DTYPES, quantize_linears, weights_dtype
 
     head, token_ids = load_head(str(config.head), pair.target)
+    check(not (config.options.get("adapt") and weights_dtype(pair.target) in QUANT_DTYPES),
+          f"eagle: adapt=on trains the head through the target's output layer, which this "
+          f"{weights_dtype(pair.target)} target holds quantized; load the target unquantized or leave adapt off")
     if weights_dtype(pair.target) in QUANT_DTYPES:  # a quantized target's head: its decoder layer in int8 (not the
         quantize_linears(head.transformer)  # fusion layer: its input joins an embedding and a feature of other scales)
     return {"eagle_head": head, "eagle_token_ids": token_ids}
@@ -95,7 +133,18 @@ def _eagle_policy(config: MethodConfig, pair, loaded: dict):
         policy = FixedTree(tree) if stop is None else ConfidenceStop(tree, float(stop))
         policy.proposer = "head"  # (ConfidenceStop takes no proposer)
     policy.defers_draft_prefill = True  # the head reads the target's features of the prompt: after its prefill
-    return policy
+    settings = adapt_settings(config)
+    if settings is None:
+        return policy
+    return adapting(policy, loaded, settings)
+
+
+def adapting(policy, loaded: dict, settings):
+    """`policy` with the head adapted per request (drafting/adapting.py): each request trains a copy of the head
+    (eagle, and auto with a head)."""
+    from multispec.drafting.adapting import AdaptingPolicy
+
+    return AdaptingPolicy(policy, loaded["eagle_head"], settings)
 
 
 def eagle_backends(config: MethodConfig, loaded: dict, target, pair) -> tuple:
@@ -113,9 +162,20 @@ def eagle_batch(config: MethodConfig, loaded: dict, pair, slots: int, rows: int)
     from multispec.models.eagle import TargetParts
     from multispec.models.eagle_batched import HeadBatch
 
+    check(not config.options.get("adapt"), f"{config.name}: adapt=on adapts a head per sequence, which batched "
+                                          "decoding does not do yet; decode one request at a time (batch size 1)")
     head = loaded["eagle_head"]
     return HeadBatch(head, TargetParts.of(pair.target), pair.sidecar(head), loaded["eagle_token_ids"], slots, rows)
 
+
+ADAPT_OPTIONS = (  # eagle's and auto's (with a head)
+    Option("adapt", "str", "on: the head keeps learning from the request, a copy of it trained between the rounds it "
+                           "drafts on the committed positions' target features (lossless; per request; one "
+                           "sequence at a time)", "off"),
+    Option("adapt_lr", "float", "adapt=on: Adam's learning rate", 1e-4),
+    Option("adapt_steps", "int", "adapt=on: optimiser steps per update", 1),
+    Option("adapt_rows", "int", "adapt=on: the latest committed positions each step trains on", 32),
+    Option("adapt_every", "int", "adapt=on: rounds the head drafts between updates", 8))
 
 EAGLE = MethodEntry(
     "eagle", (Option("head", "path", "eagle: a feature-head directory (multispec train-head), or 'shipped' (the "
@@ -129,7 +189,8 @@ EAGLE = MethodEntry(
               Option("width", "int", "a dynamic tree's children per expanded node and nodes expanded per level", 3),
               Option("verifier", "str", "block or sd on chains; a node or sequence verifier on trees"),
               Option("confidence", "float", "stop drafting deeper once the head's probability of each newest token "
-                                            "is below this (EAGLE-2: the head's confidence estimates acceptance)")),
+                                            "is below this (EAGLE-2: the head's confidence estimates acceptance)"),
+              *ADAPT_OPTIONS),
     _build_eagle, _eagle_policy, needs_draft=False, uses_draft=lambda c: False, load=load_eagle,
     draft_backend=eagle_backends, batch_draft=eagle_batch, complete=complete_eagle, summary="a chain or tree drafted by a trained feature head (EAGLE) on the "
                                            "target's hidden states, no draft model")

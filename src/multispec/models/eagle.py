@@ -23,6 +23,7 @@ import inspect
 from dataclasses import dataclass, replace
 
 import torch
+import torch.nn.functional as F
 from torch import nn
 from transformers import DynamicCache
 
@@ -91,15 +92,44 @@ class EagleHead(nn.Module):
         out = self.transformer(x, attention_mask=mask, position_ids=positions, position_embeddings=pe, **kw)
         return parts.norm(out[0] if isinstance(out, tuple) else out)
 
-    def teacher_forced(self, parts: TargetParts, tokens: torch.Tensor, features: torch.Tensor) -> torch.Tensor:
+    def teacher_forced(self, parts: TargetParts, tokens: torch.Tensor, features: torch.Tensor,
+                       before: torch.Tensor | None = None) -> torch.Tensor:
         """The head over all of tokens [B, L] at once, causal, no cache, row t reading row t-1 of features
-        [B, L, H] (zeros at t = 0): what drafting one token after committed text computes at every position.
+        [B, L, H] (row 0: `before` [B, H], the feature of the position before tokens[:, 0]; None: zeros, the
+        text's start): what drafting one token after committed text computes at every position.
         Returns f: float [B, L, H]. (Training feeds it the target's features, then its own f to unroll.)"""
         b, n = tokens.shape
-        shifted = torch.cat([torch.zeros_like(features[:, :1]), features[:, :-1]], dim=1)
+        first = torch.zeros_like(features[:, :1]) if before is None else before[:, None].to(features.dtype)
+        shifted = torch.cat([first, features[:, :-1]], dim=1)  # [B, L, H]
         dev = features.device
         mask = additive_mask(causal_mask(0, n), features.dtype).to(dev)[None, None]  # [1, 1, L, L]
         return self(parts, tokens, shifted, torch.arange(n, device=dev)[None].expand(b, n), mask)
+
+
+def head_logits(parts: TargetParts, f: torch.Tensor, ids: torch.Tensor | None) -> torch.Tensor:
+    """Logits of the target's output layer over features f [.., H]: [.., V], or [.., V'] on the rows of a reduced
+    vocabulary ids (long [V']) when given."""
+    w = parts.lm_head.weight if ids is None else parts.lm_head.weight.index_select(0, ids)
+    return F.linear(f, w)
+
+
+def head_loss(head: EagleHead, parts: TargetParts, tokens: torch.Tensor, feats: torch.Tensor,
+              ids: torch.Tensor | None, unroll: int, before: torch.Tensor | None = None):
+    """The head's training loss (train-head, training/eagle.py; online adaptation, models/eagle_adapt.py):
+    distillation, the cross-entropy of the head's law q against the target's p = softmax(lm_head(f_t)) at every
+    row (KL up to a constant); unroll > 1 adds steps that read the head's own features of the step before,
+    weighted 0.8^(s-1). tokens: long [B, L]; feats: float [B, L, H], the target's features at those positions;
+    before: float [B, H], the target's feature of the position before tokens[:, 0] (None: the text's start).
+    Returns (loss, p [B, L, V'], log q of step 1 [B, L, V'])."""
+    with torch.no_grad():
+        p = torch.softmax(head_logits(parts, feats, ids), -1)  # [B, L, V']
+    f, loss, first = feats, feats.new_zeros(()), None
+    for s in range(unroll):
+        f = head.teacher_forced(parts, tokens, f, before)  # step s reads step s-1's features (the target's at s = 0)
+        logq = torch.log_softmax(head_logits(parts, f, ids), -1)
+        loss = loss + (0.8 ** s) * -(p * logq).sum(-1).mean()
+        first = logq if first is None else first
+    return loss, p, first
 
 
 def new_head(target: nn.Module) -> EagleHead:

@@ -7,11 +7,14 @@ used for measurement) is, first, the target's own continuations of a built-in pr
 and training/prompts.py; on-policy, as EAGLE-3 and speculators advise), generated in at most `own_share` of the
 budget, then Python source of this interpreter (`python`: standard library and site-packages). `--data FILE` takes
 a .txt (one document) or a .jsonl (field `ids`: token ids as they are; else `text`, else `prompt` +
-`response`/`output`); --data repeats.
+`response`/`output`); --data repeats; `own:FILE.jsonl` is the target's own continuations of FILE's prompts. `--cache
+DIR` keeps the own text and the features between runs (training/data_cache.py): a rerun goes on where the last
+stopped, a `--resume` run trains for the whole budget.
 Model: `new_head(target)`: fc + one decoder layer of the target's family; the target's parts frozen and shared.
-Loss: distillation, the cross-entropy of the head's law q against the target's p at every position (KL up to a
-constant). `unroll` > 1 adds the steps of a simplified training-time test: step s reads the head's own features of
-step s-1 (shifted by one) as every row's parent feature, weighted 0.8^(s-1).
+Loss (models/eagle.head_loss, which online adaptation shares: models/eagle_adapt.py): distillation, the
+cross-entropy of the head's law q against the target's p at every position (KL up to a constant). `unroll` > 1 adds
+the steps of a simplified training-time test: step s reads the head's own features of step s-1 (shifted by one) as
+every row's parent feature, weighted 0.8^(s-1).
 Loop: AdamW with a warm-up and cosine learning rate over the time budget; every `eval_every` seconds the held-out
 acceptance estimate E[sum_x min(p, q)] (what one drafted token is accepted with at T = 1) and the greedy agreement;
 the best head so far is saved at once, so Ctrl-C or the budget's end keeps it.
@@ -27,9 +30,9 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 import torch
-import torch.nn.functional as F
 
 from multispec.errors import MultispecError, check
+from multispec.models.eagle import head_logits, head_loss
 
 
 PYTHON = "python"  # --data's name for the built-in corpus
@@ -58,6 +61,7 @@ class HeadTrainConfig:
     seed: int = 0
     overwrite: bool = False
     resume: bool = False  # start from the head in `out` (its weights and reduced vocabulary) and keep improving it
+    cache: str | None = None  # a folder keeping own text and features between runs (training/data_cache.py)
 
     def check(self) -> None:
         check(self.minutes > 0, f"--minutes must be > 0, got {self.minutes}")
@@ -76,7 +80,11 @@ class HeadTrainConfig:
         check(not self.resume or (out / "config.json").is_file(), f"--resume: no head in {out} to resume")
         creatable_dir(out)  # (a path under a regular file failed after the training, its head lost)
         for d in self.data:
-            check(d in (PYTHON, OWN) or Path(d).is_file(), f"--data {d}: file not found")
+            own_file = d[len(OWN) + 1:] if d.startswith(OWN + ":") else None
+            check(d in (PYTHON, OWN) or Path(own_file or d).is_file(), f"--data {d}: file not found")
+            check(own_file is None or own_file.endswith(".jsonl"), f"--data {d}: own:FILE takes a .jsonl prompt file")
+        check(self.cache is None or not Path(self.cache).exists() or Path(self.cache).is_dir(),
+              f"--cache {self.cache}: exists and is not a folder")
 
 
 # ------------------------------------------------------------------------------------------------------- data
@@ -150,18 +158,23 @@ def chunk_tokens(tokenizer, docs: list, seq_len: int, max_tokens: int, eos: int 
 
 
 @torch.inference_mode()
-def collect_features(target, chunks: torch.Tensor, batch: int, deadline: float) -> torch.Tensor:
+def collect_features(target, chunks: torch.Tensor, batch: int, deadline: float,
+                     done: torch.Tensor | None = None) -> torch.Tensor:
     """float16 [n, L, H]: the target's final-norm output over each chunk (batched prefill), as many chunks as fit
-    before `deadline` (time.monotonic())."""
+    before `deadline` (time.monotonic()); `done` (float16 [m, L, H], the first m chunks' features, a cache): from
+    chunk m on."""
     from multispec.training.onpolicy import bf16_autocast
 
-    out = []
-    for b in range(0, chunks.shape[0], batch):
+    out = [] if done is None else [done.to(target.device)]
+    first = 0 if done is None else done.shape[0]
+    if first >= chunks.shape[0]:
+        return out[0]
+    for b in range(first, chunks.shape[0], batch):
+        if out and time.monotonic() > deadline:  # (one batch at least)
+            break
         with bf16_autocast(target.device):
             ids = chunks[b:b + batch].to(target.device)
             out.append(target.model(input_ids=ids).last_hidden_state.to(torch.float16))
-        if time.monotonic() > deadline:
-            break
     return torch.cat(out)
 
 
@@ -172,25 +185,6 @@ def frequent_tokens(chunks: torch.Tensor, n: int, vocab: int) -> torch.Tensor:
 
 
 # ------------------------------------------------------------------------------------------------------- model
-def _laws(parts, f: torch.Tensor, ids: torch.Tensor | None):
-    """Logits of the output layer over features f [.., H], on the reduced vocabulary's rows when ids is given."""
-    w = parts.lm_head.weight if ids is None else parts.lm_head.weight.index_select(0, ids)
-    return F.linear(f, w)
-
-
-def head_loss(head, parts, tokens, feats, ids, unroll: int):
-    """(loss, p [B, L, V'], q_logits of step 1): tokens long [B, L], feats float [B, L, H] (the target's)."""
-    with torch.no_grad():
-        p = torch.softmax(_laws(parts, feats, ids), -1)  # [B, L, V']
-    f, loss, first = feats, 0.0, None
-    for s in range(unroll):
-        f = head.teacher_forced(parts, tokens, f)  # step s reads step s-1's features (the target's at s = 0)
-        logq = torch.log_softmax(_laws(parts, f, ids), -1)
-        loss = loss + (0.8 ** s) * -(p * logq).sum(-1).mean()
-        first = logq if first is None else first
-    return loss, p, first
-
-
 @torch.no_grad()
 def evaluate(head, parts, tokens, feats, ids, batch: int) -> dict:
     """Held-out: alpha = E[sum_x min(p, q)] (one drafted token's acceptance at T = 1, the head reading the target's
@@ -198,7 +192,7 @@ def evaluate(head, parts, tokens, feats, ids, batch: int) -> dict:
     alpha, agree, count = 0.0, 0.0, 0
     for i in range(0, tokens.shape[0], batch):
         t, fe = tokens[i:i + batch], feats[i:i + batch].float()
-        p_full = torch.softmax(_laws(parts, fe, None), -1)
+        p_full = torch.softmax(head_logits(parts, fe, None), -1)
         _, _, logq = head_loss(head, parts, t, fe, ids, 1)
         q = logq.exp()
         if ids is not None:
@@ -223,6 +217,7 @@ def train_head(cfg: HeadTrainConfig, log=None) -> dict:
     from multispec.loading import eos_ids
     from multispec.models.eagle import TargetParts, new_head
     from multispec.models.eagle_io import load_head, save_head
+    from multispec.training.data_cache import DataCache
 
     log = log or (lambda s: print(s, file=sys.stderr, flush=True))
     cfg.check()
@@ -234,11 +229,12 @@ def train_head(cfg: HeadTrainConfig, log=None) -> dict:
     for prm in target.parameters():
         prm.requires_grad_(False)
     parts = TargetParts.of(target)
-    docs = _documents(cfg, pair, target, start, log)
+    cache = None if cfg.cache is None else DataCache(cfg.cache, target, cfg.seq_len, cfg.seed)
+    docs = _documents(cfg, pair, target, start, log, cache)
     eos = min(eos_ids(pair)) if eos_ids(pair) else None
     chunks = chunk_tokens(pair.tokenizer, docs, cfg.seq_len, cfg.max_tokens, eos)
     chunks = chunks[torch.randperm(chunks.shape[0], generator=torch.Generator().manual_seed(cfg.seed))]
-    feats = collect_features(target, chunks, cfg.batch, start + (cfg.own_share + cfg.collect_share) * cfg.minutes * 60)
+    feats = _features(cfg, target, chunks, cache, start + (cfg.own_share + cfg.collect_share) * cfg.minutes * 60)
     chunks = chunks[:feats.shape[0]].to(feats.device)
     check(feats.shape[0] >= 2, "collecting features took the whole budget before two chunks: give more --minutes")
     n_held = max(1, min(cfg.heldout_chunks, feats.shape[0] // 10))
@@ -260,14 +256,22 @@ def train_head(cfg: HeadTrainConfig, log=None) -> dict:
     return summary
 
 
-def _documents(cfg, pair, target, start: float, log) -> list:
-    """The training documents of every --data source, in order (default: own text, then Python source)."""
-    from multispec.training.onpolicy import own_texts
+def _documents(cfg, pair, target, start: float, log, cache=None) -> list:
+    """The training documents of every --data source, in order (default: own text, then Python source). With a
+    cache, own text already generated is read from it and new text is appended to it (none with --resume)."""
+    from multispec.training.onpolicy import file_prompts, own_texts, prompt_width
 
     docs: list = []
     for d in cfg.data or (OWN, PYTHON):
-        if d == OWN:
-            more = own_texts(pair, target, start + cfg.own_share * cfg.minutes * 60, cfg.seed, log=log)
+        if d == OWN or d.startswith(OWN + ":"):
+            name = "builtin" if d == OWN else Path(d[len(OWN) + 1:]).stem
+            prompts = None if d == OWN else file_prompts(pair, d[len(OWN) + 1:], prompt_width(target))
+            done = cache.own_rows(name) if cache is not None else []
+            deadline = start if cfg.resume and done else start + cfg.own_share * cfg.minutes * 60
+            if done:
+                log(f"own data {name}: {len(done)} continuations from the cache")
+            more = own_texts(pair, target, deadline, cfg.seed, log=log, prompts=prompts, done=done,
+                             sink=None if cache is None else cache.own_sink(name))
         else:
             more = read_texts(None if d == PYTHON else d, max_chars=cfg.max_tokens * 4, seed=cfg.seed)
         check(bool(more), f"the training data {d} is empty")
@@ -275,10 +279,25 @@ def _documents(cfg, pair, target, start: float, log) -> list:
     return docs
 
 
+def _features(cfg, target, chunks: torch.Tensor, cache, deadline: float) -> torch.Tensor:
+    """float16 [m, L, H]: the features of the first m chunks (collect_features), those a cache holds for these
+    same chunks read from it, the cache rewritten when more were collected."""
+    done = None if cache is None else cache.features(chunks)
+    if done is not None and cfg.resume:  # a resumed run trains on the features there are
+        deadline = 0.0
+    feats = collect_features(target, chunks, cfg.batch, deadline, done=done)
+    if cache is not None and (done is None or feats.shape[0] > done.shape[0]):
+        cache.save_features(chunks, feats)
+    return feats
+
+
 def _loop(cfg, head, parts, train, held, ids, end, log, save) -> dict:
     """The training loop until `end`; saves on every held-out improvement; Ctrl-C ends it keeping the best."""
     opt = torch.optim.AdamW(head.parameters(), lr=cfg.lr, weight_decay=0.0)
-    t0, next_eval, step, seen = time.monotonic(), time.monotonic() + cfg.eval_every, 0, 0
+    t0, step, seen = time.monotonic(), 0, 0
+    # a resumed head is evaluated before its first step: the saved head is replaced only by a better one (the
+    # warm-up's first steps at the full rate set it back: held-out alpha 0.430 -> 0.364 on SmolLM2, then saved)
+    next_eval = t0 if cfg.resume else t0 + cfg.eval_every
     curve, best = [], {"alpha": -1.0}
     gen = torch.Generator().manual_seed(cfg.seed)
     try:

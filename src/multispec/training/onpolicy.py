@@ -62,28 +62,69 @@ def builtin_prompts(tok, vocab: int, n: int, width: int, seed: int = 0) -> tuple
 
 
 def own_texts(pair, model, deadline: float, seed: int = 0, max_new: int = 160, batch: int = 16,
-              temperature: float = 0.7, log=None) -> list[list[int]]:
-    """The target's own continuations of the built-in prompt set (training/prompts.py), code openings and
-    instructions interleaved (instructions through the chat template when the tokenizer has one), generated
-    until `deadline` in bfloat16 matmuls where the CPU has them: prompt + continuation ids per prompt."""
+              temperature: float = 0.7, log=None, prompts: list[list[int]] | None = None,
+              done: list[list[int]] | None = None, sink=None) -> list[list[int]]:
+    """The target's own continuations of `prompts` (token id lists; default: the built-in prompt set,
+    training/prompts.py, code openings and instructions interleaved, instructions through the chat template when
+    the tokenizer has one), generated until `deadline` in bfloat16 matmuls where the CPU has them: prompt +
+    continuation ids per prompt. `done`: the rows of the first len(done) prompts, generated before (a cache):
+    generation goes on from the next prompt; `sink(ids)` is called on each new row as its batch ends."""
     from multispec.loading import eos_ids
 
-    width = min(256, (getattr(model.config, "max_position_embeddings", None) or 4096) - max_new)  # prompt tokens
-    code, asks = builtin_prompts(pair.tokenizer, model.config.vocab_size, 256, width, seed)
-    prompts = [p for pair_ in zip(code, asks) for p in pair_]
+    if prompts is None:
+        code, asks = builtin_prompts(pair.tokenizer, model.config.vocab_size, 256, prompt_width(model, max_new), seed)
+        prompts = [p for pair_ in zip(code, asks) for p in pair_]
     eos = sorted(eos_ids(pair))
     pad = eos[0] if eos else 0
-    out: list[list[int]] = []
+    out: list[list[int]] = list(done or [])
     t0 = time.monotonic()
-    for start in range(0, len(prompts), batch):  # a batch at a time, each cut at the deadline
+    for start in range(len(out), len(prompts), batch):  # a batch at a time, each cut at the deadline
         if out and time.monotonic() > deadline:
             break
         until = deadline if out else max(deadline, time.monotonic() + 1.0)  # the first batch: some text at least
         with bf16_autocast(model.device):
-            out += list(continuations(model, prompts[start:start + batch], max_new=max_new, batch=batch,
+            rows = list(continuations(model, prompts[start:start + batch], max_new=max_new, batch=batch,
                                       temperature=temperature if (start // batch) % 2 else 0.0, eos=eos,
                                       pad=pad, seed=seed + start, deadline=until))
+        for row in rows:
+            if sink is not None:
+                sink(row)
+        out += rows
         if log is not None:
             n = sum(len(x) for x in out)
             log(f"own data: {len(out)} continuations, {n} tokens, {time.monotonic() - t0:.0f} s")
+    return out
+
+
+def prompt_width(model, max_new: int = 160) -> int:
+    """Prompt tokens kept (the last ones) so that a prompt and its continuation fit the model's positions."""
+    return min(256, (getattr(model.config, "max_position_embeddings", None) or 4096) - max_new)
+
+
+def file_prompts(pair, path: str, width: int) -> list[list[int]]:
+    """Token ids of a .jsonl prompt file's rows, each cut to its last `width` tokens: `prompt` (raw text, continued
+    as it is, as a HumanEval prompt) or `message` (one user message through the chat template when the tokenizer
+    has one)."""
+    import json
+    from pathlib import Path
+
+    from multispec.errors import check
+    from multispec.text import encode_chat, encode_prompt
+
+    tok, vocab = pair.tokenizer, pair.target.config.vocab_size
+    chat = bool(getattr(tok, "chat_template", None))
+    out = []
+    for i, line in enumerate(Path(path).read_text(encoding="utf-8").splitlines()):
+        if not line.strip():
+            continue
+        row = json.loads(line)
+        check(isinstance(row, dict) and ("prompt" in row or "message" in row),
+              f"--data own:{path}: line {i + 1} has no prompt or message field")
+        if "prompt" in row:
+            ids = encode_prompt(tok, vocab, row["prompt"])
+        elif chat:
+            ids = encode_chat(tok, vocab, [{"role": "user", "content": row["message"]}])
+        else:
+            ids = encode_prompt(tok, vocab, row["message"])
+        out.append(ids[-width:])
     return out
