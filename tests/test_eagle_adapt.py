@@ -112,13 +112,18 @@ def _real_identity(pair, prompts, head, n, method="eagle", **options):
 @needs_data
 def test_greedy_is_ar_on_pycode_humaneval_with_adaptation(tmp_path):
     """pycode-v1's target with a random head (the test head), the first 3 HumanEval prompts x 64 tokens."""
+    _pycode_identity(tmp_path, k=3, adapt_lr=1e-3, adapt_every=1)
+
+
+def _pycode_identity(tmp_path, **options) -> None:
+    """_real_identity on pycode-v1's target with the test head, the first 3 HumanEval prompts x 64 tokens."""
     import multispec
     from multispec.data import load_prompts
 
     pair = multispec.load_pair(target=str(PYCODE / "target"), dtype="float32")
     head_dir = _head_dir(pair.target, tmp_path / "head")
     prompts = [pair.tokenizer(p.text)["input_ids"] for p in load_prompts("humaneval", data_dir=DATA, limit=3)]
-    _real_identity(pair, prompts, str(head_dir), 64, k=3, adapt_lr=1e-3, adapt_every=1)
+    _real_identity(pair, prompts, str(head_dir), 64, **options)
 
 
 @pytest.mark.slow
@@ -435,13 +440,7 @@ def test_the_decoder_reads_autos_proposers_through_the_wrapper(tiny, monkeypatch
 @needs_data
 def test_auto_greedy_is_ar_on_pycode_humaneval_with_adaptation(tmp_path):
     """auto:head=DIR:adapt=on on pycode-v1's target with the test head, the first 3 HumanEval prompts x 64 tokens."""
-    import multispec
-    from multispec.data import load_prompts
-
-    pair = multispec.load_pair(target=str(PYCODE / "target"), dtype="float32")
-    head_dir = _head_dir(pair.target, tmp_path / "head")
-    prompts = [pair.tokenizer(p.text)["input_ids"] for p in load_prompts("humaneval", data_dir=DATA, limit=3)]
-    _real_identity(pair, prompts, str(head_dir), 64, method="auto", proposers="draft", adapt_lr=1e-3, adapt_every=1)
+    _pycode_identity(tmp_path, method="auto", proposers="draft", adapt_lr=1e-3, adapt_every=1)
 
 
 # ---------------------------------------------------------------------------------------------- 7. a conversation

@@ -789,21 +789,7 @@ def run_server(pair) -> None:
 def run_server_load(smol: str) -> None:
     """A real `multispec serve` (default pair, --max-concurrent 2, --max-queue 8): 60 bad requests from 12 threads
     while 6 good ones run. Every good one answers 200 (or 429 queue_full, retried), every bad one 4xx, none 5xx."""
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    e = {**os.environ, "PYTHONPATH": hs.SRC, "OMP_NUM_THREADS": "1"}
-    proc = subprocess.Popen([sys.executable, "-m", "multispec", "serve", "--port", str(port), "--threads", "1",
-                             "--max-concurrent", "2", "--max-queue", "8", "--log-level", "warning"],
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=e)
-    base = f"http://127.0.0.1:{port}"
-    deadline = time.time() + 240
-    while time.time() < deadline and proc.poll() is None:
-        try:
-            urllib.request.urlopen(base + "/health", timeout=2)
-            break
-        except (urllib.error.URLError, OSError):
-            time.sleep(1)
+    proc, base = hs.start_server(["--max-concurrent", "2", "--max-queue", "8"])
 
     def post(body: bytes, path: str = "/v1/completions") -> tuple[int, str]:
         req = urllib.request.Request(base + path, data=body, headers={"content-type": "application/json"})

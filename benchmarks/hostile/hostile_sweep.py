@@ -1147,6 +1147,29 @@ def run_server_round5(pairs: dict) -> None:
             server_case(client, "completions: best_of 2", c, {**g, "best_of": 2}, 400, "", param="best_of", **pm)
 
 
+def start_server(extra: list, env: dict | None = None) -> tuple[subprocess.Popen, str]:
+    """`multispec serve` on a free loopback port (one thread, warnings only, `extra` options, `env` added), waited on
+    until /health answers (at most 240 s, or until it exits): the process and its base URL."""
+    import urllib.error
+    import urllib.request
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    e = {**os.environ, "PYTHONPATH": SRC, "OMP_NUM_THREADS": "1", **(env or {})}
+    proc = subprocess.Popen([sys.executable, "-m", "multispec", "serve", "--port", str(port), "--threads", "1",
+                             "--log-level", "warning", *extra], stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=e)
+    base = f"http://127.0.0.1:{port}"
+    deadline = time.time() + 240
+    while time.time() < deadline and proc.poll() is None:
+        try:
+            urllib.request.urlopen(base + "/health", timeout=2)
+            break
+        except (urllib.error.URLError, OSError):
+            time.sleep(1)
+    return proc, base
+
+
 def run_serve_process(smol: str) -> None:
     """`multispec serve --api-key` as a real process (MULTISPEC_API_KEY for the second): 401 without the key, 200
     with it, /health open; SIGTERM drains and exits 143 (docs/serve.md)."""
@@ -1156,21 +1179,8 @@ def run_serve_process(smol: str) -> None:
     for label, extra, env, model in (("--api-key", ["--api-key", "k1"], {}, "default"),
                                      ("MULTISPEC_API_KEY, SmolLM2", ["--target", smol] if smol else [],
                                       {"MULTISPEC_API_KEY": "k1"}, "smollm2" if smol else "default")):
-        with socket.socket() as s:
-            s.bind(("127.0.0.1", 0))
-            port = s.getsockname()[1]
-        e = {**os.environ, "PYTHONPATH": SRC, "OMP_NUM_THREADS": "1", **env}
-        proc = subprocess.Popen([sys.executable, "-m", "multispec", "serve", "--port", str(port), "--threads", "1",
-                                 "--log-level", "warning", *extra], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                                env=e)
-        base, got = f"http://127.0.0.1:{port}", {}
-        deadline = time.time() + 240
-        while time.time() < deadline and proc.poll() is None:
-            try:
-                urllib.request.urlopen(base + "/health", timeout=2)
-                break
-            except (urllib.error.URLError, OSError):
-                time.sleep(1)
+        proc, base = start_server(extra, env)
+        got = {}
 
         def status(path: str, key: str | None, body: dict | None = None) -> int:
             req = urllib.request.Request(base + path, data=None if body is None else json.dumps(body).encode(),
