@@ -132,8 +132,14 @@ def main() -> int:
     ap.add_argument("--data-dir", help="the dataset's folder (default: $MULTISPEC_DATA)")
     ap.add_argument("--out", type=Path, help="JSON results (default: stdout)")
     args = ap.parse_args()
-    if args.out is not None and (args.out.is_dir() or (args.out.parent.exists() and not args.out.parent.is_dir())):
-        ap.error(f"--out {args.out} cannot be written as a file")
+    if args.out is not None:  # checked before the cluster starts
+        from multispec.errors import MultispecError
+        from multispec.paths import writable_file
+
+        try:
+            writable_file(args.out)
+        except MultispecError as e:
+            ap.error(str(e))
     try:
         import ray
         from ray import serve
