@@ -38,13 +38,15 @@ def main() -> None:
     ap.add_argument("--no-hf", dest="hf", action="store_false", help="skip transformers' batched generate (slow on "
                     "long prompts); its columns show -")
     ap.add_argument("--target", help="another target (a GGUF file or a folder), alone: auto plans lookup and suffix "
-                    "drafts (a feature head drafts one sequence at a time); default: the pycode-v1 pair")
+                    "drafts (with --auto-options head=shipped, its feature head too); default: the pycode-v1 pair")
     ap.add_argument("--reproducible", action="store_true", help="auto in the reproducible mode a seed turns on "
                     "(position-keyed noise, ~80 us a token at V = 8k); default: as an unseeded request runs, with the "
                     "same seeds as ar, so that plain steps draw ar's tokens")
     ap.add_argument("--repeats", type=int, default=1, help="measure each (system, batch size) this many times, "
                     "the systems alternating, and the auto loop again after the batch sizes; every figure is the "
                     "best of its runs (on a shared machine, a slow moment then hits no system alone)")
+    ap.add_argument("--auto-options", default="", help="options of the auto systems (loop and batched), comma-"
+                    "separated key=value, e.g. head=shipped: auto drafts with the target's shipped feature head too")
     ap.add_argument("--out", required=True, help="path without extension: writes .json and .md")
     args = ap.parse_args()
     import multispec.decoding.batch, multispec.drafting.auto, multispec.drafting.costs  # noqa: F401,E401 - all code read now
@@ -70,21 +72,23 @@ def main() -> None:
     prompts = fits[:args.prompts]  # a prompt that leaves no room for the new tokens in the context is skipped
     args.label = f"{args.dataset} from {args.offset}"
     sizes = [int(b) for b in args.batch_sizes.split(",")]
+    options = {"ar": {}, "auto": dict(kv.split("=", 1) for kv in args.auto_options.split(",") if kv)}
     for m in ("ar", "auto"):  # untimed warm-up: cost calibrations, first-call allocations. As many prompts as the
         # largest batch: auto's batched cost table is measured once per machine for up to the batch's slots (cached
         # on disk); a warm-up of 4 prompts left it to the first timed run of each larger size (~4 s inside it)
-        generate_batch(Decoder(pair, m, "fast"), (prompts * max(sizes))[:max(sizes)], batch_size=max(sizes),
+        generate_batch(Decoder(pair, m, "fast", **options[m]), (prompts * max(sizes))[:max(sizes)],
+                       batch_size=max(sizes),
                        max_new_tokens=8, temperature=0)
-        Decoder(pair, m, "fast").generate(prompts[0], max_new_tokens=8, temperature=0, seed=0)
+        Decoder(pair, m, "fast", **options[m]).generate(prompts[0], max_new_tokens=8, temperature=0, seed=0)
     prompt_ids = [pair.tokenizer(p)["input_ids"] for p in prompts]  # transformers' generate takes token ids
     hf_generate_batched(pair, prompt_ids[:2], 2, 4, 0.0, 0)
     # a fresh Decoder per measurement: auto's suffix store would otherwise copy the earlier runs' outputs
-    fresh = {m: (lambda m=m: Decoder(pair, m, "fast")) for m in ("ar", "auto")}
+    fresh = {m: (lambda m=m: Decoder(pair, m, "fast", **options[m])) for m in ("ar", "auto")}
     rows, started = [], time.time()
 
-    def record(threads, temperature, system, batch, tokens, seconds):
+    def record(threads, temperature, system, batch, tokens, seconds, repeat=0):
         rows.append({"threads": threads, "temperature": temperature, "system": system, "batch_size": batch,
-                     "new_tokens": tokens, "seconds": seconds, "tokens_per_s": tokens / seconds})
+                     "repeat": repeat, "new_tokens": tokens, "seconds": seconds, "tokens_per_s": tokens / seconds})
         print(f"threads {threads} T={temperature:g} {system:>10} batch {batch:>2}: {tokens / seconds:7.1f} tok/s "
               f"({time.time() - started:.0f} s)", file=sys.stderr)
 
@@ -99,22 +103,23 @@ def main() -> None:
                              for i, p in enumerate(prompts))
                 record(threads, temperature, "auto loop", 1, tokens, time.perf_counter() - t0)
             auto_loop()
-            for b, _ in ((b, k) for b in sizes for k in range(args.repeats)):
+            for b, k in ((b, k) for b in sizes for k in range(args.repeats)):
                 for m in ("ar", "auto"):
                     decoder = fresh[m]()
                     t0 = time.perf_counter()
                     out = generate_batch(decoder, prompts, batch_size=b, max_new_tokens=args.max_new_tokens,
                                          temperature=temperature, seed=0,
                                          reproducible=args.reproducible if m == "auto" else None)
-                    record(threads, temperature, m, b, sum(len(r.token_ids) for r in out), time.perf_counter() - t0)
+                    record(threads, temperature, m, b, sum(len(r.token_ids) for r in out), time.perf_counter() - t0, k)
                 if args.hf:
                     t0 = time.perf_counter()
                     tokens = hf_generate_batched(pair, prompt_ids, b, args.max_new_tokens, temperature, 0)
-                    record(threads, temperature, "hf generate", b, tokens, time.perf_counter() - t0)
+                    record(threads, temperature, "hf generate", b, tokens, time.perf_counter() - t0, k)
             if args.repeats > 1:
                 auto_loop()
     torch.set_num_threads(1)
-    record_json = {"meta": environment(pair, sys.argv), "model": model, "prompts": len(prompts), "data": args.label,
+    record_json = {"meta": environment(pair, sys.argv), "model": model, "auto_options": options["auto"],
+                   "prompts": len(prompts), "data": args.label,
                    "auto_reproducible": args.reproducible, "repeats": args.repeats,
                    "max_new_tokens": args.max_new_tokens,
                    "rows": rows, "ratios": ratios(rows, sizes)}
@@ -180,23 +185,47 @@ def ratios(rows, sizes) -> list[dict]:
                         "auto_vs_batch1_loop": auto / loop,
                         "auto_vs_hf_generate": auto / hf if (hf := _rate(rows, threads, temperature, "hf generate", b))
                         else None,
-                        "auto_vs_batched_ar": auto / _rate(rows, threads, temperature, "ar", b)})
+                        "auto_vs_batched_ar": auto / _rate(rows, threads, temperature, "ar", b),
+                        "auto_vs_batched_ar_paired": _paired(rows, threads, temperature, b)})
     return out
+
+
+def _paired(rows, threads, temperature, b) -> list[float]:
+    """auto / ar of each repeat: the two systems' runs next to each other in time (they alternate), so a slow
+    stretch of the machine weighs on both."""
+    def runs(system):
+        return {r.get("repeat", 0): r["tokens_per_s"] for r in rows
+                if (r["threads"], r["temperature"], r["system"], r["batch_size"]) == (threads, temperature, system, b)}
+    auto, ar = runs("auto"), runs("ar")
+    return [auto[k] / ar[k] for k in sorted(auto) if k in ar]
+
+
+def _median(xs: list[float]) -> float:
+    xs = sorted(xs)
+    return (xs[(len(xs) - 1) // 2] + xs[len(xs) // 2]) / 2
 
 
 def table(rows, sizes, n_prompts, max_new, label="humaneval from 0", model="pycode-v1", where="CPU") -> str:
     lines = [f"Total tokens/s, {model}, {n_prompts} prompts of {label}, {max_new} new tokens, fp32 {where} (one run; the "
              "best of a figure's runs with --repeats). "
-             "auto / x: the batched auto's ratio to x at the same batch size.", "",
-             "| threads | T | batch | ar | auto | hf generate | auto loop (b=1) | auto / loop | auto / hf | auto / ar |",
-             "|---|---|---|---|---|---|---|---|---|---|"]
+             "auto / x: the batched auto's ratio to x at the same batch size. auto / ar paired: the median of each "
+             "repeat's ratio (the two systems run next to each other) and its range.", "",
+             "| threads | T | batch | ar | auto | hf generate | auto loop (b=1) | auto / loop | auto / hf | auto / ar "
+             "| auto / ar paired |",
+             "|---|---|---|---|---|---|---|---|---|---|---|"]
     for r in ratios(rows, sizes):
         th, t, b = r["threads"], r["temperature"], r["batch_size"]
         lines.append(f"| {th} | {t:g} | {b} | {_rate(rows, th, t, 'ar', b):.1f} | {_rate(rows, th, t, 'auto', b):.1f} "
                      f"| {_f(_rate(rows, th, t, 'hf generate', b), '.1f')} | {_rate(rows, th, t, 'auto loop', 1):.1f} | "
                      f"{r['auto_vs_batch1_loop']:.2f}x | {_f(r['auto_vs_hf_generate'], '.2f')}{'x' if r['auto_vs_hf_generate'] else ''} | "
-                     f"{r['auto_vs_batched_ar']:.2f}x |")
+                     f"{r['auto_vs_batched_ar']:.2f}x | {_paired_text(r['auto_vs_batched_ar_paired'])} |")
     return "\n".join(lines) + "\n"
+
+
+def _paired_text(xs: list[float]) -> str:
+    if not xs:
+        return "–"
+    return f"{_median(xs):.2f}x" + (f" ({min(xs):.2f}–{max(xs):.2f})" if len(xs) > 1 else "")
 
 
 if __name__ == "__main__":
