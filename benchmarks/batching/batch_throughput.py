@@ -44,7 +44,8 @@ def main() -> None:
                     "same seeds as ar, so that plain steps draw ar's tokens")
     ap.add_argument("--repeats", type=int, default=1, help="measure each (system, batch size) this many times, "
                     "the systems alternating, and the auto loop again after the batch sizes; every figure is the "
-                    "best of its runs (on a shared machine, a slow moment then hits no system alone)")
+                    "best of its runs (on a shared machine, a slow moment then hits no system alone); transformers' generate "
+                    "runs once")
     ap.add_argument("--auto-options", default="", help="options of the auto systems (loop and batched), comma-"
                     "separated key=value, e.g. head=shipped: auto drafts with the target's shipped feature head too")
     ap.add_argument("--out", required=True, help="path without extension: writes .json and .md")
@@ -111,7 +112,7 @@ def main() -> None:
                                          temperature=temperature, seed=0,
                                          reproducible=args.reproducible if m == "auto" else None)
                     record(threads, temperature, m, b, sum(len(r.token_ids) for r in out), time.perf_counter() - t0, k)
-                if args.hf:
+                if args.hf and k == 0:  # (once: it is the slowest system, and its figure is no close call)
                     t0 = time.perf_counter()
                     tokens = hf_generate_batched(pair, prompt_ids, b, args.max_new_tokens, temperature, 0)
                     record(threads, temperature, "hf generate", b, tokens, time.perf_counter() - t0, k)
