@@ -5,7 +5,8 @@ clients x R requests each, greedy, max_tokens M (distinct HumanEval prompts: non
 token and inter-token latency p50/p99, the server's RSS, and checks every response's token ids against the offline
 library result for its prompt. Then, on the batched server only, a cancellation phase: `slots` long streams start,
 8 are abandoned mid-run, and 8 new requests must be admitted at once (their queue time, from /metrics, and time to
-first token are reported). Writes one JSON file.
+first token are reported). With --server-cpus, the library itself is timed first on the server's CPUs at each
+setting (same requests, no HTTP): each run's server_vs_library says what serving adds. Writes one JSON file.
 
     PYTHONPATH=src python benchmarks/serve/serve_batch_load.py --out benchmarks/results/batch/serve_load.json
 """
@@ -170,6 +171,40 @@ async def cancel_phase(args, server, prompts, http) -> dict:
             "new_requests_ttft_s": percentiles(ttft), "new_requests_completed": sum(bool(r["ids"]) for r in fresh)}
 
 
+def offline_rates(args, pair, prompts, profile: Path, scratch: Path) -> dict[int, float]:
+    """Total tokens/s of the library itself at each --batches setting, this process pinned to the server's CPUs
+    for the time: the server's requests (clients x requests each, greedy, max_tokens) through `generate` one at a
+    time (max-batch 1) or `generate_batch` (batch_size b), planning from a copy of the server's profile. What the
+    server adds (HTTP, streaming, its scheduler) is the gap between the two."""
+    from multispec.decoding.batch_offline import generate_batch
+    from multispec.decoding.decoder import Decoder
+
+    n = args.clients * args.requests_per_client
+    asked = [prompts[(i + j * args.clients) % len(prompts)] for j in range(args.requests_per_client)
+             for i in range(args.clients)]
+    before = os.sched_getaffinity(0)
+    os.sched_setaffinity(0, {int(c) for c in args.server_cpus.split(",")})
+    rates = {}
+    try:
+        for b in [int(x) for x in args.batches.split(",")]:
+            copy = scratch / f"profile_offline_{b}.json"
+            shutil.copy(profile, copy)
+            decoder = Decoder(pair, "auto", "fast", profile=str(copy))
+            t0 = time.perf_counter()
+            if b == 1:
+                tokens = sum(len(decoder.generate(p, max_new_tokens=args.max_tokens, temperature=0).token_ids)
+                             for p in asked)
+            else:
+                out = generate_batch(decoder, asked, batch_size=min(b, n), max_new_tokens=args.max_tokens,
+                                     temperature=0)
+                tokens = sum(len(r.token_ids) for r in out)
+            rates[b] = tokens / (time.perf_counter() - t0)
+            print(f"library, batch {b}: {rates[b]:.1f} tok/s", file=sys.stderr)
+    finally:
+        os.sched_setaffinity(0, before)
+    return rates
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     add_pycode_args(ap)
@@ -208,6 +243,7 @@ def main() -> None:
     profile = decoder.updated_profile().save(scratch / "profile.json")
     report = {"settings": vars(args), "environment": environment(pair, [PYTHON, *sys.argv]), "runs": {},
               "profile": decoder.updated_profile().digest}
+    library = offline_rates(args, pair, prompts, profile, scratch) if args.server_cpus else {}
     for b in [int(x) for x in args.batches.split(",")]:
         server = Server(args, b, profile)
         try:
@@ -215,6 +251,9 @@ def main() -> None:
         finally:
             run_server = server.stop()
         run["server"] = run_server
+        if b in library:  # the library on the server's core, same prompts and settings, no HTTP
+            run["library_tokens_per_s"] = library[b]
+            run["server_vs_library"] = run["tokens_per_s"] / library[b]
         report["runs"][f"max_batch_{b}"] = run
         print(f"--max-batch {b}: {run['tokens_per_s']:.1f} tok/s, {run['equal_to_offline']}/{run['requests']} equal "
               f"to offline, TTFT p50 {run['ttft_s'].get('p50', 0):.2f}s p99 {run['ttft_s'].get('p99', 0):.2f}s",
