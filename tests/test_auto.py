@@ -235,6 +235,41 @@ def test_a_catch_up_round_does_not_count_as_draft_drift(monkeypatch):
     assert drift_after(300) == pytest.approx(3 ** (1 / 16))
 
 
+@pytest.mark.parametrize("broken", [False, True])
+def test_a_round_after_forced_tokens_is_timed_against_all_its_rows(monkeypatch, broken):
+    """Under a grammar, the tokens it forces ride ahead of the next round's root in its verification forward
+    (decoding/rounds.py): the round reports them (RoundTimes.ahead), and auto times that forward against all its rows,
+    so a plain step after forced tokens is not recorded as a one-token forward that ran slow (the profile's costs
+    would drift up). Broken variant: a round that reports no tokens ahead is caught."""
+    import multispec.decoding.rounds as rounds
+    from multispec import structured
+    from multispec.drafting.protocol import RoundTimes
+    from test_structured_exact import EOS, tiny_tokenizer
+
+    if broken:
+        monkeypatch.setattr(rounds, "RoundTimes", lambda **k: RoundTimes(**{**k, "ahead": 0}))
+    target, _ = tiny_pair(vocab=4, seed=3, noise=0.3)
+    grammar = structured.bind(structured.Constraint.of(regex="a(b|c)aaa(b|c)ccc(b|c)a"), tiny_tokenizer(), 4, {EOS})
+    backend, rows = make_backend(target), []
+    forward = backend.forward
+    backend.forward = lambda tokens, *a, **k: (rows.append(tokens.shape[0]), forward(tokens, *a, **k))[1]
+    policy, outcomes = AutoPolicy(proposers=("lookup",), cost_model=_costs(0.010, 0.001, 0.002)), []
+    observe = policy.observe
+    policy.observe = lambda outcome: (outcomes.append(outcome), observe(outcome))
+    ids, m = generate_ids(backend, None, [1, 2], build_method("auto", proposers="lookup"),
+                          SamplingConfig(0.0, grammar=grammar), 16, 0, {EOS}, policy=policy)
+    assert ids[-1] == EOS and m.forced_tokens >= 8
+    verified = rows[1:]  # (the first forward: the prefill)
+    assert len(verified) == len(outcomes) and any(n > 1 for n in verified)
+    reported = [len(o.tree) + o.times.ahead for o in outcomes]
+    timed = policy.costs.model.observed
+    if broken:
+        assert reported != verified and len(timed["target"]) > verified.count(1)
+        return
+    assert reported == verified
+    assert len(timed["target"]) == verified.count(1) and len(timed["target_n"]) == len(verified) - verified.count(1)
+
+
 def test_auto_does_not_probe_a_draft_through_a_long_catch_up(monkeypatch):
     """While backed off, auto probes the draft (test above), but not when the probe's first forward would feed a
     long catch-up (here 256 pending tokens: ~12 plain steps of draft prefill); without the limit (the broken

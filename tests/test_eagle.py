@@ -434,6 +434,45 @@ def test_greedy_under_a_grammar_is_the_constrained_argmax(tiny):
             assert m.forced_tokens >= 1 and m.drafted_tokens > 0
 
 
+@pytest.mark.parametrize("broken", [False, True])
+def test_a_catch_up_before_late_rows_runs_the_output_layer_on_its_last_row(tiny, broken, monkeypatch):
+    """A head call asked for its last row only, whose tail the target has not read (a deferred prompt caught up with
+    a grammar's forced tokens at its end: those rows go one at a time, in_pieces), runs the output layer on one row
+    of the part that goes at once, not on all of them; its last row and every row the head keeps are those of the
+    same call asked for every row. Broken variant: the part at once asked for every row's logits is caught."""
+    import multispec.models.eagle as eagle
+
+    if broken:
+        real = eagle.in_pieces
+        monkeypatch.setattr(eagle, "in_pieces", lambda forward, *a: real(
+            lambda *x, last_only=False: forward(*x), *a))
+    target, head_dir = tiny
+    config = build_method("eagle", head=str(head_dir), k=2)
+    entry, pair = get_method("eagle"), SimpleNamespace(target=target, draft=None)
+    loaded = entry.load(config, pair)
+    prompt, forced = [3, 1, 4, 1, 5, 9, 2, 6, 5, 3], [7, 8, 9]
+    ids = torch.tensor(prompt + forced)
+    outs, rows = [], []
+    for last_only in (True, False):
+        tap, head = entry.draft_backend(config, loaded, make_backend(target, "fast"), pair)
+        assert head.vocab_subset is None  # (the output layer is the target's lm_head itself)
+        forward_chain(tap, torch.tensor(prompt), last_only=True)  # the target reads the prompt, not the tail
+        seen: list[int] = []
+        hook = head.parts.lm_head.register_forward_hook(lambda m, args, out: seen.append(args[0].shape[0]))
+        outs.append((head.forward(ids, torch.arange(len(ids)), None, last_only=last_only), head))
+        hook.remove()
+        rows.append(sum(seen))
+    (once, kept), (every, ref) = outs
+    late = len(forced) - 1  # rows whose parent is past the target's rows and not a cached row of the head
+    assert rows[1] == len(ids)
+    if broken:
+        assert rows[0] > 1 + late
+        return
+    assert rows[0] == 1 + late  # the part at once: its last row; each late row alone
+    assert torch.equal(once.logits, every.logits[-1:])
+    assert torch.equal(kept._pos, ref._pos) and torch.equal(kept._out, ref._out)
+
+
 def _letters_grammar(regex: str):
     from tokenizers import AddedToken, Tokenizer, decoders, models, pre_tokenizers
     from transformers import PreTrainedTokenizerFast

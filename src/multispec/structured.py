@@ -189,23 +189,34 @@ class Grammar:
     vocab: int
     eos: tuple[int, ...]
 
+    def __post_init__(self) -> None:
+        import llguidance
+
+        # the matcher every state starts from, built once (~3 ms on SmolLM2's 49k tokens; a copy takes ~1 us)
+        object.__setattr__(self, "_fresh", llguidance.LLMatcher(self.tokenizer, self.constraint.grammar,
+                                                                log_level=0))
+
     def start(self) -> GrammarState:
-        return GrammarState(self)
+        return GrammarState(self, self._fresh.deep_copy())  # type: ignore[attr-defined]
 
 
 class GrammarState:
     """The grammar's state after the committed text (an llguidance matcher), with the masks of a tree's nodes
     along their own paths."""
 
-    def __init__(self, grammar: Grammar):
+    def __init__(self, grammar: Grammar, matcher=None):
+        """matcher: an llguidance.LLMatcher at the grammar's start (Grammar.start gives a copy of its own); None:
+        a new one."""
         import llguidance
 
         self.grammar = grammar
-        self.m = llguidance.LLMatcher(grammar.tokenizer, grammar.constraint.grammar, log_level=0)
+        self.m = matcher if matcher is not None else \
+            llguidance.LLMatcher(grammar.tokenizer, grammar.constraint.grammar, log_level=0)
         check(not self.m.is_error(), f"{grammar.constraint.kind}: {_one_line(self.m.get_error())}")
         self.words = grammar.tokenizer.vocab_size
         self.eos = set(grammar.eos)
         self.ended = False  # an EOS was committed
+        self._row = np.zeros(_words(self.words), dtype=np.int32)  # one packed mask, refilled by `forced`
 
     def commit(self, tokens: list[int]) -> None:
         """Advance over committed tokens. A round may commit tokens after an EOS (rows past the end allow anything;
@@ -230,34 +241,54 @@ class GrammarState:
             ids.pop()  # try_consume_tokens takes text tokens only
         return self.m.try_consume_tokens(ids) == len(ids) and self.accepting
 
-    def mask(self, vocab: int) -> torch.Tensor:
-        """bool [vocab]: the tokens the grammar allows next (columns past the tokenizer's words: none)."""
-        bits = np.unpackbits(np.frombuffer(self.m.compute_bitmask(), dtype=np.uint8), bitorder="little")
+    def _fill(self, row: np.ndarray, vocab: int) -> np.ndarray:
+        """row (int32 [W], C-contiguous), filled with the tokens the grammar allows next, packed as the engine packs
+        them (token t: bit t % 32 of word t // 32), the columns past `vocab` cleared. Returns row."""
+        self.m.unsafe_compute_mask_ptr(row.ctypes.data, row.nbytes)  # (llguidance.numpy.fill_next_token_bitmask)
         if self.m.is_error():  # (in its error state the engine allows only an end: a silent, incomplete output)
             self.dead_end()
-        out = np.zeros(vocab, dtype=bool)
-        n = min(vocab, self.words)
-        out[:n] = bits[:n]
-        return torch.from_numpy(out)
+        word, bit = divmod(min(vocab, self.words), 32)
+        if word < len(row):
+            bits = row.view(np.uint32)
+            bits[word] &= np.uint32((1 << bit) - 1)
+            bits[word + 1:] = 0
+        return row
+
+    def mask(self, vocab: int) -> torch.Tensor:
+        """bool [vocab]: the tokens the grammar allows next (columns past the tokenizer's words: none)."""
+        return _unpack(self._fill(self._row, vocab)[None], vocab)[0]
+
+    def single(self, vocab: int) -> int | None:
+        """The one token the grammar allows next, or None when it allows none or several (read off the packed mask:
+        no [vocab] array)."""
+        bits = self._fill(self._row, vocab).view(np.uint32)
+        words = np.flatnonzero(bits)
+        if len(words) != 1:
+            return None
+        word = int(bits[words[0]])
+        return None if word & (word - 1) else 32 * int(words[0]) + word.bit_length() - 1
 
     def node_masks(self, tree, tokens: list[int], rows, vocab: int) -> torch.Tensor:
         """bool [R, vocab]: node u's mask after the committed text and u's own path below the root (tokens[0] is
         the root, already committed), for u in rows; only their paths are walked. A node below a token the grammar
         refuses is unreachable (its parent's law gives it probability 0), as is one after the end: its row allows
-        everything, so that it is a law at all."""
+        everything, so that it is a law at all. The masks are filled packed, one row per node, and unpacked at
+        once."""
         want = list(rows)
-        wanted, needed = set(want), set()
-        for u in want:
+        slot = {u: i for i, u in enumerate(dict.fromkeys(want))}  # each wanted node's packed row
+        needed: set[int] = set()
+        for u in slot:
             needed.update(tree.path_to(u))
-        masks: dict[int, torch.Tensor] = {}
-        everything = torch.ones(vocab, dtype=torch.bool)
+        packed = np.zeros((len(slot), _words(self.words)), dtype=np.int32)
+        everything = np.zeros(len(slot), dtype=bool)  # rows that allow every token
 
         def visit(u: int, reachable: bool) -> None:
-            if u in wanted:
-                mask = self.mask(vocab) if reachable else everything
-                if u == 0 and not bool(mask.any()) and not self.ended:
-                    self.dead_end()  # the committed text: the request ends here, its output so far kept
-                masks[u] = mask if bool(mask.any()) else everything
+            if u in slot:
+                i = slot[u]
+                if not reachable or not self._fill(packed[i], vocab).any():
+                    if u == 0 and not self.ended:
+                        self.dead_end()  # the committed text: the request ends here, its output so far kept
+                    everything[i] = True
             for c in tree.children[u]:
                 if c not in needed:
                     continue
@@ -270,7 +301,9 @@ class GrammarState:
                     visit(c, False)
 
         visit(0, True)
-        return torch.stack([masks[u] for u in want])
+        masks = _unpack(packed, vocab)
+        masks[torch.from_numpy(everything)] = True
+        return masks if len(slot) == len(want) else masks[[slot[u] for u in want]]
 
     def dead_end(self) -> None:
         """The committed text can go no further under the grammar (the engine's limits, or a rule with no finite
@@ -298,15 +331,32 @@ class GrammarState:
         law), at most `limit`; committed into the state."""
         out: list[int] = []
         while len(out) < min(limit, MAX_FORCED):
-            allowed = self.mask(vocab).nonzero()
-            if len(allowed) != 1:
+            tok = self.single(vocab)
+            if tok is None:
                 break
-            tok = int(allowed[0])
             self.commit([tok])
             out.append(tok)
             if self.ended:  # the forced token was an EOS
                 break
         return out
+
+
+def _words(tokens: int) -> int:
+    """int32 words of a packed mask over `tokens` tokens."""
+    return (tokens + 31) // 32
+
+
+def _unpack(packed: np.ndarray, vocab: int) -> torch.Tensor:
+    """bool [R, vocab] from packed masks int32 [R, W] (token t: bit t % 32 of word t // 32; columns past 32 W:
+    none allowed)."""
+    n = min(vocab, 32 * packed.shape[1])
+    little = packed.astype("<i4", copy=False)  # (the bytes of each word, lowest first: a no-op on x86 and ARM)
+    bits = np.unpackbits(little.view(np.uint8), axis=1, count=n, bitorder="little").view(bool)  # [R, n]
+    if n == vocab:
+        return torch.from_numpy(bits)
+    out = np.zeros((packed.shape[0], vocab), dtype=bool)
+    out[:, :n] = bits
+    return torch.from_numpy(out)
 
 
 def bind(constraint: Constraint | None, tokenizer, vocab: int, eos_ids) -> Grammar | None:

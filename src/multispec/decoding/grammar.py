@@ -43,6 +43,6 @@ def _forced_positions(grammar: Grammar, ids: list[int]) -> int:
     during a generation include those a stop string then cut away, which are not in its output."""
     state, n = grammar.start(), 0
     for t in ids:
-        n += int(state.mask(grammar.vocab).sum()) == 1
+        n += state.single(grammar.vocab) is not None
         state.commit([t])
     return n

@@ -182,7 +182,8 @@ def _round(run: Run, state: State, limit: tuple[int, int], new: list[int], plain
     proposer = get_proposer(plan.proposer if max_tree.max_depth > 0 else "none")
     if getattr(proposer, "uses_draft", False):
         _grow_draft_vocab(run, state, new)
-    n_pending, lt = len(state.pending), run.target.cache_len + len(state.ahead)  # lt: the root's position
+    n_pending, n_ahead = len(state.pending), len(state.ahead)
+    lt = run.target.cache_len + n_ahead  # the root's position
     proposal = yield from proposal_steps(proposer, _inputs(run, state, lt), plan, max_tree)
     t1 = time.perf_counter()
     out = yield from _verify_forward(run.target, proposal, lt, state.ahead)
@@ -195,7 +196,7 @@ def _round(run: Run, state: State, limit: tuple[int, int], new: list[int], plain
     state.pending = _pending_after(run, state, proposal, path, tok, nxt)
     t3 = time.perf_counter()
     times = RoundTimes(round_s=t3 - t0, draft_s=t1 - t0, target_fwd_s=t_fwd, verify_s=t2 - t1, cache_s=t3 - t2,
-                       pending=n_pending, proposer=proposer.name, shared=out.shared)
+                       pending=n_pending, ahead=n_ahead, proposer=proposer.name, shared=out.shared)
     return RoundOutcome(plan=plan, tree=proposal.tree, path=tuple(path), committed=[tok[u] for u in path[1:]] + [nxt],
                         accepted=len(path) - 1, depth=proposal.tree.max_depth, drafted=proposal.drafted,
                         draft_calls=proposal.draft_calls, times=times)

@@ -59,8 +59,10 @@ class RoundTimes:
     """Seconds of one round's phases (the names Metrics reports as draft_s / verify_s / cache_s summed).
     draft_s: planning and proposing; target_fwd_s: the verification forward alone; verify_s: that forward and
     the verifier; cache_s: keeping the accepted path; round_s: all of it. pending: committed tokens the draft had
-    not consumed when the round began. proposer: the proposer that drafted (after the round's budget cut). shared:
-    the sequences the verification forward carried (> 1 in a batch: its time is the batch's, not this sequence's)."""
+    not consumed when the round began. ahead: committed tokens the verification forward fed before the root (a
+    grammar's forced tokens: its rows are the tree's and these). proposer: the proposer that drafted (after the
+    round's budget cut). shared: the sequences the verification forward carried (> 1 in a batch: its time is the
+    batch's, not this sequence's)."""
 
     round_s: float = 0.0
     draft_s: float = 0.0
@@ -68,6 +70,7 @@ class RoundTimes:
     verify_s: float = 0.0
     cache_s: float = 0.0
     pending: int = 0
+    ahead: int = 0
     proposer: str = "none"
     shared: int = 1
 

@@ -333,9 +333,12 @@ def late_row(positions: torch.Tensor, mask: torch.Tensor, start: int, pos: torch
 
 def in_pieces(forward, split: int, tokens, positions, mask, start: int, want_hidden: bool,
               last_only: bool) -> ForwardOut:
-    """A head call as its rows before `split` at once, then each later row alone (late_row), through `forward`."""
+    """A head call as its rows before `split` at once, then each later row alone (late_row), through `forward`.
+    last_only: only the call's last row is read, so the rows at once are asked for their last row only too (a
+    deferred prompt caught up before a grammar's forced tokens: the output layer on one row, not on hundreds)."""
     n = tokens.shape[0]
-    parts = ([forward(tokens[:split], positions[:split], mask[:split, :start + split], want_hidden)] if split else []) \
+    parts = ([forward(tokens[:split], positions[:split], mask[:split, :start + split], want_hidden,
+                      last_only=last_only)] if split else []) \
         + [forward(tokens[i:i + 1], positions[i:i + 1], mask[i:i + 1, :start + i + 1], want_hidden)
            for i in range(split, n)]
     if last_only:

@@ -62,19 +62,22 @@ class AloneCosts:
         sizes = [len(tree.level(d)) for d in range(1, tree.max_depth)]
         return self.model.draft(pending) + sum(self.model.draft(s) for s in sizes)
 
-    def round_time(self, tree: Tree, pending: int, drafted: bool) -> float:
+    def round_time(self, tree: Tree, pending: int, drafted: bool, ahead: int = 0) -> float:
         """Predicted seconds of a round that drafted `tree`: the draft's forwards (its catch-up over `pending`
-        tokens, one per level but the deepest) when the draft ran, the target's forward, the overheads."""
+        tokens, one per level but the deepest) when the draft ran, the target's forward (the tree's rows and the
+        `ahead` tokens fed before its root: a grammar's forced tokens), the overheads."""
         o = self.overhead
-        seconds = self.t(len(tree)) + o["round_s"]
+        seconds = self.t(len(tree) + ahead) + o["round_s"]
         if drafted:
             seconds += self.draft_time(tree, pending) + tree.max_depth * o["level_s"]
         return seconds
 
     def observe(self, outcome: RoundOutcome) -> None:
-        """Record one round's timed forwards against the curves, and its overhead (never changes the plans)."""
+        """Record one round's timed forwards against the curves, and its overhead (never changes the plans). The
+        target's forward is timed against its rows: the tree's and the tokens fed ahead of its root (a plain step
+        after a grammar's forced tokens is a forward of several rows, not a one-token one)."""
         tree, times = outcome.tree, outcome.times
-        n = len(tree)
+        n = len(tree) + times.ahead
         self.model.observe("target" if n == 1 else "target_n", self.model.target(n), times.target_fwd_s)
         drafted = outcome.draft_calls > 0  # the draft model ran this round
         if drafted and times.pending <= LEARN_PENDING:

@@ -215,7 +215,7 @@ class AutoPolicy(DraftPolicyBase):
         row[3] += 1
         costs = self._costs()
         if outcome.times.shared == 1:  # (a batched round's times are the batch's: decoding/batch_plan.py prices it)
-            predicted = costs.round_time(tree, outcome.times.pending, outcome.draft_calls > 0)
+            predicted = costs.round_time(tree, outcome.times.pending, outcome.draft_calls > 0, outcome.times.ahead)
             self.realised_rates.add(family(plan), predicted, outcome.times.round_s)
             costs.observe(outcome)
         if len(tree) == 1:
