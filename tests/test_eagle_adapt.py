@@ -173,14 +173,41 @@ def head6(tmp_path_factory):
     return _head_dir(_target(vocab=6, seed=3), tmp_path_factory.mktemp("head6") / "head", seed=4)
 
 
+def _priced(monkeypatch) -> list:
+    """Every adapting policy priced (drafting/adapt_schedule.py): fixed costs (a target forward 10 ms, a head's
+    1 ms) and an update of about half a head round, so that its schedule decides from the request's outcomes
+    whether the head updates after round 2 (kept where round 2 committed more than round 1, else the period
+    doubles). Returns each generation's schedule."""
+    from multispec.drafting.adapting import AdaptView
+    from multispec.drafting.costs import BUCKETS, CostCurve, CostModel
+
+    schedules: list = []
+    prepare = AdaptingPolicy.prepare
+
+    def priced(self, target, draft, context_len, temperature=0.0):
+        self.view = AdaptView(CostModel(CostCurve([0.01] * len(BUCKETS)), CostCurve([1e-3] * len(BUCKETS))),
+                              update_s=0.006)
+        prepare(self, target, draft, context_len, temperature)
+        schedules.append(self.schedule)
+
+    monkeypatch.setattr(AdaptingPolicy, "prepare", priced)
+    return schedules
+
+
 @pytest.mark.slow
-@pytest.mark.parametrize("options", [{"k": 2, "verifier": "sd"}, {"nodes": 4, "depth": 2, "width": 2}])
-def test_the_law_at_t1_is_the_targets_with_adaptation(head6, updates, options):
+@pytest.mark.parametrize("options, priced", [({"k": 2, "verifier": "sd"}, True),
+                                             ({"nodes": 4, "depth": 2, "width": 2}, False)])
+def test_the_law_at_t1_is_the_targets_with_adaptation(head6, updates, monkeypatch, options, priced):
     """Length 3 after the prompt, every round followed by an update (lr 0.05): the head that drafts round 2 is
-    not the one that drafted round 1, and the law is still the target's. A chain and a dynamic tree (the wrapper
-    acts between rounds whatever the shape; each shape's own law without adaptation: tests/test_eagle.py)."""
+    not the one that drafted round 1, and the law is still the target's. A chain with its updates priced (whether
+    round 3's head is updated depends on rounds 1 and 2's outcomes: the back-off reads committed tokens only) and a
+    dynamic tree (the wrapper acts between rounds whatever the shape; each shape's own law without adaptation:
+    tests/test_eagle.py)."""
     adapt = {**ON, "adapt_lr": 5e-2}
+    schedules = _priced(monkeypatch) if priced else []
     assert _chi_square(head6, _target(vocab=6, seed=3), {**adapt, **options}, 2_000, updates) > 1e-3
+    if priced:  # the schedule decided both ways
+        assert {bool(s.changes) for s in schedules if s.rounds >= 2} == {False, True}
 
 
 @pytest.mark.slow
@@ -352,9 +379,11 @@ def test_auto_options_are_checked_when_the_method_is_built(tiny):
         assert "\n" not in str(e.value)
 
 
-def _auto_decode(target, head_dir, prompt, n: int, **options) -> tuple[list, list, dict]:
+def _auto_decode(target, head_dir, prompt, n: int, update_s: float = 0.0, **options) -> tuple[list, list, dict]:
     """auto:head=DIR:adapt=on with fixed costs that make head chains, lookup chains and plain steps all win somewhere
-    (a cheap head): (ids, [(plan proposer, drafted_with_head, updates after the round)], the adapt report)."""
+    (a cheap head), an update priced update_s seconds (0: free, so the update period stays adapt_every): (ids,
+    [(plan proposer, drafted_with_head, updates after the round, update period when planned, plan label)], the adapt
+    report)."""
     from multispec.decoding.engine import generate_ids
     from multispec.drafting import adapting
     from multispec.drafting.costs import BUCKETS, CostCurve, CostModel
@@ -368,12 +397,15 @@ def _auto_decode(target, head_dir, prompt, n: int, **options) -> tuple[list, lis
     policy.inner.fixed_costs = CostModel(CostCurve([0.01 + 5e-4 * (b - 1) for b in BUCKETS]),
                                          CostCurve([1e-3] * len(BUCKETS)))
     policy.inner.reset()
+    policy.fixed_update_s = update_s
     rounds: list = []
     observe = AdaptingPolicy.observe
 
     def recording(self, outcome):
+        period = self.schedule.period  # (as the round was planned: observe may change it)
         observe(self, outcome)
-        rounds.append((outcome.plan.proposer, adapting.drafted_with_head(outcome), self.adapter.updates))
+        rounds.append((outcome.plan.proposer, adapting.drafted_with_head(outcome), self.adapter.updates, period,
+                       outcome.plan.label))
 
     tap, head = entry.draft_backend(config, loaded, make_backend(target, "hf"), pair)
     try:
@@ -387,7 +419,7 @@ def _auto_decode(target, head_dir, prompt, n: int, **options) -> tuple[list, lis
 def _assert_updates_follow_head_rounds(rounds: list, every: int) -> None:
     """An update after every `every`-th round the head drafted, none after a lookup or plain round."""
     head_rounds = 0
-    for i, (proposer, by_head, updates) in enumerate(rounds):
+    for i, (proposer, by_head, updates, _, _) in enumerate(rounds):
         previous = rounds[i - 1][2] if i else 0
         head_rounds += proposer == "head"
         assert updates - previous == (proposer == "head" and head_rounds % every == 0), (i, proposer, updates)
@@ -407,7 +439,7 @@ def test_auto_with_a_head_adapts_on_the_heads_rounds_only(tiny, monkeypatch, eve
     for prompt in ([3, 1, 4, 1, 5] * 6, [0, 7, 7, 7, 2, 9, 4], [1, 2, 3]):
         ids, rounds, report = _auto_decode(target, head_dir, prompt, 48, **{**ON, "adapt_every": every})
         assert ids == greedy_reference(target, prompt, 48), prompt
-        kinds |= {p for p, _, _ in rounds}
+        kinds |= {r[0] for r in rounds}
         if broken:
             with pytest.raises(AssertionError):
                 _assert_updates_follow_head_rounds(rounds, every)

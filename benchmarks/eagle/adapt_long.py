@@ -6,7 +6,8 @@ Each prompt goes through the chat template; both configurations run on it in tur
 tokens). After every round the Decoder's on_tokens callback records how many tokens that target call committed
 (accepted drafts + the target's own token), so the JSON keeps, per configuration, committed tokens per call
 against output position in bins of --bin tokens (a round counts in the bin its first token falls in), tokens/s
-(new tokens over the generation's seconds), the adaptation's own counters and seconds (stats["eagle"]["adapt"]),
+(new tokens over the generation's seconds), the adaptation's own counters and seconds and each request's update
+schedule (its period, when it went off, why: stats["eagle"]["adapt"]),
 and whether the adapted output equals the frozen one token for token (greedy: it must). The summary states the
 issue's figures: adapted acceptance over tokens 512-1,024 against 0-256, adapted against frozen over the whole
 output, and tok/s adapted against frozen. A plot (matplotlib) of tokens per call against position sits beside it.
@@ -118,6 +119,10 @@ def _one(decoder, ids: list[int], sampling, tokens: int, width: int, eos, run: d
     return new
 
 
+SETTINGS = ("lr", "steps", "window", "every", "update_s", "update_s_from")  # stats["eagle"]["adapt"]: the run's
+SCHEDULE = ("updates", "period", "off_since", "head_rounds", "changes", "why")  # and each request's back-off
+
+
 def _results(runs: dict, width: int) -> dict:
     table = {}
     for name, r in runs.items():
@@ -128,8 +133,8 @@ def _results(runs: dict, width: int) -> dict:
                        "seconds": round(r["seconds"], 2), "target_calls": r["calls"],
                        "tokens_per_call": round(r["tokens"] / max(1, r["calls"]), 3), "lengths": r["lengths"],
                        "by_position": bins, "adapt": adapt,
-                       "adapt_settings": {k: v for k, v in r["adapt"][0].items()
-                                          if k not in ("updates", "rows", "seconds")} if r["adapt"] else None}
+                       "adapt_settings": {k: r["adapt"][0].get(k) for k in SETTINGS} if r["adapt"] else None,
+                       "adapt_schedules": [{k: x.get(k) for k in SCHEDULE} for x in r["adapt"]]}
     return table
 
 

@@ -175,7 +175,8 @@ ADAPT_OPTIONS = (  # eagle's and auto's (with a head)
     Option("adapt_lr", "float", "adapt=on: Adam's learning rate", 1e-4),
     Option("adapt_steps", "int", "adapt=on: optimiser steps per update", 1),
     Option("adapt_rows", "int", "adapt=on: the latest committed positions each step trains on", 32),
-    Option("adapt_every", "int", "adapt=on: rounds the head drafts between updates", 8))
+    Option("adapt_every", "int", "adapt=on: rounds the head drafts between updates, at first (the period doubles "
+                                 "while updates do not pay for themselves, then adaptation is off)", 8))
 
 EAGLE = MethodEntry(
     "eagle", (Option("head", "path", "eagle: a feature-head directory (multispec train-head), or 'shipped' (the "

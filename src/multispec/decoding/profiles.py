@@ -54,6 +54,27 @@ def auto_view(decoder, profile: MachineProfile) -> tuple[AutoView, dict]:
     return AutoView(costs, profile.sections["acceptance"], identities), measured
 
 
+def adapt_view(decoder, profile: MachineProfile, view: AutoView) -> tuple[AutoView, dict]:
+    """`view` with the seconds of one update of the head the decoder's policy adapts (drafting/adapting.py, its
+    AdaptView): the profile's, timed now when it has none for this target, head, backend, update size, threads and
+    CPU (models/eagle_adapt.time_update). Returns the view and the new "costs" entry ({} when nothing was timed;
+    `view` itself where the policy adapts no head)."""
+    from multispec.drafting.adapting import AdaptingPolicy, AdaptView, update_key, valid_update_entry
+    from multispec.models.eagle_adapt import time_update
+
+    policy = decoder.policy
+    if not isinstance(policy, AdaptingPolicy):
+        return view, {}
+    target, head = decoder._backends(decoder.cache_rows(CALIBRATION_CONTEXT + 2 * 64))
+    key = update_key(cost_entry_key(target, getattr(target, "model", target), head, getattr(head, "model", head)),
+                     policy.settings)
+    entry, measured = profile.get("costs", key), {}
+    if not valid_update_entry(entry):
+        entry = {"update_s": time_update(policy.shared, head, policy.settings)}
+        measured[key] = entry
+    return AdaptView(view.costs, view.acceptance, view.identities, update_s=float(entry["update_s"])), measured
+
+
 def updated(profile: MachineProfile, observations: list[dict]) -> MachineProfile:
     """`profile` with runs' observations folded in (each a policy's `observation()`, every run planned from
     `profile`). Pure."""
@@ -157,11 +178,13 @@ class MachineState:
             self.measured("rows", measured)
 
     def attach(self, decoder) -> None:
-        """Give the decoder's policy its view of the profile: auto (a policy without fixed costs) gets one, built
-        and measured the first time."""
+        """Give the decoder's policy its view of the profile: auto (a policy without fixed costs) and an adapting
+        head's policy (eagle's too: its rounds and updates priced) get one, built and measured the first time."""
         if getattr(decoder.policy, "fixed_costs", False) is not None:
             return
         if self.auto_view is None:
-            self.auto_view, measured = auto_view(decoder, self.profile)
+            view, measured = auto_view(decoder, self.profile)
+            self.measured("costs", measured)
+            self.auto_view, measured = adapt_view(decoder, self.profile, view)  # an adapting head's update
             self.measured("costs", measured)
         decoder.policy.use_profile(self.auto_view)

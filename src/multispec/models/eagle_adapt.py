@@ -149,6 +149,33 @@ class HeadAdapter:
                 "requests": self.requests}
 
 
+def time_update(shared: EagleHead, backend: HeadBackend, settings: AdaptSettings, reps: int = 3) -> float:
+    """Seconds of one update here: settings.steps steps on settings.rows rows of random tokens and features (an
+    update's cost depends on their shapes, not their values), by a copy of `shared` installed on `backend` for the
+    while; the fastest of `reps` after an untimed one (Adam's first step makes its state). What the machine profile
+    keeps as the update's cost (decoding/profiles.py); `backend` drafts with `shared` again after."""
+    g, n, hidden = torch.Generator().manual_seed(0), settings.rows, backend.hidden_size
+    with torch.inference_mode(False):  # plain tensors, which autograd may save
+        rows = TrainingRows(torch.randint(0, int(backend.vocab_size), (1, n), generator=g),
+                            torch.randn(1, n, hidden, generator=g), torch.randn(1, hidden, generator=g))
+    adapter = HeadAdapter(shared, backend, settings)
+    device = torch.device(backend.device)
+    try:
+        adapter.update(rows)
+        best = float("inf")
+        for _ in range(reps):
+            if device.type == "cuda":  # (the timer counts the work, not its launch)
+                torch.cuda.synchronize(device)
+            t0 = time.perf_counter()
+            adapter.update(rows)
+            if device.type == "cuda":
+                torch.cuda.synchronize(device)
+            best = min(best, time.perf_counter() - t0)
+        return best
+    finally:
+        adapter.close()
+
+
 def loss_parts(backend: HeadBackend):
     """The target's parts the loss reads (models/eagle.TargetParts): the backend's, with the output layer cut once
     to the rows of the head's reduced vocabulary where it has one (p and q over those rows, as train-head trains)."""

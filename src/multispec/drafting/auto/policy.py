@@ -37,6 +37,15 @@ def family(plan: RoundPlan) -> str:
     return " ".join(words[:2]) if plan.proposer not in ("lookup", "suffix", "none") else words[0]
 
 
+class Charged:
+    """A cost view with `charge_s` more seconds in every round (AloneCosts' t, d and overhead): what auto prices its
+    draft plans with while each of their rounds pays a share of an adapting head's updates (drafting/adapting.py)."""
+
+    def __init__(self, costs: AloneCosts, charge_s: float):
+        self.t, self.d, self.version = costs.t, costs.d, (costs.version, charge_s)  # (plans cached on version)
+        self.overhead = {**costs.overhead, "round_s": costs.overhead["round_s"] + charge_s}
+
+
 class AutoPolicy(DraftPolicyBase):
     """proposers: which proposers may be used ("draft", "lookup", "suffix"). cost_model: fixed costs (tests);
     None: the profile's (`use_profile`; without one, measured when the generation starts, for a caller of the
@@ -57,6 +66,9 @@ class AutoPolicy(DraftPolicyBase):
         self.suffix_store = suffix_store  # "suffix": the store of past requests shared by the Decoder family
         self.memory = memory  # acceptance statistics kept across generations (drafting/auto/memory.py)
         self.view: AutoView | None = None
+        # seconds added to every draft plan's round: an adapting head's amortised update (drafting/adapting.py sets
+        # it); charge_declined: the last weighed round chose another plan where the draft's would win without it
+        self.draft_charge_s, self.charge_declined = 0.0, False
         self.reset()
 
     def reset(self) -> None:
@@ -97,22 +109,30 @@ class AutoPolicy(DraftPolicyBase):
             raise RuntimeError("auto: no costs yet (prepare() runs before the first round)")
         return self.costs
 
+    def _draft_costs(self) -> AloneCosts | Charged:
+        """The costs a draft plan is priced with: with draft_charge_s more seconds a round, where there is one."""
+        return Charged(self._costs(), self.draft_charge_s) if self.draft_charge_s else self._costs()
+
     # ------------------------------------------------------------------ planning
     def plan_round(self, history: list[int], pending: int) -> RoundPlan:
         costs, planner = self._costs(), self.planner
+        self.charge_declined = False
         if self._skip > 0:  # see below: a plain step without weighing the others
             self._skip -= 1
             self.ar_streak += 1  # towards the next probe, as an evaluated plain step
             self.current = planner.ar(costs)
             return self.current
         ar = planner.ar(costs)
-        candidates = [p for p in (planner.draft(costs, pending) if self.has_draft else None,
+        candidates = [p for p in (planner.draft(self._draft_costs(), pending) if self.has_draft else None,
                                   planner.lookup(costs, history) if "lookup" in self.proposers else None,
                                   self._suffix_plan(history, ar)) if p is not None]
         score = self._scorer()
         best = max(candidates, key=score, default=ar)
         if score(best) < score(ar) * (1 + MARGIN):
             best = ar
+        if self.draft_charge_s and self.has_draft and best.proposer != self.draft_proposer:  # lost for the charge?
+            free = planner.draft(costs, pending)
+            self.charge_declined = score(free) >= score(best) * (1 + MARGIN if best is ar else 1)
         self.current = self._probe_or(best, candidates, score)
         # after a plain step chosen on its merits, the next 1, 2, 4, 8 are taken unweighed (weighing costs ~0.3 ms
         # of Python, 3 % of a pycode-v1 step, on every round of a back-off)
@@ -195,7 +215,7 @@ class AutoPolicy(DraftPolicyBase):
         for cf in self.round_conf:
             reach *= self.confidence.rate(cf)
             expected += reach
-        c = self._costs()
+        c = self._draft_costs()
         o = c.overhead
         t_now = (c.d(self.planner.pending) + (depth - 1) * c.d(1) + c.t(depth + 1) + o["round_s"]
                  + depth * o["level_s"])
