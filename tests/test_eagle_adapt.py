@@ -15,7 +15,7 @@ import torch
 
 from engine_utils import chi_square_pvalue, exact_joint, greedy_reference
 from helpers import DATA, PYCODE, needs_data, needs_pycode
-from test_eagle import GREEDY, _decode, _head_dir, _target
+from test_eagle import GREEDY, _decode, _head_dir, _pair_of, _target
 from test_eagle_batch import _pair
 from multispec.decoding.methods import build_method, get_method
 from multispec.decoding.metrics import Metrics
@@ -144,11 +144,11 @@ def test_greedy_is_ar_on_smollm2_with_the_shipped_head_adapting():
 # ---------------------------------------------------------------------------------------------- 2. the law at T = 1
 def _chi_square(head_dir, target, options, n: int, updates: list, length: int = 3) -> float:
     prompt, sampling = [1, 2, 2], SamplingConfig(temperature=1.0)
-    counts = np.zeros(6 ** length)
+    counts, pair = np.zeros(6 ** length), _pair_of(target)
     config = build_method("eagle", head=str(head_dir), **options)
-    loaded = get_method("eagle").load(config, SimpleNamespace(target=target, draft=None))
+    loaded = get_method("eagle").load(config, pair)
     for seed in range(n):
-        ids, _, _ = _decode(target, head_dir, prompt, sampling, length, seed, loaded=loaded, **options)
+        ids, _, _ = _decode(target, head_dir, prompt, sampling, length, seed, loaded=loaded, pair=pair, **options)
         counts[np.ravel_multi_index(ids[:length], (6,) * length)] += 1
     assert len(updates) == n and sum(u > 0 for u in updates) > n // 2  # most sequences adapted between rounds
     return chi_square_pvalue(counts, exact_joint(_target(vocab=6, seed=3), prompt, sampling, length, 6))
