@@ -513,23 +513,24 @@ def test_a_kept_head_over_its_bound_is_refused_or_dropped(tiny):
 
 @pytest.mark.slow
 @needs_pycode
-def test_chat_adapt_keep_on_the_command_line(tmp_path):
+def test_chat_adapt_keep_on_the_command_line(tmp_path, capsys):
     """`multispec chat --adapt-keep` on pycode-v1 with the test head: two turns, /reset, a third; and the flag
-    without adapt=on refused in one line before any model loads."""
+    without adapt=on refused in one line before any model loads (in this process: `multispec.cli.main`)."""
     import subprocess
     import sys
 
     import multispec
+    from helpers import run_cli
 
     template = tmp_path / "t.jinja"
     template.write_text("{% for m in messages %}<{{ m.role }}>{{ m.content }}\n{% endfor %}<assistant>")
     head_dir = _head_dir(multispec.load_pair(target=str(PYCODE / "target")).target, tmp_path / "head")
-    base = [sys.executable, "-m", "multispec", "chat", "--target", str(PYCODE / "target"), "--chat-template",
-            str(template), "--method", "eagle", "--head", str(head_dir), "--max-new-tokens", "16", "--temperature",
-            "0", "--threads", "1"]
-    bad = subprocess.run(base + ["--adapt-keep"], capture_output=True, text=True, timeout=300)
-    assert bad.returncode == 2 and len(bad.stderr.strip().splitlines()) == 1, bad.stderr
-    assert "--adapt-keep keeps a head adapted online" in bad.stderr
+    args = ["chat", "--target", str(PYCODE / "target"), "--chat-template", str(template), "--method", "eagle",
+            "--head", str(head_dir), "--max-new-tokens", "16", "--temperature", "0", "--threads", "1"]
+    code, _, err = run_cli(capsys, *args, "--adapt-keep")
+    assert code == 2 and len(err.strip().splitlines()) == 1, err
+    assert "--adapt-keep keeps a head adapted online" in err
+    base = [sys.executable, "-m", "multispec", *args]
     ok = subprocess.run(base + ["--adapt", "on", "--adapt-every", "1", "--adapt-keep"], capture_output=True,
                         text=True, timeout=300, input="def add(a, b):\ndef sub(a, b):\n/reset\ndef mul(a, b):\n")
     assert ok.returncode == 0, ok.stderr
