@@ -26,7 +26,9 @@ DRAFT_VOCAB = ["<eos>", "b", "a", "ca", "é", "ab", "cc", "c"]
 DRAFT_MERGES = [("c", "a"), ("a", "b"), ("c", "c")]
 V = 8
 PROMPT = "baé"
-SAMPLES = 2000
+# runs per law test (2000 until the suite passed 15 minutes): each mode's broken variant below fails at 500 already
+# (p = 2e-67 with tli, 5e-46 with uag; 1000: 2e-169 and 7e-154)
+SAMPLES = 1000
 
 
 def bpe_tokenizer(vocab: list[str], merges: list[tuple[str, str]]) -> PreTrainedTokenizerFast:

@@ -15,7 +15,7 @@ import torch
 
 from engine_utils import chi_square_pvalue, exact_joint, greedy_reference
 from helpers import DATA, PYCODE, needs_data, needs_pycode
-from test_eagle import GREEDY, _decode, _head_dir, _target
+from test_eagle import GREEDY, _decode, _head_dir, _pair_of, _target
 from test_eagle_batch import _pair
 from multispec.decoding.methods import build_method, get_method
 from multispec.decoding.metrics import Metrics
@@ -144,11 +144,11 @@ def test_greedy_is_ar_on_smollm2_with_the_shipped_head_adapting():
 # ---------------------------------------------------------------------------------------------- 2. the law at T = 1
 def _chi_square(head_dir, target, options, n: int, updates: list, length: int = 3) -> float:
     prompt, sampling = [1, 2, 2], SamplingConfig(temperature=1.0)
-    counts = np.zeros(6 ** length)
+    counts, pair = np.zeros(6 ** length), _pair_of(target)
     config = build_method("eagle", head=str(head_dir), **options)
-    loaded = get_method("eagle").load(config, SimpleNamespace(target=target, draft=None))
+    loaded = get_method("eagle").load(config, pair)
     for seed in range(n):
-        ids, _, _ = _decode(target, head_dir, prompt, sampling, length, seed, loaded=loaded, **options)
+        ids, _, _ = _decode(target, head_dir, prompt, sampling, length, seed, loaded=loaded, pair=pair, **options)
         counts[np.ravel_multi_index(ids[:length], (6,) * length)] += 1
     assert len(updates) == n and sum(u > 0 for u in updates) > n // 2  # most sequences adapted between rounds
     return chi_square_pvalue(counts, exact_joint(_target(vocab=6, seed=3), prompt, sampling, length, 6))
@@ -545,23 +545,24 @@ def test_a_kept_head_over_its_bound_is_refused_or_dropped(tiny):
 
 @pytest.mark.slow
 @needs_pycode
-def test_chat_adapt_keep_on_the_command_line(tmp_path):
+def test_chat_adapt_keep_on_the_command_line(tmp_path, capsys):
     """`multispec chat --adapt-keep` on pycode-v1 with the test head: two turns, /reset, a third; and the flag
-    without adapt=on refused in one line before any model loads."""
+    without adapt=on refused in one line before any model loads (in this process: `multispec.cli.main`)."""
     import subprocess
     import sys
 
     import multispec
+    from helpers import run_cli
 
     template = tmp_path / "t.jinja"
     template.write_text("{% for m in messages %}<{{ m.role }}>{{ m.content }}\n{% endfor %}<assistant>")
     head_dir = _head_dir(multispec.load_pair(target=str(PYCODE / "target")).target, tmp_path / "head")
-    base = [sys.executable, "-m", "multispec", "chat", "--target", str(PYCODE / "target"), "--chat-template",
-            str(template), "--method", "eagle", "--head", str(head_dir), "--max-new-tokens", "16", "--temperature",
-            "0", "--threads", "1"]
-    bad = subprocess.run(base + ["--adapt-keep"], capture_output=True, text=True, timeout=300)
-    assert bad.returncode == 2 and len(bad.stderr.strip().splitlines()) == 1, bad.stderr
-    assert "--adapt-keep keeps a head adapted online" in bad.stderr
+    args = ["chat", "--target", str(PYCODE / "target"), "--chat-template", str(template), "--method", "eagle",
+            "--head", str(head_dir), "--max-new-tokens", "16", "--temperature", "0", "--threads", "1"]
+    code, _, err = run_cli(capsys, *args, "--adapt-keep")
+    assert code == 2 and len(err.strip().splitlines()) == 1, err
+    assert "--adapt-keep keeps a head adapted online" in err
+    base = [sys.executable, "-m", "multispec", *args]
     ok = subprocess.run(base + ["--adapt", "on", "--adapt-every", "1", "--adapt-keep"], capture_output=True,
                         text=True, timeout=300, input="def add(a, b):\ndef sub(a, b):\n/reset\ndef mul(a, b):\n")
     assert ok.returncode == 0, ok.stderr

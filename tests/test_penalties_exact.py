@@ -11,6 +11,7 @@ history, as if drafted tokens were not part of it) must fail the same check.
 """
 from __future__ import annotations
 
+import functools
 import itertools
 
 import numpy as np
@@ -36,6 +37,12 @@ CASES = [("sd", (1, 1, 1)), ("block", (1, 1)), ("rrs-wor", (2, 2)), ("rrs", (3, 
          ("kseq", (2, 2))]
 
 
+@functools.lru_cache(maxsize=None)
+def _raw(vocab: int, seed: int, prefix: tuple[int, ...]) -> tuple[torch.Tensor, torch.Tensor]:
+    rng = np.random.default_rng([seed, len(prefix), *prefix])
+    return torch.tensor(rng.normal(0, 1.5, vocab)), torch.tensor(rng.normal(0, 1.5, vocab))
+
+
 class RawToy:
     """Raw target and draft logits per prefix (float64 [V]), fixed per (seed, prefix)."""
 
@@ -43,12 +50,20 @@ class RawToy:
         self.v, self.seed = vocab, seed
 
     def logits(self, prefix: tuple[int, ...]) -> tuple[torch.Tensor, torch.Tensor]:
-        rng = np.random.default_rng([self.seed, len(prefix), *prefix])
-        return torch.tensor(rng.normal(0, 1.5, self.v)), torch.tensor(rng.normal(0, 1.5, self.v))
+        target, draft = _raw(self.v, self.seed, prefix)  # (drawn once per prefix; copies, so no caller can edit them)
+        return target.clone(), draft.clone()
 
 
 def reference_p(toy: RawToy, sampling: SamplingConfig, drafted: tuple[int, ...]) -> torch.Tensor:
     """The processed target law after COMMITTED + drafted, its history counted here by plain loops."""
+    return _reference_p(toy.v, toy.seed, sampling, drafted).clone()
+
+
+@functools.lru_cache(maxsize=None)
+def _reference_p(vocab: int, seed: int, sampling: SamplingConfig, drafted: tuple[int, ...]) -> torch.Tensor:
+    """reference_p, computed once per (toy, sampling, path): the enumerations below ask for the same paths
+    thousands of times (a pure function of its arguments, so the same law every time)."""
+    toy = RawToy(vocab, seed)
     output = COMMITTED + drafted
     v = toy.v
     seen = torch.tensor([[t in PROMPT + output for t in range(v)]])
@@ -58,6 +73,13 @@ def reference_p(toy: RawToy, sampling: SamplingConfig, drafted: tuple[int, ...])
 
 
 def seq_law(toy, sampling, prefix: tuple[int, ...], length: int) -> np.ndarray:
+    """float64 [V] * length: the processed target's law of the next `length` tokens after COMMITTED + prefix."""
+    return _seq_law(toy.v, toy.seed, sampling, prefix, length).copy()
+
+
+@functools.lru_cache(maxsize=None)
+def _seq_law(vocab: int, seed: int, sampling: SamplingConfig, prefix: tuple[int, ...], length: int) -> np.ndarray:
+    toy = RawToy(vocab, seed)
     out = np.zeros((toy.v,) * length)
     for s in itertools.product(range(toy.v), repeat=length):
         prob = 1.0

@@ -29,7 +29,7 @@ from multispec.sampling import SamplingConfig
 V = 8
 PROMPT = [1, 5]
 T1 = SamplingConfig(temperature=1.0)
-SAMPLES = 2000
+SAMPLES = 1000  # the law tests' runs (2000 until the suite passed 15 minutes): the broken variant fails at 800
 
 
 def rows_in_company(layer, x: torch.Tensor) -> bool:

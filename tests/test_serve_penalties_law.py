@@ -22,7 +22,9 @@ from multispec.loading import Pair  # noqa: E402
 from multispec.sampling import History, SamplingConfig, process_logits  # noqa: E402
 from multispec.serve import ServeSettings, create_app  # noqa: E402
 
-V, L, N, PER_REQUEST = 6, 3, 3_000, 15
+# N: runs per test (3,000 until the suite passed 15 minutes); the broken variant fails at 1,005 already (p = 2e-18
+# on this seed stream; 1,500: 9e-64)
+V, L, N, PER_REQUEST = 6, 3, 1_500, 15
 PROMPT = [1, 4, 2]
 PENALTIES = {"repetition_penalty": 2.0, "frequency_penalty": 1.2}
 SAMPLING = SamplingConfig(1.0, **PENALTIES)

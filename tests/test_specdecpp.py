@@ -135,9 +135,11 @@ def test_cli_missing_head_fails_before_loading(tmp_path, capsys):
 
 @pytest.mark.slow
 def test_specdecpp_sampling_is_lossless():
-    """Joint law of the first 3 tokens at T = 1 (2e4 seeded generations, chi-square), with a random head whose
-    stop decisions vary with the context (k_min = 1, so every round length from 1 to k_max occurs)."""
-    from test_engine_sampling import SAMPLINGS, exact, law_pvalue, sample_counts
+    """Joint law of the first 3 tokens at T = 1 (test_engine_sampling's chi-square at its size N, 5e3 seeded
+    generations; 2e4 until the suite passed 15 minutes), with a random head whose stop decisions vary with the
+    context (k_min = 1, so every round length from 1 to k_max occurs). The broken variant, sd's residual drawn from
+    p instead of (p - q)+, fails it at this size (p = 3e-11 on this seed stream; 3e3: 8e-8)."""
+    from test_engine_sampling import SAMPLINGS, N, exact, law_pvalue, sample_counts
 
     head = random_head(seed=0)
     lengths = []
@@ -148,7 +150,7 @@ def test_specdecpp_sampling_is_lossless():
         policy.observe = lambda outcome: (lengths.append(outcome.depth), observe(outcome))
         return policy
 
-    counts = sample_counts("specdecpp", {"threshold": 0.5, "k_min": 1, "k_max": 4}, SAMPLINGS["T1"], n=20_000,
+    counts = sample_counts("specdecpp", {"threshold": 0.5, "k_min": 1, "k_max": 4}, SAMPLINGS["T1"], n=N,
                            policy_factory=factory)
     assert len(set(lengths)) >= 3  # the head really changes the draft length
     assert law_pvalue(counts, exact("T1")) > 1e-3

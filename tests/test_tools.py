@@ -361,7 +361,9 @@ def test_sampled_calls_follow_the_masked_target_law(pair, law_request, method, o
     from engine_utils import chi_square_pvalue
 
     prompt, grammar, law = law_request
-    counts = sampled_calls(pair, method, options, prompt, grammar, 500)
+    # 200 runs (500 until the suite passed 15 minutes): five outputs of probability > 0.05, so every expected count is
+    # above 10; the jump-forward variant below fails this test at 100 runs already (p = 2e-68; 200: 4e-138)
+    counts = sampled_calls(pair, method, options, prompt, grammar, 200)
     assert set(counts) <= set(law), counts
     assert chi_square_pvalue(np.array([counts.get(t, 0) for t in law]), np.array(list(law.values()))) > 1e-3, \
         (counts, law)
