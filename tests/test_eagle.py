@@ -4,6 +4,7 @@ every round, exactly the rows a full teacher-forced forward of the head computes
 from __future__ import annotations
 
 from dataclasses import replace
+from types import SimpleNamespace
 
 import numpy as np
 import pytest
