@@ -40,8 +40,14 @@ def test_a_grammar_that_dead_ends_mid_generation_is_one_clear_error(pair, method
 
 
 def test_an_engine_failure_on_a_drafted_token_is_not_a_silent_end(pair, monkeypatch):
-    """The broken variant: the matcher's error state unchecked while masking. In it the engine allows only an end,
-    so a drafting method returned an empty output labelled stop; the check makes it an error."""
-    monkeypatch.setattr(structured.GrammarState, "dead_end", lambda self: None)
-    result = multispec.generate(pair, "def f(x):", method="sd", max_new_tokens=16, grammar=LATE)
-    assert result.stats["finish_reason"] == "stop" and not result.stats["structured"]["complete"]
+    """The broken variant: the matcher's error state unchecked while masking. When the walk consumed drafts on the
+    committed matcher, the engine then allowed only an end: a drafting method returned an empty output labelled
+    stop. The walk now runs on copies, so without the check the failure surfaces later, at the commit, naming a
+    token instead of the dead end. The check makes it the clear error at once (the test above)."""
+    monkeypatch.setattr(structured.GrammarState, "dead_end", lambda self, m=None: None)
+    try:
+        result = multispec.generate(pair, "def f(x):", method="sd", max_new_tokens=16, grammar=LATE)
+    except MultispecError as e:
+        assert "cannot go on" not in str(e)
+    else:
+        assert result.stats["finish_reason"] == "stop" and not result.stats["structured"]["complete"]

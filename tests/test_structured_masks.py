@@ -128,8 +128,8 @@ def test_packed_masks_are_llguidances_own_token_by_token(grammars):
 @pytest.mark.parametrize("mutant", ["columns_past_vocab", "several_in_one_word"])
 def test_broken_packed_masks_are_caught(grammars, monkeypatch, mutant):
     if mutant == "columns_past_vocab":  # the fill leaves the bits of tokens past a smaller vocabulary set
-        def fill(self, row, vocab):
-            self.m.unsafe_compute_mask_ptr(row.ctypes.data, row.nbytes)
+        def fill(self, row, vocab, m=None):
+            (self.m if m is None else m).unsafe_compute_mask_ptr(row.ctypes.data, row.nbytes)
             return row
 
         monkeypatch.setattr(structured.GrammarState, "_fill", fill)
@@ -145,3 +145,60 @@ def test_broken_packed_masks_are_caught(grammars, monkeypatch, mutant):
         monkeypatch.setattr(structured.GrammarState, "single", single)
     with pytest.raises(AssertionError):
         check_walks(grammars)
+
+
+def fn(name: str, required: list[str]) -> dict:
+    return {"type": "function", "function": {"name": name, "description": "", "parameters": {
+        "type": "object", "properties": {p: {"type": "string"} for p in required}, "required": required,
+        "additionalProperties": False}}}
+
+
+def walked_then_committed(pair, node_masks=None) -> tuple[torch.Tensor, torch.Tensor]:
+    """A tool call's grammar (read_file(path) | write_file(path, content)): the masks of a drafted `read_file` call
+    are walked, then the target's `write_file` call is committed. Returns (the state's mask, a fresh state's mask
+    over the same text); they must be equal (after `"path": "a` the call must go on to `content`)."""
+    from multispec.tools import Tools
+
+    tok = pair.tokenizer
+    vocab = pair.target.config.vocab_size
+    text = Tools.of([fn("read_file", ["path"]), fn("write_file", ["path", "content"])], "required").grammar(tok)
+    g = structured.bind(structured.Constraint.of(grammar=text), tok, vocab, {tok.eos_token_id})
+    state = g.start()
+    head = state.forced(vocab, 64)  # <tool_call>\n{"name": "
+    drafted = tok.encode('read_file", "arguments": {"path": "a', add_special_tokens=False)
+    chain = Tree(tuple(range(-1, len(drafted))))
+    (node_masks or structured.GrammarState.node_masks)(state, chain, [0] + drafted, range(len(chain)), vocab)
+    actual = tok.encode('write_file", "arguments": {"path": "a', add_special_tokens=False)
+    state.commit(actual)
+    fresh = g.start()
+    fresh.commit(head + actual)
+    return state.mask(vocab), fresh.mask(vocab)
+
+
+def rollback_walk(self, tree, tokens, rows, vocab):
+    """The walk before the fix: each path consumed on the committed matcher and rolled back (llguidance 1.9's
+    rollback then leaves later masks that differ from a fresh matcher's)."""
+    out = []
+    for u in rows:
+        path = tree.path_to(u)[1:]
+        n = 0
+        while n < len(path) and self.m.try_consume_tokens([int(tokens[path[n]])]) == 1:
+            n += 1
+        row = np.zeros(structured._words(self.words), dtype=np.int32)
+        out.append(self._fill(row, vocab) if n == len(path) else row)
+        if n:
+            self.m.rollback(n)
+    return out
+
+
+def test_walking_a_drafted_call_leaves_the_committed_grammar_as_a_fresh_one():
+    """Qwen2.5-Coder's tool-call run (benchmarks/tools/tool_speed.py) drafted a suffix copy of an earlier read_file
+    call inside a write_file call; after the walk the committed state allowed `"}}` after `path` alone, the
+    verifier accepted it and the grammar refused the commit. The walk now works on copies."""
+    got, want = walked_then_committed(multispec.load_pair())
+    assert torch.equal(got, want)
+
+
+def test_the_rollback_walk_is_caught():
+    got, want = walked_then_committed(multispec.load_pair(), rollback_walk)
+    assert not torch.equal(got, want)

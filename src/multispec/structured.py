@@ -241,12 +241,14 @@ class GrammarState:
             ids.pop()  # try_consume_tokens takes text tokens only
         return self.m.try_consume_tokens(ids) == len(ids) and self.accepting
 
-    def _fill(self, row: np.ndarray, vocab: int) -> np.ndarray:
-        """row (int32 [W], C-contiguous), filled with the tokens the grammar allows next, packed as the engine packs
-        them (token t: bit t % 32 of word t // 32), the columns past `vocab` cleared. Returns row."""
-        self.m.unsafe_compute_mask_ptr(row.ctypes.data, row.nbytes)  # (llguidance.numpy.fill_next_token_bitmask)
-        if self.m.is_error():  # (in its error state the engine allows only an end: a silent, incomplete output)
-            self.dead_end()
+    def _fill(self, row: np.ndarray, vocab: int, m=None) -> np.ndarray:
+        """row (int32 [W], C-contiguous), filled with the tokens the grammar allows next (after the committed text,
+        or in matcher m: a copy advanced along a drafted path), packed as the engine packs them (token t: bit t % 32
+        of word t // 32), the columns past `vocab` cleared. Returns row."""
+        m = self.m if m is None else m
+        m.unsafe_compute_mask_ptr(row.ctypes.data, row.nbytes)  # (llguidance.numpy.fill_next_token_bitmask)
+        if m.is_error():  # (in its error state the engine allows only an end: a silent, incomplete output)
+            self.dead_end(m)
         word, bit = divmod(min(vocab, self.words), 32)
         if word < len(row):
             bits = row.view(np.uint32)
@@ -273,7 +275,12 @@ class GrammarState:
         the root, already committed), for u in rows; only their paths are walked. A node below a token the grammar
         refuses is unreachable (its parent's law gives it probability 0), as is one after the end: its row allows
         everything, so that it is a law at all. The masks are filled packed, one row per node, and unpacked at
-        once."""
+        once.
+
+        Each path is walked on a copy of the committed matcher (`deep_copy`, a few microseconds), never by consuming
+        and rolling back the committed one: llguidance 1.9's `rollback` can leave a matcher whose later masks differ
+        from a fresh one's over the same text (a drafted `read_file` call rolled back, then `write_file` committed,
+        and the masks still closed the arguments after `path` alone: a refused token verified as allowed)."""
         want = list(rows)
         slot = {u: i for i, u in enumerate(dict.fromkeys(want))}  # each wanted node's packed row
         needed: set[int] = set()
@@ -282,35 +289,40 @@ class GrammarState:
         packed = np.zeros((len(slot), _words(self.words)), dtype=np.int32)
         everything = np.zeros(len(slot), dtype=bool)  # rows that allow every token
 
-        def visit(u: int, reachable: bool) -> None:
+        def visit(u: int, m) -> None:  # m: the matcher after u's path (self.m at the root), None: unreachable
             if u in slot:
                 i = slot[u]
-                if not reachable or not self._fill(packed[i], vocab).any():
+                if m is None or not self._fill(packed[i], vocab, m).any():
                     if u == 0 and not self.ended:
                         self.dead_end()  # the committed text: the request ends here, its output so far kept
                     everything[i] = True
-            for c in tree.children[u]:
-                if c not in needed:
+            kids = [c for c in tree.children[u] if c in needed]
+            for j, c in enumerate(kids):
+                if m is None:
+                    visit(c, None)
                     continue
-                if reachable and self.m.try_consume_tokens([int(tokens[c])]) == 1:
-                    visit(c, True)
-                    self.m.rollback(1)
+                # the last child may advance u's own copy (u's mask is filled); the committed matcher is never moved
+                mc = m if j == len(kids) - 1 and m is not self.m else m.deep_copy()
+                if mc.try_consume_tokens([int(tokens[c])]) == 1:
+                    visit(c, mc)
                 else:
-                    if self.m.is_error():  # the engine failed on a drafted token, not merely refused it
-                        self.dead_end()
-                    visit(c, False)
+                    if mc.is_error():  # the engine failed on a drafted token, not merely refused it
+                        self.dead_end(mc)
+                    visit(c, None)
 
-        visit(0, True)
+        visit(0, self.m)
         masks = _unpack(packed, vocab)
         masks[torch.from_numpy(everything)] = True
         return masks if len(slot) == len(want) else masks[[slot[u] for u in want]]
 
-    def dead_end(self) -> None:
+    def dead_end(self, m=None) -> None:
         """The committed text can go no further under the grammar (the engine's limits, or a rule with no finite
         derivation): a clear error, raised in the sequence (which keeps its output so far). The grammar engine's
         own failure (a parser limit) is raised where it happens, on a drafted token too: the matcher cannot go on
-        after it, and an output it then ended would be incomplete."""
-        kind, why = self.grammar.constraint.kind, self.m.get_error() if self.m.is_error() else ""
+        after it, and an output it then ended would be incomplete. m: the matcher that failed (the committed one if
+        None)."""
+        m = self.m if m is None else m
+        kind, why = self.grammar.constraint.kind, m.get_error() if m.is_error() else ""
         raise MultispecError(f"{kind}: the grammar cannot go on from the output so far"
                              + (f": {_one_line(why)[:300]}" if why else " (no token and no end allowed)"))
 
