@@ -13,6 +13,8 @@ issue's figures: adapted acceptance over tokens 512-1,024 against 0-256, adapted
 output, and tok/s adapted against frozen. A plot (matplotlib) of tokens per call against position sits beside it.
 
     taskset -c 0 python benchmarks/eagle/adapt_long.py --out benchmarks/results/eagle/adapt_long.json
+    taskset -c 0 python benchmarks/eagle/adapt_long.py --head WEAK_HEAD --dataset humaneval --n 20 --tokens 256 \
+        --bin 64 --out benchmarks/results/eagle/adapt_weak_start.json      # the weak start (add --keep: one stream)
     taskset -c 1 python benchmarks/eagle/adapt_long.py --n 2 --tokens 128 --bin 32 --out /tmp/adapt_smoke.json
 """
 from __future__ import annotations
@@ -66,6 +68,11 @@ def main() -> None:
     ap.add_argument("--bin", type=int, default=128, help="output positions per bin")
     ap.add_argument("--adapt", default="{}", help='adapt=on\'s settings as JSON, e.g. {"adapt_lr": 3e-4}')
     ap.add_argument("--ignore-eos", action="store_true", help="decode --tokens whatever the model says (no EOS)")
+    ap.add_argument("--dataset", default="long", help="long (the prompts above), or a multispec.data dataset "
+                    "(humaneval, spec-bench, ...): the weak-start figure runs HumanEval")
+    ap.add_argument("--offset", type=int, default=0, help="first prompt of --dataset (not long)")
+    ap.add_argument("--keep", action="store_true", help="the adapted head goes on from request to request (chat's "
+                    "--adapt-keep scope: one user's stream of requests) instead of starting each from the head")
     ap.add_argument("--note", default="", help="a line on the machine's state, kept in the JSON")
     ap.add_argument("--out", required=True)
     a = ap.parse_args()
@@ -73,12 +80,14 @@ def main() -> None:
     configs = {"frozen": {}, "adapted": {"adapt": "on", **json.loads(a.adapt)}}
     pair = load_pair(target=a.target, device="cpu")
     decoders = {name: Decoder(pair, "eagle", head=a.head, **options) for name, options in configs.items()}
+    if a.keep:
+        decoders["adapted"].policy.keep_across_requests(2**31)
     sampling = SamplingConfig(temperature=0.0)
     eos = set() if a.ignore_eos else None
     runs: dict = {name: {"tokens": 0, "seconds": 0.0, "calls": 0, "bins": {}, "adapt": [], "lengths": []}
                   for name in configs}
     equal, t0 = 0, time.monotonic()
-    for i, text in enumerate(PROMPTS[:a.n]):
+    for i, text in enumerate(_prompts(a.dataset, a.n, a.offset)):
         ids = list(pair.tokenizer.apply_chat_template([{"role": "user", "content": text}],
                                                       add_generation_prompt=True, return_dict=False))
         outs = {}
@@ -94,6 +103,14 @@ def main() -> None:
     Path(a.out).write_text(json.dumps(out, indent=1) + "\n")
     _plot(out, Path(a.out).with_suffix(".png"))
     print(json.dumps({"outputs_equal": out["outputs_equal"], **out["summary"]}, indent=1))
+
+
+def _prompts(dataset: str, n: int, offset: int) -> list[str]:
+    if dataset == "long":
+        return PROMPTS[:n]
+    from multispec.data import load_prompts
+
+    return [p.text for p in load_prompts(dataset, limit=n, offset=offset)]
 
 
 def _one(decoder, ids: list[int], sampling, tokens: int, width: int, eos, run: dict) -> list[int]:
@@ -161,7 +178,8 @@ def _summary(results: dict, width: int) -> dict:
 def _meta(a, configs: dict, wall: float) -> dict:
     commit = subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True, cwd=ROOT).stdout.strip()
     return {"commit": commit, "target": Path(a.target).name, "head": a.head, "dtype": "float32 (load_pair's)",
-            "prompts": f"the first {a.n} of adapt_long.PROMPTS, chat template", "n_prompts": a.n,
+            "prompts": f"{a.n} of {'adapt_long.PROMPTS' if a.dataset == 'long' else a.dataset} from {a.offset}, chat "
+            "template", "n_prompts": a.n, "adapted_head_scope": "kept across requests" if a.keep else "per request",
             "max_new_tokens": a.tokens,
             "ignore_eos": a.ignore_eos, "bin": a.bin, "calls": {n: {"method": "eagle", "head": a.head, **o}
                                                                  for n, o in configs.items()},
