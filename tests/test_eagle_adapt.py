@@ -202,10 +202,12 @@ def test_the_law_at_t1_is_the_targets_with_adaptation(head6, updates, monkeypatc
     not the one that drafted round 1, and the law is still the target's. A chain with its updates priced (whether
     round 3's head is updated depends on rounds 1 and 2's outcomes: the back-off reads committed tokens only) and a
     dynamic tree (the wrapper acts between rounds whatever the shape; each shape's own law without adaptation:
-    tests/test_eagle.py)."""
+    tests/test_eagle.py). 1,000 runs (2,000 until the suite passed 15 minutes): the leaky optimiser below, run at
+    this test's lr 0.05 with these two shapes, fails it at this size (p underflows to 0 on the priced chain, 9e-15
+    on the dynamic tree)."""
     adapt = {**ON, "adapt_lr": 5e-2}
     schedules = _priced(monkeypatch) if priced else []
-    assert _chi_square(head6, _target(vocab=6, seed=3), {**adapt, **options}, 2_000, updates) > 1e-3
+    assert _chi_square(head6, _target(vocab=6, seed=3), {**adapt, **options}, 1_000, updates) > 1e-3
     if priced:  # the schedule decided both ways
         assert {bool(s.changes) for s in schedules if s.rounds >= 2} == {False, True}
 
