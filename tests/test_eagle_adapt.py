@@ -129,7 +129,8 @@ def _pycode_identity(tmp_path, **options) -> None:
 @pytest.mark.slow
 @needs_data
 def test_greedy_is_ar_on_smollm2_with_the_shipped_head_adapting():
-    """SmolLM2-135M-Instruct with its shipped head, 2 HumanEval prompts x 64 tokens, through its chat template."""
+    """SmolLM2-135M-Instruct with its shipped head, the first HumanEval prompt x 64 tokens (2 prompts until the
+    suite passed 15 minutes), through its chat template."""
     import multispec
     from multispec.data import load_prompts
     from real_models import smollm2
@@ -137,7 +138,7 @@ def test_greedy_is_ar_on_smollm2_with_the_shipped_head_adapting():
     pair = multispec.load_pair(target=str(smollm2()), device="cpu")
     prompts = [list(pair.tokenizer.apply_chat_template([{"role": "user", "content": p.text}],
                                                        add_generation_prompt=True, return_dict=False))
-               for p in load_prompts("humaneval", data_dir=DATA, limit=2)]
+               for p in load_prompts("humaneval", data_dir=DATA, limit=1)]
     _real_identity(pair, prompts, "shipped", 64, adapt_every=2)
 
 
