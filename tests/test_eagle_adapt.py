@@ -129,7 +129,8 @@ def _pycode_identity(tmp_path, **options) -> None:
 @pytest.mark.slow
 @needs_data
 def test_greedy_is_ar_on_smollm2_with_the_shipped_head_adapting():
-    """SmolLM2-135M-Instruct with its shipped head, 2 HumanEval prompts x 64 tokens, through its chat template."""
+    """SmolLM2-135M-Instruct with its shipped head, the first HumanEval prompt x 64 tokens (2 prompts until the
+    suite passed 15 minutes), through its chat template."""
     import multispec
     from multispec.data import load_prompts
     from real_models import smollm2
@@ -137,7 +138,7 @@ def test_greedy_is_ar_on_smollm2_with_the_shipped_head_adapting():
     pair = multispec.load_pair(target=str(smollm2()), device="cpu")
     prompts = [list(pair.tokenizer.apply_chat_template([{"role": "user", "content": p.text}],
                                                        add_generation_prompt=True, return_dict=False))
-               for p in load_prompts("humaneval", data_dir=DATA, limit=2)]
+               for p in load_prompts("humaneval", data_dir=DATA, limit=1)]
     _real_identity(pair, prompts, "shipped", 64, adapt_every=2)
 
 
@@ -202,10 +203,12 @@ def test_the_law_at_t1_is_the_targets_with_adaptation(head6, updates, monkeypatc
     not the one that drafted round 1, and the law is still the target's. A chain with its updates priced (whether
     round 3's head is updated depends on rounds 1 and 2's outcomes: the back-off reads committed tokens only) and a
     dynamic tree (the wrapper acts between rounds whatever the shape; each shape's own law without adaptation:
-    tests/test_eagle.py)."""
+    tests/test_eagle.py). 1,000 runs (2,000 until the suite passed 15 minutes): the leaky optimiser below, run at
+    this test's lr 0.05 with these two shapes, fails it at this size (p underflows to 0 on the priced chain, 9e-15
+    on the dynamic tree)."""
     adapt = {**ON, "adapt_lr": 5e-2}
     schedules = _priced(monkeypatch) if priced else []
-    assert _chi_square(head6, _target(vocab=6, seed=3), {**adapt, **options}, 2_000, updates) > 1e-3
+    assert _chi_square(head6, _target(vocab=6, seed=3), {**adapt, **options}, 1_000, updates) > 1e-3
     if priced:  # the schedule decided both ways
         assert {bool(s.changes) for s in schedules if s.rounds >= 2} == {False, True}
 

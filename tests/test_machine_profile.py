@@ -22,8 +22,9 @@ TESTS = Path(__file__).resolve().parent
 SRC = str(TESTS.parent / "src")
 
 # One process: the same tiny model as target and draft (greedy acceptance 1), auto with fixed costs in which a
-# draft step is cheap, so the plan follows acceptance alone. argv: n_new, fresh_start (0/1), profile in, profile
-# out ("-": none). Prints the plans used.
+# draft step is cheap, so the plan follows acceptance alone. argv: one or more runs, each n_new, fresh_start (0/1),
+# profile in, profile out ("-": none), done one after another (each with its own policy, profile and backends).
+# Prints the plans each run used, one line per run.
 SCRIPT = r"""
 import json, sys, warnings
 warnings.simplefilter("always")
@@ -39,22 +40,23 @@ from multispec.models import make_backend
 from multispec.profile import MachineProfile
 from multispec.sampling import SamplingConfig
 
-n_new, fresh, src, dst = int(sys.argv[1]), sys.argv[2] == "1", sys.argv[3], sys.argv[4]
 model = tiny_llama(vocab=8, hidden=16, layers=1, heads=2, kv_heads=1, seed=3, scale=3.0)
 costs = CostModel(CostCurve([0.010 + 0.0002 * (b - 1) for b in BUCKETS]),
                   CostCurve([0.0005 * (1 + 0.1 * (b - 1)) for b in BUCKETS]))
-profile = MachineProfile.load(src) if src != "-" else MachineProfile()
-policy = AutoPolicy(proposers=("draft",), cost_model=costs, memory=not fresh)
-policy.use_profile(AutoView(None, profile.sections["acceptance"], ("tiny", "tiny")))
-prompt = [1, 2, 3]
-ids, _ = generate_ids(make_backend(model), make_backend(model), prompt, build_method("auto"),
-                      SamplingConfig(temperature=0.0), n_new, 0, set(), policy=policy)
-assert ids == greedy_reference(model, prompt, n_new), "auto's greedy output differs from the target's"
-if dst != "-":
-    obs = policy.observation()
-    updated(profile, [obs] if obs else []).save(dst)
-plans = policy.report()["plans"]
-print(json.dumps({"plans": plans, "first": next(iter(policy.usage))}))
+for n_new, fresh, src, dst in zip(*[iter(sys.argv[1:])] * 4):
+    n_new, fresh = int(n_new), fresh == "1"
+    profile = MachineProfile.load(src) if src != "-" else MachineProfile()
+    policy = AutoPolicy(proposers=("draft",), cost_model=costs, memory=not fresh)
+    policy.use_profile(AutoView(None, profile.sections["acceptance"], ("tiny", "tiny")))
+    prompt = [1, 2, 3]
+    ids, _ = generate_ids(make_backend(model), make_backend(model), prompt, build_method("auto"),
+                          SamplingConfig(temperature=0.0), n_new, 0, set(), policy=policy)
+    assert ids == greedy_reference(model, prompt, n_new), "auto's greedy output differs from the target's"
+    if dst != "-":
+        obs = policy.observation()
+        updated(profile, [obs] if obs else []).save(dst)
+    plans = policy.report()["plans"]
+    print(json.dumps({"plans": plans, "first": next(iter(policy.usage))}), flush=True)
 """
 
 
@@ -63,29 +65,35 @@ def _env(cache: Path) -> dict:
             "MULTISPEC_CACHE_DIR": str(cache)}
 
 
-def _run(tmp: Path, n_new: int, fresh: bool = False, src="-", dst="-") -> tuple[dict, str]:
-    out = subprocess.run([sys.executable, "-c", SCRIPT, str(n_new), "1" if fresh else "0", str(src), str(dst)],
+def _run(tmp: Path, *runs: tuple) -> list:
+    """Each run (n_new, fresh_start, profile in, profile out) in order, in one new process: each run's result."""
+    args = [str(a) for n_new, fresh, src, dst in runs for a in (n_new, "1" if fresh else "0", src, dst)]
+    out = subprocess.run([sys.executable, "-c", SCRIPT, *args],
                          env=_env(tmp / "cache"), capture_output=True, text=True, timeout=300)
     assert out.returncode == 0, out.stderr[-2000:]
-    return json.loads(out.stdout.strip().splitlines()[-1]), out.stderr
+    lines = out.stdout.strip().splitlines()[-len(runs):]
+    return [json.loads(line) for line in lines]
 
 
 @pytest.mark.slow
 def test_a_second_process_plans_its_first_round_from_the_profile_the_first_saved(tmp_path):
-    fresh, _ = _run(tmp_path, 1, fresh=True, dst=tmp_path / "fresh.json")  # the priors' first plan
+    """Two processes (four until the suite passed 15 minutes; an interpreter with torch costs seconds): the first
+    runs fresh_start and then learns, saving each profile; the second first runs with no profile (the priors
+    again: neither the first process nor the cache folder it used changed them behind its back), then plans from
+    the profile the first process saved. Each run has its own policy, profile and backends."""
+    fresh, _ = _run(tmp_path, (1, True, "-", tmp_path / "fresh.json"),  # the priors' first plan
+                    (40, False, "-", tmp_path / "learned.json"))  # learns: every draft token is accepted
     assert MachineProfile.load(tmp_path / "fresh.json").sections["acceptance"] == {}, \
         "fresh_start must not observe acceptance"
-    _run(tmp_path, 40, dst=tmp_path / "learned.json")  # learns: every draft token is accepted
     (entry,) = MachineProfile.load(tmp_path / "learned.json").sections["acceptance"].values()
     assert entry["draft"]["1,1"][0] > 0.9 * entry["draft"]["1,1"][1]  # depth 1, rank 1: (nearly) always accepted
     assert set(entry) == {"draft", "lookup", "suffix", "confidence", "realised", "probe"}
-    second, _ = _run(tmp_path, 1, src=tmp_path / "learned.json")
+    again, second = _run(tmp_path, (1, False, "-", "-"), (1, False, tmp_path / "learned.json", "-"))
+    assert again["first"] == fresh["first"]  # no profile given: the priors again
     assert second["first"] != fresh["first"], (second, fresh)
     learned = second["plans"][second["first"]]["predicted_tokens_per_s"]
     prior = fresh["plans"][fresh["first"]]["predicted_tokens_per_s"]
     assert learned > 1.2 * prior  # it expects (and plans for) much more acceptance than the priors
-    again, _ = _run(tmp_path, 1)  # no profile given: the priors again (nothing was written behind its back)
-    assert again["first"] == fresh["first"]
 
 
 @pytest.fixture(scope="module")
@@ -118,8 +126,9 @@ print(json.dumps(out))
 
 @pytest.mark.slow
 def test_identical_seeded_runs_plan_alike_in_one_process_and_across_processes(pair, tmp_path):
-    """Same tokens, same plan sequence and round counts: twice in this process, and in two more processes given
-    the same profile file. The check is not blind to plans: a profile with other costs plans otherwise."""
+    """Same tokens, same plan sequence and round counts: twice in this process, and in another process given the
+    same profile file (two others until the suite passed 15 minutes: each equal to this process's runs, so equal
+    to each other). The check is not blind to plans: a profile with other costs plans otherwise."""
     import multispec
     from multispec.decoding.decoder import Decoder
 
@@ -133,11 +142,10 @@ def test_identical_seeded_runs_plan_alike_in_one_process_and_across_processes(pa
             runs.append([r.token_ids, _plans(r), r.stats["profile"]])
     assert runs[:2] == runs[2:]
     assert runs[0][2] == profile.digest
-    procs = [subprocess.run([sys.executable, "-c", DETERMINISM, str(tmp_path / "p.json")], env=_env(tmp_path / "c"),
-                            capture_output=True, text=True, timeout=600) for _ in range(2)]
-    assert all(p.returncode == 0 for p in procs), procs[0].stderr[-2000:]
-    outs = [json.loads(p.stdout.strip().splitlines()[-1]) for p in procs]
-    assert outs[0] == outs[1] == json.loads(json.dumps(runs[:2]))
+    proc = subprocess.run([sys.executable, "-c", DETERMINISM, str(tmp_path / "p.json")], env=_env(tmp_path / "c"),
+                          capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert json.loads(proc.stdout.strip().splitlines()[-1]) == json.loads(json.dumps(runs[:2]))
     # sensitivity: a profile in which the draft is dear (what another machine would have measured) plans otherwise
     dear = {k: {**e, "draft": [20 * x for x in e["draft"]]} for k, e in profile.sections["costs"].items()}
     other = profile.with_entries("costs", dear)

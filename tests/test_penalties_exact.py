@@ -103,9 +103,16 @@ def committed_law(toy: RawToy, sampling: SamplingConfig, spec, shape) -> tuple[n
     def path_tokens(u, tokens):
         return tuple(tokens[a] for a in tree.path_to(u)[1:])
 
+    drafted_laws: dict = {}
+
     def draft_q(u, tokens):  # the draft's law at u: its own logits, processed the same way along u's path
-        raw = toy.logits(path_tokens(u, tokens))[1][None]
-        return process_logits(raw, sampling, history.for_nodes(tree, torch.tensor(tokens), [u], toy.v))[0].double()
+        # once per (node, path): the same node and path were asked for again at every enumerated tree below them
+        key = (u, path_tokens(u, tokens))
+        if key not in drafted_laws:
+            raw = toy.logits(key[1])[1][None]
+            drafted_laws[key] = process_logits(raw, sampling, history.for_nodes(tree, torch.tensor(tokens), [u],
+                                                                                toy.v))[0].double()
+        return drafted_laws[key].clone()
 
     def extend(i, tokens, weight):
         if i == len(parents):

@@ -50,10 +50,10 @@ def test_lossless_methods_are_greedy_identical_on_humaneval(method, options):
                                             ("mcsd", {"tree": (2, 2, 2, 2, 1, 1), "verifier": "traversal"})],
                          ids=["sd-block", "mcsd-traversal"])
 def test_sequence_verifiers_are_greedy_identical_on_humaneval(method, options):
-    """The sequence verifiers, on the first 5 prompts only (at temperature 0 they run the greedy walk)."""
+    """The sequence verifiers, on the first 3 prompts only (at temperature 0 they run the greedy walk)."""
     import multispec
 
     c = _setup()
-    for prompt, ref in list(zip(c["prompts"], c["ar"]))[:5]:
+    for prompt, ref in list(zip(c["prompts"], c["ar"]))[:3]:
         out = multispec.generate(c["pair"], prompt, method=method, max_new_tokens=N_NEW, **options)
         assert out.token_ids == ref

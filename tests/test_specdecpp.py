@@ -135,10 +135,10 @@ def test_cli_missing_head_fails_before_loading(tmp_path, capsys):
 
 @pytest.mark.slow
 def test_specdecpp_sampling_is_lossless():
-    """Joint law of the first 3 tokens at T = 1 (test_engine_sampling's chi-square at its size N, 5e3 seeded
+    """Joint law of the first 3 tokens at T = 1 (test_engine_sampling's chi-square at its size N, 4e3 seeded
     generations; 2e4 until the suite passed 15 minutes), with a random head whose stop decisions vary with the
     context (k_min = 1, so every round length from 1 to k_max occurs). The broken variant, sd's residual drawn from
-    p instead of (p - q)+, fails it at this size (p = 3e-11 on this seed stream; 3e3: 8e-8)."""
+    p instead of (p - q)+, fails it at this size (p = 2e-8 on this seed stream; 3e3: 8e-8, 5e3: 3e-11)."""
     from test_engine_sampling import SAMPLINGS, N, exact, law_pvalue, sample_counts
 
     head = random_head(seed=0)

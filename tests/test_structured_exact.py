@@ -12,6 +12,7 @@ drawn from the unmasked draft law while the verifier is told the masked one.
 """
 from __future__ import annotations
 
+import functools
 import itertools
 
 import numpy as np
@@ -64,8 +65,14 @@ class RawToy:
         self.seed = seed
 
     def logits(self, prefix: tuple[int, ...]) -> tuple[torch.Tensor, torch.Tensor]:
-        rng = np.random.default_rng([self.seed, len(prefix), *prefix])
-        return torch.tensor(rng.normal(0, 1.5, V)), torch.tensor(rng.normal(0, 1.5, V))
+        target, draft = _raw(self.seed, prefix)  # (drawn once per prefix; copies, so no caller can edit them)
+        return target.clone(), draft.clone()
+
+
+@functools.lru_cache(maxsize=None)
+def _raw(seed: int, prefix: tuple[int, ...]) -> tuple[torch.Tensor, torch.Tensor]:
+    rng = np.random.default_rng([seed, len(prefix), *prefix])
+    return torch.tensor(rng.normal(0, 1.5, V)), torch.tensor(rng.normal(0, 1.5, V))
 
 
 
@@ -77,6 +84,15 @@ def reference_p(toy: RawToy, output: tuple[int, ...]) -> torch.Tensor:
 
 
 def seq_law(toy, prefix: tuple[int, ...], length: int) -> np.ndarray:
+    """float64 [V] * length: the masked target's law of the next `length` tokens after `prefix`."""
+    return _seq_law(toy.seed, prefix, length).copy()
+
+
+@functools.lru_cache(maxsize=None)
+def _seq_law(seed: int, prefix: tuple[int, ...], length: int) -> np.ndarray:
+    """seq_law, computed once per (toy, prefix, length): the enumerations ask for the same completions many times
+    (a pure function of its arguments, by plain code)."""
+    toy = RawToy(seed)
     out = np.zeros((V,) * length)
     for s in itertools.product(range(V), repeat=length):
         prob = 1.0
@@ -103,11 +119,19 @@ def committed_law(toy: RawToy, grammar, spec, shape, unmasked_drafts: bool = Fal
     def path_tokens(u, tokens):
         return start + tuple(tokens[a] for a in tree.path_to(u)[1:])
 
+    drafted_laws: dict = {}
+
     def draft_q(u, tokens, masked=True):
-        raw = toy.logits(path_tokens(u, tokens))[1][None]
-        if not masked:
-            return process_logits(raw, SamplingConfig(1.0))[0].double()
-        return process_logits(raw, sampling, history.for_nodes(tree, torch.tensor(tokens), [u], V))[0].double()
+        # once per (node, path): the same node and path were asked for again at every enumerated tree below them
+        key = (u, masked, path_tokens(u, tokens))
+        if key not in drafted_laws:
+            raw = toy.logits(key[2])[1][None]
+            if masked:
+                q = process_logits(raw, sampling, history.for_nodes(tree, torch.tensor(tokens), [u], V))[0]
+            else:
+                q = process_logits(raw, SamplingConfig(1.0))[0]
+            drafted_laws[key] = q.double()
+        return drafted_laws[key].clone()
 
     def extend(i, tokens, weight):
         if i == len(parents):
