@@ -210,3 +210,69 @@ def test_nodes_masked_with_the_committed_state_are_caught(grammar, monkeypatch, 
 def test_drafts_from_the_unmasked_draft_law_are_caught(grammar, verifier, shape):
     law, want = committed_law(RawToy(seed=5), grammar, get_sequence_verifier(verifier), shape, unmasked_drafts=True)
     assert np.abs(law - want).max() > 1e-3
+
+
+def pruned_law(toy: RawToy, grammar, shape, tokens: list[int], stale_rows: bool = False) -> tuple[np.ndarray, int]:
+    """The law of a round's committed tokens (forced ones after, completed to M) when a deterministic tree (lookup,
+    suffix: `tokens` on `shape`, root 'a') is drafted: the production code drops the nodes the grammar refuses
+    (decoding/grammar.without_refused) and `naive` verifies the rest with its point-mass law. stale_rows: the broken
+    variant that prunes after the target scored the whole tree, reading the first rows of that forward."""
+    from multispec.decoding.grammar import without_refused
+    from multispec.drafting.proposers import Proposal
+    from multispec.drafting.suffix import first_child_law
+
+    sampling = SamplingConfig(1.0, grammar=grammar)
+    full = Tree.from_shape(shape)
+    m = len(shape) + 2
+    start = (0,)
+    history = CommittedHistory([1], V, {EOS}, grammar)
+    history.commit(list(start))
+    t = torch.tensor(tokens)
+    q_full = first_child_law(full, t, V).double()
+    prop = without_refused(Proposal(full, full, t, q_full, verifier="naive"), history.grammar)
+    tree, t, q = prop.tree, prop.tokens, prop.q
+    scored, st = (full, torch.tensor(tokens)) if stale_rows else (tree, t)
+    raw = torch.stack([toy.logits(start + tuple(int(st[a]) for a in scored.path_to(u)[1:]))[0]
+                       for u in range(len(tree))])
+    p = process_logits(raw, sampling, history.for_nodes(tree, t, range(len(tree)), V)).double()
+    law = np.zeros((V,) * m)
+    for (path, nxt), mass in get_sequence_verifier("naive").law(tree, t, p, q).items():
+        committed = tuple(int(t[u]) for u in path[1:]) + (nxt,)
+        if EOS not in committed:  # (past an end the output is cut; the reference completes it with the raw law)
+            after = CommittedHistory([1], V, {EOS}, grammar)
+            after.commit(list(start + committed))
+            committed += tuple(after.forced(m - 1 - len(committed)))
+        out = start + committed
+        law[out] += mass * (seq_law(toy, out, m - len(out)) if len(out) < m else 1.0)
+    return law, len(tree)
+
+
+def deterministic_trees(shape):
+    """Every token assignment of `shape` below the root 'a' with distinct siblings (a suffix tree's drafts)."""
+    tree = Tree.from_shape(shape)
+    for toks in itertools.product(range(V), repeat=len(tree) - 1):
+        tokens = [0, *toks]
+        if all(len({tokens[c] for c in kids}) == len(kids) for kids in tree.children):
+            yield tokens
+
+
+@pytest.mark.parametrize("shape", [(2, 1), (1, 1, 1)])
+def test_a_deterministic_tree_without_its_refused_nodes_keeps_the_masked_law(grammar, shape):
+    """Lookup and suffix drafts lose the nodes the grammar refuses before the target scores them; every drafted
+    tree, pruned, still commits the masked target's law (and some are pruned: the check is not vacuous)."""
+    toy = RawToy(seed=7)
+    pruned = 0
+    for tokens in deterministic_trees(shape):
+        law, kept = pruned_law(toy, grammar, shape, tokens)
+        want = seq_law(toy, (), len(shape) + 2)
+        assert np.abs(law - want).max() < 1e-9, (tokens, np.abs(law - want).max())
+        pruned += kept < len(Tree.from_shape(shape))
+    assert pruned > 0
+
+
+def test_pruning_after_the_forward_is_caught(grammar):
+    toy = RawToy(seed=7)
+    want = seq_law(toy, (), 4)
+    worst = max(np.abs(pruned_law(toy, grammar, (2, 1), tokens, stale_rows=True)[0] - want).max()
+                for tokens in deterministic_trees((2, 1)))
+    assert worst > 1e-3

@@ -315,6 +315,29 @@ class GrammarState:
         masks[torch.from_numpy(everything)] = True
         return masks if len(slot) == len(want) else masks[[slot[u] for u in want]]
 
+    def refused(self, tree, tokens: list[int]) -> list[bool]:
+        """Per node of a drafted tree (tokens[0] the root, committed): whether its path holds a token the grammar
+        refuses after the committed text (such a node has probability 0 under the constrained law, so it is never
+        accepted). Nodes past an EOS, and every node once the output has ended, are not refused. Walked on copies of
+        the committed matcher, as `node_masks`."""
+        out = [False] * len(tree)
+        if self.ended:
+            return out
+        at: dict[int, object] = {0: self.m}  # node -> the matcher after its path; None: past an end
+        for u in range(1, len(tree)):
+            p = tree.parents[u]
+            if out[p]:
+                out[u] = True
+            elif at[p] is None or int(tokens[u]) in self.eos:
+                at[u] = None
+            else:
+                m = at[p].deep_copy()  # type: ignore[attr-defined]
+                if m.try_consume_tokens([int(tokens[u])]) == 1:
+                    at[u] = m
+                else:
+                    out[u] = True
+        return out
+
     def dead_end(self, m=None) -> None:
         """The committed text can go no further under the grammar (the engine's limits, or a rule with no finite
         derivation): a clear error, raised in the sequence (which keeps its output so far). The grammar engine's

@@ -1,9 +1,14 @@
 """A request's structured-output constraint, compiled for a Decoder's pair (structured.py has the grammar itself)."""
 from __future__ import annotations
 
+from dataclasses import replace
+
+from multispec.drafting.proposers import Proposal
+from multispec.drafting.suffix import first_child_law
 from multispec.errors import MultispecError, check
 from multispec.params import ParamError, SamplingParams
-from multispec.structured import Grammar, bind
+from multispec.structured import Grammar, GrammarState, bind
+from multispec.tree import Tree
 
 
 def request_grammar(params: SamplingParams, decoder) -> Grammar | None:
@@ -46,3 +51,21 @@ def _forced_positions(grammar: Grammar, ids: list[int]) -> int:
         n += state.single(grammar.vocab) is not None
         state.commit([t])
     return n
+
+
+def without_refused(proposal: Proposal, grammar: GrammarState) -> Proposal:
+    """A model-free proposal (lookup, suffix: deterministic, no draft law of its own) without the nodes whose path
+    holds a token the grammar refuses: those have probability 0 under the constrained law, so no verifier accepts
+    them, and the target need not score them. (On a tool call, half the rows lookup and suffix drafted on
+    Qwen2.5-Coder were such tokens: a copy of the tool's schema or of an earlier call.) Lossless: the kept tree is
+    itself a deterministic draft, verified with its own point-mass law (`first_child_law`, as the proposers give
+    it; None where the run is greedy). A model's drafts are drawn from its masked law and never refused."""
+    refused = grammar.refused(proposal.tree, proposal.tokens.tolist())
+    if not any(refused):
+        return proposal
+    kept = [u for u, r in enumerate(refused) if not r]
+    index = {u: i for i, u in enumerate(kept)}
+    tree = Tree(tuple(-1 if u == 0 else index[proposal.tree.parents[u]] for u in kept))
+    tokens = proposal.tokens[kept]
+    q = None if proposal.q is None else first_child_law(tree, tokens, proposal.q.shape[-1]).to(proposal.q)
+    return replace(proposal, tree=tree, max_tree=tree, tokens=tokens, q=q)

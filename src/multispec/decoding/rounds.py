@@ -40,6 +40,7 @@ from typing import Callable
 import torch
 
 from multispec.decoding.batch_plan import PLAIN, PlanAsk, Realised
+from multispec.decoding.grammar import without_refused
 from multispec.decoding.logprobs import LogprobRecorder
 from multispec.decoding.metrics import Metrics
 from multispec.decoding.node_history import CommittedHistory
@@ -185,6 +186,9 @@ def _round(run: Run, state: State, limit: tuple[int, int], new: list[int], plain
     n_pending, n_ahead = len(state.pending), len(state.ahead)
     lt = run.target.cache_len + n_ahead  # the root's position
     proposal = yield from proposal_steps(proposer, _inputs(run, state, lt), plan, max_tree)
+    if getattr(proposer, "deterministic", False) and len(proposal.tree) > 1 and state.committed is not None \
+            and state.committed.grammar is not None:  # lookup, suffix: drop what the grammar refuses
+        proposal = without_refused(proposal, state.committed.grammar)
     t1 = time.perf_counter()
     out = yield from _verify_forward(run.target, proposal, lt, state.ahead)
     state.ahead = []

@@ -129,6 +129,7 @@ class LookupProposer:
     lookup.py), cut to the round's depth."""
 
     name = "lookup"
+    deterministic = True  # its q: point masses read off the tree (decoding/grammar.without_refused rebuilds them)
 
     def propose(self, inputs: RoundInputs, plan: RoundPlan, max_tree: Tree) -> Proposal:
         return point_mass_chain(inputs, list(plan.tokens[:max_tree.max_depth]))
@@ -140,6 +141,7 @@ class SuffixTreeProposer:
     sibling i with probability p(token i), the most any lossless verifier gives such a tree (as rrs-wor does)."""
 
     name = "suffix"
+    deterministic = True
 
     def propose(self, inputs: RoundInputs, plan: RoundPlan, max_tree: Tree) -> Proposal:
         # the round's cut keeps whole levels of the BFS tree: a prefix of the plan's nodes, tokens still aligned
