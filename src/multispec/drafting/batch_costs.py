@@ -8,8 +8,8 @@ from dataclasses import dataclass, field
 
 import torch
 
-import multispec.drafting.costs as costs
 from multispec.drafting.costs import BUCKETS, CostCurve, CostModel, _curve_ok, model_key
+from multispec.models.base import sync
 from multispec.models.rows import signature
 
 BATCH_SIZES = (1, 2, 4, 8, 16, 32, 64)
@@ -156,10 +156,10 @@ def _calibrate_batched(cache, sizes: list[int], budget_s: float) -> list[list[fl
         for s in range(b):
             cache.reset(s)
             cache.lens[s] = ctx
-        costs.sync(cache.net.device)
+        sync(cache.net.device)
         t0 = time.perf_counter()
         run_batch(cache, steps)
-        costs.sync(cache.net.device)
+        sync(cache.net.device)
         return time.perf_counter() - t0
 
     timed(1, 1)  # warm-up

@@ -19,6 +19,7 @@ from dataclasses import dataclass, field
 
 import torch
 
+from multispec.models.base import sync
 from multispec.paths import warn_once
 
 BUCKETS = (1, 2, 4, 8, 16, 32, 64)
@@ -110,12 +111,6 @@ def model_key(backend, role_model) -> str:
                                       getattr(backend, "rows_signature", ""), name, n_params, quant,
                                       backend.device, getattr(backend, "dtype", ""),
                                       torch.get_num_threads(), platform.processor() or platform.machine()))
-
-
-def sync(device) -> None:
-    """Wait for a GPU's queued work, so that a timer read after a forward counts the forward, not its launch."""
-    if torch.device(device).type == "cuda":
-        torch.cuda.synchronize(device)
 
 
 def calibrate(backends: list, budget_s: float, reps: int = 3) -> list[list[float]]:

@@ -85,6 +85,12 @@ class VocabSubsetBackend(Backend, Protocol):
     def extend_vocab_subset(self, ids) -> None: ...
 
 
+def sync(device) -> None:
+    """Wait for a GPU's queued work, so that a timer read after a forward counts the forward, not its launch."""
+    if torch.device(device).type == "cuda":
+        torch.cuda.synchronize(device)
+
+
 def takes_last_only(backend: Backend) -> TypeGuard[LastOnlyBackend]:
     """Whether the backend's forward takes the optional `last_only` keyword (wrappers and test doubles may not)."""
     return "last_only" in inspect.signature(backend.forward).parameters

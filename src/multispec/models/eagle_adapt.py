@@ -34,6 +34,7 @@ from typing import TYPE_CHECKING
 import torch
 
 from multispec.errors import check
+from multispec.models.base import sync
 
 if TYPE_CHECKING:  # (transformers: imported when a head is, not when the method's options are checked)
     from multispec.models.eagle import EagleHead, FeatureTap, HeadBackend
@@ -159,17 +160,14 @@ def time_update(shared: EagleHead, backend: HeadBackend, settings: AdaptSettings
         rows = TrainingRows(torch.randint(0, int(backend.vocab_size), (1, n), generator=g),
                             torch.randn(1, n, hidden, generator=g), torch.randn(1, hidden, generator=g))
     adapter = HeadAdapter(shared, backend, settings)
-    device = torch.device(backend.device)
     try:
         adapter.update(rows)
         best = float("inf")
         for _ in range(reps):
-            if device.type == "cuda":  # (the timer counts the work, not its launch)
-                torch.cuda.synchronize(device)
+            sync(backend.device)  # (the timer counts the work, not its launch)
             t0 = time.perf_counter()
             adapter.update(rows)
-            if device.type == "cuda":
-                torch.cuda.synchronize(device)
+            sync(backend.device)
             best = min(best, time.perf_counter() - t0)
         return best
     finally:
