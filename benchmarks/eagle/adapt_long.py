@@ -80,8 +80,10 @@ def main() -> None:
     configs = {"frozen": {}, "adapted": {"adapt": "on", **json.loads(a.adapt)}}
     pair = load_pair(target=a.target, device="cpu")
     decoders = {name: Decoder(pair, "eagle", head=a.head, **options) for name, options in configs.items()}
-    if a.keep:
-        decoders["adapted"].policy.keep_across_requests(2**31)
+    if a.keep:  # as `multispec chat --adapt-keep` does (no bound worth the name here: 2 GiB)
+        from multispec.cli.chat_cmd import keep_adapted_head
+
+        keep_adapted_head(decoders["adapted"], 2048)
     sampling = SamplingConfig(temperature=0.0)
     eos = set() if a.ignore_eos else None
     runs: dict = {name: {"tokens": 0, "seconds": 0.0, "calls": 0, "bins": {}, "adapt": [], "lengths": []}

@@ -130,7 +130,7 @@ async def load(args, server: Server, prompts, offline) -> dict:
         async def client(i: int) -> list:
             out = []
             for j in range(args.requests_per_client):
-                k = (i + j * args.clients) % len(prompts)  # distinct while prompts >= clients x requests
+                k = prompt_index(args, prompts, i, j)
                 rec = await stream_one(http, server.url, prompts[k], args.max_tokens)
                 rec["prompt"] = k
                 out.append(rec)
@@ -171,6 +171,11 @@ async def cancel_phase(args, server, prompts, http) -> dict:
             "new_requests_ttft_s": percentiles(ttft), "new_requests_completed": sum(bool(r["ids"]) for r in fresh)}
 
 
+def prompt_index(args, prompts, client: int, j: int) -> int:
+    """The prompt of client `client`'s j-th request: distinct while prompts >= clients x requests."""
+    return (client + j * args.clients) % len(prompts)
+
+
 def offline_rates(args, pair, prompts, profile: Path, scratch: Path) -> dict[int, float]:
     """Total tokens/s of the library itself at each --batches setting, this process pinned to the server's CPUs
     for the time: the server's requests (clients x requests each, greedy, max_tokens) through `generate` one at a
@@ -180,7 +185,7 @@ def offline_rates(args, pair, prompts, profile: Path, scratch: Path) -> dict[int
     from multispec.decoding.decoder import Decoder
 
     n = args.clients * args.requests_per_client
-    asked = [prompts[(i + j * args.clients) % len(prompts)] for j in range(args.requests_per_client)
+    asked = [prompts[prompt_index(args, prompts, i, j)] for j in range(args.requests_per_client)
              for i in range(args.clients)]
     before = os.sched_getaffinity(0)
     os.sched_setaffinity(0, {int(c) for c in args.server_cpus.split(",")})
