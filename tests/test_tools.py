@@ -182,6 +182,55 @@ def test_no_tools_and_choices():
     assert named.choice == "function" and named.name == "add"
 
 
+@pytest.mark.parametrize("choice", ["required", {"type": "function", "function": {"name": "add"}}])
+def test_calls_may_end_after_the_newline_models_write_after_them(pair, choice):
+    """Qwen2.5-Coder writes a newline after </tool_call> (P = 0.9998) and then ends. The grammar let that newline
+    only separate parallel calls, so under "required" the model was made to call again until max_tokens (20 of 40
+    agent requests). After a call, with or without that newline, the output may end; a second call stays allowed
+    where parallel calls are."""
+    from multispec.loading import eos_ids, vocab_rows
+    from multispec.structured import Constraint, bind
+
+    grammar = bind(Constraint.of(grammar=Tools.of(TOOLS, choice).grammar(pair.tokenizer)), pair.tokenizer,
+                   vocab_rows(pair.target), eos_ids(pair))
+
+    def after(text: str) -> bool | None:
+        """None: the grammar refuses the text; else whether the output may end after it."""
+        state = grammar.start()
+        try:
+            state.commit(pair.tokenizer(text, add_special_tokens=False)["input_ids"])
+        except MultispecError:
+            return None
+        return state.accepting
+
+    one, parallel = call_text("add", {"a": 1, "b": True}), choice == "required"
+    assert after(one) is True and after(one + "\n") is True
+    assert after(one + "\n<tool_call>") is (False if parallel else None)
+    assert after(one + "\n" + one + "\n") is (True if parallel else None)
+
+
+def test_a_gguf_target_ends_where_llama_cpp_ends():
+    """A GGUF file names one eos token; the model's own config may list more (Qwen2.5: <|im_end|> and
+    <|endoftext|>). A GGUF target's generation ends at the special tokens llama.cpp ends at, where its vocabulary
+    has them; a folder's generation config is taken as it is."""
+    from types import SimpleNamespace
+
+    from multispec.loading import eos_ids
+
+    class Tok:
+        eos_token_id = 5
+
+        def get_added_vocab(self):
+            return {"<|im_start|>": 1, "<|im_end|>": 2, "<|endoftext|>": 0, "<tool_call>": 7}
+
+    target = SimpleNamespace(generation_config=SimpleNamespace(eos_token_id=2))
+    gguf = SimpleNamespace(target=target, tokenizer=Tok(), models={"target": {"path": "q.gguf", "file": "q.gguf"}})
+    folder = SimpleNamespace(target=target, tokenizer=Tok(), models={"target": {"path": "q"}})
+    assert eos_ids(gguf) == {0, 2} and eos_ids(folder) == {2}
+    target.generation_config = None
+    assert eos_ids(folder) == {5} and eos_ids(gguf) == {0, 2, 5}
+
+
 # ---- rendering ----
 
 def test_the_template_sees_tools_tool_calls_and_tool_messages(pair):
@@ -343,14 +392,15 @@ def sampled_calls(pair, method: str, options: dict, prompt: list[int], grammar: 
 
 @pytest.fixture(scope="module")
 def law_request(pair):
-    """A prompt and the grammar of one call of f or g (parallel calls off): five outputs in all."""
+    """A prompt and the grammar of one call of f or g (parallel calls off): five calls, each ended with or without
+    the newline models write after a call, ten outputs in all."""
     from multispec.loading import vocab_rows
 
     tools = Tools.of(LAW_TOOLS, "required", parallel_tool_calls=False)
     grammar = tools.grammar(pair.tokenizer)
     prompt = encode_chat(pair.tokenizer, vocab_rows(pair.target), MESSAGES, TEMPLATE, tools.template_tools())
     law = masked_call_law(pair, prompt, grammar)
-    assert len(law) == 5 and abs(sum(law.values()) - 1) < 1e-9 and min(law.values()) > 0.05, law
+    assert len(law) == 10 and abs(sum(law.values()) - 1) < 1e-9 and min(law.values()) > 0.05, law
     assert all(parse_tool_calls(text, forced=True)[1] for text in law)
     return prompt, grammar, law
 

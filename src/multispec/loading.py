@@ -564,9 +564,20 @@ def max_positions(model: torch.nn.Module) -> int | None:
     return None
 
 
+# The tokens llama.cpp ends a generation at besides a GGUF file's one eos token (src/llama-vocab.cpp, the text rule
+# that fills `special_eog_ids`): a GGUF file keeps one eos id where the model's Hugging Face generation config lists
+# several (Qwen2.5: <|im_end|> and <|endoftext|>); a model that ends with the other one ran on past its answer.
+GGUF_END_TOKENS = ("<|eot_id|>", "<|im_end|>", "<|end|>", "<end_of_turn>", "<|endoftext|>", "<|eom_id|>", "<EOT>",
+                   "_<EOT>", "<|end_of_text|>", "<end_of_utterance>", "<|return|>", "<|call|>")
+
+
 def eos_ids(pair: Pair) -> set[int]:
+    """The tokens that end a generation: the target's generation config's (else its tokenizer's eos token); for a
+    GGUF target, also the special tokens llama.cpp ends at (GGUF_END_TOKENS, where its vocabulary has them)."""
     eos = pair.target.generation_config.eos_token_id if pair.target.generation_config is not None else None
     eos = eos if eos is not None else pair.tokenizer.eos_token_id
-    if eos is None:
-        return set()
-    return set(eos) if isinstance(eos, (list, tuple)) else {int(eos)}
+    ids = set() if eos is None else set(eos) if isinstance(eos, (list, tuple)) else {int(eos)}
+    if (pair.models.get("target") or {}).get("file") and hasattr(pair.tokenizer, "get_added_vocab"):
+        added = pair.tokenizer.get_added_vocab()
+        ids |= {int(added[t]) for t in GGUF_END_TOKENS if t in added}
+    return ids
