@@ -328,6 +328,12 @@ def test_train_head_on_a_tiny_target_then_decode(tmp_path, capsys):
     pair = load_pair(target=str(paths["target"]), device="cpu")
     ar = generate(pair, "def f(x):", method="ar", max_new_tokens=12, temperature=0).token_ids
     assert generate(pair, "def f(x):", method="eagle", head=str(out), max_new_tokens=12, temperature=0).token_ids == ar
+    from multispec.models.eagle_io import head_default
+    from multispec.training.head_default import CHAINS
+
+    # the chain length timed fastest at the end of training is what eagle drafts with when given none
+    assert summary["default"]["k"] in CHAINS and "held-out prompts" in summary["default"]["measured"]
+    assert head_default(out, pair.target) == {"k": summary["default"]["k"]}
     capsys.readouterr()
     code, _, err = run_cli(capsys, "train-head", "--target", str(paths["target"]), "--out", str(out))
     assert_one_line_error(code, err, "exists")

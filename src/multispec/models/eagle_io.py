@@ -101,6 +101,13 @@ def read_config(path: str | Path) -> dict:
 DEFAULT_KEYS = ("k", "tree", "nodes", "depth", "width")  # what a head's "default" may set: its draft's shape
 
 
+def record_default(path: str | Path, default: dict) -> None:
+    """Record `default` (a draft shape, DEFAULT_KEYS, with notes beside it) as the head's at `path`."""
+    config = read_config(path)
+    config["default"] = default
+    (Path(path) / "config.json").write_text(json.dumps(config, indent=1, default=str) + "\n")
+
+
 def head_default(path: str | Path, target: torch.nn.Module) -> dict:
     """The draft shape the head at `path` ("shipped": shipped_head(target)) records as measured fastest for it: its
     config.json's "default" ({"k": 3}, {"tree": [3, 1, 1]} or {"nodes": 8, ...}; other keys there are notes), or

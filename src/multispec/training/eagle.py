@@ -54,6 +54,7 @@ class HeadTrainConfig:
     # that training has the rest: own text by own_share, features by own_share + collect_share
     own_share: float = 0.25  # at most this share of the budget generates the target's own text (--data own)
     collect_share: float = 0.2  # then this share collects features
+    pick_share: float = 0.05  # the budget's last share times eagle's chain lengths with the head (head_default.py)
     max_tokens: int = 400_000
     device: str = "cpu"  # where the target and the head run ("cuda": train there, decode anywhere)
     heldout_chunks: int = 8
@@ -216,7 +217,8 @@ def train_head(cfg: HeadTrainConfig, log=None) -> dict:
     from multispec import load_pair
     from multispec.loading import eos_ids
     from multispec.models.eagle import TargetParts, new_head
-    from multispec.models.eagle_io import load_head, save_head
+    from multispec.models.eagle_io import load_head, record_default, save_head
+    from multispec.training.head_default import pick_default
     from multispec.training.data_cache import DataCache
 
     log = log or (lambda s: print(s, file=sys.stderr, flush=True))
@@ -248,8 +250,11 @@ def train_head(cfg: HeadTrainConfig, log=None) -> dict:
         head, ids = head.float().train(), None if ids is None else ids.to(feats.device)
     else:
         head = new_head(target).float().train()
-    summary = _loop(cfg, head, parts, train, held, ids, end, log,
+    pick = cfg.pick_share * cfg.minutes * 60
+    summary = _loop(cfg, head, parts, train, held, ids, end - pick, log,
                     lambda best: save_head(head, target, cfg.out, cfg.target, ids, training=best))
+    summary["default"] = pick_default(pair, cfg.out, held[0], max(0.0, end - time.monotonic()), log)
+    record_default(cfg.out, summary["default"])
     summary.update(train_tokens=int(train[0].numel()), heldout_tokens=int(held[0].numel()),
                    minutes=(time.monotonic() - start) / 60)
     (Path(cfg.out) / "training.json").write_text(json.dumps(summary, indent=1) + "\n")
