@@ -48,6 +48,9 @@ def main() -> None:
                     "runs once")
     ap.add_argument("--auto-options", default="", help="options of the auto systems (loop and batched), comma-"
                     "separated key=value, e.g. head=shipped: auto drafts with the target's shipped feature head too")
+    ap.add_argument("--profile", default="fresh", help="the machine profile auto plans from: fresh (default: none, so "
+                    "the costs, batched cost table and few-row tables are measured in the warm-up, on this core, as "
+                    "on a first run), default (the cache folder's) or a profile file")
     ap.add_argument("--out", required=True, help="path without extension: writes .json and .md")
     args = ap.parse_args()
     import multispec.decoding.batch, multispec.drafting.auto, multispec.drafting.costs  # noqa: F401,E401 - all code read now
@@ -74,17 +77,23 @@ def main() -> None:
     args.label = f"{args.dataset} from {args.offset}"
     sizes = [int(b) for b in args.batch_sizes.split(",")]
     options = {"ar": {}, "auto": dict(kv.split("=", 1) for kv in args.auto_options.split(",") if kv)}
+    from multispec.profile import MachineProfile
+
+    profile = {"fresh": MachineProfile(), "default": None}.get(args.profile, args.profile)
     for m in ("ar", "auto"):  # untimed warm-up: cost calibrations, first-call allocations. As many prompts as the
         # largest batch: auto's batched cost table is measured once per machine for up to the batch's slots (cached
         # on disk); a warm-up of 4 prompts left it to the first timed run of each larger size (~4 s inside it)
-        generate_batch(Decoder(pair, m, "fast", **options[m]), (prompts * max(sizes))[:max(sizes)],
-                       batch_size=max(sizes),
-                       max_new_tokens=8, temperature=0)
-        Decoder(pair, m, "fast", **options[m]).generate(prompts[0], max_new_tokens=8, temperature=0, seed=0)
+        warm = Decoder(pair, m, "fast", profile=profile, **options[m])
+        generate_batch(warm, (prompts * max(sizes))[:max(sizes)], batch_size=max(sizes), max_new_tokens=8,
+                       temperature=0)
+        if args.profile == "fresh":  # what the warm-up measured, kept for every later Decoder
+            profile = warm.profile
+        Decoder(pair, m, "fast", profile=profile, **options[m]).generate(prompts[0], max_new_tokens=8,
+                                                                          temperature=0, seed=0)
     prompt_ids = [pair.tokenizer(p)["input_ids"] for p in prompts]  # transformers' generate takes token ids
     hf_generate_batched(pair, prompt_ids[:2], 2, 4, 0.0, 0)
     # a fresh Decoder per measurement: auto's suffix store would otherwise copy the earlier runs' outputs
-    fresh = {m: (lambda m=m: Decoder(pair, m, "fast", **options[m])) for m in ("ar", "auto")}
+    fresh = {m: (lambda m=m: Decoder(pair, m, "fast", profile=profile, **options[m])) for m in ("ar", "auto")}
     rows, started = [], time.time()
 
     def record(threads, temperature, system, batch, tokens, seconds, repeat=0):
@@ -120,6 +129,7 @@ def main() -> None:
                 auto_loop()
     torch.set_num_threads(1)
     record_json = {"meta": environment(pair, sys.argv), "model": model, "auto_options": options["auto"],
+                   "profile": args.profile,
                    "prompts": len(prompts), "data": args.label,
                    "auto_reproducible": args.reproducible, "repeats": args.repeats,
                    "max_new_tokens": args.max_new_tokens,

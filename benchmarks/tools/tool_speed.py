@@ -169,18 +169,20 @@ def prepared(pair, reqs, chat_template) -> list[tuple]:
     return out
 
 
-def run_model(name, pair, methods, reqs, chat_template, temperatures, max_new, say) -> dict:
+def run_model(name, pair, methods, reqs, chat_template, temperatures, max_new, say, profile=None) -> dict:
     import multispec
     from multispec.tool_calls import parse_tool_calls
 
     items = prepared(pair, reqs, chat_template)
-    decoders = {m: multispec.Decoder(pair, m.split(":")[0], "fast", **_options(m)) for m in methods}
-    for d in decoders.values():  # untimed warm-up: calibrations, first-call allocations, the grammar's tokenizer
-        d.generate(items[0][0], max_new_tokens=4, temperature=0, grammar=items[0][1])
+    decoders = {m: multispec.Decoder(pair, m.split(":")[0], "fast", profile=profile, **_options(m)) for m in methods}
+    costs = {}  # the cost model auto plans from (measured now under --profile fresh)
+    for m, d in decoders.items():  # untimed warm-up: calibrations, first-call allocations, the grammar's tokenizer
+        warm = d.generate(items[0][0], max_new_tokens=4, temperature=0, grammar=items[0][1])
+        costs[m] = (warm.stats.get("auto") or {}).get("costs")
     result = {}
     for temperature in temperatures:
         rows = {m: {"tokens": 0, "seconds": 0.0, "decode_seconds": 0.0, "target_calls": 0, "forced": 0, "valid": 0,
-                    "cut_by_length": 0, "stalls": []}
+                    "cut_by_length": 0, "stalls": [], "plan_rounds": {}}
                 for m in methods}
         identical = 0
         for i, ((ids, grammar, calls), r) in enumerate(zip(items, reqs)):
@@ -199,6 +201,9 @@ def run_model(name, pair, methods, reqs, chat_template, temperatures, max_new, s
                 row["cut_by_length"] += cut
                 row["valid"] += not cut and valid_calls(parse_tool_calls(res.text, calls.forced)[1], r["tools"])
                 row["stalls"].append(stream.brace_stall())
+                for label, plan in ((res.stats.get("auto") or {}).get("plans") or {}).items():  # rounds per kind
+                    kind = label.removesuffix(" (probe)").split(" ")[0]
+                    row["plan_rounds"][kind] = row["plan_rounds"].get(kind, 0) + plan["rounds"]
                 out[m] = res.token_ids
             same = len({tuple(v) for v in out.values()}) == 1
             identical += same
@@ -216,7 +221,7 @@ def run_model(name, pair, methods, reqs, chat_template, temperatures, max_new, s
                        brace_stall_max=max(stalls, default=None),
                        brace_stall_p90=sorted(stalls)[int(0.9 * (len(stalls) - 1))] if stalls else None)
         result[f"T={temperature:g}"] = {"requests": len(reqs), "identical_across_methods": identical,
-                                        "methods": rows}
+                                        "methods": rows, "auto_costs": {m: c for m, c in costs.items() if c}}
     return result
 
 
@@ -235,6 +240,9 @@ def main() -> None:
     ap.add_argument("--max-new-tokens", type=int, default=96)
     ap.add_argument("--temperatures", default="0,0.7")
     ap.add_argument("--qwen-dtype", default="w4a8")
+    ap.add_argument("--profile", default="fresh", help="the machine profile auto plans from: fresh (default: "
+                    "none, so the costs are measured when the decoders are made, on this core, as on a first run, "
+                    "and acceptance starts from the priors) or a profile file")
     ap.add_argument("--out", required=True)
     args = ap.parse_args()
     from multispec.paths import writable_file
@@ -254,13 +262,17 @@ def main() -> None:
 
     reqs = requests()[:args.requests]
     temps = [float(t) for t in args.temperatures.split(",")]
-    result: dict = {"max_new_tokens": args.max_new_tokens, "requests": len(reqs), "models": {}}
+    from multispec.profile import MachineProfile
+
+    profile = MachineProfile() if args.profile == "fresh" else args.profile
+    result: dict = {"max_new_tokens": args.max_new_tokens, "requests": len(reqs), "profile": args.profile,
+                    "models": {}}
     if args.only in (None, "smollm2"):
         pair = multispec.load_pair(target=str(real_models.smollm2()), dtype="float32", device="cpu")
         result["environment"] = environment(pair, sys.argv)
         result["models"]["SmolLM2-135M-Instruct"] = run_model(
             "smollm2", pair, ["ar", "auto:head=shipped", "eagle:head=shipped"], reqs,
-            Path(HERMES_TEMPLATE).read_text(), temps, args.max_new_tokens, say)
+            Path(HERMES_TEMPLATE).read_text(), temps, args.max_new_tokens, say, profile)
         out.write_text(json.dumps(result, indent=1) + "\n")
     if args.only in (None, "qwen"):
         target, draft = real_models.qwen_coder()
@@ -269,7 +281,7 @@ def main() -> None:
         say(f"Qwen2.5-Coder 1.5B + 0.5B loaded as {args.qwen_dtype} in {time.perf_counter() - t0:.0f} s")
         result.setdefault("environment", environment(pair, sys.argv))
         result["models"]["Qwen2.5-Coder-1.5B-Instruct + 0.5B"] = run_model(
-            "qwen", pair, ["ar", "auto"], reqs, None, temps, args.max_new_tokens, say)
+            "qwen", pair, ["ar", "auto"], reqs, None, temps, args.max_new_tokens, say, profile)
         out.write_text(json.dumps(result, indent=1) + "\n")
     for name, model in result["models"].items():
         for t, r in model.items():
