@@ -169,27 +169,53 @@ def prepared(pair, reqs, chat_template) -> list[tuple]:
     return out
 
 
-def run_model(name, pair, methods, reqs, chat_template, temperatures, max_new, say, profile=None) -> dict:
+def run_model(name, pair, methods, reqs, chat_template, temperatures, max_new, say, profile=None,
+              warm: bool = False) -> dict:
     import multispec
     from multispec.tool_calls import parse_tool_calls
 
     items = prepared(pair, reqs, chat_template)
-    decoders = {m: multispec.Decoder(pair, m.split(":")[0], "fast", profile=profile, **_options(m)) for m in methods}
+
+    def make(profile) -> dict:  # each decoder built on what the ones before it measured: one profile for all
+        out = {}
+        for m in methods:
+            out[m] = multispec.Decoder(pair, m.split(":")[0], "fast", profile=profile, **_options(m))
+            profile = out[m].profile
+        return out
+
+    decoders = make(profile)
     costs = {}  # the cost model auto plans from (measured now under --profile fresh)
     for m, d in decoders.items():  # untimed warm-up: calibrations, first-call allocations, the grammar's tokenizer
-        warm = d.generate(items[0][0], max_new_tokens=4, temperature=0, grammar=items[0][1])
-        costs[m] = (warm.stats.get("auto") or {}).get("costs")
+        warm_up = d.generate(items[0][0], max_new_tokens=4, temperature=0, grammar=items[0][1])
+        costs[m] = (warm_up.stats.get("auto") or {}).get("costs")
+    base = decoders[methods[-1]].profile  # with everything measured
+    halves = [[i for i in range(len(items)) if (i // 4) % 2 == h] for h in (0, 1)]  # by scenario, alternating
+
+    def learned(temperature: float) -> list[dict]:
+        """--profile warm: per half of the scenarios, decoders planning from the profile that auto's untimed pass
+        over the other half's requests left (their observations folded in, as a server's next session starts)."""
+        sets = []
+        for h in (0, 1):
+            learner = make(base)[next(m for m in methods if m.startswith("auto"))]
+            for i in halves[1 - h]:
+                learner.generate(items[i][0], max_new_tokens=max_new, temperature=temperature, seed=10_000 + i,
+                                 grammar=items[i][1])
+            sets.append(make(learner.updated_profile()))
+        say(f"{name} T={temperature:g}: acceptance learned on the other half of the scenarios, untimed")
+        return sets
+
     result = {}
     for temperature in temperatures:
         rows = {m: {"tokens": 0, "seconds": 0.0, "decode_seconds": 0.0, "target_calls": 0, "forced": 0, "valid": 0,
                     "cut_by_length": 0, "stalls": [], "plan_rounds": {}}
                 for m in methods}
         identical = 0
+        sets = learned(temperature) if warm else [decoders, decoders]
         for i, ((ids, grammar, calls), r) in enumerate(zip(items, reqs)):
             out = {}
             for m in methods:
                 stream = Stream()
-                res = decoders[m].generate(ids, max_new_tokens=max_new, temperature=temperature, seed=i,
+                res = sets[0 if i in halves[0] else 1][m].generate(ids, max_new_tokens=max_new, temperature=temperature, seed=i,
                                            grammar=grammar, stream=stream)
                 row = rows[m]
                 row["tokens"] += len(res.token_ids)
@@ -208,7 +234,7 @@ def run_model(name, pair, methods, reqs, chat_template, temperatures, max_new, s
             same = len({tuple(v) for v in out.values()}) == 1
             identical += same
             say(f"{name} T={temperature:g} {i + 1}/{len(reqs)} {r['id']}: identical={same} "
-                f"{decoders[methods[0]].pair.tokenizer.decode(out[methods[0]])[:80]!r}")
+                f"{pair.tokenizer.decode(out[methods[0]])[:80]!r}")
         base, base_dec = (rows[methods[0]]["tokens"] / rows[methods[0]][k] for k in ("seconds", "decode_seconds"))
         for m, row in rows.items():
             stalls = [s for s in row.pop("stalls") if s is not None]
@@ -242,7 +268,8 @@ def main() -> None:
     ap.add_argument("--qwen-dtype", default="w4a8")
     ap.add_argument("--profile", default="fresh", help="the machine profile auto plans from: fresh (default: "
                     "none, so the costs are measured when the decoders are made, on this core, as on a first run, "
-                    "and acceptance starts from the priors) or a profile file")
+                    "and acceptance starts from the priors), warm (fresh costs; acceptance as an untimed pass of auto "
+                    "over the other half of the scenarios left it: a server's second session) or a profile file")
     ap.add_argument("--out", required=True)
     args = ap.parse_args()
     from multispec.paths import writable_file
@@ -264,7 +291,8 @@ def main() -> None:
     temps = [float(t) for t in args.temperatures.split(",")]
     from multispec.profile import MachineProfile
 
-    profile = MachineProfile() if args.profile == "fresh" else args.profile
+    profile = MachineProfile() if args.profile in ("fresh", "warm") else args.profile
+    warm = args.profile == "warm"
     result: dict = {"max_new_tokens": args.max_new_tokens, "requests": len(reqs), "profile": args.profile,
                     "models": {}}
     if args.only in (None, "smollm2"):
@@ -272,7 +300,7 @@ def main() -> None:
         result["environment"] = environment(pair, sys.argv)
         result["models"]["SmolLM2-135M-Instruct"] = run_model(
             "smollm2", pair, ["ar", "auto:head=shipped", "eagle:head=shipped"], reqs,
-            Path(HERMES_TEMPLATE).read_text(), temps, args.max_new_tokens, say, profile)
+            Path(HERMES_TEMPLATE).read_text(), temps, args.max_new_tokens, say, profile, warm)
         out.write_text(json.dumps(result, indent=1) + "\n")
     if args.only in (None, "qwen"):
         target, draft = real_models.qwen_coder()
@@ -281,7 +309,7 @@ def main() -> None:
         say(f"Qwen2.5-Coder 1.5B + 0.5B loaded as {args.qwen_dtype} in {time.perf_counter() - t0:.0f} s")
         result.setdefault("environment", environment(pair, sys.argv))
         result["models"]["Qwen2.5-Coder-1.5B-Instruct + 0.5B"] = run_model(
-            "qwen", pair, ["ar", "auto"], reqs, None, temps, args.max_new_tokens, say, profile)
+            "qwen", pair, ["ar", "auto"], reqs, None, temps, args.max_new_tokens, say, profile, warm)
         out.write_text(json.dumps(result, indent=1) + "\n")
     for name, model in result["models"].items():
         for t, r in model.items():
