@@ -188,7 +188,7 @@ def run_model(name, pair, methods, reqs, chat_template, temperatures, max_new, s
     for m, d in decoders.items():  # untimed warm-up: calibrations, first-call allocations, the grammar's tokenizer
         warm_up = d.generate(items[0][0], max_new_tokens=4, temperature=0, grammar=items[0][1])
         costs[m] = (warm_up.stats.get("auto") or {}).get("costs")
-    base = decoders[methods[-1]].profile  # with everything measured
+    measured = decoders[methods[-1]].profile  # with everything measured
     halves = [[i for i in range(len(items)) if (i // 4) % 2 == h] for h in (0, 1)]  # by scenario, alternating
 
     def learned(temperature: float) -> list[dict]:
@@ -196,7 +196,7 @@ def run_model(name, pair, methods, reqs, chat_template, temperatures, max_new, s
         over the other half's requests left (their observations folded in, as a server's next session starts)."""
         sets = []
         for h in (0, 1):
-            learner = make(base)[next(m for m in methods if m.startswith("auto"))]
+            learner = make(measured)[next(m for m in methods if m.startswith("auto"))]
             for i in halves[1 - h]:
                 learner.generate(items[i][0], max_new_tokens=max_new, temperature=temperature, seed=10_000 + i,
                                  grammar=items[i][1])
