@@ -1,6 +1,7 @@
 """The agent frameworks people use, as real clients of `multispec serve` over HTTP on Qwen2.5-Coder-0.5B-Instruct
-(int8, CPU): the OpenAI Agents SDK running a two-tool agent loop to its final answer, LangChain's
-`ChatOpenAI(...).bind_tools(...)` (streamed and not) and pydantic-ai with typed tools. Each test skips, saying why,
+(int8, CPU; the 1.5B with the 0.5B drafting for the Agents SDK's loop): the OpenAI Agents SDK running a two-tool
+agent loop to its answer, LangChain's `ChatOpenAI(...).bind_tools(...)` (streamed and not) and pydantic-ai with
+typed tools. Each test skips, saying why,
 when the model file or its framework is absent (the test extra installs the frameworks)."""
 from __future__ import annotations
 
@@ -42,8 +43,25 @@ def _framework(module: str, package: str):
     return pytest.importorskip(module, reason=f"{package} is not installed (pip install -e '.[test]' brings it)")
 
 
+@pytest.fixture(scope="module")
+def qwen_large():
+    """`multispec serve` on Qwen2.5-Coder-1.5B-Instruct (w4a8) with the 0.5B drafting (auto), in a thread: the 0.5B
+    alone calls the same tool again on the loop's second turn."""
+    import real_models
+    from test_serve import ServerThread
+
+    import multispec
+    from multispec.serve import ServeSettings, create_app
+
+    target, draft = real_models.qwen_coder()
+    pair = multispec.load_pair(target=str(target), draft=str(draft), dtype="w4a8", device="cpu")
+    s = ServerThread(create_app(pair, ServeSettings(model_name="qwen", method="auto")))
+    yield s
+    s.close()
+
+
 @pytest.mark.parametrize("stream", [False, True])
-def test_the_openai_agents_sdk_runs_a_two_tool_loop_to_its_answer(qwen, stream):
+def test_the_openai_agents_sdk_runs_a_two_tool_loop_to_its_answer(qwen_large, stream):
     agents = _framework("agents", "the OpenAI Agents SDK (openai-agents)")
     from openai import AsyncOpenAI
 
@@ -62,11 +80,15 @@ def test_the_openai_agents_sdk_runs_a_two_tool_loop_to_its_answer(qwen, stream):
         called.append(("add", a, b))
         return a + b
 
-    client = AsyncOpenAI(base_url=qwen.url + "/v1", api_key="none", max_retries=0, timeout=600)
+    client = AsyncOpenAI(base_url=qwen_large.url + "/v1", api_key="none", max_retries=0, timeout=600)
+    # Every turn must call a tool (tool_choice required, not reset after a call) and the loop ends at `add`, whose
+    # result is the answer: the model makes one call a turn and, left to choose (auto), writes its second call as
+    # bare JSON outside the <tool_call> envelope its template asks for (text, not a call)
     agent = agents.Agent(
         name="helper", instructions="Answer with the tools. Call every tool you need, then answer in one sentence.",
         tools=[get_weather, add], model=agents.OpenAIChatCompletionsModel(model="qwen", openai_client=client),
-        model_settings=agents.ModelSettings(temperature=0, tool_choice="required", max_tokens=120))
+        model_settings=agents.ModelSettings(temperature=0, tool_choice="required", max_tokens=120),
+        reset_tool_choice=False, tool_use_behavior=agents.StopAtTools(stop_at_tool_names=["add"]))
     async def run():
         if not stream:
             return await agents.Runner.run(agent, ASK, max_turns=5)
@@ -80,7 +102,7 @@ def test_the_openai_agents_sdk_runs_a_two_tool_loop_to_its_answer(qwen, stream):
     assert ("get_weather", "Paris") in called and ("add", 2, 3) in called, called
     outputs = [i for i in result.new_items if i.type == "tool_call_output_item"]
     assert len(outputs) == len(called)  # each result went back to the model (as a role "tool" message)
-    assert isinstance(result.final_output, str) and result.final_output.strip(), result.final_output
+    assert str(result.final_output) == "5", result.final_output  # the loop's answer: add's result
 
 
 def test_langchain_bind_tools_returns_calls_whose_args_validate(qwen):
@@ -107,8 +129,7 @@ def test_langchain_bind_tools_returns_calls_whose_args_validate(qwen):
     assert [c["name"] for c in msg.tool_calls] == ["get_weather"], msg
     assert get_weather.args_schema.model_validate(msg.tool_calls[0]["args"]).city == "Paris"
     assert msg.response_metadata["finish_reason"] == "tool_calls"
-    streamed = None  # under required, streamed: the chunks add up to a call that validates (one: left to go on,
-    # the 0.5B model writes calls until max_tokens cuts one)
+    streamed = None  # under required, streamed: the chunks add up to one call that validates
     one = llm.bind_tools(list(tools.values()), tool_choice="required", parallel_tool_calls=False)
     for chunk in one.stream("Add 2 and 3."):
         assert isinstance(chunk, AIMessageChunk)
