@@ -253,8 +253,11 @@ def train_head(cfg: HeadTrainConfig, log=None) -> dict:
     pick = cfg.pick_share * cfg.minutes * 60
     summary = _loop(cfg, head, parts, train, held, ids, end - pick, log,
                     lambda best: save_head(head, target, cfg.out, cfg.target, ids, training=best))
-    summary["default"] = pick_default(pair, cfg.out, held[0], max(0.0, end - time.monotonic()), log)
-    record_default(cfg.out, summary["default"])
+    try:  # (the head is saved already: a failure here loses only the recorded default)
+        summary["default"] = pick_default(pair, cfg.out, held[0], max(0.0, end - time.monotonic()), log)
+        record_default(cfg.out, summary["default"])
+    except MultispecError as e:
+        log(f"the head's default draft length was not timed ({e}); eagle drafts its fallback chain with it")
     summary.update(train_tokens=int(train[0].numel()), heldout_tokens=int(held[0].numel()),
                    minutes=(time.monotonic() - start) / 60)
     (Path(cfg.out) / "training.json").write_text(json.dumps(summary, indent=1) + "\n")
