@@ -4,6 +4,8 @@ for token, HumanEval 0-19 (raw text) x 128 new tokens, both backends (hf, fast).
 differing position and whether it is a near-tie (real_greedy_identity.tie_check). One thread, CPU, float32.
 
     python benchmarks/eagle/head_greedy_identity.py   # -> benchmarks/results/eagle/smollm2_gpu/greedy_identity.json
+    python benchmarks/eagle/head_greedy_identity.py --adapt --max-new-tokens 256 --backends fast \
+        --out benchmarks/results/eagle/adapt_identity.json   # issue 67: the head adapting while it drafts
 """
 from __future__ import annotations
 
@@ -33,8 +35,11 @@ def main() -> None:
     ap.add_argument("--data-dir", default="/work/shared/data")
     ap.add_argument("--humaneval", type=int, default=20)
     ap.add_argument("--max-new-tokens", type=int, default=128)
+    ap.add_argument("--adapt", action="store_true", help="the head adapting while it drafts (adapt=on)")
+    ap.add_argument("--backends", default="hf,fast")
     ap.add_argument("--out", default=str(ROOT / "benchmarks/results/eagle/smollm2_gpu/greedy_identity.json"))
     a = ap.parse_args()
+    methods = [(m, {**o, "adapt": "on"} if a.adapt else o) for m, o in METHODS]
     torch.set_num_threads(1)
     pair = load_pair(target=str(find_smollm2()), device="cpu")
     rows: dict = {}
@@ -42,8 +47,8 @@ def main() -> None:
     for i, p in enumerate(load_prompts("humaneval", a.data_dir, limit=a.humaneval)):
         ids = encode(pair, p.text, template=False)
         ref = reference(pair, ids, a.max_new_tokens)
-        for method, options in METHODS:
-            for backend in ("hf", "fast"):
+        for method, options in methods:
+            for backend in a.backends.split(","):
                 got = generate(pair, ids, method=method, max_new_tokens=a.max_new_tokens, temperature=0,
                                backend=backend, **options).token_ids
                 row = rows.setdefault(f"{method}/{backend}", {"equal": 0, "total": 0, "mismatches": []})
@@ -60,7 +65,7 @@ def main() -> None:
     out = {"meta": {"commit": commit, "torch": torch.__version__, "transformers": transformers.__version__,
                     "threads": 1, "device": "cpu", "dtype": "float32"},
            "config": {"prompts": f"humaneval 0-{a.humaneval - 1}", "max_new_tokens": a.max_new_tokens,
-                      "methods": [f"{m}:{','.join(f'{k}={v}' for k, v in o.items())}" for m, o in METHODS]},
+                      "methods": [f"{m}:{','.join(f'{k}={v}' for k, v in o.items())}" for m, o in methods]},
            "rows": rows}
     Path(a.out).write_text(json.dumps(out, indent=1) + "\n")
     print(json.dumps({k: f"{r['equal']}/{r['total']}" for k, r in rows.items()}))
