@@ -176,10 +176,13 @@ def run_model(name, pair, methods, reqs, chat_template, temperatures, max_new, s
 
     items = prepared(pair, reqs, chat_template)
 
+    def decoder(m: str, profile):
+        return multispec.Decoder(pair, m.split(":")[0], "fast", profile=profile, **_options(m))
+
     def make(profile) -> dict:  # each decoder built on what the ones before it measured: one profile for all
         out = {}
         for m in methods:
-            out[m] = multispec.Decoder(pair, m.split(":")[0], "fast", profile=profile, **_options(m))
+            out[m] = decoder(m, profile)
             profile = out[m].profile
         return out
 
@@ -196,7 +199,7 @@ def run_model(name, pair, methods, reqs, chat_template, temperatures, max_new, s
         over the other half's requests left (their observations folded in, as a server's next session starts)."""
         sets = []
         for h in (0, 1):
-            learner = make(measured)[next(m for m in methods if m.startswith("auto"))]
+            learner = decoder(next(m for m in methods if m.startswith("auto")), measured)
             for i in halves[1 - h]:
                 learner.generate(items[i][0], max_new_tokens=max_new, temperature=temperature, seed=10_000 + i,
                                  grammar=items[i][1])

@@ -65,8 +65,12 @@ def save_head(head: EagleHead, target: torch.nn.Module, out: str | Path, target_
     if token_ids is not None:
         tensors["token_ids"] = token_ids.to(torch.long).cpu().contiguous()
     save_file(tensors, str(out / WEIGHTS))
-    (out / "config.json").write_text(json.dumps(config, indent=1, default=str) + "\n")
+    _write_config(out, config)
     return out
+
+
+def _write_config(folder: Path, config: dict) -> None:
+    (folder / "config.json").write_text(json.dumps(config, indent=1, default=str) + "\n")
 
 
 def shipped_head(target: torch.nn.Module) -> Path:
@@ -103,9 +107,7 @@ DEFAULT_KEYS = ("k", "tree", "nodes", "depth", "width")  # what a head's "defaul
 
 def record_default(path: str | Path, default: dict) -> None:
     """Record `default` (a draft shape, DEFAULT_KEYS, with notes beside it) as the head's at `path`."""
-    config = read_config(path)
-    config["default"] = default
-    (Path(path) / "config.json").write_text(json.dumps(config, indent=1, default=str) + "\n")
+    _write_config(Path(path), {**read_config(path), "default": default})
 
 
 def head_default(path: str | Path, target: torch.nn.Module) -> dict:

@@ -27,7 +27,9 @@ def pick_default(pair, head_dir: str, held: torch.Tensor, seconds: float, log) -
 
     greedy = SamplingConfig(temperature=0.0)
     decoders = {"ar": Decoder(pair, "ar")}  # (each on the backend a run takes by default: fast where there is one)
-    decoders.update({f"k={k}": Decoder(pair, "eagle", head=head_dir, k=k) for k in CHAINS})
+    first = Decoder(pair, "eagle", head=head_dir, k=CHAINS[0])  # the head read once, shared by the others
+    decoders.update({f"k={k}": first if k == CHAINS[0] else Decoder(pair, "eagle", head=head_dir, k=k,
+                                                                     loaded=first.loaded) for k in CHAINS})
     prompts = [row[:PROMPT_TOKENS].tolist() for row in held]
     for d in decoders.values():
         d.run(prompts[0][:8], greedy, 4, 0)
