@@ -188,6 +188,35 @@ def test_suffix_calibration_is_learned_per_matched_length(monkeypatch, broken):
     assert (long_plan.predicted_tps < ar.predicted_tps) == broken
 
 
+@pytest.mark.parametrize("broken", [False, True])
+def test_suffix_reach_falls_with_depth_and_deep_plans_are_learned(monkeypatch, broken):
+    """A continuation seen once is worth less the deeper it goes: on a machine where a verified row costs a third of
+    a call (Qwen2.5-Coder 1.5B w4a8, one thread), a fresh planner values a unique copy at under 1 extra token and
+    drafts at most 3 of it; after rounds where the target followed such copies to their end, it drafts as deep as
+    the proposer reaches. The broken variant (the score times a constant, as before: a node at any depth worth c)
+    plans the deepest tree at once."""
+    import multispec.drafting.auto.plans as plans_mod
+    from multispec.drafting.suffix import SuffixStore
+
+    if broken:
+        monkeypatch.setattr(plans_mod, "_reach", lambda c, depth: c)
+    store = SuffixStore()
+    past = list(range(100, 130))
+    store.add(None, past)
+    policy = AutoPolicy(proposers=("suffix",), cost_model=_costs(0.057, 0.018, 0.02), suffix_store=store)
+    planner, costs = policy.planner, policy._costs()
+    history = [1, 2, 100, 101, 102, 103]  # a 4-token match: the copy's next 26 tokens are one unique path
+    fresh = planner.suffix_tree(costs, history)
+    assert fresh is not None
+    assert (len(fresh.tree) - 1 <= 3 and fresh.expected < 2.0) == (not broken)
+    for _ in range(20):  # the target follows every drafted path to its end
+        plan = planner.suffix_tree(costs, history)
+        planner.learn(RoundOutcome(plan, plan.tree, tuple(range(len(plan.tree))), [1] * len(plan.tree),
+                                   accepted=len(plan.tree) - 1, depth=plan.tree.max_depth))
+    learned = planner.suffix_tree(costs, history)
+    assert len(learned.tree) - 1 == planner.suffix.propose(history, 64).tree.max_depth and learned.predicted_tps > 2 * planner.ar(costs).predicted_tps
+
+
 def test_a_few_timed_forwards_move_the_profiles_costs_little(monkeypatch):
     """In a new profile, costs move towards what a generation timed in proportion to how many forwards were
     timed: one draft forward 3x its prediction (a catch-up on a machine busy for that moment) counts as a drift of

@@ -14,16 +14,31 @@ from multispec.drafting.suffix import SuffixProposer
 from multispec.tree import Tree
 
 CATCH_UP_ROUNDS = 16  # the draft's catch-up forward is charged over this many rounds (see Planner.draft)
-SUFFIX_PRIOR = 2.0  # pseudo-counts of the suffix calibration
-SUFFIX_PRIOR_CALIB = 0.5  # where the calibration starts: a node reached half as often as its frequency score says
-# The suffix calibration is learned per length of the matched suffix (< 3, 3-5, 6-11, >= 12 tokens): as one number,
-# it learned from failed short matches early in a generation and then valued long matches (a past request's text
-# repeated) too low to be chosen, and it learns only from the proposals it chooses (SmolLM2 with its head: no suffix
-# tree in 40 HumanEval prompts, where one with a calibration learned otherwise drafted 486).
+SUFFIX_PRIOR = 2.0  # pseudo-counts of each continuation rate
+# A suffix node's reach is its frequency score (the product of the conditional frequencies on its path) times c^depth:
+# c, learned online, is the chance that the target goes one token further along a path the statistics say it always
+# continues. Learned per length of the matched suffix (< 3, 3-5, 6-11, >= 12 tokens): as one number, it learned from
+# failed short matches early in a generation and then valued long matches (a past request's text repeated) too low
+# to be chosen (SmolLM2 with its head: no suffix tree in 40 HumanEval prompts, where a learned one drafted 486). It
+# was a constant factor on the score, so a path seen once was worth half a token per node however deep it went:
+# on a tool call (Qwen2.5-Coder 1.5B, where a row costs a third of a call), unique 12- to 20-token copies of the
+# tool's schema were planned at 6-10 tokens and delivered 0-9 (2.7 a round), 0.86x constrained ar.
+SUFFIX_PRIOR_RATE = (0.4, 0.5, 0.6, 0.7)  # c's prior per matched-length bucket
 SUFFIX_MATCH_EDGES = (3, 6, 12)
 
 ROOT = Tree.chain(0)
 CHAINS = [Tree.chain(k) for k in range(65)]
+
+
+def _reach(c: float, depth: int) -> float:
+    """The chance the target follows a path the suffix statistics call certain down to `depth`."""
+    return c ** depth
+
+
+def _bucket_priors() -> tuple[float, ...]:
+    """c's prior per matched-length bucket (SUFFIX_PRIOR_RATE; the longest's for buckets it does not name)."""
+    n = len(SUFFIX_MATCH_EDGES) + 1
+    return tuple(SUFFIX_PRIOR_RATE[min(i, len(SUFFIX_PRIOR_RATE) - 1)] for i in range(n))
 
 
 class Planner:
@@ -40,10 +55,10 @@ class Planner:
         self.ngrams = NgramIndex(max_ngram)
         self.suffix = SuffixProposer(suffix_store, depth=suffix_store.depth) if suffix_store is not None \
             else SuffixProposer()
-        # per matched-length bucket, decayed sums: accepted nodes, predicted (Σ scores of the drafted nodes)
-        self.suffix_calib = [[SUFFIX_PRIOR * SUFFIX_PRIOR_CALIB, SUFFIX_PRIOR]
-                             for _ in range(len(SUFFIX_MATCH_EDGES) + 1)]
-        self.suffix_predicted, self.suffix_bucket = 0.0, 0
+        # per matched-length bucket, decayed sums: steps the target went on along the path, steps it could have
+        self.suffix_rate = [[SUFFIX_PRIOR * c, SUFFIX_PRIOR] for c in _bucket_priors()]
+        self.suffix_scores: tuple[float, ...] = ()  # the planned suffix tree's scores (learn reads them)
+        self.suffix_bucket = 0
         self.pending = 1  # the draft plan's pending count (rounded), read by chains stopped token by token
         self._greedy: tuple[int, list[tuple[int, int]], list[float]] | None = None  # (acceptance version, nodes, reach)
         self._cache: dict = {}
@@ -51,17 +66,17 @@ class Planner:
     def state(self) -> dict:
         """What this generation learned of acceptance, as JSON (drafting/auto/memory.py keeps it across them)."""
         return {"draft": self.draft_acc.state(), "lookup": self.lookup_acc.state(),
-                "suffix": [list(row) for row in self.suffix_calib]}
+                "suffix_rate": [list(row) for row in self.suffix_rate]}
 
     def restore(self, state: dict) -> None:
         """Start from what earlier generations learned (`state`'s layout; a section in another shape is skipped)."""
         for name, acc in (("draft", self.draft_acc), ("lookup", self.lookup_acc)):
             if isinstance(state.get(name), dict):
                 acc.restore(state[name])
-        calib = state.get("suffix")  # (an older file's single pair is skipped: the buckets start from the prior)
-        if isinstance(calib, list) and len(calib) == len(self.suffix_calib) and all(
-                isinstance(row, list) and len(row) == 2 and row[1] > 0 for row in calib):
-            self.suffix_calib = [[float(a), float(b)] for a, b in calib]
+        rate = state.get("suffix_rate")  # (an older file's "suffix" calibration is another model: skipped)
+        if isinstance(rate, list) and len(rate) == len(self.suffix_rate) and all(
+                isinstance(row, list) and len(row) == 2 and row[1] > 0 for row in rate):
+            self.suffix_rate = [[float(a), float(b)] for a, b in rate]
 
     def ar(self, costs) -> RoundPlan:
         return RoundPlan(ROOT, "none", label="ar", predicted_tps=1.0 / (costs.t(1) + costs.overhead["round_s"]),
@@ -108,26 +123,26 @@ class Planner:
                          ngram=n, expected=best_e, size=best_k + 1)
 
     def suffix_tree(self, costs, history: list[int]) -> RoundPlan | None:
-        """A suffix tree (drafting/suffix.py), truncated to the depth with the best predicted tokens/s. A node's
-        reach is its frequency score times a calibration learned online per length of the matched suffix (accepted /
-        Σ predicted scores)."""
+        """A suffix tree (drafting/suffix.py), truncated to the depth with the best predicted tokens/s. A node at
+        depth d is reached with probability score x c^d (c: the continuation rate learned for this length of the
+        matched suffix)."""
         prop = self.suffix.propose(history, self.max_nodes)
         if len(prop.tree) == 1:
             return None
         bucket = sum(prop.match_len >= edge for edge in SUFFIX_MATCH_EDGES)
-        calib = self.suffix_calib[bucket][0] / self.suffix_calib[bucket][1]
-        tree, best = prop.tree, (0, -1.0, 0.0)
+        c = self.suffix_rate[bucket][0] / self.suffix_rate[bucket][1]
+        tree, best, expected = prop.tree, (0, -1.0, 1.0), 1.0
         for d in range(1, tree.max_depth + 1):
-            n = tree.level_end(d)
-            predicted = sum(prop.scores[1:n])
-            tps = (1 + calib * predicted) / (costs.t(n) + costs.overhead["round_s"])
+            level = tree.level(d)
+            expected += _reach(c, d) * sum(prop.scores[level.start:level.stop])
+            tps = expected / (costs.t(level.stop) + costs.overhead["round_s"])
             if tps > best[1]:
-                best = (d, tps, predicted)
-        d, tps, self.suffix_predicted = best
-        self.suffix_bucket = bucket
+                best = (d, tps, expected)
+        d, tps, expected = best
         sub = tree if d == tree.max_depth else tree.truncate(d)
+        self.suffix_scores, self.suffix_bucket = prop.scores[:len(sub)], bucket
         return RoundPlan(sub, "suffix", tuple(prop.tokens[1:len(sub)]), label=f"suffix {len(sub) - 1}",
-                         predicted_tps=tps, expected=1 + calib * self.suffix_predicted, size=len(sub))
+                         predicted_tps=tps, expected=expected, size=len(sub))
 
     def learn(self, outcome: RoundOutcome) -> None:
         """What a speculative round's accepted path says of its proposer's acceptance."""
@@ -135,9 +150,22 @@ class Planner:
         learn[outcome.plan.proposer](outcome)
 
     def _learn_suffix(self, outcome: RoundOutcome) -> None:
-        row = self.suffix_calib[self.suffix_bucket]
-        row[0] = DECAY * row[0] + (len(outcome.path) - 1)
-        row[1] = DECAY * row[1] + self.suffix_predicted
+        """Along the accepted path, each node with drafted children is a step the target could take: it took it or
+        the path ended. A step weighs the children's conditional frequencies (their scores over the node's; 1 where
+        the grammar pruned the tree, whose indices are then not the plan's); a round whose tree the grammar pruned
+        to its root verified nothing and teaches nothing."""
+        tree, path, scores = outcome.tree, outcome.path, self.suffix_scores
+        same = len(tree) == len(scores)
+        went, could = 0.0, 0.0
+        for i, node in enumerate(path):
+            children = tree.children[node]
+            if not children:
+                break
+            could += min(1.0, sum(scores[c] for c in children) / scores[node]) if same else 1.0
+            went += i + 1 < len(path)
+        row = self.suffix_rate[self.suffix_bucket]
+        row[0] = DECAY * row[0] + went
+        row[1] = DECAY * row[1] + could
 
     def _learn_ranks(self, outcome: RoundOutcome) -> None:
         """Draft trees: c(depth, rank) along the path; a lookup chain: keyed by (depth, matched n-gram length)."""
