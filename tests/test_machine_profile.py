@@ -87,7 +87,7 @@ def test_a_second_process_plans_its_first_round_from_the_profile_the_first_saved
         "fresh_start must not observe acceptance"
     (entry,) = MachineProfile.load(tmp_path / "learned.json").sections["acceptance"].values()
     assert entry["draft"]["1,1"][0] > 0.9 * entry["draft"]["1,1"][1]  # depth 1, rank 1: (nearly) always accepted
-    assert set(entry) == {"draft", "lookup", "suffix", "confidence", "realised", "probe"}
+    assert set(entry) == {"draft", "lookup", "suffix_rate", "confidence", "realised", "probe"}
     again, second = _run(tmp_path, (1, False, "-", "-"), (1, False, tmp_path / "learned.json", "-"))
     assert again["first"] == fresh["first"]  # no profile given: the priors again
     assert second["first"] != fresh["first"], (second, fresh)
@@ -387,3 +387,29 @@ def test_many_runs_timed_against_one_profile_move_its_costs_once():
     for o in obs:
         broken = updated(broken, [o])
     assert broken.get("costs", "k")["target"][0] / 0.01 > 1e3
+
+
+@pytest.mark.parametrize("max_batch", [1, 2])
+def test_a_learning_server_plans_each_request_from_what_the_earlier_ones_observed(pair, max_batch):
+    """With profile learning (the server's default) each finished request's acceptance is folded into the profile
+    the next ones plan from, and every response names the digest it was planned from: the first the start-up
+    profile's, each next one newer, and every policy of the server (the batch's slots too) plans from the newest.
+    Off (the library's behaviour): every request plans from the start-up profile, which keeps no acceptance."""
+    from fastapi.testclient import TestClient
+
+    from multispec.serve import ServeSettings, create_app
+
+    body = {"model": "m", "prompt": "def fibonacci(n):", "max_tokens": 24, "temperature": 0}
+    for learning in (True, False):
+        app = create_app(pair, ServeSettings(model_name="m", method="auto", profile=MachineProfile(),
+                                             max_batch=max_batch, profile_learning=learning))
+        machine = app.state.scheduler.decoder.machine
+        start = machine.profile.digest
+        with TestClient(app) as client:
+            digests = [client.post("/v1/completions", json=body).json()["spec_decode"]["profile"] for _ in range(3)]
+        assert digests[0] == start
+        assert len(set(digests)) == (3 if learning else 1)
+        assert (machine.profile.digest != start) == learning == bool(machine.auto_view.acceptance)
+        assert machine.auto_view.acceptance == machine.profile.sections["acceptance"]
+        policies = list(machine._policies)
+        assert policies and all(p.view is machine.auto_view for p in policies)

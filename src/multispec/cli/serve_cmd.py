@@ -70,6 +70,9 @@ FORCE_GRACE_S = 0.3  # after stop_all, time for the error replies to go out befo
               "with --ray: per replica, default 1).")
 @click.option("--profile", "profile", type=click.Path(exists=True, dir_okay=False), help="Plan from this machine "
               "profile file, read only (default: the cache folder's, updated with what the server observed at exit).")
+@click.option("--profile-learning/--no-profile-learning", default=True, show_default=True,
+              help="Fold each finished request's draft acceptance into the profile the next requests plan from (in "
+                   "memory; each response's spec_decode.profile names the digest its plans came from).")
 @click.option("--log-level", type=click.Choice(["critical", "error", "warning", "info", "debug"]), default="info",
               show_default=True)
 @click.option("--ray", "use_ray", is_flag=True, help="Serve replicas of this server on a Ray cluster through Ray "
@@ -84,7 +87,8 @@ FORCE_GRACE_S = 0.3  # after stop_all, time for the error replies to go out befo
 @click.option("--max-replicas", type=click.IntRange(min=1), help="With --ray: autoscale, no more replicas than this.")
 def serve_command(target, draft, cross_vocab, method, host, port, served_model_name, max_concurrent, max_batch, max_queue,
                   max_model_len, api_key, request_timeout,
-                  chat_template, device, dtype, backend, compile_, drain_timeout, threads, profile, log_level,
+                  chat_template, device, dtype, backend, compile_, drain_timeout, threads, profile, profile_learning,
+                  log_level,
                   use_ray, ray_address, replicas, min_replicas, max_replicas, **method_kw):
     """Serve the pair over HTTP with the OpenAI API: /v1/completions, /v1/chat/completions, /v1/models,
     /health, /metrics."""
@@ -132,7 +136,7 @@ def serve_command(target, draft, cross_vocab, method, host, port, served_model_n
         settings = dict(model_name=served_model_name, method=method, method_options=options, backend=backend,
                         max_concurrent=max_concurrent, max_queue=max_queue, max_batch=max_batch,
                         request_timeout=request_timeout, chat_template=template, max_model_len=max_model_len,
-                        api_key=api_key, profile=profile)
+                        api_key=api_key, profile=profile, profile_learning=profile_learning)
         load = dict(device=device, dtype=dtype, cross_vocab=cross_vocab, compile=backend == "compiled")
         serve_on_ray(target, draft, load, settings, host, port, ray_address, replicas, min_replicas, max_replicas,
                      threads)
@@ -162,7 +166,7 @@ def serve_command(target, draft, cross_vocab, method, host, port, served_model_n
     settings = ServeSettings(model_name=name, method=method, method_options=options, backend=backend,
                              max_concurrent=max_concurrent, max_queue=max_queue, max_batch=max_batch,
                              request_timeout=request_timeout, chat_template=template, max_model_len=max_model_len,
-                             api_key=api_key, profile=profile)
+                             api_key=api_key, profile=profile, profile_learning=profile_learning)
     app = create_app(pair, settings)  # builds the workers' Decoders: the method is checked against the pair here
     click.echo(app.state.cache_report, err=True)
     bos = pair.tokenizer.bos_token_id

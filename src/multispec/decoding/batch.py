@@ -98,7 +98,8 @@ class BatchEngine:
     def add(self, prepared: PreparedRequest, stream: Callable | None = None, stream_chunks: bool = False) -> int:
         """Start a request `Decoder.prepare` checked on a free slot (at the next `step`); its id. stream,
         stream_chunks: as Decoder.generate's. `step` reports its GenerationResult."""
-        job = Job.begin(self.decoder.pair.tokenizer, prepared, stream, stream_chunks)
+        job = Job.begin(self.decoder.pair.tokenizer, prepared, stream, stream_chunks,
+                        profile=self.decoder.profile.digest)
         return self._add(job.ids, job.sampling, prepared.max_new_tokens, job.seed, set(prepared.eos_ids), job.stop,
                          job.streamer.on_tokens, prepared.reproducible, job.recorder, job)
 
@@ -162,13 +163,15 @@ class BatchEngine:
         slot, job = self._jobs.pop(seq_id)
         self._free.append(slot)
         d = self.decoder
-        d.observations.add(self._policies[slot].observation(), d.profile)
+        observation = self._policies[slot].observation()
         try:
             new, metrics = self.engine.pop(seq_id)
         except BaseException as e:  # noqa: BLE001 - handed to the caller with the sequence's result so far
             if job is not None:
                 attach_partial(e, job.partial())
             return e
+        finally:
+            d.machine.observe(observation)  # (a learning server's next requests plan from the newer profile)
         return job.finish(d.stats, new, metrics) if job is not None else (new, metrics)
 
     def release(self) -> None:

@@ -126,8 +126,7 @@ class Decoder:
         """A draft policy of this decoder's method with its own adaptive state, planning from the family's view of
         the machine profile where it has one (a BatchEngine's slots take one each)."""
         policy = self.parts.entry.make_policy(self.parts.config, self.parts.pair, self.parts.loaded)
-        if self.machine.auto_view is not None:
-            policy.use_profile(self.machine.auto_view)
+        self.machine.track(policy)
         return policy
 
     def _warm_up(self) -> None:
@@ -174,7 +173,7 @@ class Decoder:
                                 self.eos_ids if eos_ids is None else eos_ids, stop, on_tokens, self.policy,
                                 reproducible, logprobs)
         finally:
-            self.observations.add(self.policy.observation(), self.profile)
+            self.machine.observe(self.policy.observation())
 
     def cache_rows(self, tokens: int) -> int:
         """Static-cache rows a run of `tokens` (prompt + new tokens) needs: those, the round's root, and one more
@@ -248,7 +247,7 @@ class Decoder:
                      stream_chunks: bool = False) -> GenerationResult:
         """Decode a request `prepare` checked (nothing is checked again); see `generate` for stream, stream_chunks
         and the partial result of a failure."""
-        job = Job.begin(self.pair.tokenizer, prepared, stream, stream_chunks)
+        job = Job.begin(self.pair.tokenizer, prepared, stream, stream_chunks, profile=self.profile.digest)
         try:
             new, metrics = self.run(job.ids, job.sampling, prepared.max_new_tokens, job.seed, job.stop,
                                     job.streamer.on_tokens, prepared.reproducible, set(prepared.eos_ids),

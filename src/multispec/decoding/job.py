@@ -16,13 +16,15 @@ from multispec.text import StopStrings, Streamer
 @dataclass
 class Job:
     """prepared: the request; ids: its prompt ids; recorder: its logprob recorder (None when it asks for none);
-    stops: its stop strings; streamer: its stream."""
+    stops: its stop strings; streamer: its stream; profile: the digest of the machine profile it was planned from
+    (its stats name it: a server that learns between requests plans each from a newer one)."""
 
     prepared: PreparedRequest
     ids: list[int]
     recorder: LogprobRecorder | None
     stops: StopStrings
     streamer: Streamer
+    profile: str | None = None
 
     sampling = property(lambda self: self.prepared.sampling)
     seed = property(lambda self: self.prepared.seed)
@@ -30,7 +32,7 @@ class Job:
 
     @classmethod
     def begin(cls, tokenizer, prepared: PreparedRequest, stream: Callable | None = None,
-              stream_chunks: bool = False) -> "Job":
+              stream_chunks: bool = False, profile: str | None = None) -> "Job":
         params, sampling = prepared.params, prepared.sampling
         recorder = None
         if params.wants_logprobs:
@@ -39,7 +41,7 @@ class Job:
         stops = StopStrings(tokenizer, list(prepared.stop), after_tokens=sampling.min_tokens)
         streamer = Streamer(stops, stream, tokens=stream_chunks,
                             recorder=recorder if params.logprobs is not None else None)
-        return cls(prepared, list(prepared.prompt_ids), recorder, stops, streamer)
+        return cls(prepared, list(prepared.prompt_ids), recorder, stops, streamer, profile)
 
     def partial(self) -> GenerationResult:
         """The result of a job stopped part-way: the tokens streamed so far (finish_reason "abort")."""
@@ -56,6 +58,8 @@ class Job:
         text, new_ids = self.stops.final(new)
         self.streamer.flush(text, new_ids)
         stats = stats_of(metrics, sampling, prepared.reproducible)
+        if self.profile is not None:
+            stats["profile"] = self.profile
         stats.update(seed=self.seed, prompt_tokens=len(self.ids), max_new_tokens=prepared.max_new_tokens,
                      warnings=warnings)
         stats.update(grammar_stats(sampling.grammar, new_ids, metrics, warnings))

@@ -9,9 +9,11 @@ profile and reports what it observed, and nothing is written behind the caller's
 """
 from __future__ import annotations
 
+import dataclasses
 import math
 import statistics
 import threading
+import weakref
 
 import torch
 
@@ -122,6 +124,11 @@ class Observations:
     def __len__(self) -> int:
         return self.runs
 
+    def acceptance_entries(self) -> dict:
+        """The acceptance entries so far (a copy)."""
+        with self._lock:
+            return dict(self.acceptance)
+
     def profile(self, base: MachineProfile) -> MachineProfile:
         """`base` with every observation folded in."""
         with self._lock:
@@ -140,7 +147,11 @@ class Observations:
 
 class MachineState:
     """A Decoder family's machine profile (shared by the decoders it spawns and its batch engines): the profile it
-    plans from (what it lacked measured at construction), auto's view of it, and what its runs observed."""
+    plans from (what it lacked measured at construction), auto's view of it, and what its runs observed.
+
+    learning (off unless the owner turns it on: `multispec serve` does): after each run, the acceptance its family
+    observed so far is folded into the profile the next runs plan from (`roll`), so a server's later requests start
+    from what its earlier ones learned. Each run's stats name the digest of the profile it was planned from."""
 
     def __init__(self, profile: MachineProfile | str | None):
         from multispec.profile import resolve
@@ -148,6 +159,30 @@ class MachineState:
         self.profile, self.is_default = resolve(profile)
         self.observations = Observations()
         self.auto_view: AutoView | None = None
+        self.learning = False
+        self._policies: weakref.WeakSet = weakref.WeakSet()  # the family's policies (each plans from auto_view)
+
+    def track(self, policy) -> None:
+        """A new policy of the family: it plans from the family's view (now, and after every `roll`)."""
+        self._policies.add(policy)
+        if self.auto_view is not None:
+            policy.use_profile(self.auto_view)
+
+    def observe(self, observation: dict | None) -> None:
+        """What a run observed (its policy's `observation()`): recorded; folded in at once when learning."""
+        self.observations.add(observation, self.profile)
+        if self.learning and observation:
+            self.roll()
+
+    def roll(self) -> None:
+        """The profile with the acceptance observed so far folded in becomes the one the family plans from (the
+        costs stay those measured: their drift is folded in only by `Decoder.updated_profile`)."""
+        if self.auto_view is None:
+            return
+        self.profile = self.profile.with_entries("acceptance", self.observations.acceptance_entries())
+        self.auto_view = dataclasses.replace(self.auto_view, acceptance=self.profile.sections["acceptance"])
+        for policy in list(self._policies):
+            policy.use_profile(self.auto_view)
 
     def measured(self, section: str, entries: dict) -> None:
         """Entries measured because the profile lacked them: part of the profile from now on, and added to the
@@ -187,4 +222,4 @@ class MachineState:
             self.measured("costs", measured)
             self.auto_view, measured = adapt_view(decoder, self.profile, view)  # an adapting head's update
             self.measured("costs", measured)
-        decoder.policy.use_profile(self.auto_view)
+        self.track(decoder.policy)

@@ -48,6 +48,7 @@ def create_app(pair, settings: ServeSettings, generate_fn=None) -> FastAPI:
 
     decoder = Decoder(pair, settings.method or DEFAULT_METHOD, settings.backend, profile=settings.profile,
                       **settings.method_options)
+    decoder.machine.learning = settings.profile_learning
     generations = settings.max_batch if settings.max_batch > 1 else settings.max_concurrent
     max_model_len, why = choose_max_model_len(decoder, generations, settings.max_model_len)
     scheduler = Scheduler(decoder, settings.max_concurrent, settings.max_queue, generate_fn or decoder_generate,

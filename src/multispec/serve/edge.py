@@ -49,6 +49,9 @@ class ServeSettings:
     max_model_len: int | None = None
     api_key: str | None = field(default=None, repr=False)
     profile: object = None  # a MachineProfile (None: the cache folder's, updated with what it observed at shutdown)
+    # each finished request's acceptance folded into the profile the next requests plan from (in memory; every
+    # response's spec_decode.profile names the digest it was planned from)
+    profile_learning: bool = True
 
 
 class APIError(Exception):

@@ -287,12 +287,13 @@ class SpecDecodeMetrics(BaseModel):
     """One request's speculative-decoding metrics, named as vLLM names them (vllm/v1/spec_decode/metrics.py):
     mean_acceptance_length = 1 + accepted / drafts; accepted_per_position[d] counts rounds that accepted a draft
     token at depth d + 1. model: what the server loaded (stats["model"]: a GGUF file's name, SHA-256 and conversion
-    id)."""
+    id); profile: the digest of the machine profile the request was planned from."""
 
     method: str
     lossless: bool
     reproducible: bool
     model: dict | None = None
+    profile: str | None = None  # the digest of the machine profile its plans came from (multispec/profile.py)
     num_spec_steps: int
     num_draft_tokens: int
     num_accepted_draft_tokens: int
