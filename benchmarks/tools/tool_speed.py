@@ -170,7 +170,7 @@ def prepared(pair, reqs, chat_template) -> list[tuple]:
 
 
 def run_model(name, pair, methods, reqs, chat_template, temperatures, max_new, say, profile=None,
-              warm: bool = False) -> dict:
+              warm: bool = False, learning: bool = False) -> dict:
     import multispec
     from multispec.tool_calls import parse_tool_calls
 
@@ -187,6 +187,8 @@ def run_model(name, pair, methods, reqs, chat_template, temperatures, max_new, s
         return out
 
     decoders = make(profile)
+    for d in decoders.values():  # --profile server: each request plans from what the earlier ones observed
+        d.machine.learning = learning
     costs = {}  # the cost model auto plans from (measured now under --profile fresh)
     for m, d in decoders.items():  # untimed warm-up: calibrations, first-call allocations, the grammar's tokenizer
         warm_up = d.generate(items[0][0], max_new_tokens=4, temperature=0, grammar=items[0][1])
@@ -269,7 +271,9 @@ def main() -> None:
     ap.add_argument("--max-new-tokens", type=int, default=96)
     ap.add_argument("--temperatures", default="0,0.7")
     ap.add_argument("--qwen-dtype", default="w4a8")
-    ap.add_argument("--profile", default="fresh", help="the machine profile auto plans from: fresh (default: "
+    ap.add_argument("--profile", default="fresh", help="the machine profile auto plans from: server (fresh costs; "
+                    "each request's acceptance folded into the profile the next ones plan from, as `multispec serve` "
+                    "does by default), fresh (default: "
                     "none, so the costs are measured when the decoders are made, on this core, as on a first run, "
                     "and acceptance starts from the priors), warm (fresh costs; acceptance as an untimed pass of auto "
                     "over the other half of the scenarios left it: a server's second session) or a profile file")
@@ -294,8 +298,8 @@ def main() -> None:
     temps = [float(t) for t in args.temperatures.split(",")]
     from multispec.profile import MachineProfile
 
-    profile = MachineProfile() if args.profile in ("fresh", "warm") else args.profile
-    warm = args.profile == "warm"
+    profile = MachineProfile() if args.profile in ("fresh", "warm", "server") else args.profile
+    warm, learning = args.profile == "warm", args.profile == "server"
     result: dict = {"max_new_tokens": args.max_new_tokens, "requests": len(reqs), "profile": args.profile,
                     "models": {}}
     if args.only in (None, "smollm2"):
@@ -303,7 +307,7 @@ def main() -> None:
         result["environment"] = environment(pair, sys.argv)
         result["models"]["SmolLM2-135M-Instruct"] = run_model(
             "smollm2", pair, ["ar", "auto:head=shipped", "eagle:head=shipped"], reqs,
-            Path(HERMES_TEMPLATE).read_text(), temps, args.max_new_tokens, say, profile, warm)
+            Path(HERMES_TEMPLATE).read_text(), temps, args.max_new_tokens, say, profile, warm, learning)
         out.write_text(json.dumps(result, indent=1) + "\n")
     if args.only in (None, "qwen"):
         target, draft = real_models.qwen_coder()
@@ -312,7 +316,7 @@ def main() -> None:
         say(f"Qwen2.5-Coder 1.5B + 0.5B loaded as {args.qwen_dtype} in {time.perf_counter() - t0:.0f} s")
         result.setdefault("environment", environment(pair, sys.argv))
         result["models"]["Qwen2.5-Coder-1.5B-Instruct + 0.5B"] = run_model(
-            "qwen", pair, ["ar", "auto"], reqs, None, temps, args.max_new_tokens, say, profile, warm)
+            "qwen", pair, ["ar", "auto"], reqs, None, temps, args.max_new_tokens, say, profile, warm, learning)
         out.write_text(json.dumps(result, indent=1) + "\n")
     for name, model in result["models"].items():
         for t, r in model.items():
