@@ -162,6 +162,39 @@ def test_a_left_out_sequence_steps_plainly_without_asking_then_is_asked_again():
     assert plans["plain"] == 0 and min(asked) >= n_new // 4
 
 
+@pytest.mark.parametrize("broken", [False, True])
+def test_a_plain_step_grows_the_drafts_pending_tokens_in_place(monkeypatch, broken):
+    """A sequence left out of speculation keeps every token since its draft last ran pending (its catch-up): each
+    plain step appends its tokens to that list in place, as the list it replaces would read, instead of copying the
+    whole context every round. The broken variant copies (it used to): the test sees a new list."""
+    from multispec.decoding import rounds
+
+    real, seen = rounds._pending_after, []
+
+    def copying(run, state, proposal, path, tok, nxt):
+        return state.pending[:-1] + [tok[u] for u in path] + [nxt]
+
+    def watch(run, state, proposal, path, tok, nxt):
+        before, expected = state.pending, state.pending[:-1] + [tok[u] for u in path] + [nxt]
+        out = (copying if broken else real)(run, state, proposal, path, tok, nxt)
+        seen.append((out is before, out == expected, len(path)))
+        return out
+
+    monkeypatch.setattr(rounds, "_pending_after", watch)
+    target, draft = tiny_pair(vocab=12, seed=2, noise=0.3)
+    engine = Engine(_table(*PROPORTIONAL))
+    script = lambda history, r: RoundPlan(Tree.chain(3), "draft", label="draft chain", expected=3.0, size=4)  # noqa: E731
+    prompts = [[1, 5, 3, 1], [2, 7, 2], [4, 4, 9, 1, 3]]
+    ids = [engine.add(make_backend(target, "hf"), make_backend(draft, "hf"), p, build_method("sd", k=3),
+                      SamplingConfig(temperature=0.0), 20, 0, set(), policy=ScriptedPolicy(script)) for p in prompts]
+    while engine.live:
+        engine.step()
+    assert [engine.pop(i)[0] for i in ids] == [greedy_reference(target, p, 20) for p in prompts]
+    plain = [s for s in seen if s[2] == 1]  # (a plain step's path is the root alone)
+    assert len(plain) >= 3 * 15 and all(same for _, same, _ in plain)
+    assert not any(kept for kept, _, _ in plain) if broken else all(kept for kept, _, _ in plain)
+
+
 def test_realised_scales_a_sequence_by_what_its_kept_plans_delivered():
     r, key = batch_plan.Realised(), ("lookup", True)
     assert r.factor(key) == 1.0

@@ -272,5 +272,9 @@ def _pending_after(run: Run, state: State, proposal: Proposal, path: list[int], 
         keep_path(draft, proposal.tree, [u for u in path if u < proposal.draft_fed], draft_root)
         return [tok[u] for u in path if u >= proposal.draft_fed] + [nxt]
     if run.draft is not None:  # the draft consumed nothing this round: it catches up when it next drafts
-        return state.pending[:-1] + [tok[u] for u in path] + [nxt]
+        pending = state.pending  # grown in place: a sequence that never drafts keeps its whole context pending,
+        del pending[-1:]  # and a copy a round cost O(context) (auto's plain steps in a batch)
+        pending.extend(tok[u] for u in path)
+        pending.append(nxt)
+        return pending
     return [nxt]

@@ -137,9 +137,11 @@ class ContextIndex:
         if len(context) < n or (n and context[n - 1] != self.indexed[-1]):
             self.reset()
             n = 0
+        indexed, push, active = self.indexed, self.trie.push, self.active
         for token in context[n:]:
-            self.indexed.append(token)
-            self.active = self.trie.push(self.active, self.indexed, len(self.indexed) - 1)
+            indexed.append(token)
+            active = push(active, indexed, len(indexed) - 1)
+        self.active = active
 
     def longest_match(self, max_match: int) -> tuple[int, int]:
         """(node, m): the longest suffix of the indexed context (m <= max_match) that occurred earlier with a
