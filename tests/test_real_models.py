@@ -28,10 +28,15 @@ def prompt_ids(tokenizer, prompt: str, chat: bool) -> list[int]:
 
 
 def reference(pair, ids: list[int]) -> list[int]:
-    """transformers' greedy generate on the same weights: the new tokens (an EOS it ends on included)."""
+    """transformers' greedy generate on the same weights: the new tokens (an end token it ends on included), ending
+    at the tokens multispec ends at (loading.eos_ids: for a GGUF file, the generation config's and llama.cpp's
+    end-of-generation tokens), given as transformers takes several."""
+    from multispec.loading import eos_ids
+
     with torch.inference_mode():
         out = pair.target.generate(torch.tensor([ids]), attention_mask=torch.ones(1, len(ids), dtype=torch.long),
-                                   do_sample=False, max_new_tokens=MAX_NEW, pad_token_id=pair.tokenizer.eos_token_id)
+                                   do_sample=False, max_new_tokens=MAX_NEW, pad_token_id=pair.tokenizer.eos_token_id,
+                                   eos_token_id=sorted(eos_ids(pair)))
     return out[0, len(ids):].tolist()
 
 

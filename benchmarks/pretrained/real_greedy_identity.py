@@ -63,13 +63,16 @@ def encode(pair, text: str, template: bool) -> list[int]:
 
 
 def reference(pair, ids: list[int], max_new: int) -> list[int]:
-    """transformers' greedy generate: the new tokens (an EOS it ends on included)."""
-    eos = pair.target.generation_config.eos_token_id
-    pad = pair.tokenizer.pad_token_id if pair.tokenizer.pad_token_id is not None else (
-        eos[0] if isinstance(eos, list) else eos)
+    """transformers' greedy generate: the new tokens (an end token it ends on included). It ends at the tokens
+    multispec ends at (loading.eos_ids: the generation config's, and for a GGUF file the end-of-generation tokens
+    llama.cpp ends at), given as transformers takes several: a list of eos_token_id."""
+    from multispec.loading import eos_ids
+
+    eos = sorted(eos_ids(pair))
+    pad = pair.tokenizer.pad_token_id if pair.tokenizer.pad_token_id is not None else eos[0]
     with torch.inference_mode():
         out = pair.target.generate(torch.tensor([ids]), attention_mask=torch.ones(1, len(ids), dtype=torch.long),
-                                   do_sample=False, max_new_tokens=max_new, pad_token_id=pad)
+                                   do_sample=False, max_new_tokens=max_new, pad_token_id=pad, eos_token_id=eos)
     return out[0, len(ids):].tolist()
 
 
