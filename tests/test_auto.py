@@ -214,7 +214,8 @@ def test_suffix_reach_falls_with_depth_and_deep_plans_are_learned(monkeypatch, b
         planner.learn(RoundOutcome(plan, plan.tree, tuple(range(len(plan.tree))), [1] * len(plan.tree),
                                    accepted=len(plan.tree) - 1, depth=plan.tree.max_depth))
     learned = planner.suffix_tree(costs, history)
-    assert len(learned.tree) - 1 == planner.suffix.propose(history, 64).tree.max_depth and learned.predicted_tps > 2 * planner.ar(costs).predicted_tps
+    deepest = planner.suffix.propose(history, 64).tree.max_depth
+    assert len(learned.tree) - 1 == deepest and learned.predicted_tps > 2 * planner.ar(costs).predicted_tps
 
 
 def test_a_few_timed_forwards_move_the_profiles_costs_little(monkeypatch):

@@ -23,7 +23,7 @@ SUFFIX_PRIOR = 2.0  # pseudo-counts of each continuation rate
 # was a constant factor on the score, so a path seen once was worth half a token per node however deep it went:
 # on a tool call (Qwen2.5-Coder 1.5B, where a row costs a third of a call), unique 12- to 20-token copies of the
 # tool's schema were planned at 6-10 tokens and delivered 0-9 (2.7 a round), 0.86x constrained ar.
-SUFFIX_PRIOR_RATE = (0.4, 0.5, 0.6, 0.7)  # c's prior per matched-length bucket
+SUFFIX_PRIOR_RATE = (0.4, 0.5, 0.6, 0.7)  # c's prior per matched-length bucket (one per SUFFIX_MATCH_EDGES + 1)
 SUFFIX_MATCH_EDGES = (3, 6, 12)
 
 ROOT = Tree.chain(0)
@@ -33,12 +33,6 @@ CHAINS = [Tree.chain(k) for k in range(65)]
 def _reach(c: float, depth: int) -> float:
     """The chance the target follows a path the suffix statistics call certain down to `depth`."""
     return c ** depth
-
-
-def _bucket_priors() -> tuple[float, ...]:
-    """c's prior per matched-length bucket (SUFFIX_PRIOR_RATE; the longest's for buckets it does not name)."""
-    n = len(SUFFIX_MATCH_EDGES) + 1
-    return tuple(SUFFIX_PRIOR_RATE[min(i, len(SUFFIX_PRIOR_RATE) - 1)] for i in range(n))
 
 
 class Planner:
@@ -56,7 +50,7 @@ class Planner:
         self.suffix = SuffixProposer(suffix_store, depth=suffix_store.depth) if suffix_store is not None \
             else SuffixProposer()
         # per matched-length bucket, decayed sums: steps the target went on along the path, steps it could have
-        self.suffix_rate = [[SUFFIX_PRIOR * c, SUFFIX_PRIOR] for c in _bucket_priors()]
+        self.suffix_rate = [[SUFFIX_PRIOR * c, SUFFIX_PRIOR] for c in SUFFIX_PRIOR_RATE[:len(SUFFIX_MATCH_EDGES) + 1]]
         self.suffix_scores: tuple[float, ...] = ()  # the planned suffix tree's scores (learn reads them)
         self.suffix_bucket = 0
         self.pending = 1  # the draft plan's pending count (rounded), read by chains stopped token by token
