@@ -162,3 +162,20 @@ def test_warm_up_compiles_no_step_that_attends_to_one_row(target, monkeypatch):
     backend.compiled.seen.clear()  # warm every bucket again (compiled already: fast)
     backend.warm_up()
     assert len(widths) == len(BUCKETS) and min(widths) >= 3 and backend.cache_len == 0
+
+
+def test_each_compiled_model_raises_dynamos_recompile_limit():
+    """Every model of one class compiles the same function (its `run`), and dynamo counts that function's graphs
+    across all of them: a process that compiles several pairs (a notebook; the suite in one process) ran past a
+    fixed limit of one model's graphs. Each compiled model adds its share (a graph per bucket, twice over)."""
+    import torch._dynamo
+
+    from multispec.models import fast_compile
+
+    per_model = 8 * len(BUCKETS) * 2
+    nets = [make_backend(tiny_llama(vocab=VOCAB, hidden=16, layers=1, heads=2, kv_heads=2, seed=s), "fast").net
+            for s in (5, 6, 7)]
+    for net in nets:
+        CompiledStep(net)
+        assert torch._dynamo.config.recompile_limit >= per_model * fast_compile._STEPS
+    assert fast_compile._STEPS >= len(nets)

@@ -145,12 +145,19 @@ def has_cpp_compiler() -> bool:
     return any(shutil.which(c) for c in (os.environ.get("CXX"), "g++", "c++", "clang++") if c)
 
 
+_STEPS = 0  # compiled steps made in this process: every model of one class compiles the same function (its `run`)
+
+
 def _configure_torch() -> None:
-    """One graph per bucket, per model, per device: more than dynamo's default of 8 recompiles per function.
-    Compiled artifacts go to a lasting folder unless the user chose one."""
+    """One graph per bucket, per model, per device: more than dynamo's default of 8 recompiles per function, and
+    as many more for each model compiled in the process (dynamo counts a function's graphs across every model
+    that runs it: a notebook, or a test session, that compiles several pairs ran past a fixed limit and fell back
+    to eager with a warning mid-generation). Compiled artifacts go to a lasting folder unless the user chose one."""
     import torch._dynamo
 
-    limit = 8 * len(BUCKETS) * 2
+    global _STEPS
+    _STEPS += 1
+    limit = 8 * len(BUCKETS) * 2 * _STEPS
     for name in ("recompile_limit", "cache_size_limit"):
         if getattr(torch._dynamo.config, name, limit) < limit:
             setattr(torch._dynamo.config, name, limit)
