@@ -151,8 +151,8 @@ _STEPS = 0  # compiled steps made in this process: every model of one class comp
 def _configure_torch() -> None:
     """One graph per bucket, per model, per device: more than dynamo's default of 8 recompiles per function, and
     as many more for each model compiled in the process (dynamo counts a function's graphs across every model
-    that runs it: a notebook, or a test session, that compiles several pairs ran past a fixed limit and fell back
-    to eager with a warning mid-generation). Compiled artifacts go to a lasting folder unless the user chose one."""
+    that runs it: a notebook, or the test suite in one process, that compiled several pairs ran past a limit sized
+    for one model). Compiled artifacts go to a lasting folder unless the user chose one."""
     import torch._dynamo
 
     global _STEPS
