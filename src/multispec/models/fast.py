@@ -31,7 +31,7 @@ from multispec.models.fast_families import FAMILIES
 from multispec.models.int8 import QUANT_DTYPES, fused, linear_shape, weights_dtype as read_dtype
 from multispec.models.layout import attention_layout
 from multispec.models.reduced_vocab import VocabSubset
-from multispec.models.rows import linear, signature, table as rows_table
+from multispec.models.rows import Packs, linear, signature, table as rows_table
 
 SUPPORTED = tuple(FAMILIES)
 DEFAULT_ROWS = 4096
@@ -63,12 +63,13 @@ def keep_rows(caches, pos: torch.Tensor | None, indices: torch.Tensor) -> int:
 class FastNet:
     """The step of one loaded model as plain tensor ops over its own modules, with no state of its own: the cache
     comes in as arguments, so one FastNet (and its compiled code) serves every backend over the model. The model's
-    sidecar keeps it (ModelSidecar.fast_net). rows_table: the row counts at which a float32 CPU nn.Linear takes
-    the few-row product (models/rows.py; None: F.linear throughout). weights_dtype: "int8" / "int4" for a
-    quantized model (default read from its layers)."""
+    sidecar keeps it (ModelSidecar.fast_net). rows_table: the form a float32 CPU nn.Linear's product takes at
+    each row count (models/rows.py; None: F.linear throughout); packs: where the packed form's copies of the
+    weights are kept (the sidecar's; default: this net's own). weights_dtype: "int8" / "int4" for a quantized model
+    (default read from its layers)."""
 
-    def __init__(self, model: torch.nn.Module, rows_table: list[bool] | None = None,
-                 weights_dtype: str | None = None):
+    def __init__(self, model: torch.nn.Module, rows_table: list[str] | None = None,
+                 weights_dtype: str | None = None, packs: Packs | None = None):
         cfg = model.config
         check(cfg.model_type in FAMILIES,
               f"the fast backend supports {', '.join(SUPPORTED)} models, not {cfg.model_type!r}; use --backend hf")
@@ -89,7 +90,7 @@ class FastNet:
         self.head_dim = getattr(cfg, "head_dim", None) or self.hidden_size // self.n_heads
         self.device, self.dtype = self.embed.weight.device, self.embed.weight.dtype
         self.attend_64 = (weights_dtype or read_dtype(model)) in QUANT_DTYPES  # an int8 / int4 model: models/int8.py
-        self.rows_table = rows_table
+        self.rows_table, self.packs = rows_table, packs if packs is not None else Packs()
         self.rope_by_type = "layer_type" in inspect.signature(self.rotary.forward).parameters
         self.embed_mult = getattr(cfg, "embedding_multiplier", None)
         self.residual_mult = getattr(cfg, "residual_multiplier", None)
@@ -280,8 +281,8 @@ class FastNet:
         return x + (m * mult if mult is not None else m)
 
     def linear(self, layer, x: torch.Tensor) -> torch.Tensor:
-        """layer(x), as the few-row product at the row counts the table names (models/rows.py)."""
-        return linear(layer, x, self.rows_table)
+        """layer(x), in the form the table gives x's row count (models/rows.py)."""
+        return linear(layer, x, self.rows_table, self.packs)
 
     def mlp(self, mlp, x: torch.Tensor) -> torch.Tensor:
         """The layer's MLP on x [N, H]: for a gated MLP its computation with the products taken here (the few-row

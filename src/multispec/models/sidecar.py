@@ -2,7 +2,7 @@
 
 A `ModelSidecar` holds, for one model (a target, a draft, its int8 copy, a feature head), what is worth building
 once and reusing across generations: the fast backend's step (FastNet, with its compiled code), the few-row table
-its products follow (models/rows.py), the output layer's float rows (reduced vocabularies), the int8 copy of a
+its products follow and the packed copies of weights they use (models/rows.py), the output layer's float rows (reduced vocabularies), the int8 copy of a
 draft, the weights' dtype, the tree refusal, and an ended batch's cache buffers. The Pair holds one per model
 (`Pair.sidecar(model)`); code that has only a bare model builds a fresh one. The model itself is never written to:
 its `__dict__`, its modules and their methods are what the caller handed over.
@@ -26,6 +26,9 @@ class ModelSidecar:
         self.model = model
         self.weights_dtype = weights_dtype or read_dtype(model)
         self._rows_table = rows_table
+        from multispec.models.rows import Packs
+
+        self.packs = Packs()  # packed copies of the model's weights (models/rows.py), made on first use
         self._fast_nets: dict = {}  # rows table (as a tuple, or None) -> FastNet
         self._tree_refusal: tuple | None = None  # (the config it was read from, the refusal)
         self._head_rows = None
@@ -33,8 +36,8 @@ class ModelSidecar:
         self.spare_slot_buffers: list | None = None  # an ended SlotCache's [keys, values] (models/batched.py)
 
     @property
-    def rows_table(self) -> list[bool] | None:
-        """Where the model's float32 CPU Linear layers take the few-row product (models/rows.py), or None."""
+    def rows_table(self) -> list[str] | None:
+        """The form the model's float32 CPU Linear layers take at each row count (models/rows.py), or None."""
         if self._rows_table is _UNSET:
             from multispec.models.rows import table
 
@@ -42,7 +45,7 @@ class ModelSidecar:
         return self._rows_table
 
     @rows_table.setter
-    def rows_table(self, value: list[bool] | None) -> None:
+    def rows_table(self, value: list[str] | None) -> None:
         self._rows_table = value
 
     @property
@@ -69,7 +72,8 @@ class ModelSidecar:
             if net is not None:
                 self._fast_nets.clear()
                 self.spare_slot_buffers = None  # buffers of the old device or dtype
-            net = self._fast_nets[key] = FastNet(self.model, rows_table=table, weights_dtype=self.weights_dtype)
+            net = self._fast_nets[key] = FastNet(self.model, rows_table=table, weights_dtype=self.weights_dtype,
+                                                   packs=self.packs)
         return net
 
     def tree_refusal(self) -> str | None:
