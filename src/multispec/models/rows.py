@@ -11,9 +11,10 @@ as if W were read once per row. Two other forms read W once:
 - "p", `packed`: oneDNN's product over a copy of W packed once into its blocked layout
   (`torch.ops.mkldnn._linear_pointwise`, the kernel inductor's CPU freezing uses). Slower than "m" at 1-2 rows, but
   3-6 rows cost what 1-2 rows cost there, 16 rows 0.58 and 64 rows 0.70 of F.linear (a stand-in for most of
-  SmolLM2's weights, benchmarks/results/rows/): drafted rows, in a batch or alone, come almost free. It costs a
-  second copy of the weights, so it is measured only where the model's float32 products fit PACK_SHARE of the
-  memory available; the copies are made on first use and kept beside the model (the sidecar's Packs), never on it.
+  SmolLM2's weights; whole forwards: benchmarks/results/rows/): drafted rows, in a batch or alone, come almost
+  free. It costs a second copy of the weights, so it is measured only where the model's float32 products fit
+  PACK_SHARE of the memory available; the copies are made on first use and kept beside the model (the sidecar's
+  Packs), never on it.
 
 Which form wins depends on the CPU, the BLAS and the thread count, so it is measured, not assumed: `table` times
 the forms over the model's own weights at each of COUNTS rows (about two seconds for a 135M model), once per machine,
@@ -70,9 +71,9 @@ def packed(x: torch.Tensor, p: torch.Tensor, bias: torch.Tensor | None = None) -
 class Packs:
     """Packed copies of a model's weights (`pack`), each made the first time the packed form needs it and kept by
     the owner (the model's sidecar, models/sidecar.py); a weight replaced or changed in place (its storage or its
-    autograd version moved, as an optimiser's step moves it; a write through `.data` does not) is packed again. A copy that would not fit PACK_SHARE of the memory available at that moment is
-    not made (`get` returns None: that product runs as F.linear), so a table measured on a freer day cannot run
-    the machine out of memory."""
+    autograd version moved, as an optimiser's step moves it; a write through `.data` does not) is packed again. A
+    copy that would not fit PACK_SHARE of the memory available at that moment is not made (`get` returns None: that
+    product runs as F.linear), so a table measured on a freer day cannot run the machine out of memory."""
 
     def __init__(self):
         self._packed: dict[int, tuple] = {}  # id(weight) -> (weight, (storage, version), packed copy or None)
