@@ -99,6 +99,9 @@ def test_a_packed_copy_is_made_once_and_again_when_its_weight_changes():
         assert packs.get(layer.weight) is not copy
         layer.weight = torch.nn.Parameter(torch.randn(8, 16))  # replaced
         torch.testing.assert_close(rows.linear(layer, x, table, packs), F.linear(x, layer.weight))
+    assert packs.nbytes == 16 * 8 * 4  # the replaced weight's copy went with it
+    del layer
+    assert packs.nbytes == 0  # (an adapting head's per-request copy: nothing kept after it)
 
 
 def test_the_table_is_measured_once_and_kept_in_the_profile(monkeypatch):

@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import platform
 import time
+import weakref
 
 import torch
 import torch.nn.functional as F
@@ -73,24 +74,27 @@ class Packs:
     the owner (the model's sidecar, models/sidecar.py); a weight replaced or changed in place (its storage or its
     autograd version moved, as an optimiser's step moves it; a write through `.data` does not) is packed again. A
     copy that would not fit PACK_SHARE of the memory available at that moment is not made (`get` returns None: that
-    product runs as F.linear), so a table measured on a freer day cannot run the machine out of memory."""
+    product runs as F.linear), so a table measured on a freer day cannot run the machine out of memory. A weight
+    is held weakly: its copy goes when it goes (an adapting head's per-request copy, a model moved)."""
 
     def __init__(self):
-        self._packed: dict[int, tuple] = {}  # id(weight) -> (weight, (storage, version), packed copy or None)
+        self._packed: dict[int, tuple] = {}  # id(weight) -> (weakref to it, (storage, version), packed copy or None)
 
     def get(self, w: torch.Tensor) -> torch.Tensor | None:
         stamp = (w.data_ptr(), _version(w))
-        hit = self._packed.get(id(w))
-        if hit is None or hit[0] is not w or hit[1] != stamp:
+        key = id(w)
+        hit = self._packed.get(key)
+        if hit is None or hit[0]() is not w or hit[1] != stamp:
             free = _available_bytes()
             fits = free is None or w.numel() * w.element_size() <= PACK_SHARE * free
-            hit = self._packed[id(w)] = (w, stamp, pack(w) if fits else None)
+            gone = lambda _, packed=self._packed, key=key: packed.pop(key, None)  # noqa: E731
+            hit = self._packed[key] = (weakref.ref(w, gone), stamp, pack(w) if fits else None)
         return hit[2]
 
     @property
     def nbytes(self) -> int:
         """Bytes the packed copies take."""
-        return sum(w.numel() * w.element_size() for w, _, p in self._packed.values() if p is not None)
+        return sum(p.numel() * 4 for _, _, p in self._packed.values() if p is not None)  # (float32 only)
 
 
 def _version(w: torch.Tensor) -> int:
