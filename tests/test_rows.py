@@ -144,9 +144,9 @@ def test_measure_returns_a_form_for_every_row_count(with_packed):
 
 def test_the_packed_form_is_measured_only_where_a_copy_fits(monkeypatch):
     weights = [torch.randn(64, 32)]
-    monkeypatch.setattr(rows, "_available_bytes", lambda: 10 ** 9)
+    monkeypatch.setattr(rows, "available_ram", lambda: 10 ** 9)
     assert rows._packs_fit(weights)
-    monkeypatch.setattr(rows, "_available_bytes", lambda: 64 * 32 * 4)  # a copy would take all of it
+    monkeypatch.setattr(rows, "available_ram", lambda: 64 * 32 * 4)  # a copy would take all of it
     assert not rows._packs_fit(weights)
     packs, layer, calls = rows.Packs(), torch.nn.Linear(32, 64, bias=False), []  # and when a copy is made
     real = rows.packed
@@ -155,7 +155,7 @@ def test_the_packed_form_is_measured_only_where_a_copy_fits(monkeypatch):
         x = torch.randn(5, 32)
         torch.testing.assert_close(rows.linear(layer, x, ["p"] * len(rows.COUNTS), packs), F.linear(x, layer.weight))
     assert not calls and packs.nbytes == 0  # it ran as F.linear, no copy made
-    monkeypatch.setattr(rows, "_available_bytes", lambda: 10 ** 9)
+    monkeypatch.setattr(rows, "available_ram", lambda: 10 ** 9)
     with torch.no_grad():
         layer.weight.mul_(1)  # (a new version: asked again)
         rows.linear(layer, x, ["p"] * len(rows.COUNTS), packs)

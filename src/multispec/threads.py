@@ -112,3 +112,17 @@ def apply_library_default() -> int | None:
         return None
     threads, _ = set_threads(None)
     return threads
+
+
+def available_ram() -> int | None:
+    """Bytes of RAM free for new work now: Linux's MemAvailable, else the physical RAM; None when neither can be
+    read (the server's cache budget, serve/memory.py, and the packed weights' copies, models/rows.py)."""
+    try:
+        with open("/proc/meminfo") as f:
+            return 1024 * next(int(line.split()[1]) for line in f if line.startswith("MemAvailable:"))
+    except (OSError, StopIteration, ValueError, IndexError):
+        pass
+    try:
+        return os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+    except (ValueError, OSError, AttributeError):  # no such names on this system
+        return None

@@ -35,6 +35,8 @@ import weakref
 import torch
 import torch.nn.functional as F
 
+from multispec.threads import available_ram
+
 FORMS = ("l", "m", "p")  # F.linear, few_rows, packed
 ROWS = 8  # row counts 1 ... ROWS are measured one by one
 COUNTS = tuple(range(1, ROWS + 1)) + (16, 64)  # the row counts measured: a table has one form per count
@@ -85,8 +87,7 @@ class Packs:
         key = id(w)
         hit = self._packed.get(key)
         if hit is None or hit[0]() is not w or hit[1] != stamp:
-            free = _available_bytes()
-            fits = free is None or w.numel() * w.element_size() <= PACK_SHARE * free
+            fits = _fits(w.numel() * w.element_size())
             gone = lambda _, packed=self._packed, key=key: packed.pop(key, None)  # noqa: E731
             hit = self._packed[key] = (weakref.ref(w, gone), stamp, pack(w) if fits else None)
         return hit[2]
@@ -173,9 +174,7 @@ def signature(table: list[str] | None) -> str:
 
 def _packs_fit(weights: list[torch.Tensor]) -> bool:
     """Whether a packed copy of these weights fits PACK_SHARE of the memory available now, and this torch packs."""
-    need = sum(w.numel() * w.element_size() for w in weights)
-    free = _available_bytes()
-    if free is not None and need > PACK_SHARE * free:
+    if not _fits(sum(w.numel() * w.element_size() for w in weights)):
         return False
     try:
         w = torch.zeros(4, 4)
@@ -184,15 +183,10 @@ def _packs_fit(weights: list[torch.Tensor]) -> bool:
         return False
 
 
-def _available_bytes() -> int | None:
-    try:
-        with open("/proc/meminfo") as f:
-            for line in f:
-                if line.startswith("MemAvailable:"):
-                    return int(line.split()[1]) * 1024
-    except OSError:
-        pass
-    return None
+def _fits(nbytes: int) -> bool:
+    """Whether a copy of nbytes fits PACK_SHARE of the RAM available now (True where that cannot be read)."""
+    free = available_ram()
+    return free is None or nbytes <= PACK_SHARE * free
 
 
 @torch.inference_mode()

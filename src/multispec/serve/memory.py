@@ -12,9 +12,8 @@ layers), and the start-up line reports what they take.
 """
 from __future__ import annotations
 
-import os
-
 from multispec.errors import check
+from multispec.threads import available_ram
 
 CACHE_MEMORY_FRACTION = {"cuda": 0.5, "cpu": 0.05}  # the CPU's RAM is shared with everything else on the machine
 ROUND_TO = 256
@@ -40,15 +39,7 @@ def available_bytes(device) -> int | None:
 
     if device.type == "cuda":
         return torch.cuda.mem_get_info(device)[0]
-    try:
-        with open("/proc/meminfo") as f:
-            return 1024 * next(int(line.split()[1]) for line in f if line.startswith("MemAvailable:"))
-    except (OSError, StopIteration, ValueError, IndexError):
-        pass
-    try:
-        return os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
-    except (ValueError, OSError, AttributeError):  # no such names on this system
-        return None
+    return available_ram()
 
 
 def cache_models(decoder) -> list:
