@@ -305,3 +305,75 @@ def test_prefill_chunks_past_a_steps_budget_wait_a_step(budget):
         engine.step()
     assert [engine.pop(i)[0] for i in ids] == [greedy_reference(target, p, 6) for p in prompts]
     assert max(sizes) == (16 if budget > 16 else 8 + 2)  # (two sequences decode while the last two prefill)
+
+
+def test_the_gate_shuts_where_speculating_steps_ran_fewer_tokens_per_second_and_opens_again():
+    """Per batch size: no verdict before GATE_MIN steps of each kind; shut where the speculating steps' decayed tokens
+    per second fall below the plain steps'; while shut, every GATE_EXPLORE-th answering step runs its plans; open
+    again once speculating steps outrun plain ones. Another batch size is untouched."""
+    gate = batch_plan.Gate()
+    for _ in range(batch_plan.GATE_MIN - 1):
+        gate.record(16, False, 16, 0.100)  # 160 tok/s
+        gate.record(16, True, 18, 0.125)  # 144 tok/s
+    assert not gate.shut(16) and gate.open(16)
+    gate.record(16, False, 16, 0.100)
+    gate.record(16, True, 18, 0.125)
+    assert gate.shut(16) and not gate.shut(8) and gate.open(8)
+    opened = [gate.open(16) for _ in range(3 * batch_plan.GATE_EXPLORE)]
+    assert opened.count(True) == 3 and opened[batch_plan.GATE_EXPLORE - 1], opened
+    report = gate.report()[16]
+    assert report["shut"] and report["spec_tps"] < report["plain_tps"] and report["steps"] == [8, 8]
+    for _ in range(20):
+        gate.record(16, True, 24, 0.125)  # 192 tok/s
+    assert not gate.shut(16) and gate.open(16)
+
+
+@pytest.mark.parametrize("case", ["slow", "fast", "broken"])
+def test_an_engine_answers_plain_where_its_speculating_steps_measured_slower(monkeypatch, case):
+    """Four sequences whose lookup plans are always accepted (3 tokens of the target's greedy text, every third
+    round a plain plan), priced by a table where verification rows are cheap. Where each wide forward sleeps 40 ms
+    (slow), the speculating steps run fewer tokens per second than the plain ones and the gate shuts at batch 4:
+    asks are answered plain. Where they do not sleep (fast), nothing is gated. An engine that does not consult the
+    gate (broken) gates nothing where the forwards sleep. The output is the target's greedy output every time."""
+    import time as time_mod
+
+    from multispec.decoding import engine as engine_mod
+
+    monkeypatch.setattr(BatchCosts, "learn", lambda self, *a, **k: None)  # (the price alone: the clock is the gate's)
+    if case == "broken":
+        monkeypatch.setattr(batch_plan.Gate, "open", lambda self, batch: True)
+    if case != "fast":
+        real = engine_mod.forward_all
+
+        def sleepy(requests):
+            if any(r.tokens.shape[0] > 1 for r in requests):
+                time_mod.sleep(0.04)
+            return real(requests)
+
+        monkeypatch.setattr(engine_mod, "forward_all", sleepy)
+    target, _ = tiny_pair(vocab=12, seed=2, noise=0.3)
+    prompts = [[1, 5, 3, 1], [2, 7, 2], [4, 4, 9, 1, 3], [6, 1]]
+    n_new = 120
+    refs = [greedy_reference(target, p, n_new + 4) for p in prompts]
+
+    def script(history, r):
+        if r % 3 == 2:
+            return batch_plan.PLAIN
+        i = next(j for j, p in enumerate(prompts) if history[:len(p)] == p)
+        at = len(history) - len(prompts[i])
+        return RoundPlan(Tree.chain(3), "lookup", tuple(refs[i][at:at + 3]), label="lookup 3", expected=4.0, size=4)
+
+    engine, ids = Engine(_table(*BOUND)), []
+    for p in prompts:
+        ids.append(engine.add(make_backend(target, "hf"), None, p, build_method("lookup"),
+                              SamplingConfig(temperature=0.0), n_new, 0, set(), policy=ScriptedPolicy(script)))
+    while engine.live:
+        engine.step()
+    assert [engine.pop(i)[0] for i in ids] == [r[:n_new] for r in refs]
+    report = engine.gate.report()[4]
+    assert report["steps"][0] >= batch_plan.GATE_MIN and report["steps"][1] >= batch_plan.GATE_MIN, report
+    if case == "slow":
+        assert report["shut"] and engine.plans["gated"] > 0, (report, engine.plans)
+    else:
+        assert engine.plans["gated"] == 0, (report, engine.plans)
+        assert case == "broken" or not report["shut"]

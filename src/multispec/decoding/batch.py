@@ -183,13 +183,14 @@ class BatchEngine:
 
     def stats(self) -> dict:
         """Batched forwards so far and the mean sequences per forward, per model ("target", and "draft" or "head");
-        with a batch plan (auto), the plans it kept and answered with a plain step, and the table's corrections."""
+        with a batch plan (auto), the plans it kept and answered with a plain step (of which the gate's), the table's
+        corrections and the gate's measured tokens per second per batch size."""
         e, drafter = self.engine, "head" if self.own is not None else "draft"
         out: dict = {name: {"forwards": e.forwards[r], "mean_batch": e.sequences[r] / e.forwards[r] if e.forwards[r]
                             else None} for name, r in (("target", Role.TARGET), (drafter, Role.DRAFT))}
         if self.batch_costs is not None:
-            out["plans"] = {"kept": e.plans["kept"], "plain": e.plans["plain"],
-                            "cost_correction": dict(self.batch_costs.scale)}
+            out["plans"] = {"kept": e.plans["kept"], "plain": e.plans["plain"], "gated": e.plans["gated"],
+                            "cost_correction": dict(self.batch_costs.scale), "gate": e.gate.report() if e.gate is not None else None}
         return out
 
 

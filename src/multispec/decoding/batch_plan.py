@@ -18,8 +18,16 @@ wider forward costs nearly in proportion, the best S is empty and the batch deco
 answer per sequence, and what its kept plans delivered: its expected extra tokens are scaled by the decayed ratio
 of delivered to expected per proposer (Realised), which starts from what the batch's other sequences' plans of that
 proposer delivered at that kind of sampling (Pool), so that a newcomer does not repeat its policy's optimism. One left out takes plain steps for 1, 2, 4 ... OFF_MAX rounds without asking its policy (the
-per-request off switch, which also spares its planning); one kept is asked again next round. Plans depend on the
-policies' estimates and measured costs, never on a round's coins, so every lossless verifier stays lossless.
+per-request off switch, which also spares its planning); one kept is asked again next round.
+
+The price is a model; the Gate checks it against the clock. Per batch size it keeps the decayed tokens per second
+of the steps in which some asked plan ran and of the plain steps (nothing drafted, one token a sequence). Where
+both have GATE_MIN steps and the speculating steps ran fewer tokens per second, the gate shuts at that batch size:
+its asks are answered plain, except on every GATE_EXPLORE-th answering step, whose plans keep the measurement
+current (and open the gate again once speculating steps outrun plain ones). A plain step's tokens per second hardly
+depends on the text, so a speculating step's rate against it is the plans' measured worth at that batch size.
+Plans depend on the policies' estimates and measured costs and times, never on a round's coins, so every lossless
+verifier stays lossless.
 """
 from __future__ import annotations
 
@@ -29,7 +37,7 @@ from multispec.drafting.auto.costs import DEFAULT_OVERHEAD
 from multispec.drafting.protocol import RoundPlan
 from multispec.tree import Tree
 
-__all__ = ["MARGIN", "OFF_MAX", "PLAIN", "PlanAsk", "Pool", "Realised", "choose"]
+__all__ = ["Gate", "MARGIN", "OFF_MAX", "PLAIN", "PlanAsk", "Pool", "Realised", "choose"]
 
 MARGIN = 0.03  # speculation must beat all-plain by this much (the planner's margin alone)
 OFF_MAX = 16  # the longest run of plain steps a left-out sequence takes before it is asked again
@@ -43,6 +51,9 @@ NO_DRAFT = ("none", "lookup", "suffix")  # proposers whose tokens cost no draft 
 REALISED_PRIOR = 1.0
 REALISED_DECAY = 0.9
 POOL_DECAY = 0.98  # the batch's sums: every sequence's rounds feed them
+GATE_MIN = 8  # steps of each kind (speculating, plain) at a batch size before the gate compares them
+GATE_DECAY = 0.95  # the gate's sums decay per step of their kind (about the last 20 count)
+GATE_EXPLORE = 8  # while shut at a batch size, every 8th answering step there runs its plans
 
 
 @dataclass(frozen=True)
@@ -100,6 +111,43 @@ class Realised:
         done, promised = self.own.get(key, (0.0, 0.0))
         prior = pool.ratio(key) if pool is not None else 1.0
         return (done + REALISED_PRIOR * prior) / (promised + REALISED_PRIOR)
+
+
+@dataclass
+class Gate:
+    """Measured tokens per second of a batch's steps per batch size: the steps in which some asked plan ran
+    against the plain ones (see the module docstring). record() after each step that was one or the other;
+    open(batch) before a step's asks are answered."""
+
+    rows: dict = field(default_factory=dict)  # batch size -> [[tokens, seconds, steps] speculating, [...] plain]
+    answered: dict = field(default_factory=dict)  # batch size -> answering steps while shut (for GATE_EXPLORE)
+
+    def record(self, batch: int, speculated: bool, tokens: int, seconds: float) -> None:
+        row = self.rows.setdefault(batch, [[0.0, 0.0, 0], [0.0, 0.0, 0]])[0 if speculated else 1]
+        row[0] = GATE_DECAY * row[0] + tokens
+        row[1] = GATE_DECAY * row[1] + seconds
+        row[2] += 1
+
+    def shut(self, batch: int) -> bool:
+        """Whether speculating steps at this batch size measured fewer tokens per second than plain ones."""
+        spec, plain = self.rows.get(batch, ([0, 0, 0], [0, 0, 0]))
+        if spec[2] < GATE_MIN or plain[2] < GATE_MIN:
+            return False
+        return spec[0] * plain[1] < plain[0] * spec[1]  # spec tokens / s < plain tokens / s
+
+    def open(self, batch: int) -> bool:
+        """Whether this step's asks at `batch` sequences may run as priced (shut: every GATE_EXPLORE-th may)."""
+        if not self.shut(batch):
+            self.answered.pop(batch, None)
+            return True
+        n = self.answered[batch] = self.answered.get(batch, 0) + 1
+        return n % GATE_EXPLORE == 0
+
+    def report(self) -> dict:
+        """{batch size: {"spec_tps", "plain_tps", "shut"}} for the stats."""
+        tps = lambda r: r[0] / r[1] if r[1] > 0 else None  # noqa: E731
+        return {b: {"spec_tps": tps(s), "plain_tps": tps(p), "steps": [s[2], p[2]], "shut": self.shut(b)}
+                for b, (s, p) in sorted(self.rows.items())}
 
 
 def _shape(ask: PlanAsk) -> tuple[float, int, list[int]]:

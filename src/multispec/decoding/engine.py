@@ -23,12 +23,12 @@ from __future__ import annotations
 
 import time
 from collections import Counter
-from dataclasses import replace
+from dataclasses import dataclass, field, replace
 from typing import Callable
 
 import torch
 
-from multispec.decoding.batch_plan import OFF_MAX, PLAIN, PlanAsk, Pool, choose
+from multispec.decoding.batch_plan import OFF_MAX, PLAIN, Gate, PlanAsk, Pool, choose
 from multispec.decoding.logprobs import LogprobRecorder
 from multispec.decoding.methods import MethodConfig
 from multispec.decoding.metrics import Metrics
@@ -52,12 +52,15 @@ class Engine:
     policy made it. overhead: per-round and per-level Python seconds for that pricing (default: auto's).
     forwards / sequences: batched forwards so far and the sequences they carried, per Role; timed[role]: (that
     role's forwards so far, sequences, tokens, longest step, seconds) of its latest forward; on_batch(role,
-    sequences, tokens) after each forward. plans: asked plans answered as planned / with a plain step."""
+    sequences, tokens) after each forward. plans: asked plans answered as planned / with a plain step / plain by the
+    gate (batch_plan.Gate: the measured tokens per second of speculating and plain steps, per batch size)."""
 
     def __init__(self, costs=None, overhead: dict | None = None, prefill_budget: int = PREFILL_BUDGET):
         self.costs, self.overhead, self.prefill_budget = costs, overhead, prefill_budget
         self.plans: Counter = Counter()
         self.pool = Pool()  # what the batch's kept plans delivered, per proposer and sampling (batch_plan.Pool)
+        self.gate: Gate | None = Gate()  # priced plans against the clock, per batch size (None: plans as priced)
+        self._round = _Round()  # what the current step ran (for the gate)
         self._held: dict[int, Forward] = {}  # prefill chunks over a step's budget: run first in the next step
         self._seqs: dict[int, Sequence] = {}
         self._next = 0
@@ -120,7 +123,9 @@ class Engine:
         to every sequence of that forward; an interrupt (KeyboardInterrupt) propagates, its sequence ended."""
         ended: list[int] = []
         waiting: dict = {}  # sequence id -> what it asks for next: a Forward, or a ChainVerify
-        for s in [s for s in self._seqs.values() if not s.done]:
+        live = [s for s in self._seqs.values() if not s.done]
+        self._round = _Round(len(live), {s.id: len(s.new) for s in live}, time.perf_counter())
+        for s in live:
             if s.id in self._held:  # a prefill chunk held back by the last step's budget
                 waiting[s.id] = self._held.pop(s.id)
                 continue
@@ -148,7 +153,17 @@ class Engine:
                 outs = [o if isinstance(o, BaseException) else replace(o, shared=len(requests)) for o in outs]
             for i, out in zip(ids, outs):
                 self._advance(self._seqs[i], out, waiting, ended)
+        self._record()
         return ended
+
+    def _record(self) -> None:
+        """Give the gate this step's tokens per second, if it speculated (some asked plan ran) or was plain (nothing
+        drafted, a token a sequence); a step with a prefill chunk or a method's own drafts is neither."""
+        r = self._round
+        if self.costs is None or self.gate is None or r.batch < 2 or r.chunk or self._held or not (r.kept or r.plain):
+            return
+        tokens = sum(max(0, len(self._seqs[i].new) - n) for i, n in r.lengths.items() if i in self._seqs)
+        self.gate.record(r.batch, r.kept, tokens, time.perf_counter() - r.start)
 
     def _budget(self, ids: list[int], waiting: dict) -> list[int]:
         """The requests of `ids` to run now: all but the prefill chunks past the step's prefill token budget (the
@@ -171,8 +186,14 @@ class Engine:
         if self.costs is not None:
             other_tokens = sum(r.tokens.shape[0] if isinstance(r, Forward) and r.backend is self._seqs[i].run.target
                                else 1 for i, r in waiting.items())
-            keep = choose(asks, len(waiting), other_tokens, self.costs, self.overhead,
-                          [self._seqs[i].realised.factor(_key(self._seqs[i], a), self.pool) for i, a in zip(ids, asks)])
+            if self.gate is None or self.gate.open(self._round.batch):
+                keep = choose(asks, len(waiting), other_tokens, self.costs, self.overhead,
+                              [self._seqs[i].realised.factor(_key(self._seqs[i], a), self.pool)
+                               for i, a in zip(ids, asks)])
+            else:
+                keep = [False] * len(asks)
+                self.plans["gated"] += len(asks)
+        self._round.kept |= any(keep)
         for i, ask, kept in zip(ids, asks, keep):
             s = self._seqs[i]
             self.plans["kept" if kept else "plain"] += 1
@@ -206,6 +227,9 @@ class Engine:
 
     def _count(self, role: Role, requests: list[Forward], seconds: float) -> None:
         sizes = [r.tokens.shape[0] for r in requests]
+        if role is Role.DRAFT or max(sizes) > 1:
+            self._round.plain = False
+        self._round.chunk |= any(r.chunk for r in requests)
         self.forwards[role] += 1
         self.sequences[role] += len(requests)
         self.timed[role] = (self.forwards[role], len(requests), sum(sizes), max(sizes), seconds)
@@ -213,6 +237,20 @@ class Engine:
             self.on_batch(role, len(requests), sum(sizes))
         if self.costs is not None:
             self.costs.learn(self.timed[role], "target" if role is Role.TARGET else "draft")
+
+
+@dataclass
+class _Round:
+    """What one engine step ran, for the gate: the live sequences at its start and their output lengths, its start
+    time, whether some asked plan ran (kept), whether every forward was a token a sequence of the target (plain),
+    whether a prefill chunk ran."""
+
+    batch: int = 0
+    lengths: dict = field(default_factory=dict)
+    start: float = 0.0
+    kept: bool = False
+    plain: bool = True
+    chunk: bool = False
 
 
 def _key(s: Sequence, ask: PlanAsk) -> tuple:
