@@ -20,6 +20,7 @@ from typing import Any
 
 from multispec.errors import MultispecError, check
 
+PROXY_READY_S = 30  # seconds a new local cluster's HTTP proxy has to report ready (Ray's default: 5)
 RAY_EXTRA = "pip install 'multispec[ray]' (ray[serve]==2.60.0)"
 
 
@@ -55,7 +56,9 @@ def init(address: str | None = None, **kwargs) -> Any:
     single-machine one on the loopback address with no dashboard. Ray turns 127.0.0.1 into the machine's network
     address unless its single-machine mode is on (RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER=0, read by Ray and inherited by
     the processes it starts): it is set here, so that the local cluster's every process listens and talks on
-    127.0.0.1 only. kwargs go to ray.init (num_cpus, object_store_memory, ...)."""
+    127.0.0.1 only. A new cluster gives its HTTP proxy PROXY_READY_S to report ready (Ray's 5 s: on a busy two-core
+    machine the proxy missed it three times and was killed before it ran). kwargs go to ray.init (num_cpus,
+    object_store_memory, ...)."""
     os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
     if address is not None:
         check_address(address)
@@ -66,6 +69,7 @@ def init(address: str | None = None, **kwargs) -> Any:
             why = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
             raise MultispecError(f"--ray-address {address}: cannot join the cluster ({why})") from None
     os.environ["RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"] = "0"
+    os.environ.setdefault("RAY_SERVE_PROXY_READY_CHECK_TIMEOUT_S", str(PROXY_READY_S))  # (its processes read it)
     ray, _ = require_ray()
     from ray._private import ray_constants
 
