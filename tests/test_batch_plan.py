@@ -132,6 +132,20 @@ def test_a_batch_learns_what_drafted_tokens_add_without_bias_from_noise(broken):
     assert (t.scale["tn"] > 1.5) if broken else (0.75 < t.scale["tn"] < 1.33)
 
 
+def _add_lookup(engine: Engine, target, prompt, n_new: int, script) -> int:
+    """A greedy lookup sequence of `engine` on the target alone, its plans from `script` (ScriptedPolicy)."""
+    return engine.add(make_backend(target, "hf"), None, prompt, build_method("lookup"),
+                      SamplingConfig(temperature=0.0), n_new, 0, set(), policy=ScriptedPolicy(script))
+
+
+def _lookup_outputs(engine: Engine, target, prompts, n_new: int, script) -> list[list[int]]:
+    """Each prompt as a `_add_lookup` sequence, the engine stepped until none is live: their new ids."""
+    ids = [_add_lookup(engine, target, p, n_new, script) for p in prompts]
+    while engine.live:
+        engine.step()
+    return [engine.pop(i)[0] for i in ids]
+
+
 def test_a_left_out_sequence_steps_plainly_without_asking_then_is_asked_again():
     """In an engine whose step prices speculation out, each sequence is asked for a plan at rounds 0, 1, 3, 7, 15,
     31 ... (plain runs of 1, 2, 4, 8, 16) and decodes the target's greedy output; with no costs every plan runs as
@@ -229,13 +243,8 @@ def test_a_sequence_whose_kept_plans_deliver_little_is_left_out(monkeypatch, bro
         return RoundPlan(Tree.chain(3), "lookup", (wrong, wrong, wrong), label="lookup 3", expected=4.0, size=4)
 
     middle = _table(lambda b, n: 0.004 + 0.0008 * b * n, lambda b, n: 0.0003 + 0.00005 * b * n)
-    engine, ids = Engine(middle), []
-    for p in prompts:
-        ids.append(engine.add(make_backend(target, "hf"), None, p, build_method("lookup"),
-                              SamplingConfig(temperature=0.0), n_new, 0, set(), policy=ScriptedPolicy(script)))
-    while engine.live:
-        engine.step()
-    assert [engine.pop(i)[0] for i in ids] == [r[:n_new] for r in refs]
+    engine = Engine(middle)
+    assert _lookup_outputs(engine, target, prompts, n_new, script) == [r[:n_new] for r in refs]
     if broken:
         assert engine.plans["plain"] == 0
     else:
@@ -264,15 +273,11 @@ def test_a_newcomer_starts_from_what_the_batchs_plans_delivered(monkeypatch, bro
     middle = _table(lambda b, n: 0.004 + 0.0008 * b * n, lambda b, n: 0.0003 + 0.00005 * b * n)
     engine = Engine(middle)
 
-    def add(p, n):
-        return engine.add(make_backend(target, "hf"), None, p, build_method("lookup"),
-                          SamplingConfig(temperature=0.0), n, 0, set(), policy=ScriptedPolicy(script))
-
-    ids = [add(p, n) for p, n in zip(prompts[:4], n_new)]
+    ids = [_add_lookup(engine, target, p, n, script) for p, n in zip(prompts[:4], n_new)]
     for _ in range(20):
         engine.step()
     kept_before = engine.plans["kept"]
-    ids.append(add(prompts[4], n_new[4]))
+    ids.append(_add_lookup(engine, target, prompts[4], n_new[4], script))
     while engine.sequence(ids[4]).done is False:
         engine.step()
     newcomer_kept = engine.plans["kept"] - kept_before  # (the others' asks are answered plain by now)
@@ -363,13 +368,8 @@ def test_an_engine_answers_plain_where_its_speculating_steps_measured_slower(mon
         at = len(history) - len(prompts[i])
         return RoundPlan(Tree.chain(3), "lookup", tuple(refs[i][at:at + 3]), label="lookup 3", expected=4.0, size=4)
 
-    engine, ids = Engine(_table(*BOUND)), []
-    for p in prompts:
-        ids.append(engine.add(make_backend(target, "hf"), None, p, build_method("lookup"),
-                              SamplingConfig(temperature=0.0), n_new, 0, set(), policy=ScriptedPolicy(script)))
-    while engine.live:
-        engine.step()
-    assert [engine.pop(i)[0] for i in ids] == [r[:n_new] for r in refs]
+    engine = Engine(_table(*BOUND))
+    assert _lookup_outputs(engine, target, prompts, n_new, script) == [r[:n_new] for r in refs]
     report = engine.gate.report()[4]
     assert report["steps"][0] >= batch_plan.GATE_MIN and report["steps"][1] >= batch_plan.GATE_MIN, report
     if case == "slow":

@@ -162,12 +162,18 @@ def test_confidence_stops_the_chain_early(tiny):
 N_LAW = 1_000
 
 
+def cheap_head_costs():
+    """A fixed cost model in which the head's forward is cheap against the target's: auto's head plans then do not
+    depend on the machine's timings or load."""
+    from multispec.drafting.costs import BUCKETS, CostCurve, CostModel
+
+    return CostModel(CostCurve([0.01 + 5e-4 * (b - 1) for b in BUCKETS]), CostCurve([1e-3] * len(BUCKETS)))
+
+
 def _chi_square(head_dir, options, n=3_000, length=3, method="eagle", drafted=None, **more):
     """The chi-square p-value of n seeded runs' first `length` tokens at T = 1. auto plans with fixed costs in
     which the head is cheap (given no machine profile its policy would time the forwards in every run, and plan
     from those timings). drafted: a list given each run's drafted token count."""
-    from multispec.drafting.costs import BUCKETS, CostCurve, CostModel
-
     target = _target(vocab=6, seed=3)
     prompt, sampling = [1, 2, 2], SamplingConfig(temperature=1.0)
     counts, pair = np.zeros(6 ** length), _pair_of(target)
@@ -177,8 +183,7 @@ def _chi_square(head_dir, options, n=3_000, length=3, method="eagle", drafted=No
     for seed in range(n):
         policy = entry.make_policy(config, pair, loaded)
         if method == "auto":
-            policy.fixed_costs = CostModel(CostCurve([0.01 + 5e-4 * (b - 1) for b in BUCKETS]),
-                                           CostCurve([1e-3] * len(BUCKETS)))
+            policy.fixed_costs = cheap_head_costs()
             policy.reset()
         ids, metrics, _ = _decode(target, head_dir, prompt, sampling, length, seed, method=method, loaded=loaded,
                                   pair=pair, policy=policy, **options, **more)

@@ -12,7 +12,7 @@ import torch
 
 from helpers import tiny_llama
 from test_batch import drive
-from test_eagle import _head_dir  # a random head whose drafts the target sometimes accepts
+from test_eagle import _head_dir, cheap_head_costs  # a random head whose drafts the target sometimes accepts
 from multispec.decoding.batch import BatchEngine, batchable
 from multispec.decoding.decoder import Decoder
 from multispec.errors import MultispecError
@@ -82,14 +82,11 @@ def _assert_heads_teacher_forced(target, prompts, outs, heads) -> None:
 def _pin_costs(decoder: Decoder) -> None:
     """Every policy the decoder makes (its own and each slot's) plans from fixed costs where the head is cheap
     against the target, as test_eagle._chi_square's do: timed costs on a busy machine could leave the head unused."""
-    from multispec.drafting.costs import BUCKETS, CostCurve, CostModel
-
     real = decoder.new_policy
 
     def pinned():
         policy = real()
-        policy.fixed_costs = CostModel(CostCurve([0.01 + 5e-4 * (b - 1) for b in BUCKETS]),
-                                       CostCurve([1e-3] * len(BUCKETS)))
+        policy.fixed_costs = cheap_head_costs()
         policy.reset()
         return policy
 

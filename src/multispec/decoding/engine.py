@@ -124,7 +124,7 @@ class Engine:
         ended: list[int] = []
         waiting: dict = {}  # sequence id -> what it asks for next: a Forward, or a ChainVerify
         live = [s for s in self._seqs.values() if not s.done]
-        self._round = _Round(len(live), {s.id: len(s.new) for s in live}, time.perf_counter())
+        self._round = _Round({s.id: len(s.new) for s in live}, time.perf_counter())
         for s in live:
             if s.id in self._held:  # a prefill chunk held back by the last step's budget
                 waiting[s.id] = self._held.pop(s.id)
@@ -245,12 +245,15 @@ class _Round:
     time, whether some asked plan ran (kept), whether every forward was a token a sequence of the target (plain),
     whether a prefill chunk ran."""
 
-    batch: int = 0
-    lengths: dict = field(default_factory=dict)
+    lengths: dict = field(default_factory=dict)  # sequence id -> its output length at the step's start
     start: float = 0.0
     kept: bool = False
     plain: bool = True
     chunk: bool = False
+
+    @property
+    def batch(self) -> int:
+        return len(self.lengths)
 
 
 def _key(s: Sequence, ask: PlanAsk) -> tuple:

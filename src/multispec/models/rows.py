@@ -95,7 +95,7 @@ class Packs:
     @property
     def nbytes(self) -> int:
         """Bytes the packed copies take."""
-        return sum(p.numel() * 4 for _, _, p in self._packed.values() if p is not None)  # (float32 only)
+        return sum(p.numel() * p.element_size() for _, _, p in self._packed.values() if p is not None)
 
 
 def _version(w: torch.Tensor) -> int:
